@@ -1,0 +1,56 @@
+"""`higgs-stream synth`: offline text -> WAV through the same engine and decode path the server uses."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="hub id or local checkpoint directory")
+    p.add_argument("--codec", default=None, help="codec dir/hub id (default: MODEL/audio_tokenizer, else the hub codec)")
+    p.add_argument("--text", required=True)
+    p.add_argument("--ref-audio", default=None, help="reference WAV for voice cloning")
+    p.add_argument("--ref-text", default=None, help="transcript of --ref-audio")
+    p.add_argument("--scene", default=None, help="scene description (default: quiet room)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-frames", type=int, default=None, help="hard cap on generated audio frames (25/s)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
+    p.add_argument("--codes-out", default=None, help="write the delay-pattern columns [8, L] as .npy")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from higgs_stream.engine.codec import load_codec, load_reference_audio
+    from higgs_stream.engine.checkpoint import find_codec_dir
+    from higgs_stream.engine.engine import Engine
+    from higgs_stream.engine.errors import InvalidInputError
+    from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+    from higgs_stream.engine.synth import synthesize
+    from higgs_stream.stream.adapter import write_wav
+
+    if args.out is None and args.codes_out is None:
+        raise InvalidInputError("nothing to write: pass --out and/or --codes-out")
+    if (args.ref_audio is None) != (args.ref_text is None):
+        raise InvalidInputError("--ref-audio and --ref-text go together")
+    engine = Engine.from_pretrained(args.model, device=args.device)
+    codec = load_codec(args.codec or find_codec_dir(args.model), device=args.device)
+    reference = None
+    if args.ref_audio:
+        wav, sr = load_reference_audio(Path(args.ref_audio))
+        reference = Reference(codes=codec.encode(wav, sr), transcript=args.ref_text)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    kwargs = {} if args.max_frames is None else {"max_frames": args.max_frames}
+    request = GenerationRequest(text=args.text, reference=reference, scene=args.scene, sampling=sampling, **kwargs)
+    wav, columns = synthesize(engine, codec, request)
+    if args.codes_out:
+        np.save(args.codes_out, columns)
+    if args.out:
+        write_wav(args.out, wav, codec.sample_rate)
+    print(f"{len(wav) / codec.sample_rate:.2f} s of audio, {columns.shape[1]} columns")
+    return 0
