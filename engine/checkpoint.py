@@ -1,0 +1,386 @@
+"""Load the Higgs Audio v2 talker and its text tokenizer from a checkpoint directory or hub id.
+
+Two on-disk layouts hold the same 397 tensors (research/higgs_v2_reference.md §1.8):
+
+* "hf": transformers-native (`config.json` model_type "higgs_audio_v2"), what the hub repo
+  `bosonai/higgs-audio-v2-generation-3B-base` holds now. Keys equal our `Talker.state_dict()`.
+* "original": Boson's layout (model_type "higgs_audio", nested Llama `text_config`), keys without
+  the `model.` prefix and heads under `audio_decoder_proj.`.
+
+Either is one `model.safetensors` or shards listed by `model.safetensors.index.json`. Key names
+are translated through `KEY_PREFIXES` (a table, not a conversion script). Every file header is
+checked against the talker's expected keys and shapes before a byte of weight data is read; then
+tensors stream shard by shard straight into a talker whose parameters start on the meta device,
+so a 3B model never needs twice its memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+from safetensors import safe_open
+from torch import nn
+
+from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.tokenizer import TextTokenizer
+
+CONFIG_FILE = "config.json"
+SINGLE_WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# What a talker checkpoint needs from a hub repo (fnmatch patterns; none reaches a subfolder).
+TALKER_ALLOW_PATTERNS = (
+    CONFIG_FILE,
+    "generation_config.json",
+    "model*.safetensors",
+    INDEX_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+# config.json `model_type` -> layout, and the `architectures` entries each layout may declare.
+MODEL_TYPES = {"higgs_audio_v2": "hf", "higgs_audio": "original"}
+ARCHITECTURES = {"hf": ("HiggsAudioV2ForConditionalGeneration",), "original": ("HiggsAudioModel",)}
+
+# (transformers-native prefix, prefix in the layout's files). First match wins; a file key that
+# matches no row is an unexpected key. Used in both directions (make_checkpoint writes with it).
+KEY_PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
+    "hf": (
+        ("model.", "model."),
+        ("audio_lm_head.", "audio_lm_head."),
+        ("text_lm_head.", "text_lm_head."),
+    ),
+    "original": (
+        ("model.embed_tokens.", "embed_tokens."),
+        ("model.layers.", "layers."),
+        ("model.norm.", "norm."),
+        ("model.embed_audio_tokens.embed_audio_tokens.", "audio_codebook_embeddings."),
+        ("audio_lm_head.", "audio_decoder_proj.audio_lm_head."),
+        ("text_lm_head.", "audio_decoder_proj.text_lm_head."),
+    ),
+}
+
+# Non-weight tensors some writers store; they are recomputed, so they are skipped by name.
+IGNORED_KEYS = re.compile(r"(^|\.)rotary_emb\.(inv_freq|original_inv_freq)$|^audio_codebook_weights$")
+
+# Training-time split weights (REF PartiallyFrozenEmbedding/Linear); not in released checkpoints.
+_SPLIT_WEIGHT = re.compile(r"\.(embedding|linear)_(frozen|trainable)\.")
+
+_FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------- keys
+def to_native_key(key: str, layout: str) -> str | None:
+    """The transformers-native name of a file key, or None when no table row matches."""
+    for native, stored in KEY_PREFIXES[layout]:
+        if key.startswith(stored):
+            return native + key[len(stored):]
+    return None
+
+
+def to_layout_key(native_key: str, layout: str) -> str:
+    """The file key of a transformers-native name in `layout` (inverse of `to_native_key`)."""
+    for native, stored in KEY_PREFIXES[layout]:
+        if native_key.startswith(native):
+            return stored + native_key[len(native):]
+    raise CheckpointError(f"no {layout} key-table row for {native_key!r}")
+
+
+# ------------------------------------------------------------------------------- model dir
+def resolve_model_dir(
+    model: str | Path,
+    *,
+    revision: str | None = None,
+    allow_patterns: tuple[str, ...] = TALKER_ALLOW_PATTERNS,
+) -> Path:
+    """An existing local directory, else a hub repo id fetched with `snapshot_download`.
+
+    The hub download shows huggingface_hub's tqdm progress bar and fetches only
+    `allow_patterns`. Offline / unknown repo / bad id all raise CheckpointError.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    text = str(model)
+    if path.exists():
+        raise CheckpointError(f"model path {text} is not a directory")
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"model {text!r} is neither an existing directory nor a hub id (owner/name)")
+    try:
+        local = snapshot_download(repo_id=text, revision=revision, allow_patterns=list(allow_patterns))
+    except HFValidationError as e:
+        raise CheckpointError(f"invalid hub id {text!r}: {e}") from e
+    except LocalEntryNotFoundError as e:
+        raise CheckpointError(
+            f"cannot download {text!r} from the hub and it is not in the local cache (offline?): {e}"
+        ) from e
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"hub download of {text!r} failed (repo missing, gated or no access?): {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"hub download of {text!r} failed: {e}") from e
+    root = Path(local)
+    if not (root / CONFIG_FILE).is_file():
+        raise CheckpointError(f"hub repo {text!r} has no {CONFIG_FILE}; is it a Higgs talker checkpoint?")
+    return root
+
+
+# ------------------------------------------------------------------------------ inspection
+@dataclass(frozen=True)
+class TensorEntry:
+    """One checkpoint tensor: where it lives and what the header says about it."""
+
+    file: Path
+    stored_key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class TalkerCheckpoint:
+    """A validated checkpoint: config, tokenizer and the native-key -> tensor plan."""
+
+    root: Path
+    layout: str  # "hf" | "original"
+    raw_config: dict[str, Any]
+    config: TalkerConfig  # with `special` filled from the tokenizer
+    tokenizer: TextTokenizer
+    tensors: dict[str, TensorEntry]  # native key -> entry, in file order
+
+    def files(self) -> list[Path]:
+        return list(dict.fromkeys(e.file for e in self.tensors.values()))
+
+
+def read_config(root: Path) -> tuple[str, dict[str, Any], TalkerConfig]:
+    """(layout, raw config.json, TalkerConfig without special ids) of a checkpoint directory."""
+    file = root / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(
+            f"{file}: unknown model_type {model_type!r}; expected one of {sorted(MODEL_TYPES)}"
+        )
+    layout = MODEL_TYPES[model_type]
+    archs = raw.get("architectures") or []
+    unknown = [a for a in archs if a not in ARCHITECTURES[layout]]
+    if unknown:
+        raise CheckpointError(
+            f"{file}: unknown architecture {unknown} for model_type {model_type!r}; "
+            f"expected {list(ARCHITECTURES[layout])}"
+        )
+    try:
+        cfg = TalkerConfig.from_hf_dict(raw) if layout == "hf" else TalkerConfig.from_original_dict(raw)
+    except ConfigError as e:
+        raise CheckpointError(f"{file}: {e}") from e
+    return layout, raw, cfg
+
+
+def _check_special_ids(raw: Mapping[str, Any], layout: str, cfg: TalkerConfig, tok: TextTokenizer) -> None:
+    """The ids config.json names must be the ones the tokenizer gives those tokens."""
+    s = tok.special
+    if layout == "hf":
+        named = {"audio_token_id": s.audio_out, "audio_bos_token_id": s.audio_out_bos}
+    else:
+        named = {"audio_in_token_idx": s.audio_in, "audio_out_token_idx": s.audio_out,
+                 "audio_out_bos_token_id": s.audio_out_bos, "audio_eos_token_id": s.audio_eos}
+    for field, tok_id in named.items():
+        if field in raw and raw[field] != tok_id:
+            raise CheckpointError(f"config.json {field}={raw[field]} but the tokenizer gives id {tok_id}")
+    if tok.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"tokenizer has {tok.vocab_size} ids but the talker's text vocab_size is {cfg.vocab_size}"
+        )
+
+
+def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """Safetensors files of the checkpoint and the index weight map (None for a single file)."""
+    index = root / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"cannot read weight_map from {index}: {e}") from e
+        files = [root / name for name in dict.fromkeys(weight_map.values())]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"missing shard file {f.name} (listed in {INDEX_FILE}) in {root}")
+        return files, weight_map
+    single = root / SINGLE_WEIGHTS_FILE
+    if single.is_file():
+        return [single], None
+    others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
+    raise CheckpointError(
+        f"no {SINGLE_WEIGHTS_FILE} or {INDEX_FILE} in {root}"
+        + (f" (found {others}; only safetensors with the standard names are supported)" if others else "")
+    )
+
+
+def _read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[str, TensorEntry]:
+    """Stored key -> entry for every tensor of every file (headers only, no data)."""
+    entries: dict[str, TensorEntry] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    view = f.get_slice(key)
+                    dtype_name = view.get_dtype()
+                    if dtype_name not in _FLOAT_DTYPES:
+                        raise CheckpointError(f"{file.name}: tensor {key} has unsupported dtype {dtype_name}")
+                    if key in entries:
+                        raise CheckpointError(f"tensor {key} appears in both {entries[key].file.name} and {file.name}")
+                    entries[key] = TensorEntry(file, key, tuple(view.get_shape()), _FLOAT_DTYPES[dtype_name])
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises SafetensorError (an Exception) on corrupt headers
+            raise CheckpointError(f"cannot read safetensors header of {file}: {e}") from e
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in entries:
+                raise CheckpointError(f"{INDEX_FILE} lists tensor {key} in {name}, but no shard contains it")
+            if entries[key].file.name != name:
+                raise CheckpointError(f"{INDEX_FILE} lists tensor {key} in {name}, but it is in {entries[key].file.name}")
+        unlisted = [k for k in entries if k not in weight_map]
+        if unlisted:
+            raise CheckpointError(f"tensor {unlisted[0]} (in {entries[unlisted[0]].file.name}) is not listed in {INDEX_FILE}")
+    return entries
+
+
+def expected_shapes(cfg: TalkerConfig) -> dict[str, tuple[int, ...]]:
+    """Native key -> shape of every tensor a talker of this config loads (its state_dict)."""
+    from higgs_stream.engine.talker import Talker  # the model module imports nothing from here
+
+    with torch.device("meta"):
+        talker = Talker(cfg)
+    return {k: tuple(v.shape) for k, v in talker.state_dict().items()}
+
+
+def _plan(entries: dict[str, TensorEntry], layout: str, expected: dict[str, tuple[int, ...]]) -> dict[str, TensorEntry]:
+    """Map stored keys to native keys and check them against the talker; native key -> entry."""
+    plan: dict[str, TensorEntry] = {}
+    for stored, entry in entries.items():
+        if IGNORED_KEYS.search(stored):
+            continue
+        native = to_native_key(stored, layout)
+        if native is None or native not in expected:
+            hint = ""
+            if _SPLIT_WEIGHT.search(stored):
+                hint = " (training-time frozen/trainable split weights must be merged first)"
+            elif native is not None and native != stored:
+                hint = f" (maps to {native})"
+            raise CheckpointError(f"unexpected key {stored} in {entry.file.name} for the {layout} layout{hint}")
+        if native in plan:
+            raise CheckpointError(f"keys {plan[native].stored_key} and {stored} both map to {native}")
+        if entry.shape != expected[native]:
+            raise CheckpointError(
+                f"shape mismatch for {stored}: expected {list(expected[native])}, got {list(entry.shape)}"
+            )
+        plan[native] = entry
+    missing = [k for k in expected if k not in plan]
+    if missing:
+        first = to_layout_key(missing[0], layout)
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing key {first} in the {layout} checkpoint{more}")
+    return plan
+
+
+def open_checkpoint(model: str | Path) -> TalkerCheckpoint:
+    """Resolve, read config + tokenizer and validate every tensor header (no weight data read)."""
+    root = resolve_model_dir(model)
+    layout, raw, cfg = read_config(root)
+    tokenizer = TextTokenizer.from_dir(root)
+    _check_special_ids(raw, layout, cfg, tokenizer)
+    try:
+        cfg = cfg.with_special(tokenizer.special)
+    except ConfigError as e:
+        raise CheckpointError(f"{root}: {e}") from e
+    files, weight_map = _weight_files(root)
+    entries = _read_headers(files, weight_map)
+    plan = _plan(entries, layout, expected_shapes(cfg))
+    return TalkerCheckpoint(root, layout, raw, cfg, tokenizer, plan)
+
+
+# --------------------------------------------------------------------------------- loading
+def iter_tensors(
+    ckpt: TalkerCheckpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(native key, tensor) for every planned tensor, one shard open at a time."""
+    by_file: dict[Path, list[tuple[str, TensorEntry]]] = {}
+    for native, entry in ckpt.tensors.items():
+        by_file.setdefault(entry.file, []).append((native, entry))
+    for file, items in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for native, entry in items:
+                t = f.get_tensor(entry.stored_key)
+                yield native, t.to(device=device, dtype=dtype or t.dtype)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get meta parameters (no memory, no init) and real buffers.
+
+    Buffers (RoPE tables, codebook offsets) are derived from the config and absent from
+    checkpoints, so they must be computed for real; parameters are filled from the files.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def load_talker(
+    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+):
+    """(Talker, TalkerConfig, TextTokenizer) from a local checkpoint dir or a hub id.
+
+    Layout is detected from config.json; weights are cast to `dtype` on `device` tensor by tensor.
+    """
+    from higgs_stream.engine.talker import Talker
+
+    ckpt = open_checkpoint(model)
+    with _parameters_on_meta():
+        talker = Talker(ckpt.config)
+    pending: dict[str, torch.Tensor] = {}
+    current: Path | None = None
+    for native, tensor in iter_tensors(ckpt, device, dtype):
+        file = ckpt.tensors[native].file
+        if current is not None and file != current:
+            _assign(talker, pending)
+        current = file
+        pending[native] = tensor
+    _assign(talker, pending)
+    still_meta = [n for n, p in talker.named_parameters() if p.device.type == "meta"]
+    assert not still_meta, f"parameters not loaded from the checkpoint: {still_meta[:4]}"
+    talker.to(device)  # buffers; parameters are already there
+    talker.requires_grad_(False)
+    talker.eval()
+    return talker, ckpt.config, ckpt.tokenizer
+
+
+def _assign(talker: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Move one shard's tensors into the module (replacing meta parameters, no copy)."""
+    result = talker.load_state_dict(tensors, strict=False, assign=True)
+    assert not result.unexpected_keys, f"planned keys the talker lacks: {result.unexpected_keys[:4]}"
+    tensors.clear()

@@ -1,0 +1,90 @@
+"""Reference-audio intake: decode (soundfile), validate, downmix and resample to the codec rate.
+
+Every user-caused problem (undecodable, empty, silent, too short, too long, non-finite) is an
+AudioInputError with a message saying which.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.errors import AudioInputError
+
+CODEC_SAMPLE_RATE = 24000
+DEFAULT_MAX_SECONDS = 30.0
+MIN_SECONDS = 0.04  # one codec frame
+SILENCE_PEAK = 1e-4  # -80 dBFS: a peak below this is treated as silence
+MAX_CHANNELS = 16
+
+
+def validate_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
+    """Checks a [T] or channel-first [C, T] waveform; returns it as float32 [C, T]."""
+    if not isinstance(sr, (int, np.integer)) or isinstance(sr, bool) or sr <= 0:
+        raise AudioInputError(f"sample rate must be a positive int, got {sr!r}")
+    a = np.asarray(wav)
+    if a.dtype.kind not in "fiu":
+        raise AudioInputError(f"audio samples must be numeric, got dtype {a.dtype}")
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or a.shape[0] > MAX_CHANNELS:
+        raise AudioInputError(f"audio must be [T] or channel-first [C, T] with C <= {MAX_CHANNELS}, "
+                              f"got shape {tuple(np.shape(wav))}")
+    if a.dtype.kind in "iu":  # integer PCM -> [-1, 1)
+        a = a.astype(np.float32) / float(2 ** (8 * a.dtype.itemsize - 1))
+    a = a.astype(np.float32, copy=False)
+    n = a.shape[1]
+    if n == 0 or a.shape[0] == 0:
+        raise AudioInputError("audio is empty")
+    seconds = n / sr
+    if seconds < MIN_SECONDS:
+        raise AudioInputError(f"audio is too short: {seconds * 1000:.1f} ms < {MIN_SECONDS * 1000:.0f} ms")
+    if seconds > max_seconds:
+        raise AudioInputError(f"audio is too long: {seconds:.2f} s > {max_seconds:g} s")
+    if not np.isfinite(a).all():
+        raise AudioInputError("audio contains NaN or infinite samples")
+    if float(np.abs(a).max()) < SILENCE_PEAK:
+        raise AudioInputError("audio is silent")
+    return a
+
+
+def to_codec_rate(wav: np.ndarray, sr: int, target_sr: int = CODEC_SAMPLE_RATE) -> np.ndarray:
+    """float32 [C, T] at sr -> mono float32 [T'] at target_sr (channel mean, torchaudio sinc resampling)."""
+    import torchaudio
+
+    mono = torch.from_numpy(np.ascontiguousarray(wav.mean(axis=0, dtype=np.float32)))  # [T]
+    if sr != target_sr:
+        mono = torchaudio.functional.resample(mono, int(sr), target_sr)
+    return mono.numpy().astype(np.float32, copy=False)
+
+
+def prepare_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS,
+                     target_sr: int = CODEC_SAMPLE_RATE) -> np.ndarray:
+    """Validate then downmix/resample: any [T] / [C, T] at any rate -> mono float32 [T'] at target_sr."""
+    return to_codec_rate(validate_waveform(wav, sr, max_seconds), sr, target_sr)
+
+
+def load_reference_audio(source: bytes | bytearray | memoryview | str | Path,
+                         max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
+    """WAV/FLAC/OGG bytes or a file path -> (mono float32 [T] at 24 kHz, 24000)."""
+    import soundfile as sf
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        if len(source) == 0:
+            raise AudioInputError("audio is empty (0 bytes)")
+        handle: io.BytesIO | str = io.BytesIO(bytes(source))
+        name = f"<{len(source)} bytes>"
+    elif isinstance(source, (str, Path)):
+        if not Path(source).is_file():
+            raise AudioInputError(f"audio file not found: {source}")
+        handle, name = str(source), str(source)
+    else:
+        raise AudioInputError(f"audio must be bytes or a path, got {type(source).__name__}")
+    try:
+        data, sr = sf.read(handle, dtype="float32", always_2d=True)  # [T, C]
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        raise AudioInputError(f"cannot decode audio {name}: {e}") from e
+    return prepare_waveform(data.T, int(sr), max_seconds), CODEC_SAMPLE_RATE

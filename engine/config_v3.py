@@ -1,0 +1,272 @@
+"""Higgs Audio v3 talker configuration (`model_type="higgs_multimodal_qwen3"`).
+
+The v3 checkpoint's config.json nests a stock Qwen3 `text_config` (RoPE theta inside
+`rope_parameters`) and a discrete `audio_encoder_config` (8 codebooks x 1026 ids, tied fused
+embedding/head). Everything else a v3 stream needs (the special text tokens of the prompt and the
+stop ids) is data from the tokenizer: `V3SpecialTokens`, filled by the loader, never hard-coded.
+Reference: research/higgs_v3_peers.md §1.2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from higgs_stream.engine.errors import ConfigError
+
+MODEL_TYPE_V3 = "higgs_multimodal_qwen3"
+
+# Field -> token string in the v3 tokenizer's added vocabulary. `ref_text` is optional (older
+# checkpoints only support audio-only voice cloning); all others are required.
+V3_SPECIAL_TOKEN_STRINGS: dict[str, str] = {
+    "tts": "<|tts|>",
+    "text": "<|text|>",
+    "audio": "<|audio|>",
+    "ref_audio": "<|ref_audio|>",
+    "ref_text": "<|ref_text|>",
+    "end_of_text": "<|endoftext|>",
+    "audio_end": "<|audio_end|>",
+}
+_OPTIONAL_SPECIALS = ("ref_text",)
+
+# Where the full-size random-weight preset puts the specials. Only `<|endoftext|>` 151643 and
+# `<|audio_end|>` 151671 are known from peers (vllm-omni pipeline.py); the other ids of the real
+# tokenizer are not public, so this layout is ours. Real checkpoints always read their tokenizer.
+_FULL_PRESET_IDS: dict[str, int] = {
+    "end_of_text": 151643,
+    "tts": 151669,
+    "text": 151670,
+    "audio_end": 151671,
+    "audio": 151672,
+    "ref_audio": 151673,
+    "ref_text": 151674,
+}
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d or d[key] is None:
+        raise ConfigError(f"v3 {where} lacks required field {key!r}")
+    return d[key]
+
+
+@dataclass(frozen=True)
+class V3SpecialTokens:
+    """Ids of the v3 prompt tokens and stop tokens, resolved from the tokenizer."""
+
+    tts: int
+    text: int
+    audio: int
+    ref_audio: int
+    end_of_text: int
+    audio_end: int
+    ref_text: int | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.as_dict()
+        for name, value in ids.items():
+            if value is None and name in _OPTIONAL_SPECIALS:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"v3 special token {name} must be a non-negative int, got {value!r}")
+        present = [v for v in ids.values() if v is not None]
+        if len(set(present)) != len(present):
+            raise ConfigError(f"v3 special token ids must be distinct, got {ids}")
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @property
+    def stop_ids(self) -> tuple[int, int]:
+        """Text ids that end a v3 stream: `<|endoftext|>` and `<|audio_end|>`."""
+        return (self.end_of_text, self.audio_end)
+
+    @classmethod
+    def from_lookup(cls, lookup: Callable[[str], int | None]) -> V3SpecialTokens:
+        """From a token-string -> id function returning None for unknown tokens."""
+        ids: dict[str, int | None] = {}
+        for name, token in V3_SPECIAL_TOKEN_STRINGS.items():
+            value = lookup(token)
+            if value is None and name not in _OPTIONAL_SPECIALS:
+                raise ConfigError(f"tokenizer has no v3 special token {token} ({name})")
+            ids[name] = None if value is None else int(value)
+        return cls(**ids)
+
+    @classmethod
+    def consecutive(cls, first_id: int) -> V3SpecialTokens:
+        """Ids first_id, first_id+1, ... in V3_SPECIAL_TOKEN_STRINGS order (tiny test models)."""
+        return cls(**{name: first_id + i for i, name in enumerate(V3_SPECIAL_TOKEN_STRINGS)})
+
+    @classmethod
+    def full_preset(cls) -> V3SpecialTokens:
+        return cls(**_FULL_PRESET_IDS)
+
+
+@dataclass(frozen=True)
+class TalkerV3Config:
+    """Validated architecture of the v3 talker: a Qwen3 backbone plus the tied fused audio matrix."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    num_codebooks: int = 8
+    codebook_size: int = 1024
+    audio_stream_bos_id: int = 1024
+    audio_stream_eos_id: int = 1025
+    audio_token_id: int = -100
+    special: V3SpecialTokens | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "num_codebooks", "codebook_size", "max_position_embeddings"):
+            _positive_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2 != 0:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not (isinstance(self.rms_norm_eps, float) and 0.0 < self.rms_norm_eps < 1.0):
+            raise ConfigError(f"rms_norm_eps must be a float in (0, 1), got {self.rms_norm_eps!r}")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1.0):
+            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.audio_stream_bos_id != self.codebook_size or self.audio_stream_eos_id != self.codebook_size + 1:
+            raise ConfigError(
+                f"expected BOC/EOC ids {self.codebook_size}/{self.codebook_size + 1} right after the "
+                f"{self.codebook_size} codes, got {self.audio_stream_bos_id}/{self.audio_stream_eos_id}"
+            )
+        if self.special is not None:
+            too_big = {k: v for k, v in self.special.as_dict().items() if v is not None and v >= self.vocab_size}
+            if too_big:
+                raise ConfigError(f"v3 special token ids outside vocab_size={self.vocab_size}: {too_big}")
+
+    # ----- derived values -----
+    @property
+    def audio_vocab(self) -> int:
+        """Per-codebook vocabulary: the codes plus BOC and EOC (1026)."""
+        return self.codebook_size + 2
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def rope_scaling(self) -> None:
+        """Qwen3 uses plain RoPE (for code shared with the v2 talker, which reads this field)."""
+        return None
+
+    def with_special(self, special: V3SpecialTokens) -> TalkerV3Config:
+        return dataclasses.replace(self, special=special)
+
+    # ----- constructors -----
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> TalkerV3Config:
+        """From the v3 checkpoint's config.json (model_type "higgs_multimodal_qwen3")."""
+        if d.get("model_type") != MODEL_TYPE_V3:
+            raise ConfigError(f"expected model_type {MODEL_TYPE_V3!r}, got {d.get('model_type')!r}")
+        text = _require(d, "text_config", "config")
+        audio = _require(d, "audio_encoder_config", "config")
+        if text.get("model_type", "qwen3") != "qwen3":
+            raise ConfigError(f"v3 text_config must be qwen3, got model_type {text.get('model_type')!r}")
+        if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias"):
+            raise ConfigError("v3 text_config: only silu activations without attention bias are supported")
+        if text.get("tie_word_embeddings") is not True:
+            raise ConfigError("v3 text_config must have tie_word_embeddings=true (text head = text embedding)")
+        if text.get("use_sliding_window"):
+            raise ConfigError("v3 text_config: sliding-window attention is not supported")
+        if audio.get("encoder_type") != "discrete":
+            raise ConfigError(f"v3 audio_encoder_config.encoder_type must be 'discrete', got {audio.get('encoder_type')!r}")
+        if audio.get("tie_word_embeddings") is not True or audio.get("use_delay_pattern") is not True:
+            raise ConfigError("v3 audio_encoder_config must have tie_word_embeddings=true and use_delay_pattern=true")
+        hidden = int(_require(text, "hidden_size", "text_config"))
+        heads = int(_require(text, "num_attention_heads", "text_config"))
+        out_dim = int(audio.get("out_dim", hidden))
+        if out_dim != hidden:
+            raise ConfigError(f"v3 audio_encoder_config.out_dim {out_dim} != text hidden_size {hidden}")
+        rope = text.get("rope_parameters")
+        if rope is not None and rope.get("rope_theta") is not None:
+            if rope.get("rope_type", "default") != "default":
+                raise ConfigError(f"v3 supports plain RoPE only, got rope_parameters={rope}")
+            theta = rope["rope_theta"]
+        elif text.get("rope_theta") is not None:
+            theta = text["rope_theta"]
+        else:
+            raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
+        rows = int(_require(audio, "vocab_size", "audio_encoder_config"))  # ids per codebook (1026)
+        return cls(
+            vocab_size=int(_require(text, "vocab_size", "text_config")),
+            hidden_size=hidden,
+            intermediate_size=int(_require(text, "intermediate_size", "text_config")),
+            num_layers=int(_require(text, "num_hidden_layers", "text_config")),
+            num_heads=heads,
+            num_kv_heads=int(text.get("num_key_value_heads") or heads),
+            head_dim=int(text.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(_require(text, "rms_norm_eps", "text_config")),
+            rope_theta=float(theta),
+            max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+            num_codebooks=int(_require(audio, "num_codebooks", "audio_encoder_config")),
+            codebook_size=rows - 2,
+            audio_stream_bos_id=int(d.get("audio_stream_bos_id", rows - 2)),
+            audio_stream_eos_id=int(d.get("audio_stream_eos_id", rows - 1)),
+            audio_token_id=int(d.get("audio_token_id", -100)),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The config.json a v3 checkpoint carries (the inverse of `from_hf_dict`)."""
+        text: dict[str, Any] = dict(
+            model_type="qwen3", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps, hidden_act="silu",
+            tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+        )
+        if self.special is not None:
+            text.update(bos_token_id=self.special.end_of_text, eos_token_id=self.special.end_of_text)
+        return {
+            "model_type": MODEL_TYPE_V3,
+            "architectures": ["HiggsMultimodalQwen3ForConditionalGeneration"],
+            "auto_map": None,
+            "audio_token_id": self.audio_token_id,
+            "text_config": text,
+            "audio_encoder_config": {
+                "encoder_type": "discrete", "num_codebooks": self.num_codebooks,
+                "vocab_size": self.audio_vocab, "out_dim": self.hidden_size,
+                "use_delay_pattern": True, "tie_word_embeddings": True,
+            },
+        }
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> TalkerV3Config:
+        """A small random-weight v3 talker for CPU tests (specials at the top of a 300-token vocab)."""
+        base: dict[str, Any] = dict(
+            vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+            max_position_embeddings=4096, special=V3SpecialTokens.consecutive(288),
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
+    def full(cls, **overrides: Any) -> TalkerV3Config:
+        """The released Qwen3-4B architecture (higgs-audio-v3-tts-4b)."""
+        base: dict[str, Any] = dict(
+            vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36, num_heads=32,
+            num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+            max_position_embeddings=32768, special=V3SpecialTokens.full_preset(),
+        )
+        base.update(overrides)
+        return cls(**base)

@@ -1,0 +1,270 @@
+"""The Higgs Audio v2 talker: a Llama-3 backbone whose every layer is DualFFN, run as one ragged
+batched step over a paged KV cache.
+
+Per layer, each position takes the text or the audio branch of its norms and MLP; attention (and
+its K/V) is shared by both:
+
+    h = (audio ? audio_input_layernorm : input_layernorm)(x)
+    x = x + self_attn(h)                        # causal over the whole sequence, llama3 RoPE
+    h = (audio ? audio_post_attention_layernorm : post_attention_layernorm)(x)
+    x = x + (audio ? audio_mlp : mlp)(h)
+
+Text positions embed through `embed_tokens`; audio positions (one delay-pattern column of 8 codes
+in 0..1025) through the SUM of 8 rows of one table at `code + k * 1026`. After the shared final
+norm the audio head gives [8, 1026] logits (fp32) at each sequence's last new token; the text head
+runs only for sequences that ask for it. Parameter names equal the transformers-native checkpoint's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref, write_paged_kv_ref
+from higgs_stream.kernels.norm import rms_norm_ref
+from higgs_stream.kernels.rope import apply_rope_ref, llama3_inv_freq, rope_cos_sin
+
+
+@dataclass
+class StepBatch:
+    """One ragged forward over B sequences; host (CPU) tensors, moved to the model's device.
+
+    Sequence b's qo_lens[b] tokens are rows sum(qo_lens[:b]) .. of the [N] tensors, and are the last
+    qo_lens[b] tokens the KV cache has reserved for it.
+    """
+
+    seq_ids: list[int]
+    qo_lens: list[int]
+    input_ids: torch.Tensor  # [N] long, text ids (ignored at audio rows)
+    audio_codes: torch.Tensor  # [N, num_codebooks] long, 0..audio_vocab-1 (ignored at text rows)
+    is_audio: torch.Tensor  # [N] bool
+    positions: torch.Tensor  # [N] long, RoPE positions
+    want_text: torch.Tensor  # [B] bool, compute text logits for these sequences
+    want_audio: torch.Tensor  # [B] bool, compute audio logits for these sequences
+
+    def validate(self, cfg: TalkerConfig) -> None:
+        """Shape and value checks; InvalidInputError on the first violation."""
+        b, n = len(self.seq_ids), sum(self.qo_lens)
+        if b == 0 or len(self.qo_lens) != b or min(self.qo_lens) < 1:
+            raise InvalidInputError(f"need >= 1 sequence with qo_len >= 1 each, got qo_lens={self.qo_lens}")
+        if len(set(self.seq_ids)) != b:
+            raise InvalidInputError(f"a sequence appears twice in one step: {self.seq_ids}")
+        expect = {
+            "input_ids": ((n,), torch.long), "audio_codes": ((n, cfg.num_codebooks), torch.long),
+            "is_audio": ((n,), torch.bool), "positions": ((n,), torch.long),
+            "want_text": ((b,), torch.bool), "want_audio": ((b,), torch.bool),
+        }
+        for name, (shape, dtype) in expect.items():
+            t = getattr(self, name)
+            if tuple(t.shape) != shape or t.dtype != dtype or t.device.type != "cpu":
+                raise InvalidInputError(f"{name} must be a CPU {dtype} tensor {shape}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+        text_ids = self.input_ids[~self.is_audio]
+        if text_ids.numel() and (text_ids.min() < 0 or text_ids.max() >= cfg.vocab_size):
+            raise InvalidInputError(f"text ids must lie in [0, {cfg.vocab_size})")
+        codes = self.audio_codes[self.is_audio]
+        if codes.numel() and (codes.min() < 0 or codes.max() >= cfg.audio_vocab):
+            raise InvalidInputError(f"audio codes must lie in [0, {cfg.audio_vocab})")
+        if self.positions.numel() and (self.positions.min() < 0 or self.positions.max() >= cfg.max_position_embeddings):
+            raise InvalidInputError(f"positions must lie in [0, {cfg.max_position_embeddings})")
+
+
+@dataclass
+class StepOutput:
+    audio_logits: torch.Tensor  # [B, num_codebooks, audio_vocab] float32; NaN rows where not wanted
+    text_logits: torch.Tensor | None  # [B, V] float32 (NaN rows where not wanted) or None if none wanted
+
+
+class Routing:
+    """Which rows of a step are audio, computed once per step from the host mask."""
+
+    def __init__(self, is_audio: torch.Tensor, device: torch.device) -> None:
+        assert is_audio.device.type == "cpu", "routing is computed from the host copy of is_audio"
+        self.num_tokens = is_audio.numel()
+        self.num_audio = int(is_audio.sum())
+        self.audio_rows = is_audio.nonzero().flatten().to(device)  # [Na]
+        self.text_rows = (~is_audio).nonzero().flatten().to(device)  # [Nt]
+
+    def split(
+        self,
+        x: torch.Tensor,
+        text_fn: Callable[[torch.Tensor], torch.Tensor],
+        audio_fn: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Row-wise `audio ? audio_fn(x) : text_fn(x)`; a branch with no rows is not run."""
+        if self.num_audio == self.num_tokens:
+            return audio_fn(x)
+        if self.num_audio == 0:
+            return text_fn(x)
+        out = torch.empty_like(x)
+        out[self.text_rows] = text_fn(x[self.text_rows])
+        out[self.audio_rows] = audio_fn(x[self.audio_rows])
+        return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_ref(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """GQA self-attention that writes this step's K/V into the page pool, then reads it back paged."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, H]
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [N, D]
+        k_pool: torch.Tensor,  # [P, page_size, Hkv, D] (this layer)
+        v_pool: torch.Tensor,
+        layout: PagedLayout,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, Hq, D]
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope_ref(q, *rope), apply_rope_ref(k, *rope)
+        write_paged_kv_ref(k_pool, v_pool, k, v, layout.slot_mapping)
+        out = paged_attention_ref(q, k_pool, v_pool, layout, sm_scale=self.head_dim**-0.5)  # [N, Hq, D]
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))  # [N, H]
+
+
+class DualFFNLayer(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(h, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.audio_mlp = MLP(h, cfg.intermediate_size)
+        self.audio_input_layernorm = RMSNorm(h, eps)
+        self.audio_post_attention_layernorm = RMSNorm(h, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [N, H]
+        route: Routing,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        layout: PagedLayout,
+    ) -> torch.Tensor:
+        h = route.split(x, self.input_layernorm, self.audio_input_layernorm)
+        x = x + self.self_attn(h, rope, k_pool, v_pool, layout)
+        ffn = route.split(
+            x,
+            lambda t: self.mlp(self.post_attention_layernorm(t)),
+            lambda a: self.audio_mlp(self.audio_post_attention_layernorm(a)),
+        )
+        return x + ffn
+
+
+class AudioEmbedding(nn.Module):
+    """One [num_codebooks * audio_vocab, H] table; a column embeds as the sum of its 8 rows."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.embed_audio_tokens = nn.Embedding(cfg.num_codebooks * cfg.audio_vocab, cfg.hidden_size)
+        offsets = torch.arange(cfg.num_codebooks) * cfg.audio_vocab  # [8]: k * 1026
+        self.register_buffer("offsets", offsets, persistent=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.embed_audio_tokens(codes + self.offsets).sum(dim=-2)  # [N, 8] -> [N, H]
+
+
+class Backbone(nn.Module):
+    """Holds the `model.*` parameters (names as in the checkpoint)."""
+
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DualFFNLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embed_audio_tokens = AudioEmbedding(cfg)
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig, use_text_head: bool = True) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.audio_lm_head = nn.Linear(cfg.hidden_size, cfg.num_codebooks * cfg.audio_vocab, bias=False)
+        self.text_lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if use_text_head else None
+        self.register_buffer("inv_freq", llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False)
+
+    def embed(self, input_ids: torch.Tensor, audio_codes: torch.Tensor, route: Routing) -> torch.Tensor:
+        """[N] text ids, [N, 8] codes -> [N, H]; each table only looks up its own rows."""
+        if route.num_audio == route.num_tokens:
+            return self.model.embed_audio_tokens(audio_codes)
+        if route.num_audio == 0:
+            return self.model.embed_tokens(input_ids)
+        x = torch.empty(route.num_tokens, self.cfg.hidden_size, dtype=self.model.embed_tokens.weight.dtype,
+                        device=input_ids.device)
+        x[route.text_rows] = self.model.embed_tokens(input_ids[route.text_rows])
+        x[route.audio_rows] = self.model.embed_audio_tokens(audio_codes[route.audio_rows])
+        return x
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> StepOutput:
+        cfg = self.cfg
+        batch.validate(cfg)
+        device = self.audio_lm_head.weight.device
+        dtype = self.audio_lm_head.weight.dtype
+        layout = cache.layout(batch.seq_ids, batch.qo_lens)
+        route = Routing(batch.is_audio, device)
+        rope = rope_cos_sin(batch.positions.to(device), self.inv_freq, dtype)  # [N, D] x2
+
+        x = self.embed(batch.input_ids.to(device), batch.audio_codes.to(device), route)  # [N, H]
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, route, rope, cache.pool.k[i], cache.pool.v[i], layout)
+        last = self.model.norm(x[layout.last_token_index])  # [B, H]; the final norm is per row
+
+        b = len(batch.seq_ids)
+        audio_logits = torch.full((b, cfg.num_codebooks, cfg.audio_vocab), float("nan"), device=device)
+        want_audio = batch.want_audio.nonzero().flatten().tolist()
+        if want_audio:
+            rows = torch.tensor(want_audio, device=device)
+            logits = self.audio_lm_head(last[rows]).float()  # [Ba, 8 * 1026]
+            audio_logits[rows] = logits.view(len(want_audio), cfg.num_codebooks, cfg.audio_vocab)
+
+        text_logits = None
+        want_text = batch.want_text.nonzero().flatten().tolist()
+        if want_text:
+            if self.text_lm_head is None:
+                raise InvalidInputError("text logits requested from a talker built without a text head")
+            rows = torch.tensor(want_text, device=device)
+            text_logits = torch.full((b, cfg.vocab_size), float("nan"), device=device)
+            text_logits[rows] = self.text_lm_head(last[rows]).float()  # [Bt, V]
+        return StepOutput(audio_logits=audio_logits, text_logits=text_logits)

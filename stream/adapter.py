@@ -1,0 +1,248 @@
+"""Sliding-window Code2Wav streaming adapter: delay-pattern columns in, PCM chunks out.
+
+The Higgs v2 codec decoder is non-causal with a receptive field of ±10 frames, so a window
+[left context | new frames | right holdback] with 10 frames on both sides reproduces the one-shot
+decode of the whole utterance for the new frames (exact mode). The chunk schedule and the window
+arithmetic live in `stream/chunking.py`; this module owns the column buffer, the codec calls and
+the PCM conversion.
+
+Two ways to drive it:
+- `push(column)` / `finish()` decode at once, one codec call per due window;
+- `feed(column)` / `close()` / `take_job()` + `decode_jobs(decoder, jobs)` let the pipeline serve
+  every stream that is due in one step with as few codec calls as possible (one when the
+  windows allow it). At most one job per stream is due after each column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.delay import columns_to_frames
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.stream.chunking import (
+    COLUMN_OVERHEAD,
+    NUM_CODEBOOKS,
+    AdapterConfig,
+    ChunkPlanner,
+    Window,
+)
+
+HOP = 960  # samples per codec frame at 24 kHz
+AUDIO_BOS = 1024
+AUDIO_EOS = 1025
+S16_SCALE = 32767.0
+
+DecodeFn = Callable[[torch.Tensor], torch.Tensor]  # codes [B, 8, F] long -> [B, F * hop] float32
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A codec decode function with the geometry the adapter needs."""
+
+    fn: DecodeFn
+    hop: int = HOP
+    receptive_field: int = 10
+
+    @staticmethod
+    def of(decoder: Any) -> Decoder:
+        """Wrap a `Codec` (has .decode/.hop/.receptive_field), a `Decoder`, or a bare decode fn."""
+        if isinstance(decoder, Decoder):
+            return decoder
+        if hasattr(decoder, "decode"):
+            return Decoder(decoder.decode, int(decoder.hop), int(decoder.receptive_field))
+        if callable(decoder):
+            return Decoder(decoder)
+        raise ConfigError(f"decoder must be a Codec or a decode callable, got {type(decoder).__name__}")
+
+    def __call__(self, codes: np.ndarray) -> np.ndarray:
+        """codes [B, 8, F] int64 -> pcm [B, F * hop] float32 (numpy, CPU)."""
+        batch, _, frames = codes.shape
+        out = self.fn(torch.from_numpy(np.ascontiguousarray(codes)))  # [B, F * hop]
+        pcm = out.detach().to("cpu", torch.float32).numpy()
+        pcm = pcm.reshape(batch, -1)
+        assert pcm.shape == (batch, frames * self.hop), (
+            f"decoder returned {tuple(out.shape)} for codes {codes.shape}, expected {(batch, frames * self.hop)}"
+        )
+        return pcm
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    """One stream's decode window: decode `codes`, keep frames [left, left + new)."""
+
+    codes: np.ndarray  # [8, W] int64, real codes 0..1023
+    left: int  # frames of left context to drop
+    new: int  # frames to emit
+    pad_ok: bool  # extra frames appended on the right leave the kept samples unchanged
+    window: Window
+
+    @property
+    def frames(self) -> int:
+        return self.codes.shape[1]
+
+
+def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
+    """Decode many streams' windows in as few codec calls as possible; returns each job's chunk.
+
+    Jobs are batched by window length. Zero-padding a window changes the non-causal edge samples,
+    so only a job with `pad_ok` (right context >= the receptive field, not the utterance end) may
+    be right-padded: it joins the shortest batch at least as long as itself, or else all padded
+    jobs share one batch at the longest of them. Others batch only with equal lengths.
+    """
+    dec = Decoder.of(decoder)
+    groups: dict[int, list[int]] = {}  # window length -> job indices
+    for i, job in enumerate(jobs):
+        if not job.pad_ok:
+            groups.setdefault(job.frames, []).append(i)
+    padded = [i for i, job in enumerate(jobs) if job.pad_ok]
+    for i in sorted(padded, key=lambda i: jobs[i].frames):
+        fits = [length for length in groups if length >= jobs[i].frames]
+        if fits:
+            groups[min(fits)].append(i)
+        else:  # longer than every batch so far: open one at this length, shorter pads follow
+            groups.setdefault(max((jobs[j].frames for j in padded)), []).append(i)
+    out: list[np.ndarray | None] = [None] * len(jobs)
+    for length, members in groups.items():
+        batch = np.zeros((len(members), NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W]
+        for row, i in enumerate(members):
+            batch[row, :, : jobs[i].frames] = jobs[i].codes
+        pcm = dec(batch)  # [B, W * hop]
+        for row, i in enumerate(members):
+            job = jobs[i]
+            out[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
+    return out  # type: ignore[return-value]
+
+
+class Code2WavAdapter:
+    """Turns one audio segment's delay-pattern columns into float32 PCM chunks.
+
+    `Code2WavAdapter(codec_or_decode_fn, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
+    left_context=..., holdback=..., ramp_holdbacks=...)`.
+    """
+
+    def __init__(self, decoder: Any, config: AdapterConfig | None = None, **fields: Any) -> None:
+        self.decoder = Decoder.of(decoder)
+        if config is not None and fields:
+            raise ConfigError(f"pass either an AdapterConfig or fields, not both ({sorted(fields)})")
+        if config is None:
+            fields.setdefault("receptive_field", self.decoder.receptive_field)
+            config = AdapterConfig(**fields)
+        if config.receptive_field != self.decoder.receptive_field:
+            raise ConfigError(
+                f"config receptive_field {config.receptive_field} != codec's {self.decoder.receptive_field}"
+            )
+        self.config = config
+        self.planner = ChunkPlanner(config)
+        self._columns: list[np.ndarray] = []  # columns [col_base, num_columns), each [8] int64
+        self._col_base = 0
+
+    # ---- bookkeeping (no codec calls) ----
+
+    @property
+    def num_columns(self) -> int:
+        return self.planner.num_columns
+
+    @property
+    def frames_emitted(self) -> int:
+        return self.planner.emitted
+
+    @property
+    def done(self) -> bool:
+        """Finished and every audio frame emitted."""
+        return self.planner.finished and self.planner.next_window() is None
+
+    def feed(self, column: np.ndarray) -> None:
+        """Append one delay-pattern column (np int64 [8]); column 0 must be the all-BOS column."""
+        if self.planner.finished:
+            raise InvalidInputError("column pushed after finish()")
+        col = np.asarray(column)
+        if col.shape != (NUM_CODEBOOKS,) or not np.issubdtype(col.dtype, np.integer):
+            raise InvalidInputError(f"a column is {NUM_CODEBOOKS} integer codes, got {col.dtype} {col.shape}")
+        if col.min() < 0 or col.max() > AUDIO_EOS:
+            raise InvalidInputError(f"column codes must be in 0..{AUDIO_EOS}, got {col.tolist()}")
+        if self.planner.num_columns == 0 and not (col == AUDIO_BOS).all():
+            raise InvalidInputError(f"column 0 must be all BOS ({AUDIO_BOS}), got {col.tolist()}")
+        self._columns.append(col.astype(np.int64, copy=True))
+        self.planner.num_columns += 1
+
+    def close(self) -> None:
+        """Mark the end of the segment: the next job runs to the true end of the utterance."""
+        self.planner.finished = True
+
+    def take_job(self) -> DecodeJob | None:
+        """The due decode window (marked emitted), or None. Decode it with `decode_jobs`."""
+        window = self.planner.next_window()
+        if window is None:
+            return None
+        codes = self._frames(window.start, window.stop)  # [8, W]
+        self.planner.advance(window)
+        self._trim()
+        pad_ok = not window.final and window.right >= self.decoder.receptive_field
+        return DecodeJob(codes, window.left, window.new, pad_ok, window)
+
+    # ---- one stream on its own ----
+
+    def push(self, column: np.ndarray) -> list[np.ndarray]:
+        """Append a column; returns the float32 PCM chunks that became due (usually none or one)."""
+        self.feed(column)
+        return self._decode_due()
+
+    def finish(self) -> list[np.ndarray]:
+        """End the segment and flush the tail (decoded to the true end)."""
+        self.close()
+        return self._decode_due()
+
+    def _decode_due(self) -> list[np.ndarray]:
+        chunks = []
+        while (job := self.take_job()) is not None:
+            chunks.extend(decode_jobs(self.decoder, [job]))
+        return chunks
+
+    # ---- column space -> frame space ----
+
+    def _frames(self, start: int, stop: int) -> np.ndarray:
+        """Audio frames [start, stop) as codes [8, stop - start], stray BOS/EOS replaced.
+
+        Audio frame r is delay frame r+1, which needs columns r+1 .. r+8. `columns_to_frames` on
+        columns [start, stop + 9) drops its first (BOS-position) and last (EOS-position) frame and
+        returns exactly frames [start, stop): the same function, and so the same stray-code rule,
+        as the offline path.
+        """
+        lo, hi = start - self._col_base, stop + COLUMN_OVERHEAD - self._col_base
+        assert 0 <= lo and hi <= len(self._columns), (
+            f"window frames [{start}, {stop}) need columns [{start}, {stop + COLUMN_OVERHEAD}), "
+            f"have [{self._col_base}, {self._col_base + len(self._columns)})"
+        )
+        cols = np.stack(self._columns[lo:hi], axis=1)  # [8, W + 9]
+        frames = np.asarray(columns_to_frames(cols), dtype=np.int64)  # [8, W]
+        assert frames.shape == (NUM_CODEBOOKS, stop - start), f"columns_to_frames gave {frames.shape}"
+        return frames
+
+    def _trim(self) -> None:
+        """Drop columns no future window needs (those before the next left context)."""
+        keep_from = max(0, self.planner.emitted - self.config.left_context)
+        drop = keep_from - self._col_base
+        if drop > 64:
+            del self._columns[:drop]
+            self._col_base = keep_from
+
+
+def to_s16le(pcm: np.ndarray) -> bytes:
+    """float PCM -> 16-bit little-endian bytes: clip to [-1, 1], scale by 32767, round half to even.
+
+    The product is formed in float64 (exact for float32 input), so the result does not depend on
+    the input dtype's rounding; -1.0 maps to -32767 (the scale is symmetric). The offline synth
+    path must write its WAV/PCM through this same function.
+    """
+    x = np.asarray(pcm)
+    if x.ndim != 1:
+        raise InvalidInputError(f"pcm must be one channel [S], got shape {x.shape}")
+    x = x.astype(np.float64)
+    if not np.isfinite(x).all():
+        raise InvalidInputError("pcm contains NaN or infinity")
+    return np.rint(np.clip(x, -1.0, 1.0) * S16_SCALE).astype("<i2").tobytes()

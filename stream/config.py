@@ -1,0 +1,96 @@
+"""ServerConfig: every limit and default of the streaming service, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from higgs_stream.engine.errors import ConfigError
+
+SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
+PROTOCOL_VERSION = 1
+MODES = ("exact", "low_latency")
+
+# OpenAI's voice names (what OpenAI SDKs and Pipecat's OpenAITTSService accept).
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "cedar", "coral", "echo", "fable",
+    "marin", "nova", "onyx", "sage", "shimmer", "verse",
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None  # None: no auth
+
+    # Admission.
+    max_streams: int = 32  # contexts + HTTP requests in flight, server-wide
+    max_contexts: int = 8  # open contexts per WebSocket connection
+
+    # Input limits.
+    max_message_bytes: int = 8 << 20  # soft: typed `too_large`; 2x closes the socket (1009)
+    max_text_chars: int = 4096  # per `text` message and per HTTP `input`
+    max_context_chars: int = 65536  # all text of one context
+    max_reference_bytes: int = 6 << 20  # decoded reference audio file
+    max_reference_s: float = 30.0
+    max_transcript_chars: int = 2000
+    max_scene_chars: int = 1000
+
+    # Text segmentation.
+    max_segment_chars: int = 400
+    max_buffer_delay_ms: int = 1000  # idle time before a partial buffer is synthesized
+    sentence_delay_ms: int = 150  # same for a buffer ending in '.', '!', '?' (capped by the above)
+
+    # Generation.
+    max_frames: int = 1500  # per segment (60 s)
+    default_mode: str = "exact"
+    history_segments: int = 2  # earlier segments a reference-less context is conditioned on
+    history_max_frames: int = 1500
+
+    # Output.
+    stream_buffer_s: float = 60.0  # audio buffered per context before `slow_client`
+    max_send_ms: int = 1000  # largest merged audio frame after the first
+    heartbeat_s: float = 20.0  # WebSocket ping interval
+
+    # Voices.
+    voices_dir: str | None = None
+    voice_aliases: dict[str, str] = field(default_factory=dict)  # extra alias -> preset name
+
+    def __post_init__(self):
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ConfigError(f"ServerConfig: {msg}")
+
+        need(0 <= self.port <= 65535, f"port {self.port} out of range")
+        need(self.token is None or len(self.token) > 0, "token must be non-empty when set")
+        for name in (
+            "max_streams", "max_contexts", "max_message_bytes", "max_text_chars",
+            "max_context_chars", "max_reference_bytes", "max_transcript_chars",
+            "max_scene_chars", "max_segment_chars", "max_frames", "max_send_ms",
+        ):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(self.max_reference_s > 0, "max_reference_s must be > 0")
+        need(self.max_text_chars <= self.max_context_chars, "max_text_chars > max_context_chars")
+        need(0 <= self.max_buffer_delay_ms <= 10_000, "max_buffer_delay_ms must be in 0..10000")
+        need(0 <= self.sentence_delay_ms <= 10_000, "sentence_delay_ms must be in 0..10000")
+        need(self.default_mode in MODES, f"default_mode must be one of {MODES}")
+        need(self.history_segments >= 0, "history_segments must be >= 0")
+        need(self.history_max_frames >= 0, "history_max_frames must be >= 0")
+        need(self.stream_buffer_s > 0, "stream_buffer_s must be > 0")
+        need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
+        need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
+        for alias, target in self.voice_aliases.items():
+            need(isinstance(alias, str) and isinstance(target, str) and alias and target,
+                 f"bad voice alias {alias!r} -> {target!r}")
+
+    @property
+    def stream_buffer_samples(self) -> int:
+        return int(self.stream_buffer_s * SAMPLE_RATE)
+
+    @property
+    def max_send_bytes(self) -> int:
+        return self.max_send_ms * SAMPLE_RATE // 1000 * 2  # s16 = 2 bytes/sample
+
+    @property
+    def hard_message_bytes(self) -> int:
+        return 2 * self.max_message_bytes

@@ -1,0 +1,173 @@
+"""Voices: preset reference clips from a folder, OpenAI voice names as aliases, inline references.
+
+A preset is `DIR/NAME.wav` (or .flac/.ogg) plus `DIR/NAME.txt` holding its transcript. `default`
+is the preset of that name if present, else the model's own voice (no reference). OpenAI's voice
+names resolve to a preset of the same name, else to a configured alias, else to `default`
+(stream/PROTOCOL.md §2.4). Encoding a voice into codec codes is the pipeline's job (cached there
+by `Voice.key`); this module only finds and decodes audio files.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from higgs_stream.engine.errors import AudioInputError, ConfigError, InvalidInputError, NotFoundError
+from higgs_stream.stream.config import OPENAI_VOICES, ServerConfig
+from higgs_stream.stream.errors import TooLargeError
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+DEFAULT = "default"
+
+LoadAudio = Callable[[bytes | Path], tuple[np.ndarray, int]]  # -> (wav float32 [T] or [C, T], sr)
+
+
+def _codec_loader(data: bytes | Path) -> tuple[np.ndarray, int]:
+    from higgs_stream.engine.codec.audio import load_reference_audio
+
+    return load_reference_audio(data)
+
+
+@dataclass(frozen=True, eq=False)
+class Voice:
+    """A resolved voice. `wav is None` means the model's own voice (no reference)."""
+
+    name: str
+    wav: np.ndarray | None = None  # float32 [T] or [C, T]
+    sample_rate: int = 0
+    transcript: str | None = None
+    key: str = ""  # identifies the audio + transcript (cache key for encoded codes); "" = none
+
+    @property
+    def has_reference(self) -> bool:
+        return self.wav is not None
+
+    @property
+    def duration_s(self) -> float:
+        return 0.0 if self.wav is None else self.wav.shape[-1] / self.sample_rate
+
+
+def _content_key(audio: bytes, transcript: str) -> str:
+    h = hashlib.sha256(audio)
+    h.update(b"\0" + transcript.encode("utf-8"))
+    return h.hexdigest()[:24]
+
+
+class VoiceLibrary:
+    def __init__(self, voices_dir: str | Path | None = None, aliases: dict[str, str] | None = None,
+                 *, max_reference_bytes: int = 6 << 20, max_reference_s: float = 30.0,
+                 max_transcript_chars: int = 2000, load_audio: LoadAudio | None = None):
+        self.max_reference_bytes = max_reference_bytes
+        self.max_reference_s = max_reference_s
+        self.max_transcript_chars = max_transcript_chars
+        self._load = load_audio or _codec_loader
+        self.presets: dict[str, Voice] = {}
+        if voices_dir is not None:
+            self.presets = self._load_presets(Path(voices_dir))
+        self.default = self.presets.get(DEFAULT, Voice(name=DEFAULT))
+        self.aliases: dict[str, str] = {name: DEFAULT for name in OPENAI_VOICES if name not in self.presets}
+        for alias, target in (aliases or {}).items():
+            if target != DEFAULT and target not in self.presets:
+                raise ConfigError(f"voice alias {alias!r} -> {target!r}: no preset named {target!r}")
+            if alias in self.presets:
+                raise ConfigError(f"voice alias {alias!r} shadows a preset of the same name")
+            self.aliases[alias] = target
+
+    @classmethod
+    def from_config(cls, cfg: ServerConfig, load_audio: LoadAudio | None = None) -> VoiceLibrary:
+        return cls(cfg.voices_dir, cfg.voice_aliases, max_reference_bytes=cfg.max_reference_bytes,
+                   max_reference_s=cfg.max_reference_s, max_transcript_chars=cfg.max_transcript_chars,
+                   load_audio=load_audio)
+
+    def _load_presets(self, folder: Path) -> dict[str, Voice]:
+        if not folder.is_dir():
+            raise ConfigError(f"voices folder {folder} does not exist")
+        presets: dict[str, Voice] = {}
+        for path in sorted(folder.iterdir()):
+            if path.suffix.lower() not in AUDIO_SUFFIXES:
+                continue
+            name = path.stem
+            if not _NAME.fullmatch(name):
+                raise ConfigError(f"voice preset {path}: name must match [A-Za-z0-9_-]{{1,64}}")
+            if name in presets:
+                raise ConfigError(f"voice preset {name!r} has more than one audio file in {folder}")
+            txt = path.with_suffix(".txt")
+            if not txt.is_file():
+                raise ConfigError(f"voice preset {path} has no transcript file {txt.name}")
+            transcript = txt.read_text(encoding="utf-8").strip()
+            if not transcript:
+                raise ConfigError(f"voice preset {name!r}: transcript {txt} is empty")
+            data = path.read_bytes()
+            try:
+                presets[name] = self._decoded(name, data, transcript)
+            except (AudioInputError, InvalidInputError) as e:
+                raise ConfigError(f"voice preset {path}: {e}") from e
+        return presets
+
+    def names(self) -> list[str]:
+        return sorted({DEFAULT, *self.presets, *self.aliases})
+
+    def resolve(self, name: str) -> Voice:
+        """A preset, `default`, or an alias; unknown names raise NotFoundError."""
+        if not isinstance(name, str):
+            raise InvalidInputError(f"voice must be a string, got {type(name).__name__}")
+        if name in self.presets:
+            return self.presets[name]
+        if name == DEFAULT:
+            return self.default
+        if name in self.aliases:
+            return self.resolve(self.aliases[name])
+        raise NotFoundError(f"unknown voice {name!r}; known: {', '.join(self.names())}")
+
+    def inline(self, audio_b64: str, transcript: str) -> Voice:
+        """A reference sent with the request: base64 audio file (a data: URL is fine) + transcript."""
+        if not isinstance(audio_b64, str) or not audio_b64:
+            raise InvalidInputError("reference audio must be a non-empty base64 string")
+        if not isinstance(transcript, str) or not transcript.strip():
+            raise InvalidInputError("a reference needs a non-empty transcript")
+        if len(transcript) > self.max_transcript_chars:
+            raise TooLargeError(f"reference transcript has {len(transcript)} chars, limit {self.max_transcript_chars}")
+        if audio_b64.startswith("data:"):
+            audio_b64 = audio_b64.partition(",")[2]
+        if len(audio_b64) * 3 // 4 > self.max_reference_bytes + 3:
+            raise TooLargeError(f"reference audio over {self.max_reference_bytes} bytes")
+        try:
+            data = base64.b64decode(audio_b64, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise AudioInputError(f"reference audio is not valid base64: {e}") from e
+        if len(data) > self.max_reference_bytes:
+            raise TooLargeError(f"reference audio has {len(data)} bytes, limit {self.max_reference_bytes}")
+        key = _content_key(data, transcript.strip())
+        return self._decoded(f"inline:{key[:12]}", data, transcript.strip(), key)
+
+    def _decoded(self, name: str, data: bytes, transcript: str, key: str | None = None) -> Voice:
+        if not data:
+            raise AudioInputError("reference audio is empty")
+        wav, sr = self._load(data)
+        wav = np.asarray(wav, dtype=np.float32)
+        if wav.size == 0 or wav.shape[-1] == 0:
+            raise AudioInputError("reference audio has no samples")
+        if not np.isfinite(wav).all():
+            raise AudioInputError("reference audio contains NaN or infinity")
+        duration = wav.shape[-1] / sr
+        if duration > self.max_reference_s:
+            raise TooLargeError(f"reference audio is {duration:.1f} s long, limit {self.max_reference_s:g} s")
+        return Voice(name=name, wav=wav, sample_rate=int(sr), transcript=transcript,
+                     key=key or _content_key(data, transcript))
+
+    def describe(self) -> dict:
+        """The body of GET /v1/voices."""
+        return {
+            "default": DEFAULT,
+            "voices": [{"name": v.name, "transcript": v.transcript, "seconds": round(v.duration_s, 2)}
+                       for v in self.presets.values()],
+            "aliases": dict(sorted(self.aliases.items())),
+        }
