@@ -18,12 +18,29 @@ only when equal to the matrix they duplicate. Any other key is a CheckpointError
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import safe_open
+from tokenizers import Tokenizer
 
-from higgs_stream.engine.config_v3 import TalkerV3Config
-from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.checkpoint import (
+    CONFIG_FILE,
+    TensorEntry,
+    _parameters_on_meta,
+    _read_headers,
+    _weight_files,
+    resolve_model_dir,
+)
+from higgs_stream.engine.codec.codec import Codec
+from higgs_stream.engine.codec.config import CodecConfig
+from higgs_stream.engine.codec.load import V3_CODEC_PREFIX, codec_from_state_dict
+from higgs_stream.engine.config_v3 import MODEL_TYPE_V3, TalkerV3Config, V3SpecialTokens
+from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.tokenizer import TextTokenizer
 
 TEXT_EMBEDDING = "tied.embedding.text_embedding.weight"
 AUDIO_MATRIX = "tied.embedding.modality_embeddings.0.embedding.weight"
@@ -88,36 +105,166 @@ def to_qwen3_key(key: str) -> str:
     raise CheckpointError(f"{key!r} is not a v3 backbone key")
 
 
-def split_state_dict(
-    tensors: Mapping[str, torch.Tensor], cfg: TalkerV3Config
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Checkpoint tensors -> (talker state dict, codec state dict with CODEC_PREFIX stripped).
+def classify_keys(
+    shapes: Mapping[str, tuple[int, ...]], cfg: TalkerV3Config
+) -> tuple[list[str], list[str], list[str]]:
+    """Checkpoint key -> shape (headers only) -> (talker keys, codec keys, tied-copy keys).
 
-    CheckpointError naming the key on: a missing talker key, a wrong shape, a tied copy that
-    differs from its source, an empty codec, or any key outside the table.
+    CheckpointError naming the key on: a wrong shape, a missing talker key, no codec tensors,
+    or any key outside the table.
     """
     table = talker_key_shapes(cfg)
-    talker: dict[str, torch.Tensor] = {}
-    codec: dict[str, torch.Tensor] = {}
-    copies: dict[str, torch.Tensor] = {}
-    for key, tensor in tensors.items():
+    talker, codec, copies = [], [], []
+    for key, shape in shapes.items():
         if key.startswith(CODEC_PREFIX):
-            codec[key[len(CODEC_PREFIX):]] = tensor
+            codec.append(key)
         elif key in table:
-            if tuple(tensor.shape) != table[key]:
-                raise CheckpointError(f"v3 checkpoint tensor {key} has shape {tuple(tensor.shape)}, expected {table[key]}")
-            talker[key] = tensor
+            if tuple(shape) != table[key]:
+                raise CheckpointError(f"v3 checkpoint tensor {key} has shape {list(shape)}, expected {list(table[key])}")
+            talker.append(key)
         elif key in TIED_COPIES:
-            copies[key] = tensor
+            if tuple(shape) != table[TIED_COPIES[key]]:
+                raise CheckpointError(f"v3 checkpoint tensor {key} has shape {list(shape)}, expected "
+                                      f"{list(table[TIED_COPIES[key]])} (a copy of {TIED_COPIES[key]})")
+            copies.append(key)
         else:
-            raise CheckpointError(f"unexpected tensor {key!r} in v3 checkpoint")
-    missing = [k for k in table if k not in talker]
+            raise CheckpointError(f"unexpected key {key} in the v3 checkpoint")
+    missing = [k for k in table if k not in set(talker)]
     if missing:
-        raise CheckpointError(f"v3 checkpoint lacks {len(missing)} talker tensors, first {missing[0]!r}")
-    for key, tensor in copies.items():
-        source = talker[TIED_COPIES[key]]
-        if tensor.shape != source.shape or not torch.equal(tensor, source):
-            raise CheckpointError(f"{key} differs from {TIED_COPIES[key]}: untied heads are not supported")
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing key {missing[0]} in the v3 checkpoint{more}")
     if not codec:
-        raise CheckpointError(f"v3 checkpoint has no bundled codec tensors under {CODEC_PREFIX!r}")
-    return talker, codec
+        raise CheckpointError(f"the v3 checkpoint has no bundled codec tensors (prefix {CODEC_PREFIX})")
+    return talker, codec, copies
+
+
+# ------------------------------------------------------------------------------- tokenizer
+class V3TextTokenizer(TextTokenizer):
+    """The v3 checkpoint's tokenizer: `special` holds the v3 tokens (V3SpecialTokens).
+
+    (`TextTokenizer.__init__` resolves the v2 special tokens, which a Qwen3 tokenizer lacks; this
+    sets the same attributes with the v3 set. Everything else is inherited.)
+    """
+
+    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>") -> None:
+        self._tok = tokenizer
+        self.source = source
+        self._added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
+        try:
+            self.special = V3SpecialTokens.from_lookup(self._added.get)  # type: ignore[assignment]
+        except ConfigError as e:
+            raise CheckpointError(f"tokenizer {source}: {e}") from e
+        self._literal = Tokenizer.from_str(tokenizer.to_str())
+        self._literal.encode_special_tokens = True
+
+
+# ----------------------------------------------------------------------------------- loading
+def read_config_v3(root: Path) -> tuple[dict[str, Any], TalkerV3Config]:
+    """(raw config.json, TalkerV3Config without special ids); CheckpointError if it is not v3."""
+    file = root / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+    if raw.get("model_type") != MODEL_TYPE_V3:
+        raise CheckpointError(f"{file}: model_type {raw.get('model_type')!r} is not {MODEL_TYPE_V3!r}")
+    try:
+        return raw, TalkerV3Config.from_hf_dict(raw)
+    except ConfigError as e:
+        raise CheckpointError(f"{file}: {e}") from e
+
+
+def is_v3_checkpoint(model: str | Path) -> bool:
+    """True when `model`'s config.json says model_type "higgs_multimodal_qwen3"."""
+    root = resolve_model_dir(model)
+    try:
+        return json.loads((root / CONFIG_FILE).read_text()).get("model_type") == MODEL_TYPE_V3
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {root / CONFIG_FILE}: {e}") from e
+
+
+def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, V3TextTokenizer, dict[str, TensorEntry]]:
+    root = resolve_model_dir(model)
+    raw, cfg = read_config_v3(root)
+    tokenizer = V3TextTokenizer.from_dir(root)
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the v3 text vocab_size is {cfg.vocab_size}")
+    eos = raw["text_config"].get("eos_token_id")
+    if eos is not None and eos not in (tokenizer.special.end_of_text, [tokenizer.special.end_of_text]):
+        raise CheckpointError(f"config.json text_config.eos_token_id={eos} but the tokenizer gives <|endoftext|> "
+                              f"id {tokenizer.special.end_of_text}")
+    try:
+        cfg = cfg.with_special(tokenizer.special)
+    except ConfigError as e:
+        raise CheckpointError(f"{root}: {e}") from e
+    files, weight_map = _weight_files(root)
+    return root, raw, cfg, tokenizer, _read_headers(files, weight_map)
+
+
+def _read(entries: Mapping[str, TensorEntry], keys: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors `keys`, one file open at a time, in their stored dtype, on CPU."""
+    by_file: dict[Path, list[str]] = {}
+    for key in keys:
+        by_file.setdefault(entries[key].file, []).append(key)
+    out: dict[str, torch.Tensor] = {}
+    for file, file_keys in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for key in file_keys:
+                out[key] = f.get_tensor(key)
+    return out
+
+
+def load_talker_v3(
+    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[torch.nn.Module, TalkerV3Config, V3TextTokenizer]:
+    """(TalkerV3, TalkerV3Config with special ids, tokenizer) from a v3 checkpoint dir or hub id.
+
+    The backbone is cast to `dtype` (None: as stored); the fused audio matrix always keeps its
+    stored dtype (sglang-omni: the fused embedding/head match the checkpoint, logits are fp32).
+    The bundled codec's tensors are checked for presence here and loaded by `load_codec_v3`.
+    """
+    from higgs_stream.engine.talker_v3 import TalkerV3
+
+    _, _, cfg, tokenizer, entries = _open(model)
+    talker_keys, _, copy_keys = classify_keys({k: e.shape for k, e in entries.items()}, cfg)
+    with _parameters_on_meta():
+        talker = TalkerV3(cfg)
+    tensors = _read(entries, talker_keys + copy_keys)
+    for key in copy_keys:
+        if not torch.equal(tensors.pop(key), tensors[TIED_COPIES[key]]):
+            raise CheckpointError(f"{key} differs from {TIED_COPIES[key]}: untied heads are not supported")
+    for key, t in tensors.items():
+        tensors[key] = t.to(device=device, dtype=t.dtype if key == AUDIO_MATRIX or dtype is None else dtype)
+    result = talker.load_state_dict(tensors, strict=True, assign=True)
+    assert not result.missing_keys and not result.unexpected_keys, f"key table out of sync: {result}"
+    talker.to(device)  # buffers (RoPE inverse frequencies, codebook offsets)
+    talker.requires_grad_(False)
+    talker.eval()
+    return talker, cfg, tokenizer
+
+
+def codec_config_v3(raw: Mapping[str, Any]) -> CodecConfig:
+    """The bundled codec's config: the released codec's, unless our extension key describes another."""
+    given = raw.get(CODEC_CONFIG_KEY)
+    if given is None:
+        return CodecConfig.full()
+    try:
+        return CodecConfig.from_hf_dict(given)
+    except ConfigError as e:
+        raise CheckpointError(f"config.json {CODEC_CONFIG_KEY}: {e}") from e
+
+
+def load_codec_v3(model: str | Path, device: str | torch.device = "cpu", with_encoder: bool | None = None) -> Codec:
+    """The codec bundled in a v3 checkpoint (fp32 on `device`)."""
+    assert CODEC_PREFIX == V3_CODEC_PREFIX, "codec module and v3 checkpoint disagree on the codec prefix"
+    root = resolve_model_dir(model)
+    raw, _ = read_config_v3(root)
+    files, weight_map = _weight_files(root)
+    entries = _read_headers(files, weight_map)
+    keys = [k for k in entries if k.startswith(CODEC_PREFIX)]
+    if not keys:
+        raise CheckpointError(f"the v3 checkpoint {root} has no bundled codec tensors (prefix {CODEC_PREFIX})")
+    return codec_from_state_dict(_read(entries, keys), codec_config_v3(raw), layout="hf", prefix=CODEC_PREFIX,
+                                 device=device, with_encoder=with_encoder)

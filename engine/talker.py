@@ -64,7 +64,9 @@ class StepBatch:
         for name, (shape, dtype) in expect.items():
             t = getattr(self, name)
             if tuple(t.shape) != shape or t.dtype != dtype or t.device.type != "cpu":
-                raise InvalidInputError(f"{name} must be a CPU {dtype} tensor {shape}, got {t.dtype} {tuple(t.shape)} on {t.device}")
+                raise InvalidInputError(
+                    f"{name} must be a CPU {dtype} tensor {shape}, got {t.dtype} {tuple(t.shape)} on {t.device}"
+                )
         text_ids = self.input_ids[~self.is_audio]
         if text_ids.numel() and (text_ids.min() < 0 or text_ids.max() >= cfg.vocab_size):
             raise InvalidInputError(f"text ids must lie in [0, {cfg.vocab_size})")
@@ -222,7 +224,8 @@ class Talker(nn.Module):
         self.model = Backbone(cfg)
         self.audio_lm_head = nn.Linear(cfg.hidden_size, cfg.num_codebooks * cfg.audio_vocab, bias=False)
         self.text_lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if use_text_head else None
-        self.register_buffer("inv_freq", llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), persistent=False)
+        inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2] fp32
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def embed(self, input_ids: torch.Tensor, audio_codes: torch.Tensor, route: Routing) -> torch.Tensor:
         """[N] text ids, [N, 8] codes -> [N, H]; each table only looks up its own rows."""
@@ -252,9 +255,12 @@ class Talker(nn.Module):
         last = self.model.norm(x[layout.last_token_index])  # [B, H]; the final norm is per row
 
         b = len(batch.seq_ids)
-        audio_logits = torch.full((b, cfg.num_codebooks, cfg.audio_vocab), float("nan"), device=device)
         want_audio = batch.want_audio.nonzero().flatten().tolist()
-        if want_audio:
+        if len(want_audio) == b:  # the usual decode step: every sequence samples a column
+            audio_logits = self.audio_lm_head(last).float().view(b, cfg.num_codebooks, cfg.audio_vocab)
+        else:
+            audio_logits = torch.full((b, cfg.num_codebooks, cfg.audio_vocab), float("nan"), device=device)
+        if want_audio and len(want_audio) < b:
             rows = torch.tensor(want_audio, device=device)
             logits = self.audio_lm_head(last[rows]).float()  # [Ba, 8 * 1026]
             audio_logits[rows] = logits.view(len(want_audio), cfg.num_codebooks, cfg.audio_vocab)

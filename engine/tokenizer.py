@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from higgs_stream.engine.config import SPECIAL_TOKEN_STRINGS, SpecialTokens
-from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.errors import CheckpointError, InvalidInputError
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -92,5 +92,5 @@ class TextTokenizer:
         ids = list(ids)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise CheckpointError(f"token ids outside the tokenizer vocabulary ({self.vocab_size}): {bad[:8]}")
+            raise InvalidInputError(f"token ids outside the tokenizer vocabulary ({self.vocab_size}): {bad[:8]}")
         return self._tok.decode(ids, skip_special_tokens=skip_special)

@@ -37,7 +37,9 @@ def llama3_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | No
     return torch.where(~long_wave & ~short_wave, blended, scaled)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [N] long, inv_freq [D/2] -> (cos, sin) each [N, D] in `dtype` (angles in fp32)."""
     angles = positions.float()[:, None] * inv_freq.float()[None, :]  # [N, D/2]
     angles = torch.cat((angles, angles), dim=-1)  # [N, D]

@@ -27,13 +27,14 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT = "default"
 
-LoadAudio = Callable[[bytes | Path], tuple[np.ndarray, int]]  # -> (wav float32 [T] or [C, T], sr)
+# (file bytes, max_seconds) -> (wav float32 [T] or [C, T], sr); AudioInputError when undecodable/too long
+LoadAudio = Callable[[bytes, float], tuple[np.ndarray, int]]
 
 
-def _codec_loader(data: bytes | Path) -> tuple[np.ndarray, int]:
-    from higgs_stream.engine.codec.audio import load_reference_audio
+def _codec_loader(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
+    from higgs_stream.engine.codec import load_reference_audio
 
-    return load_reference_audio(data)
+    return load_reference_audio(data, max_seconds=max_seconds)  # mono [T] at 24 kHz
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,15 +152,9 @@ class VoiceLibrary:
     def _decoded(self, name: str, data: bytes, transcript: str, key: str | None = None) -> Voice:
         if not data:
             raise AudioInputError("reference audio is empty")
-        wav, sr = self._load(data)
+        wav, sr = self._load(data, self.max_reference_s)
         wav = np.asarray(wav, dtype=np.float32)
-        if wav.size == 0 or wav.shape[-1] == 0:
-            raise AudioInputError("reference audio has no samples")
-        if not np.isfinite(wav).all():
-            raise AudioInputError("reference audio contains NaN or infinity")
-        duration = wav.shape[-1] / sr
-        if duration > self.max_reference_s:
-            raise TooLargeError(f"reference audio is {duration:.1f} s long, limit {self.max_reference_s:g} s")
+        assert wav.shape[-1] > 0 and np.isfinite(wav).all(), "the audio loader must reject empty or non-finite audio"
         return Voice(name=name, wav=wav, sample_rate=int(sr), transcript=transcript,
                      key=key or _content_key(data, transcript))
 

@@ -1,46 +1,68 @@
-"""WebRTC transport: an aiortc audio track paced on the wall clock, plus HTTP offer/answer signaling.
+"""WebRTC transport: `POST /v1/webrtc/offer` signaling, an audio track paced on the wall clock, and
+the protocol of PROTOCOL.md §1 over a data channel.
 
-The track plays s16le mono PCM in 20 ms frames at the wall-clock rate and sends silence when
-nothing is queued, so the RTP clock never stops. Markers written between PCM chunks fire when
-playout reaches them: the data channel's `audio_start` / `done` events line up with what the
-listener hears, not with when the server generated it.
+The browser (or any peer) offers a receive-only audio transceiver first and a data channel; the
+server answers with one `PacedPCMTrack`. Text messages (`text`, `end`, `cancel`, ...) go over the
+data channel and are run by the same `SessionRunner` as the WebSocket; the PCM goes into the track
+instead of binary messages. The track plays 20 ms frames at the wall-clock rate and sends silence
+when idle, so the RTP clock never stops. `audio_start` and `done` of the playing context travel as
+track markers: they reach the peer when playout reaches them, in step with what it hears. A
+client `cancel` drops the context's queued audio from the track at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fractions
+import json
+import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from aiortc import MediaStreamTrack
-from aiortc.mediastreams import MediaStreamError
+from aiohttp import web
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
+from higgs_stream.engine.errors import CapacityError, InvalidInputError
+from higgs_stream.stream.config import SAMPLE_RATE
+from higgs_stream.stream.server import STATE, ServerState, SessionRunner, _authorized, _error_response
+from higgs_stream.stream.errors import UnauthorizedError
+
+log = logging.getLogger(__name__)
+
 SAMPLE_WIDTH = 2  # bytes per s16 sample
+CONNECT_TIMEOUT_S = 30.0  # a peer that has not connected by then is closed
+TRACK_BUFFER_S = 600.0  # audio the track may queue ahead of playout (the pipeline runs ahead)
+
+
+# ---------------------------------------------------------------- the track
+
+@dataclass
+class _Item:
+    tag: Any  # which context the item belongs to (for `drop`)
+    pcm: bytes | None = None  # s16le mono; None for a marker
+    payload: Any = None  # marker payload
+    offset: int = 0  # bytes of `pcm` already sent
 
 
 class PacedPCMTrack(MediaStreamTrack):
-    """An audio track fed with s16le mono PCM; `recv()` paces 20 ms frames on the wall clock.
+    """An audio track fed with s16le mono PCM; `recv()` paces `ptime` frames on the wall clock.
 
-    `write(pcm)` queues audio (it waits while more than `max_buffer_s` is queued: the writer, not
-    the network, is held back); `mark(payload)` queues a marker that is handed to `on_marker`
-    when playout passes it; `clear()` drops everything queued (barge-in).
+    `write(pcm, tag)` queues audio (waiting while more than `max_buffer_s` is queued),
+    `mark(payload, tag)` queues a marker handed to `on_marker` when playout passes it,
+    `drop(tag)` removes a context's queued audio and markers (barge-in), `clear()` everything.
     """
 
     kind = "audio"
 
-    def __init__(
-        self,
-        sample_rate: int = 24000,
-        ptime: float = 0.020,
-        max_buffer_s: float = 10.0,
-        on_marker: Callable[[Any], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
+    def __init__(self, sample_rate: int = SAMPLE_RATE, ptime: float = 0.020, max_buffer_s: float = 10.0,
+                 on_marker: Callable[[Any], None] | None = None, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         assert sample_rate > 0 and ptime > 0, f"bad sample_rate {sample_rate} / ptime {ptime}"
         self.sample_rate = sample_rate
@@ -50,48 +72,55 @@ class PacedPCMTrack(MediaStreamTrack):
         self.on_marker = on_marker
         self._clock = clock
         self._time_base = fractions.Fraction(1, sample_rate)
-        self._pcm = bytearray()  # queued, not yet sent
-        self._written = 0  # samples ever queued (absolute position of the write end)
-        self._read = 0  # samples ever sent from the queue
-        self._markers: deque[tuple[int, Any]] = deque()  # (absolute sample position, payload)
-        self._space = asyncio.Event()  # set while the queue is under max_buffer_samples
+        self._queue: deque[_Item] = deque()
+        self._buffered = 0  # samples queued, not yet sent
+        self._space = asyncio.Event()  # set while under max_buffer_samples
         self._space.set()
         self._start: float | None = None
-        self._pts = 0
-        # Counters for tests and metrics.
+        self._pts = 0  # samples sent (audio + silence): the RTP clock
         self.frames_sent = 0
-        self.audio_samples_sent = 0  # samples that came from the queue (not padding)
+        self.audio_samples_sent = 0  # samples that came from the queue (not silence)
 
     @property
     def buffered_samples(self) -> int:
-        return len(self._pcm) // SAMPLE_WIDTH
+        return self._buffered
 
-    @property
-    def buffered_s(self) -> float:
-        return self.buffered_samples / self.sample_rate
-
-    async def write(self, pcm: bytes) -> None:
+    async def write(self, pcm: bytes, tag: Any = None) -> None:
         """Queue s16le mono PCM (a whole number of samples); waits while the queue is full."""
         assert len(pcm) % SAMPLE_WIDTH == 0, f"odd PCM byte count {len(pcm)}"
-        while self.buffered_samples >= self.max_buffer_samples:
+        while self._buffered >= self.max_buffer_samples and self.readyState == "live":
             self._space.clear()
             await self._space.wait()
         if self.readyState != "live":
             raise MediaStreamError("track ended")
-        self._pcm += pcm
-        self._written += len(pcm) // SAMPLE_WIDTH
+        if pcm:
+            self._queue.append(_Item(tag, pcm=bytes(pcm)))
+            self._buffered += len(pcm) // SAMPLE_WIDTH
 
-    def mark(self, payload: Any) -> None:
-        """Hand `payload` to `on_marker` once every sample written so far has been sent."""
-        self._markers.append((self._written, payload))
+    def mark(self, payload: Any, tag: Any = None) -> None:
+        """Hand `payload` to `on_marker` once every sample queued before it has been sent."""
+        self._queue.append(_Item(tag, payload=payload))
+
+    def drop(self, tag: Any) -> list[Any]:
+        """Remove the queued audio and markers of `tag`; returns the dropped markers' payloads."""
+        kept: deque[_Item] = deque()
+        dropped = []
+        for item in self._queue:
+            if item.tag != tag:
+                kept.append(item)
+            elif item.pcm is None:
+                dropped.append(item.payload)
+            else:
+                self._buffered -= (len(item.pcm) - item.offset) // SAMPLE_WIDTH
+        self._queue = kept
+        self._wake_writer()
+        return dropped
 
     def clear(self) -> list[Any]:
-        """Drop queued audio and pending markers (barge-in); returns the dropped markers' payloads."""
-        dropped = [p for _, p in self._markers]
-        self._markers.clear()
-        self._read += self.buffered_samples
-        self._pcm.clear()
-        self._space.set()
+        dropped = [item.payload for item in self._queue if item.pcm is None]
+        self._queue.clear()
+        self._buffered = 0
+        self._wake_writer()
         return dropped
 
     async def recv(self) -> AudioFrame:
@@ -100,40 +129,228 @@ class PacedPCMTrack(MediaStreamTrack):
         now = self._clock()
         if self._start is None:
             self._start = now
-        else:
-            # Frame k goes out at start + k * ptime; late frames go out at once to catch up.
+        else:  # frame k goes out at start + k * ptime; a late frame goes out at once (catch-up)
             due = self._start + self._pts / self.sample_rate
             if due > now:
                 await asyncio.sleep(due - now)
-        frame = self._next_frame()
-        self._fire_markers()
-        return frame
-
-    def _next_frame(self) -> AudioFrame:
-        n = self.frame_samples
-        take = min(n, self.buffered_samples)
-        samples = np.zeros(n, dtype=np.int16)  # [n] silence unless audio is queued
-        if take:
-            samples[:take] = np.frombuffer(self._pcm, dtype="<i2", count=take)
-            del self._pcm[: take * SAMPLE_WIDTH]
-            self._read += take
-            self.audio_samples_sent += take
-            if self.buffered_samples < self.max_buffer_samples:
-                self._space.set()
+        samples = np.zeros(self.frame_samples, dtype=np.int16)  # [n] silence unless audio is queued
+        filled = self._fill(samples)
         frame = AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")  # [1, n]
         frame.sample_rate = self.sample_rate
         frame.pts = self._pts
         frame.time_base = self._time_base
-        self._pts += n
+        self._pts += self.frame_samples
         self.frames_sent += 1
+        self.audio_samples_sent += filled
         return frame
 
-    def _fire_markers(self) -> None:
-        while self._markers and self._markers[0][0] <= self._read:
-            _, payload = self._markers.popleft()
-            if self.on_marker is not None:
-                self.on_marker(payload)
+    def _fill(self, out: np.ndarray) -> int:
+        """Copy queued audio into `out`, firing markers as playout passes them; returns samples used."""
+        pos = 0
+        while self._queue:
+            item = self._queue[0]
+            if item.pcm is None:
+                self._queue.popleft()
+                if self.on_marker is not None:
+                    self.on_marker(item.payload)
+                continue
+            if pos == len(out):
+                break
+            n = min(len(out) - pos, (len(item.pcm) - item.offset) // SAMPLE_WIDTH)
+            out[pos:pos + n] = np.frombuffer(item.pcm, dtype="<i2", count=n, offset=item.offset)
+            item.offset += n * SAMPLE_WIDTH
+            pos += n
+            if item.offset == len(item.pcm):
+                self._queue.popleft()
+        self._buffered -= pos
+        if pos:
+            self._wake_writer()
+        return pos
+
+    def _wake_writer(self) -> None:
+        if self._buffered < self.max_buffer_samples:
+            self._space.set()
 
     def stop(self) -> None:
         self.clear()
         super().stop()
+        self._space.set()  # a blocked writer sees the ended track
+
+
+# ---------------------------------------------------------------- one peer connection
+
+class WebRTCPeer:
+    """One peer connection: its track, its data channel and the session running over them."""
+
+    def __init__(self, state: ServerState, pc: RTCPeerConnection):
+        self.id = uuid.uuid4().hex
+        self.state = state
+        self.pc = pc
+        self.track = PacedPCMTrack(max_buffer_s=TRACK_BUFFER_S, on_marker=self._send_marker)
+        self.channel: RTCDataChannel | None = None
+        self.connected = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self._playing: str | None = None  # the context whose audio the session is writing
+        self._playing_cancelled = False  # the client cancelled it; its done has not come yet
+        self._task: asyncio.Task | None = None
+        self.watcher: asyncio.Task | None = None
+
+    def attach(self, channel: RTCDataChannel) -> None:
+        """The peer's data channel: the session runs over the first one opened."""
+        if self.channel is not None:
+            log.info("peer %s opened a second data channel %r; closing it", self.id, channel.label)
+            channel.close()
+            return
+        self.channel = channel
+        channel.on("message", self._inbox.put_nowait)
+        channel.on("close", lambda: self._inbox.put_nowait(None))
+        self._task = asyncio.create_task(self._run(), name=f"webrtc-session-{self.id}")
+
+    async def _run(self) -> None:
+        try:
+            runner = SessionRunner(self.state, self._send_text, self._send_bytes)
+            await runner.run(self._receive)
+        finally:
+            await self.close()
+
+    async def _receive(self) -> str | bytes | None:
+        message = await self._inbox.get()
+        if isinstance(message, str):
+            self._intercept_cancel(message)
+        return message
+
+    def _intercept_cancel(self, raw: str) -> None:
+        """A client `cancel` silences the context at once (the session then ends it as usual)."""
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            return  # the session answers bad_json
+        if not isinstance(msg, dict) or msg.get("type") != "cancel" or not isinstance(msg.get("context_id"), str):
+            return
+        cid = msg["context_id"]
+        if cid == self._playing:
+            self._playing_cancelled = True  # drop the rest of its audio; its done goes out at once
+        for payload in self.track.drop(cid):
+            if json.loads(payload).get("type") == "done":  # an unplayed audio_start is never sent
+                self._send_now(payload)
+
+    async def _send_text(self, text: str) -> None:
+        msg = json.loads(text)
+        kind, cid = msg.get("type"), msg.get("context_id")
+        if kind == "audio_start":
+            self._playing, self._playing_cancelled = cid, False
+            self.track.mark(text, tag=cid)
+        elif kind == "done" and cid == self._playing:
+            if self._playing_cancelled:
+                self._send_now(text)
+            else:
+                self.track.mark(text, tag=cid)
+            self._playing, self._playing_cancelled = None, False
+        else:
+            self._send_now(text)
+
+    async def _send_bytes(self, pcm: bytes) -> None:
+        assert self._playing is not None, "audio outside audio_start ... done"
+        if self._playing_cancelled:
+            return
+        try:
+            await self.track.write(pcm, tag=self._playing)
+        except MediaStreamError as e:
+            raise ConnectionError(f"peer {self.id}: track ended") from e
+
+    def _send_marker(self, text: str) -> None:
+        """Called from the track's `recv()`: must not raise into aiortc's sender loop."""
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(text)
+        # else: the peer is gone and its session is ending; there is no one to tell
+
+    def _send_now(self, text: str) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            raise ConnectionError(f"peer {self.id}: data channel is not open")
+        channel.send(text)
+
+    async def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self._inbox.put_nowait(None)
+        self.track.stop()
+        await self.pc.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+# ---------------------------------------------------------------- signaling
+
+PEERS = web.AppKey("higgs_webrtc_peers", dict)
+
+
+def _parse_offer(body: bytes) -> RTCSessionDescription:
+    try:
+        msg = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"offer must be JSON {{sdp, type}}: {e}") from e
+    if not isinstance(msg, dict) or not isinstance(msg.get("sdp"), str) or msg.get("type") != "offer":
+        raise InvalidInputError('offer must be {"sdp": str, "type": "offer"}')
+    return RTCSessionDescription(sdp=msg["sdp"], type="offer")
+
+
+async def offer(request: web.Request) -> web.Response:
+    """POST /v1/webrtc/offer {sdp, type:"offer"} -> {sdp, type:"answer", pc_id} (non-trickle ICE)."""
+    state = request.app[STATE]
+    peers: dict[str, WebRTCPeer] = request.app[PEERS]
+    try:
+        if not _authorized(request, state.config.token):
+            raise UnauthorizedError("wrong or missing token")
+        description = _parse_offer(await request.read())
+        if len(peers) >= state.config.max_streams:
+            raise CapacityError(f"server holds its limit of {state.config.max_streams} WebRTC peers")
+    except (InvalidInputError, UnauthorizedError, CapacityError) as e:
+        return _error_response(e, state.metrics)
+
+    pc = RTCPeerConnection()
+    peer = WebRTCPeer(state, pc)
+    try:
+        await pc.setRemoteDescription(description)
+    except ValueError as e:  # aiortc's SDP parser rejects it
+        await pc.close()
+        return _error_response(InvalidInputError(f"bad offer SDP: {e}"), state.metrics)
+    if not any(t.kind == "audio" for t in pc.getTransceivers()):
+        await pc.close()
+        return _error_response(InvalidInputError("the offer has no audio transceiver"), state.metrics)
+    peers[peer.id] = peer
+    pc.on("datachannel", peer.attach)
+
+    @pc.on("connectionstatechange")
+    async def on_state() -> None:
+        if pc.connectionState == "connected":
+            peer.connected.set()
+        elif pc.connectionState in ("failed", "closed"):
+            await peer.close()
+
+    async def watch() -> None:  # forget the peer when it closes; close it if it never connects
+        try:
+            await asyncio.wait_for(peer.connected.wait(), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            log.info("peer %s did not connect within %.0f s", peer.id, CONNECT_TIMEOUT_S)
+            await peer.close()
+        await peer.closed.wait()
+        peers.pop(peer.id, None)
+
+    peer.watcher = asyncio.create_task(watch(), name=f"webrtc-watch-{peer.id}")
+    pc.addTrack(peer.track)
+    await pc.setLocalDescription(await pc.createAnswer())
+    return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "pc_id": peer.id})
+
+
+def add_routes(app: web.Application, state: ServerState) -> None:
+    """Mount `POST /v1/webrtc/offer`; open peers are closed at shutdown (before the pipeline stops)."""
+    app[PEERS] = {}
+    app.router.add_post("/v1/webrtc/offer", offer)
+
+    async def close_peers(app: web.Application) -> None:
+        await asyncio.gather(*(peer.close() for peer in list(app[PEERS].values())))
+
+    app.on_shutdown.append(close_peers)

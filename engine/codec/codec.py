@@ -22,7 +22,7 @@ from higgs_stream.engine.codec.decoder import AcousticDecoder
 from higgs_stream.engine.codec.encoder import (AcousticEncoder, SemanticEncoder, align_acoustic, build_hubert,
                                                semantic_features)
 from higgs_stream.engine.codec.quantizer import ResidualVectorQuantizer
-from higgs_stream.engine.errors import AudioInputError, InvalidInputError
+from higgs_stream.engine.errors import CheckpointError, InvalidInputError
 
 ENCODE_CACHE_SIZE = 32
 
@@ -97,7 +97,7 @@ class Codec(nn.Module):
         evicted; a fresh copy is returned each time.
         """
         if not self.can_encode:
-            raise AudioInputError("this codec was loaded without encoder weights; it can decode but not encode "
+            raise CheckpointError("this codec was loaded without encoder weights; it can decode but not encode "
                                   "reference audio")
         checked = validate_waveform(wav, sr, max_seconds)  # [C, T] float32
         key = _content_key(checked, sr)

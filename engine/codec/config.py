@@ -142,7 +142,9 @@ class CodecConfig:
             raise ConfigError(f"codec config: semantic_model must be a HuBERT config dict with hidden_size, "
                               f"got {self.semantic_model!r}")
         if self.semantic_downsample_factor < 1:
-            raise ConfigError(f"codec config: semantic downsample factor {self.semantic_downsample_factor} < 1")
+            raise ConfigError(f"codec config: hop {self.hop} at {self.sample_rate} Hz is shorter than two HuBERT frames "
+                              f"({self.downsample_factor} at {self.semantic_sample_rate} Hz); not a Higgs codec "
+                              f"(its hop is 960)")
 
     # ---- derived values (never stored) ----
     @property

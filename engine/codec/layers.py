@@ -47,11 +47,11 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         f"weight_g {tuple(g.shape)} does not broadcast against weight_v {tuple(v.shape)}"
     dims = [d for d in range(v.dim()) if g.shape[d] == 1]
     v32, g32 = v.float(), g.float()
-    norm = v32.norm(dim=dims, keepdim=True) if dims else v32.abs()
-    return (g32 * v32 / norm).to(v.dtype)
+    norm = torch.linalg.vector_norm(v32, dim=dims, keepdim=True) if dims else v32.abs()
+    return (v32 * (g32 / norm)).to(v.dtype)  # associated like torch._weight_norm
 
 
 def unfold_weight_norm(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of fold_weight_norm for dim 0: (g = ‖w‖ per dim-0 slice, v = w)."""
-    g = w.norm(dim=list(range(1, w.dim())), keepdim=True)
+    g = torch.linalg.vector_norm(w, dim=list(range(1, w.dim())), keepdim=True)
     return g, w.clone()

@@ -1,0 +1,286 @@
+"""Python client for the streaming WebSocket protocol (stream/PROTOCOL.md §1), and `higgs-stream say`.
+
+    async for pcm in stream_tts("ws://127.0.0.1:8000/v1/tts/stream", "Hello there.", seed=1):
+        ...  # s16le mono 24 kHz bytes, as soon as the server sends them
+
+`synthesize(url, text, ...)` is the blocking form (all PCM as bytes). Each call opens one
+connection and speaks one context; leaving the loop early closes the socket, which cancels the
+generation on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+import time
+import uuid
+import wave
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosedError, InvalidHandshake, InvalidURI
+from websockets.sync.client import connect as connect_sync
+
+from higgs_stream.engine.errors import (
+    AudioInputError,
+    CancelledStream,
+    CapacityError,
+    HiggsStreamError,
+    InvalidInputError,
+    NotFoundError,
+)
+
+SAMPLE_RATE = 24000
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/tts/stream"
+_OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene")
+
+
+class ClientConnectionError(HiggsStreamError):
+    """The server could not be reached, refused the upgrade, or dropped the connection."""
+
+    code = "connection"
+
+
+class ServerError(HiggsStreamError):
+    """An `error` message from the server whose code has no more specific class here."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+_ERRORS: dict[str, type[HiggsStreamError]] = {
+    "invalid_input": InvalidInputError,
+    "not_found": NotFoundError,
+    "busy": CapacityError,
+    "bad_audio": AudioInputError,
+}
+
+
+def error_from_message(msg: dict) -> HiggsStreamError:
+    """The typed exception for a server `error` message."""
+    code, text = str(msg.get("code", "internal")), str(msg.get("message", ""))
+    cls = _ERRORS.get(code)
+    return cls(f"server: {text}") if cls is not None else ServerError(code, f"server [{code}]: {text}")
+
+
+def reference_from_file(path: str | Path, transcript: str) -> dict:
+    """A `reference` option (voice cloning) from an audio file and its transcript."""
+    data = Path(path).read_bytes()
+    return {"audio": base64.b64encode(data).decode("ascii"), "transcript": transcript}
+
+
+@dataclass
+class StreamStats:
+    """What one `stream_tts` call measured (filled in as it runs)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    first_audio_s: float | None = None  # from sending the text to the first PCM byte
+    samples: int = 0
+    chunks: int = 0
+    done: dict | None = None  # the server's `done` message
+
+    @property
+    def audio_s(self) -> float:
+        return self.samples / SAMPLE_RATE
+
+
+class _ContextReader:
+    """Sans-I/O reading of one context's replies: `feed(message)` returns PCM bytes (maybe empty)
+    and sets `finished` at `done{completed}`; other endings raise typed errors."""
+
+    def __init__(self, context_id: str, stats: StreamStats):
+        self.context_id = context_id
+        self.stats = stats
+        self.finished = False
+
+    def feed(self, message: str | bytes) -> bytes:
+        if isinstance(message, bytes):
+            return self._pcm(message)
+        msg = json.loads(message)
+        kind = msg.get("type")
+        if kind == "chunk" and msg.get("context_id") == self.context_id:
+            return self._pcm(base64.b64decode(msg["data"]))
+        if kind == "error" and msg.get("context_id") in (None, self.context_id):
+            raise error_from_message(msg)
+        if kind == "done" and msg.get("context_id") == self.context_id:
+            self.stats.done = msg
+            if msg.get("reason") == "cancelled":
+                raise CancelledStream(f"context {self.context_id!r} was cancelled by the server")
+            if msg.get("reason") != "completed":
+                raise ServerError("internal", f"context {self.context_id!r} ended with {msg.get('reason')!r}")
+            if msg.get("samples", self.stats.samples) != self.stats.samples:
+                raise ServerError("internal", f"server counted {msg.get('samples')} samples, "
+                                              f"{self.stats.samples} arrived")
+            self.finished = True
+        return b""  # ready, audio_start, and messages of other contexts carry no audio for us
+
+    def _pcm(self, data: bytes) -> bytes:
+        assert len(data) % 2 == 0, f"odd PCM byte count {len(data)}"
+        if self.stats.first_audio_s is None:
+            self.stats.first_audio_s = time.perf_counter() - self.stats.started
+        self.stats.samples += len(data) // 2
+        self.stats.chunks += 1
+        return data
+
+
+def _request(text: str, context_id: str, options: dict[str, Any]) -> list[str]:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInputError("text must be a non-empty string")
+    unknown = set(options) - set(_OPTION_KEYS)
+    if unknown:
+        raise InvalidInputError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    given = {k: v for k, v in options.items() if v is not None}
+    return [json.dumps({"type": "text", "context_id": context_id, "text": text, **given}),
+            json.dumps({"type": "end", "context_id": context_id})]
+
+
+_CONNECT_ERRORS = (OSError, InvalidHandshake, InvalidURI, TimeoutError)
+
+
+def _headers(token: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+async def stream_tts(
+    url: str,
+    text: str,
+    *,
+    token: str | None = None,
+    stats: StreamStats | None = None,
+    open_timeout: float = 10.0,
+    **options: Any,
+) -> AsyncIterator[bytes]:
+    """Stream one utterance: yields s16le mono 24 kHz PCM chunks as the server sends them.
+
+    `options` are the per-context options of the protocol: voice, reference (see
+    `reference_from_file`), mode, seed, temperature, top_k, top_p, scene. Server errors raise
+    typed `HiggsStreamError`s; a server-side cancel raises `CancelledStream`.
+    """
+    context_id = uuid.uuid4().hex
+    requests = _request(text, context_id, options)
+    stats = stats if stats is not None else StreamStats()
+    reader = _ContextReader(context_id, stats)
+    try:
+        ws = await connect(url, additional_headers=_headers(token), compression=None,
+                           open_timeout=open_timeout, max_size=None)
+    except _CONNECT_ERRORS as e:
+        raise ClientConnectionError(f"cannot connect to {url}: {e}") from e
+    async with ws:
+        stats.started = time.perf_counter()
+        try:
+            for message in requests:
+                await ws.send(message)
+            async for message in ws:
+                pcm = reader.feed(message)
+                if pcm:
+                    yield pcm
+                if reader.finished:
+                    return
+        except ConnectionClosedError as e:
+            raise ClientConnectionError(f"connection to {url} dropped: {e}") from e
+    raise ClientConnectionError(f"server closed the connection before context {context_id!r} finished")
+
+
+def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStats | None = None,
+             open_timeout: float = 10.0, **options: Any) -> Iterator[bytes]:
+    """Blocking `stream_tts`: yields PCM chunks as they arrive."""
+    context_id = uuid.uuid4().hex
+    requests = _request(text, context_id, options)
+    stats = stats if stats is not None else StreamStats()
+    reader = _ContextReader(context_id, stats)
+    try:
+        ws = connect_sync(url, additional_headers=_headers(token), compression=None,
+                          open_timeout=open_timeout, max_size=None)
+    except _CONNECT_ERRORS as e:
+        raise ClientConnectionError(f"cannot connect to {url}: {e}") from e
+    with ws:
+        stats.started = time.perf_counter()
+        try:
+            for message in requests:
+                ws.send(message)
+            for message in ws:
+                pcm = reader.feed(message)
+                if pcm:
+                    yield pcm
+                if reader.finished:
+                    return
+        except ConnectionClosedError as e:
+            raise ClientConnectionError(f"connection to {url} dropped: {e}") from e
+    raise ClientConnectionError(f"server closed the connection before context {context_id!r} finished")
+
+
+def synthesize(url: str, text: str, **kwargs: Any) -> bytes:
+    """Blocking: all PCM (s16le mono 24 kHz) of one utterance."""
+    return b"".join(iter_tts(url, text, **kwargs))
+
+
+class WavStreamWriter:
+    """Writes a mono s16le WAV as chunks arrive; the header is valid after every `write`."""
+
+    def __init__(self, path: str | Path, sample_rate: int = SAMPLE_RATE):
+        self._wav = wave.open(str(path), "wb")
+        self._wav.setnchannels(1)
+        self._wav.setsampwidth(2)
+        self._wav.setframerate(sample_rate)
+
+    def write(self, pcm: bytes) -> None:
+        self._wav.writeframes(pcm)  # patches the RIFF/data sizes when the file is seekable
+
+    def close(self) -> None:
+        self._wav.close()
+
+    def __enter__(self) -> WavStreamWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def say(url: str, text: str, out: str | Path, *, token: str | None = None, **options: Any) -> StreamStats:
+    """Stream `text` into the WAV file `out`, writing each chunk as it arrives."""
+    stats = StreamStats()
+    with WavStreamWriter(out) as wav:
+        async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
+            wav.write(pcm)
+    return stats
+
+
+# ---- `higgs-stream say` ----
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("text", help="text to speak")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"server WebSocket URL (default {DEFAULT_URL})")
+    parser.add_argument("-o", "--output", required=True, help="WAV file to write (written as audio arrives)")
+    parser.add_argument("--token", default=None, help="auth token, when the server runs with --token")
+    parser.add_argument("--voice", default=None, help="preset voice name (see GET /v1/voices)")
+    parser.add_argument("--reference-audio", default=None, help="audio file to clone the voice of")
+    parser.add_argument("--reference-text", default=None, help="transcript of --reference-audio")
+    parser.add_argument("--mode", choices=("exact", "low_latency"), default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--scene", default=None, help="scene description")
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.reference_audio is None) != (args.reference_text is None):
+        raise InvalidInputError("--reference-audio and --reference-text go together")
+    reference = (reference_from_file(args.reference_audio, args.reference_text)
+                 if args.reference_audio is not None else None)
+    stats = asyncio.run(say(args.url, args.text, args.output, token=args.token, voice=args.voice,
+                            reference=reference, mode=args.mode, seed=args.seed,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            scene=args.scene))
+    wall = time.perf_counter() - stats.started
+    first = f"{stats.first_audio_s * 1000:.0f} ms" if stats.first_audio_s is not None else "never"
+    print(f"wrote {args.output}: {stats.audio_s:.2f} s of audio in {wall:.2f} s "
+          f"(first audio after {first}, {stats.chunks} chunks)", file=sys.stderr)
+    return 0

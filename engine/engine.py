@@ -1,0 +1,306 @@
+"""The batched step engine: one AR step for every active stream per `step()`.
+
+    schedule -> prepare inputs -> forward -> sample -> update per-stream state
+
+Prefill chunks and decode tokens of many streams share one ragged forward under a token budget
+(scheduler.py). Per-stream semantics (AUDIO_INIT, ramp-in/out, RAS, frame cap) live in
+generation.py; sampling with per-stream generators in sampling.py. Each step makes one
+device->host copy (the sampled ids); nothing in a step waits on anything but compute.
+
+Threads: `add()` and `cancel()` only append to queues, so a server may call them from its event
+loop while `step()` runs in a worker thread; `step()` itself must not run twice at once.
+Failure isolation: a stream whose logits are not finite, or whose state update raises, finishes
+alone with reason "error". A failing forward fails the streams in that batch (their error
+events come with the next step) and re-raises.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.generation import SegmentState, Stream, make_generator, resolve_seed
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.prompt import TokenizerLike, build_prompt
+from higgs_stream.engine.request import GenerationRequest
+from higgs_stream.engine.sampling import SamplingTensors, sample_columns
+from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from higgs_stream.engine.talker import StepBatch, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 64  # streams admitted at once
+    token_budget: int = 2048  # tokens per forward (decode tokens + prefill chunks)
+    max_waiting: int = 256  # queued streams beyond which add() raises CapacityError
+    max_seq_len: int = 8192  # positions per stream (prompt + fed-back columns); REF caps at 8192
+    kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
+    page_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"engine {name} must be a positive int, got {value!r}")
+        if self.token_budget < self.max_batch:
+            raise ConfigError(f"token_budget ({self.token_budget}) must be >= max_batch ({self.max_batch})")
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one step did for one stream: a new delay-pattern column and/or the end of the stream."""
+
+    stream_id: int
+    column: np.ndarray | None  # [K] int64, ids 0..1025 (BOS and ramp columns included)
+    finished: bool
+    reason: str | None = None  # when finished: "stop" | "length" | "cancelled" | "error"
+    error: str | None = None  # message when reason == "error"
+
+
+class Engine:
+    def __init__(
+        self,
+        talker: torch.nn.Module,
+        cfg: TalkerConfig,
+        tokenizer: TokenizerLike,
+        cache: KVCache,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        if cfg.special is not None and cfg.special != tokenizer.special:
+            raise ConfigError(f"tokenizer and talker config disagree on special token ids: "
+                              f"{tokenizer.special} vs {cfg.special}")
+        self.talker, self.cfg, self.tokenizer, self.cache = talker, cfg, tokenizer, cache
+        self.device = next(talker.parameters()).device
+        alloc = cache.allocator
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_batch=self.config.max_batch, token_budget=self.config.token_budget,
+            max_waiting=self.config.max_waiting, num_pages=alloc.num_pages, page_size=alloc.page_size,
+        ))
+        self.max_seq_len = min(self.config.max_seq_len, cfg.max_position_embeddings)
+        self._ids = itertools.count()
+        self._pending: deque[Stream] = deque()  # added, not yet seen by step()
+        self._cancels: deque[int] = deque()
+        self._streams: dict[int, Stream] = {}  # known to the scheduler, not finished
+        self._holds_pages: set[int] = set()
+        self._carry: list[StepEvent] = []  # events produced by a failed step, delivered next step
+        self._outboxes: dict[int, deque[StepEvent]] = {}  # streams driven by stream()/generate()
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+        config: EngineConfig | None = None,
+    ) -> Engine:
+        from higgs_stream.engine.checkpoint import load_talker
+
+        config = config or EngineConfig()
+        talker, cfg, tokenizer = load_talker(model, device=device, dtype=dtype)
+        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=dtype, device=device)
+        return cls(talker, cfg, tokenizer, cache, config)
+
+    # ------------------------------------------------------------------ public API
+    def add(self, request: GenerationRequest) -> int:
+        """Queue a request; returns its stream id. InvalidInputError / CapacityError when refused."""
+        if not isinstance(request, GenerationRequest):
+            raise InvalidInputError(f"expected a GenerationRequest, got {type(request).__name__}")
+        cfg = self.cfg
+        prompt = build_prompt(self.tokenizer, request, cfg.num_codebooks, cfg.codebook_size)
+        room = self.max_seq_len - len(prompt) - cfg.num_codebooks  # frames that fit the context length
+        if room < 1:
+            raise InvalidInputError(f"prompt takes {len(prompt)} positions; the context length is {self.max_seq_len}")
+        if len(self._pending) + self.scheduler.num_waiting >= self.config.max_waiting:
+            raise CapacityError(f"too many streams waiting (max_waiting={self.config.max_waiting})")
+        params = resolve_seed(request.sampling)
+        max_frames = min(request.max_frames, room)
+        stream = Stream(
+            sid=next(self._ids), request=request, prompt=prompt, params=params, max_frames=max_frames,
+            generator=make_generator(params.seed, self.device),
+            segment=SegmentState(cfg.num_codebooks, cfg.codebook_size, max_frames=max_frames,
+                                 ras_window=params.ras_window, ras_max_repeat=params.ras_max_repeat,
+                                 context_audio=prompt.audio_out),
+        )
+        pages = self.scheduler.config.pages_for(stream.max_kv_tokens)
+        if pages > self.scheduler.config.num_pages:
+            raise CapacityError(f"stream may need {pages} KV pages, the cache has {self.scheduler.config.num_pages}")
+        self._pending.append(stream)
+        return stream.sid
+
+    def cancel(self, stream_id: int) -> None:
+        """Stop a stream; its pages are freed and its "cancelled" event emitted at the next step.
+
+        Cancelling a stream that already finished (or never existed) does nothing.
+        """
+        self._cancels.append(stream_id)
+
+    def has_work(self) -> bool:
+        return bool(self._pending or self._cancels or self._carry or self.scheduler.has_work())
+
+    @property
+    def num_active(self) -> int:
+        """Streams added and not finished (waiting, prefilling or decoding)."""
+        return len(self._pending) + len(self._streams)
+
+    def step(self) -> list[StepEvent]:
+        """One AR step for every scheduled stream; returns what happened to each."""
+        events = self._carry + self._admit_and_cancel()
+        self._carry = []
+        plan = self.scheduler.schedule()
+        if plan:
+            batch = self._prepare_inputs(plan)
+            out = self._forward(plan, batch)
+            draws = self._sample(plan, out)
+            events += self._update(plan, draws)
+        self._deliver(events)
+        return events
+
+    def stream(self, request: GenerationRequest) -> Iterator[np.ndarray]:
+        """Add `request` now and yield its columns ([K] int64) one per step, driving step() itself.
+
+        Events of other streams driven the same way are buffered for them. Closing the generator
+        early cancels the stream. Raises CancelledStream / HiggsStreamError if it ends that way.
+        """
+        sid = self.add(request)
+        self._outboxes[sid] = deque()
+        return self._drive(sid)
+
+    def generate(self, request: GenerationRequest) -> np.ndarray:
+        """All columns of one request, [K, L] int64 (offline)."""
+        return np.stack(list(self.stream(request)), axis=1)
+
+    # ------------------------------------------------------------------ step stages
+    def _admit_and_cancel(self) -> list[StepEvent]:
+        while self._pending:
+            stream = self._pending.popleft()
+            self.scheduler.add(stream.sid, stream.prompt_len, stream.max_kv_tokens)
+            self._streams[stream.sid] = stream
+        events = []
+        while self._cancels:
+            sid = self._cancels.popleft()
+            if sid in self._streams:
+                events.append(self._finish(self._streams[sid], "cancelled"))
+        return events
+
+    def _prepare_inputs(self, plan: list[Chunk]) -> StepBatch:
+        """The ragged host batch of this step; reserves KV pages for its new tokens."""
+        k = self.cfg.num_codebooks
+        ids, codes, is_audio, positions, want_audio = [], [], [], [], []
+        for c in plan:
+            s = self._streams[c.sid]
+            self.cache.allocator.reserve(c.sid, c.end)  # within the scheduler's commitment
+            self._holds_pages.add(c.sid)
+            if c.prefill:
+                p = s.prompt
+                ids.append(p.input_ids[c.start:c.end])
+                codes.append(p.audio_codes[c.start:c.end])
+                is_audio.append(p.is_audio[c.start:c.end])
+            else:  # feed back the last column as one audio position
+                ids.append(np.array([self.tokenizer.special.audio_out], np.int64))
+                codes.append(np.array(s.segment.last_column, np.int64).reshape(1, k))
+                is_audio.append(np.ones(1, bool))
+            positions.append(np.arange(c.start, c.end, dtype=np.int64))
+            want_audio.append(not c.prefill)
+        return StepBatch(
+            seq_ids=[c.sid for c in plan], qo_lens=[c.num_tokens for c in plan],
+            input_ids=torch.from_numpy(np.concatenate(ids)),  # [N]
+            audio_codes=torch.from_numpy(np.concatenate(codes)),  # [N, K]
+            is_audio=torch.from_numpy(np.concatenate(is_audio)),  # [N]
+            positions=torch.from_numpy(np.concatenate(positions)),  # [N]
+            want_text=torch.zeros(len(plan), dtype=torch.bool),  # audio is forced: no text head
+            want_audio=torch.tensor(want_audio, dtype=torch.bool),  # [B]
+        )
+
+    def _forward(self, plan: list[Chunk], batch: StepBatch) -> StepOutput:
+        try:
+            return self.talker.forward(batch, self.cache)
+        except Exception as exc:
+            self._carry = [self._finish(self._streams[c.sid], "error", f"forward failed: {exc!r}") for c in plan]
+            raise
+
+    def _sample(self, plan: list[Chunk], out: StepOutput) -> np.ndarray:
+        """[S, 2*K + 1] host ids: sampled ids, RAS candidates and a finite-logits flag per decode row."""
+        rows = [i for i, c in enumerate(plan) if not c.prefill]
+        if not rows:
+            return np.zeros((0, 2 * self.cfg.num_codebooks + 1), np.int64)
+        streams = [self._streams[plan[i].sid] for i in rows]
+        logits = out.audio_logits[torch.tensor(rows, device=out.audio_logits.device)]  # [S, K, V]
+        st = SamplingTensors.build([s.params for s in streams], self.cfg.audio_vocab, logits.device)
+        draws = sample_columns(logits, st, [s.generator for s in streams])  # [S, 2, K]
+        finite = torch.isfinite(logits).all(dim=2).all(dim=1)  # [S]
+        return torch.cat([draws.flatten(1), finite[:, None].long()], dim=1).cpu().numpy()  # one sync
+
+    def _update(self, plan: list[Chunk], draws: np.ndarray) -> list[StepEvent]:
+        k, events, row = self.cfg.num_codebooks, [], 0
+        for c in plan:
+            s = self._streams[c.sid]
+            if c.prefill and not c.last_of_prompt:
+                continue
+            try:
+                if c.prefill:  # AUDIO_INIT: the forced all-BOS column
+                    events.append(self._column_event(s, s.segment.start()))
+                    continue
+                d, row = draws[row], row + 1
+                if not d[2 * k]:
+                    events.append(self._finish(s, "error", "non-finite audio logits"))
+                    continue
+                events.append(self._column_event(s, s.segment.advance(d[:k], d[k : 2 * k])))
+            except Exception as exc:  # one stream's failure must not stop the others
+                log.exception("stream %d failed in its state update", s.sid)
+                events.append(self._finish(s, "error", f"state update failed: {exc!r}"))
+        return events
+
+    # ------------------------------------------------------------------ helpers
+    def _column_event(self, s: Stream, column: tuple[int, ...]) -> StepEvent:
+        col = np.array(column, dtype=np.int64)
+        if not s.segment.finished:
+            return StepEvent(s.sid, col, finished=False)
+        self._release(s, s.segment.reason)
+        return StepEvent(s.sid, col, finished=True, reason=s.reason)
+
+    def _finish(self, s: Stream, reason: str, error: str | None = None) -> StepEvent:
+        self._release(s, reason, error)
+        return StepEvent(s.sid, None, finished=True, reason=reason, error=error)
+
+    def _release(self, s: Stream, reason: str, error: str | None = None) -> None:
+        s.reason, s.error = reason, error
+        self.scheduler.finish(s.sid)
+        if s.sid in self._holds_pages:
+            self.cache.allocator.free(s.sid)
+            self._holds_pages.discard(s.sid)
+        del self._streams[s.sid]
+
+    def _deliver(self, events: list[StepEvent]) -> None:
+        for ev in events:
+            box = self._outboxes.get(ev.stream_id)
+            if box is not None:
+                box.append(ev)
+
+    def _drive(self, sid: int) -> Iterator[np.ndarray]:
+        box, done = self._outboxes[sid], False
+        try:
+            while not done:
+                if not box:
+                    assert self.has_work(), f"stream {sid} is unfinished but the engine has no work"
+                    self.step()
+                    continue
+                ev = box.popleft()
+                done = ev.finished
+                if ev.column is not None:
+                    yield ev.column
+                if ev.reason == "cancelled":
+                    raise CancelledStream(f"stream {sid} was cancelled")
+                if ev.reason == "error":
+                    raise HiggsStreamError(f"stream {sid} failed: {ev.error}")
+        finally:
+            del self._outboxes[sid]
+            if not done:
+                self.cancel(sid)

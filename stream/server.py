@@ -1,0 +1,436 @@
+"""The aiohttp app: WebSocket streaming, OpenAI-compatible HTTP speech, health, metrics, the demo.
+
+Transports are thin drivers over the sans-I/O `Session` (stream/session.py) and the `Pipeline`
+(stream/pipeline.py). Every stream handler watches its peer while it writes (the WebSocket runs a
+reader task beside its writer; HTTP handlers are cancelled by aiohttp when the connection drops,
+which needs `handler_cancellation=True`, as `serve()` sets), and every stream it opens is
+cancelled in `finally`, so a dropped client frees its engine pages within one step.
+Wire format: stream/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import os
+import struct
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from higgs_stream.engine.errors import HiggsStreamError
+from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
+from higgs_stream.stream.errors import UnauthorizedError
+from higgs_stream.stream.metrics import Metrics
+from higgs_stream.stream.pipeline import Audio, End, Pipeline, StreamHandle
+from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, parse_speech
+from higgs_stream.stream.text import TextBuffer
+from higgs_stream.stream.voices import VoiceLibrary
+
+log = logging.getLogger(__name__)
+
+HTTP_STATUS = {"bad_json": 400, "unknown_type": 400, "invalid_input": 400, "bad_config": 400, "not_found": 400,
+               "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401}
+PCM_CONTENT_TYPE = f"audio/pcm;rate={SAMPLE_RATE};channels=1"
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    pipeline: Pipeline
+    voices: VoiceLibrary
+    metrics: Metrics
+    sockets: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # open WebSockets (closed at shutdown)
+
+
+STATE = web.AppKey("higgs_state", ServerState)
+
+
+# ---------------------------------------------------------------- transport-neutral session driver
+
+class SessionRunner:
+    """Runs the WebSocket protocol (PROTOCOL.md §1) over any message channel.
+
+    `send_text(str)` / `send_bytes(bytes)` deliver to the peer; `receive()` returns the next
+    client message (str or bytes) or None once the peer has gone. A reader task and a writer
+    task run side by side; whichever ends first ends the session and cancels every open stream.
+    """
+
+    def __init__(self, state: ServerState, send_text: Callable[[str], Awaitable], send_bytes: Callable[[bytes], Awaitable],
+                 query: dict[str, str] | None = None):
+        self.state = state
+        self._send_text, self._send_bytes = send_text, send_bytes
+        self.session = Session(state.config, state.voices, query, on_error=self._count_error)
+        self.handles: dict[str, StreamHandle] = {}
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def _count_error(self, code: str) -> None:
+        self.state.metrics.errors.inc(code=code)
+
+    async def run(self, receive: Callable[[], Awaitable[str | bytes | None]]) -> None:
+        reader = asyncio.create_task(self._read(receive), name="session-reader")
+        writer = asyncio.create_task(self._write(), name="session-writer")
+        try:
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, writer):
+                task.cancel()
+            results = await asyncio.gather(reader, writer, return_exceptions=True)
+            for handle in self.handles.values():
+                handle.cancel()
+            self.handles.clear()
+        for result in results:
+            if isinstance(result, (ConnectionError, asyncio.CancelledError)) or result is None:
+                continue  # the peer went away while we wrote: a normal end
+            raise result
+
+    async def _read(self, receive) -> None:
+        while True:
+            message = await receive()
+            if message is None:
+                return
+            self._execute(self.session.receive(message, self._loop.time()))
+            self._wake.set()
+
+    def _execute(self, commands: list[Command]) -> None:
+        for cmd in commands:
+            if isinstance(cmd, Open):
+                try:
+                    handle = self.state.pipeline.open(cmd.options, transport="ws")
+                except HiggsStreamError as e:
+                    self.session.reject(cmd.context_id, e)
+                    continue
+                handle.set_waker(self._wake.set)
+                self.handles[cmd.context_id] = handle
+                continue
+            handle = self.handles.get(cmd.context_id)
+            if handle is None:
+                continue  # its Open was rejected
+            if isinstance(cmd, Speak):
+                handle.say(cmd.text)
+            elif isinstance(cmd, Close):
+                handle.close()
+            elif isinstance(cmd, Cancel):
+                del self.handles[cmd.context_id]
+                handle.cancel()
+
+    async def _write(self) -> None:
+        max_bytes = self.state.config.max_send_bytes
+        while True:
+            self._wake.clear()
+            self._execute(self.session.tick(self._loop.time()))
+            await self._flush()
+            head = self.session.head
+            if head is not None:
+                handle = self.handles[head]
+                events = handle.take(max_bytes, first_alone=not self.session.audio_started(head))
+                if events:
+                    for ev in events:
+                        if isinstance(ev, Audio):
+                            self.session.audio(head, ev.pcm)
+                        else:
+                            del self.handles[head]
+                            self.session.finished(head, ev.reason, ev.error)
+                    continue
+            deadline = self.session.deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    async def _flush(self) -> None:
+        for frame in self.session.outgoing():
+            if isinstance(frame, bytes):
+                await self._send_bytes(frame)
+            else:
+                await self._send_text(frame)
+
+
+# ---------------------------------------------------------------- handlers
+
+def _authorized(request: web.Request, token: str | None) -> bool:
+    if token is None:
+        return True
+    header = request.headers.get("Authorization", "")
+    candidates = [header[7:].strip()] if header[:7].lower() == "bearer " else []
+    if "token" in request.query:
+        candidates.append(request.query["token"])
+    return any(hmac.compare_digest(c.encode(), token.encode()) for c in candidates)
+
+
+def _error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
+    metrics.errors.inc(code=error.code)
+    status = HTTP_STATUS.get(error.code, 500)
+    body = {"error": {"message": str(error), "type": "invalid_request_error" if status < 500 else "server_error",
+                      "code": error.code, "param": None}}
+    headers = {"Retry-After": "1"} if status == 503 else {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def ws_stream(request: web.Request) -> web.WebSocketResponse:
+    state = request.app[STATE]
+    cfg = state.config
+    ws = web.WebSocketResponse(heartbeat=cfg.heartbeat_s, max_msg_size=cfg.hard_message_bytes, compress=False)
+    await ws.prepare(request)
+    state.sockets.add(ws)
+    state.metrics.connections.inc()
+    try:
+        if not _authorized(request, cfg.token):
+            state.metrics.errors.inc(code="unauthorized")
+            await ws.send_str(json.dumps({"type": "error", "code": "unauthorized", "message": "wrong or missing token"}))
+            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"unauthorized")
+            return ws
+
+        async def receive() -> str | bytes | None:
+            msg = await ws.receive()
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                return msg.data
+            if msg.type == WSMsgType.ERROR:
+                log.info("websocket closed with an error: %s", ws.exception())
+            return None  # CLOSE / CLOSING / CLOSED / ERROR
+
+        query = {k: v for k, v in request.query.items()}
+        runner = SessionRunner(state, ws.send_str, ws.send_bytes, query)
+        await runner.run(receive)
+    finally:
+        state.metrics.connections.dec()
+        state.sockets.discard(ws)
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 44-byte PCM s16 mono WAV header with unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    """POST /v1/audio/speech (PROTOCOL.md §2)."""
+    state = request.app[STATE]
+    cfg = state.config
+    try:
+        if not _authorized(request, cfg.token):
+            raise UnauthorizedError("wrong or missing token")
+        body = await request.read()
+        req = parse_speech(body, cfg, state.voices)
+        handle = state.pipeline.open(req.options, transport="http")
+    except HiggsStreamError as e:
+        return _error_response(e, state.metrics)
+    try:
+        text = TextBuffer(cfg.max_segment_chars)
+        for segment in text.append(req.input, 0.0) + text.flush():
+            handle.say(segment)
+        handle.close()
+        events = await handle.next(cfg.max_send_bytes, first_alone=True)
+        first = events[0]
+        if isinstance(first, End) and first.error is not None:
+            return _error_response(first.error, state.metrics)  # failed before any audio: a plain error
+        sse = req.stream_format == "sse"
+        resp = web.StreamResponse(status=200)
+        resp.headers["Content-Type"] = ("text/event-stream" if sse else
+                                        "audio/wav" if req.response_format == "wav" else PCM_CONTENT_TYPE)
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        if req.response_format == "wav":
+            await resp.write(wav_header())
+        samples = 0
+        while True:
+            for ev in events:
+                if isinstance(ev, Audio):
+                    samples += len(ev.pcm) // 2
+                    await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
+                                     if sse else ev.pcm)
+                    continue
+                if ev.reason == "completed":
+                    if sse:
+                        tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
+                        frames = samples // (SAMPLE_RATE // 25)
+                        await resp.write(_sse({"type": "speech.audio.done", "usage": {
+                            "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
+                    await resp.write_eof()
+                    return resp
+                error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
+                state.metrics.errors.inc(code=error.code)
+                log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
+                if sse:
+                    await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
+                    await resp.write_eof()
+                    return resp
+                request.transport.close()  # no final chunk: the client sees a truncated body
+                return resp
+            events = await handle.next(cfg.max_send_bytes)
+    finally:
+        handle.cancel()  # no-op when it completed; frees the engine stream when the client left
+
+
+async def healthz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    p = state.pipeline
+    body = {"status": "ok" if p.healthy else "unhealthy", "active_streams": p.active,
+            "max_streams": state.config.max_streams, "steps": p.steps}
+    return web.json_response(body, status=200 if p.healthy else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[STATE].metrics.render()
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def voices(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not _authorized(request, state.config.token):
+        return _error_response(UnauthorizedError("wrong or missing token"), state.metrics)
+    return web.json_response(state.voices.describe())
+
+
+def web_dir() -> Path | None:
+    """The browser demo's folder inside the installed `higgs_stream.clients` package (if present)."""
+    folder = Path(str(resources.files("higgs_stream.clients") / "web"))
+    return folder if (folder / "index.html").is_file() else None
+
+
+# ---------------------------------------------------------------- app
+
+def make_app(state: ServerState) -> web.Application:
+    """The app on one port. Run it with `handler_cancellation=True` (see `serve`)."""
+    app = web.Application(client_max_size=state.config.hard_message_bytes)
+    app[STATE] = state
+    app.router.add_get("/v1/tts/stream", ws_stream)
+    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_get("/v1/voices", voices)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    _mount_webrtc(app, state)
+    folder = web_dir()
+    if folder is not None:
+        async def index(request: web.Request) -> web.FileResponse:
+            return web.FileResponse(folder / "index.html")
+
+        app.router.add_get("/", index)
+        app.router.add_static("/", folder, show_index=False, follow_symlinks=False)
+    else:
+        log.warning("no browser demo found (higgs_stream.clients/web/index.html); GET / is not served")
+
+    async def start(app: web.Application) -> None:
+        await state.pipeline.start()
+
+    async def stop(app: web.Application) -> None:
+        for ws in list(state.sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        await state.pipeline.stop()
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+    return app
+
+
+def _mount_webrtc(app: web.Application, state: ServerState) -> None:
+    try:
+        from higgs_stream.stream import webrtc
+    except ImportError as e:  # aiortc/av are an optional extra
+        log.info("WebRTC disabled (%s); install higgs-stream[webrtc] for POST /v1/webrtc/offer", e)
+        return
+    add_routes = getattr(webrtc, "add_routes", None)
+    if add_routes is None:
+        log.warning("higgs_stream.stream.webrtc has no add_routes(app, state); WebRTC not mounted")
+        return
+    add_routes(app, state)
+
+
+async def serve(state: ServerState, host: str, port: int) -> web.AppRunner:
+    """Start the app (returns the runner; `await runner.cleanup()` stops it). Port 0 = any free port."""
+    runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    return runner.addresses[0][1]
+
+
+# ---------------------------------------------------------------- CLI: higgs-stream serve
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    parser.add_argument("--model", required=True, help="model directory or hub id (talker + tokenizer)")
+    parser.add_argument("--codec", default=None,
+                        help="codec directory or hub id (default: MODEL/audio_tokenizer, else bosonai/higgs-audio-v2-tokenizer)")
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="talker dtype (default: bfloat16 on cuda, float32 on cpu); the codec is always float32")
+    parser.add_argument("--voices", default=None, help="folder of voice presets: NAME.wav + NAME.txt")
+    parser.add_argument("--voice-alias", action="append", default=[], metavar="ALIAS=PRESET",
+                        help="map a voice name (e.g. an OpenAI name) to a preset; repeatable")
+    parser.add_argument("--max-streams", type=int, default=d.max_streams)
+    parser.add_argument("--max-frames", type=int, default=d.max_frames, help="frames per segment (25/s)")
+    parser.add_argument("--mode", choices=("exact", "low_latency"), default=d.default_mode)
+    parser.add_argument("--kv-pages", type=int, default=None, help="KV cache pages (engine default if unset)")
+    parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
+                        help="require this bearer token (default: $HIGGS_STREAM_TOKEN; unset = no auth)")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    import torch
+
+    from higgs_stream.engine.checkpoint import resolve_model_dir
+    from higgs_stream.engine.codec import DEFAULT_HUB_ID, load_codec
+    from higgs_stream.engine.engine import Engine, EngineConfig
+    from higgs_stream.engine.errors import ConfigError
+
+    aliases = {}
+    for item in args.voice_alias:
+        alias, sep, target = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--voice-alias {item!r}: expected ALIAS=PRESET")
+        aliases[alias] = target
+    cfg = ServerConfig(host=args.host, port=args.port, token=args.token, max_streams=args.max_streams,
+                       max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
+                       voice_aliases=aliases)
+    voices = VoiceLibrary.from_config(cfg)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
+                                                            else torch.float32)
+    model_dir = resolve_model_dir(args.model)
+    engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+    engine = Engine.from_pretrained(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg)
+    codec_src = args.codec or (model_dir / "audio_tokenizer" if (model_dir / "audio_tokenizer").is_dir() else DEFAULT_HUB_ID)
+    codec = load_codec(codec_src, device=args.device)
+    metrics_ = Metrics()
+    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
+
+
+def run(args: argparse.Namespace) -> int:
+    state = build_state(args)
+    app = make_app(state)
+    log.info("serving on http://%s:%d (WebSocket /v1/tts/stream, POST /v1/audio/speech)", args.host, args.port)
+    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
+    return 0

@@ -1,0 +1,74 @@
+"""A live higgs-stream server (aiohttp app, real engine and codec) on the tiny random checkpoint,
+listening on 127.0.0.1 with an ephemeral port, for the client-side tests."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from higgs_stream.engine.request import GenerationRequest, SamplingParams
+from higgs_stream.engine.synth import synthesize
+from higgs_stream.stream import server
+from higgs_stream.stream.adapter import to_s16le
+
+
+@dataclass
+class LiveServer:
+    state: server.ServerState
+    port: int
+    token: str | None
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/tts/stream"
+
+
+def server_args(model: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    return parser.parse_args(["--model", str(model), "--device", "cpu", *extra])
+
+
+async def start_server(model: Path, *extra: str) -> tuple[LiveServer, object]:
+    args = server_args(model, *extra)
+    state = server.build_state(args)
+    runner = await server.serve(state, "127.0.0.1", 0)
+    return LiveServer(state, server.bound_port(runner), args.token), runner
+
+
+def _reference_pcm(state: server.ServerState, text: str, seed: int) -> bytes:
+    """`engine.synth.synthesize` for what the server generates for a one-segment context with
+    default options and `seed` (PROTOCOL.md §2: byte-equal in exact mode), as s16le bytes.
+    Call only while the server's engine thread is stopped: the engine is not thread-safe."""
+    cfg = state.config
+    request = GenerationRequest(text=text, sampling=SamplingParams(seed=seed), max_frames=cfg.max_frames)
+    wav, _ = synthesize(state.pipeline.engine, state.pipeline.codec, request)  # [F * 960]
+    return to_s16le(wav)
+
+
+def s16(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
+
+
+@pytest.fixture
+async def live_server(tiny_ckpt) -> AsyncIterator[LiveServer]:
+    live, runner = await start_server(tiny_ckpt, "--max-frames", "150")
+    try:
+        yield live
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def reference_pcm():
+    """`reference_pcm(state, text, seed) -> bytes`: the offline synthesis the stream must equal."""
+    return _reference_pcm

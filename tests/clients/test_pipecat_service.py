@@ -1,0 +1,85 @@
+"""HiggsStreamTTSService in a real Pipecat pipeline (pipecat.tests.utils.run_test) against a live
+server on the tiny random checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pipecat", reason="the pipecat extra is not installed")
+
+from pipecat.frames.frames import (  # noqa: E402
+    ErrorFrame,
+    InterruptionFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    TTSStartedFrame,
+    TTSStoppedFrame,
+    TTSTextFrame,
+)
+from pipecat.pipeline.worker import PipelineParams  # noqa: E402
+from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
+
+from higgs_stream.clients.pipecat_service import HiggsStreamTTSService  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+SEED = 4
+
+
+def _frames(down, kind):
+    return [f for f in down if isinstance(f, kind)]
+
+
+async def test_seeded_speech_equals_offline_synthesis_byte_for_byte(live_server, reference_pcm):
+    tts = HiggsStreamTTSService(url=live_server.ws, seed=SEED)
+    down, up = await run_test(tts, frames_to_send=[TTSSpeakFrame(TEXT), SleepFrame(sleep=6.0)])
+    audio = _frames(down, TTSAudioRawFrame)
+    assert audio, f"no audio reached the pipeline; frames: {[type(f).__name__ for f in down]}"
+    assert all(f.sample_rate == 24000 and f.num_channels == 1 for f in audio)
+    streamed = b"".join(f.audio for f in audio)
+    # Bracketing: one started, the audio, one stopped; the spoken text comes out (no word times in v1).
+    kinds = [type(f) for f in down if isinstance(f, (TTSStartedFrame, TTSAudioRawFrame, TTSStoppedFrame))]
+    assert kinds[0] is TTSStartedFrame and kinds[-1] is TTSStoppedFrame and kinds.count(TTSStoppedFrame) == 1
+    assert "".join(f.text for f in _frames(down, TTSTextFrame)).replace(" ", "") == TEXT.replace(" ", "")
+    assert not _frames(up, ErrorFrame), [f.error for f in _frames(up, ErrorFrame)]
+
+    await live_server.state.pipeline.stop()  # the engine thread is idle; stop it before generate()
+    expected = reference_pcm(live_server.state, TEXT, SEED)
+    assert len(streamed) == len(expected) > 24000, (len(streamed), len(expected))
+    assert streamed == expected
+
+
+async def test_resamples_to_the_pipeline_rate(live_server, reference_pcm):
+    tts = HiggsStreamTTSService(url=live_server.ws, seed=SEED)
+    down, _ = await run_test(tts, frames_to_send=[TTSSpeakFrame(TEXT), SleepFrame(sleep=6.0)],
+                             pipeline_params=PipelineParams(audio_out_sample_rate=16000))
+    audio = _frames(down, TTSAudioRawFrame)
+    assert audio and all(f.sample_rate == 16000 for f in audio)
+    await live_server.state.pipeline.stop()
+    expected_samples = len(reference_pcm(live_server.state, TEXT, SEED)) // 2
+    got = sum(len(f.audio) // 2 for f in audio)
+    # soxr's streaming resampler holds back a few ms at the end of the stream.
+    assert abs(got - expected_samples * 16000 / 24000) < 16000 * 0.02, (got, expected_samples)
+
+
+async def test_interruption_cancels_the_context_and_the_next_one_plays(live_server, reference_pcm):
+    tts = HiggsStreamTTSService(url=live_server.ws, seed=SEED)
+    down, _ = await run_test(tts, frames_to_send=[
+        TTSSpeakFrame(TEXT),
+        SleepFrame(sleep=0.6),  # audio has started
+        InterruptionFrame(),
+        SleepFrame(sleep=0.3),
+        TTSSpeakFrame("Hello there."),
+        SleepFrame(sleep=5.0),
+    ])
+    started = [f.context_id for f in _frames(down, TTSStartedFrame)]
+    assert len(started) == 2 and started[0] != started[1], started
+    first, second = started
+    first_audio = sum(len(f.audio) for f in _frames(down, TTSAudioRawFrame) if f.context_id == first)
+    second_audio = sum(len(f.audio) for f in _frames(down, TTSAudioRawFrame) if f.context_id == second)
+    await live_server.state.pipeline.stop()
+    full = len(reference_pcm(live_server.state, TEXT, SEED))
+    assert 0 < first_audio < full, (first_audio, full)  # cut short, nothing leaked afterwards
+    assert second_audio > 0
+    assert [f.context_id for f in _frames(down, TTSStoppedFrame)][-1] == second
+    metrics = live_server.state.metrics.render()
+    assert 'outcome="cancelled"' in metrics, metrics

@@ -1,0 +1,27 @@
+"""Shared fixtures: tiny random-weight checkpoints written by `make-checkpoint` (seed 0).
+
+Both hold the talker, the text tokenizer and the codec (`<dir>/audio_tokenizer`), exactly as
+`higgs-stream make-checkpoint DIR --preset tiny --layout hf|original --seed 0` writes them.
+Session-scoped and read-only: copy a checkpoint before modifying it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from higgs_stream.engine.make_checkpoint import make_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny checkpoint in the transformers-native ("hf") layout."""
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-hf", preset="tiny", layout="hf", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt_original(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny checkpoint in Boson's original layout (same tensors as `tiny_ckpt`)."""
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-original", preset="tiny", layout="original",
+                           seed=0)

@@ -1,0 +1,349 @@
+"""The sans-I/O session: message parsing, the context state machine, audio framing, errors.
+
+No sockets, no engine: messages go in, commands and frames come out (milliseconds).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from higgs_stream.engine.errors import AudioInputError, CapacityError, HiggsStreamError
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.errors import SlowClientError
+from higgs_stream.stream.session import Cancel, Close, Open, Session, Speak, parse_speech
+from higgs_stream.stream.voices import VoiceLibrary
+
+
+def wav_bytes(seconds=0.5, sr=16000, freq=220.0) -> bytes:
+    t = np.arange(int(seconds * sr)) / sr
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), sr, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    d = tmp_path_factory.mktemp("voices")
+    (d / "belinda.wav").write_bytes(wav_bytes(0.5))
+    (d / "belinda.txt").write_text("Hello, I am Belinda.")
+    return VoiceLibrary(d)
+
+
+def new_session(voices, query=None, **cfg) -> tuple[Session, list[str]]:
+    codes: list[str] = []
+    s = Session(ServerConfig(**cfg), voices, query, on_error=codes.append)
+    return s, codes
+
+
+def msgs(session: Session) -> list[dict | bytes]:
+    return [f if isinstance(f, bytes) else json.loads(f) for f in session.outgoing()]
+
+
+def send(session: Session, now=0.0, **msg):
+    return session.receive(json.dumps(msg), now)
+
+
+def test_ready_on_connect(voices):
+    s, _ = new_session(voices)
+    (ready,) = msgs(s)
+    assert ready == {"type": "ready", "protocol": 1, "sample_rate": 24000, "encoding": "pcm_s16le", "channels": 1,
+                     "audio": "binary", "voice": "default", "mode": "exact", "max_contexts": 8,
+                     "max_buffer_delay_ms": 1000}
+
+
+def test_text_flush_end_commands(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    cmds = send(s, type="text", context_id="a", text="Hello there. How")
+    assert [type(c) for c in cmds] == [Open, Speak]
+    assert cmds[0].context_id == "a" and cmds[0].options.voice.name == "default" and cmds[0].options.mode == "exact"
+    assert cmds[1] == Speak("a", "Hello there.")
+    assert send(s, type="text", context_id="a", text=" are") == []
+    assert send(s, type="flush", context_id="a") == [Speak("a", "How are")]
+    assert send(s, type="text", context_id="a", text="you", flush=True) == [Speak("a", "you")]
+    assert send(s, type="text", context_id="a", text=" today") == []
+    assert send(s, type="end", context_id="a") == [Speak("a", "today"), Close("a")]
+    assert send(s, type="end", context_id="a") == []  # end twice: nothing more
+    assert msgs(s) == []  # no replies to valid text messages
+    assert s.head == "a"
+
+
+def test_audio_framing_binary_and_done(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="Hi.", flush=True)
+    s.audio("a", b"\x01\x00\x02\x00")
+    s.audio("a", b"\x03\x00")
+    s.finished("a", "completed")
+    assert msgs(s) == [{"type": "audio_start", "context_id": "a"}, b"\x01\x00\x02\x00", b"\x03\x00",
+                       {"type": "done", "context_id": "a", "reason": "completed", "samples": 3}]
+    assert s.head is None
+    # the id may be reused after done
+    assert [type(c) for c in send(s, type="text", context_id="a", text="Again.", flush=True)] == [Open, Speak]
+
+
+def test_audio_framing_base64(voices):
+    s, _ = new_session(voices, query={"audio": "base64"})
+    assert msgs(s)[0]["audio"] == "base64"
+    send(s, type="text", context_id="c", text="x", flush=True)
+    s.audio("c", b"\x10\x00\x20\x00")
+    assert msgs(s) == [{"type": "audio_start", "context_id": "c"},
+                       {"type": "chunk", "context_id": "c", "data": base64.b64encode(b"\x10\x00\x20\x00").decode()}]
+
+
+def test_fifo_order_and_out_of_band_done(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="one", flush=True)
+    send(s, type="text", context_id="b", text="two", flush=True)
+    send(s, type="text", context_id="c", text="three", flush=True)
+    assert s.head == "a" and s.live == ["a", "b", "c"]
+    s.audio("a", b"\x00\x00")
+    with pytest.raises(AssertionError):
+        s.audio("b", b"\x00\x00")  # only the playing context may send audio
+    # b fails while a plays: error + done for b at once, a keeps playing
+    s.finished("b", "error", SlowClientError("behind"))
+    assert send(s, type="cancel", context_id="c") == [Cancel("c")]
+    assert msgs(s) == [{"type": "audio_start", "context_id": "a"}, b"\x00\x00",
+                       {"type": "error", "code": "slow_client", "message": "behind", "context_id": "b"},
+                       {"type": "done", "context_id": "b", "reason": "error", "samples": 0},
+                       {"type": "done", "context_id": "c", "reason": "cancelled", "samples": 0}]
+    assert s.head == "a"
+    s.finished("c", "cancelled")  # the pipeline's late End for a cancelled context is ignored
+    assert msgs(s) == []
+
+
+def test_cancel_playing_context(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="one", flush=True)
+    send(s, type="text", context_id="b", text="two", flush=True)
+    s.audio("a", b"\x00\x00\x00\x00")
+    assert send(s, type="cancel", context_id="a") == [Cancel("a")]
+    assert msgs(s)[-1] == {"type": "done", "context_id": "a", "reason": "cancelled", "samples": 2}
+    assert s.head == "b"
+    assert send(s, type="cancel", context_id="a") == []  # cancelling a finished context: ignored
+    assert msgs(s) == []
+
+
+def error_of(session: Session) -> dict:
+    out = msgs(session)
+    assert len(out) == 1 and out[0]["type"] == "error", out
+    return out[0]
+
+
+@pytest.mark.parametrize("raw, code", [
+    ("{not json", "bad_json"),
+    ("[1, 2]", "bad_json"),
+    (b"\x00\x01", "bad_json"),
+    ('{"type": "speak", "context_id": "a"}', "unknown_type"),
+    ('{"context_id": "a", "text": "x"}', "unknown_type"),
+    ('{"type": "text", "context_id": "a", "text": ""}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": 5}', "invalid_input"),
+    ('{"type": "text", "context_id": "", "text": "x"}', "invalid_input"),
+    ('{"type": "text", "text": "x"}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "temprature": 1}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "flush": "yes"}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "temperature": 3}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "top_p": 0}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "seed": -1}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "mode": "fast"}', "invalid_input"),
+    ('{"type": "text", "context_id": "a", "text": "x", "voice": "nobody"}', "not_found"),
+    ('{"type": "text", "context_id": "a", "text": "x", "reference": {"audio": "AAAA", "transcript": "hi"}}', "bad_audio"),
+    ('{"type": "text", "context_id": "a", "text": "x", "reference": {"audio": "not base64!", "transcript": "hi"}}', "bad_audio"),
+    ('{"type": "text", "context_id": "a", "text": "x", "reference": {"audio": "AAAA"}}', "invalid_input"),
+    ('{"type": "flush", "context_id": "zz"}', "not_found"),
+    ('{"type": "end", "context_id": "zz"}', "not_found"),
+    ('{"type": "cancel", "context_id": "zz"}', "not_found"),
+    ('{"type": "config", "sample_rate": 16000}', "invalid_input"),
+    ('{"type": "config", "encoding": "opus"}', "invalid_input"),
+    ('{"type": "config", "audio": "hex"}', "invalid_input"),
+    ('{"type": "config", "voice": "nobody"}', "not_found"),
+    ('{"type": "config", "max_buffer_delay_ms": 20000}', "invalid_input"),
+])
+def test_bad_messages_get_typed_errors_and_change_nothing(voices, raw, code):
+    s, codes = new_session(voices)
+    s.outgoing()
+    assert s.receive(raw, 0.0) == []
+    err = error_of(s)
+    assert err["code"] == code and err["message"]
+    if '"context_id": "a"' in str(raw):
+        assert err["context_id"] == "a"
+    assert codes == [code]
+    assert s.live == [] and s.head is None
+    # the session still works
+    assert [type(c) for c in send(s, type="text", context_id="ok", text="fine", flush=True)] == [Open, Speak]
+
+
+def test_size_limits(voices):
+    s, _ = new_session(voices, max_message_bytes=200, max_text_chars=20, max_context_chars=30)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="x" * 300)
+    assert error_of(s)["code"] == "too_large"  # whole message over max_message_bytes
+    send(s, type="text", context_id="a", text="x" * 21)
+    assert error_of(s)["code"] == "too_large"  # text over max_text_chars
+    send(s, type="text", context_id="a", text="y" * 20)
+    send(s, type="text", context_id="a", text="z" * 11)
+    assert error_of(s)["code"] == "too_large"  # context over max_context_chars; context stays
+    assert s.live == ["a"]
+    assert send(s, type="end", context_id="a") == [Speak("a", "y" * 20), Close("a")]
+
+
+def test_text_after_end_and_option_changes(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="x", voice="belinda", seed=3)
+    assert send(s, type="text", context_id="a", text=" y", voice="belinda", seed=3) == []  # same options: fine
+    assert msgs(s) == []
+    send(s, type="text", context_id="a", text=" z", seed=4)
+    err = error_of(s)
+    assert err["code"] == "invalid_input" and "first text message" in err["message"]
+    send(s, type="end", context_id="a")
+    send(s, type="text", context_id="a", text="late")
+    assert error_of(s)["code"] == "invalid_input"
+
+
+def test_max_contexts_is_busy(voices):
+    s, _ = new_session(voices, max_contexts=2)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="1")
+    send(s, type="text", context_id="b", text="2")
+    send(s, type="text", context_id="c", text="3")
+    err = error_of(s)
+    assert err == {"type": "error", "code": "busy", "context_id": "c", "message": err["message"]}
+    assert s.live == ["a", "b"]
+
+
+def test_reject_removes_context(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    cmds = send(s, type="text", context_id="a", text="Hi. ")
+    assert isinstance(cmds[0], Open)
+    s.reject("a", CapacityError("server full"))
+    assert msgs(s) == [{"type": "error", "code": "busy", "message": "server full", "context_id": "a"}]
+    assert s.live == [] and s.head is None
+    send(s, type="flush", context_id="a")
+    assert error_of(s)["code"] == "not_found"
+
+
+def test_finished_with_error_after_audio(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="x", flush=True)
+    s.audio("a", b"\x00\x00")
+    s.finished("a", "error", HiggsStreamError("engine broke"))
+    assert msgs(s)[-2:] == [{"type": "error", "code": "internal", "message": "engine broke", "context_id": "a"},
+                            {"type": "done", "context_id": "a", "reason": "error", "samples": 1}]
+
+
+def test_config_sets_defaults_for_new_contexts(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="old", text="x")
+    send(s, type="config", voice="belinda", mode="low_latency", seed=7, audio="base64", max_buffer_delay_ms=0)
+    (ready,) = msgs(s)
+    assert ready["voice"] == "belinda" and ready["mode"] == "low_latency" and ready["audio"] == "base64"
+    assert ready["max_buffer_delay_ms"] == 0
+    open_cmd = send(s, type="text", context_id="new", text="y")[0]
+    o = open_cmd.options
+    assert (o.voice.name, o.mode, o.seed) == ("belinda", "low_latency", 7)
+    assert o.voice.transcript == "Hello, I am Belinda." and o.voice.has_reference
+    # per-context options override the session defaults
+    o2 = send(s, type="text", context_id="n2", text="z", voice="alloy", seed=None)[0].options
+    assert (o2.voice.name, o2.seed, o2.mode) == ("default", None, "low_latency")
+    # null resets a default; a failed config changes nothing
+    send(s, type="config", seed=None, mode=None)
+    assert msgs(s)[0]["mode"] == "exact"
+    send(s, type="config", voice="alloy", sample_rate=8000)
+    assert error_of(s)["code"] == "invalid_input"
+    assert send(s, type="text", context_id="n3", text="w")[0].options.voice.name == "belinda"
+
+
+def test_inline_reference_in_config_and_text(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    ref = {"audio": base64.b64encode(wav_bytes(0.3)).decode(), "transcript": "a clip"}
+    o = send(s, type="text", context_id="a", text="x", reference=ref)[0].options
+    assert o.voice.name.startswith("inline:") and o.voice.transcript == "a clip"
+    assert o.voice.sample_rate == 24000 and o.voice.wav.shape == (int(0.3 * 24000),)
+    send(s, type="config", reference={**ref, "audio": "data:audio/wav;base64," + ref["audio"]})
+    assert msgs(s)[0]["voice"] == o.voice.name  # same content, same key
+    assert send(s, type="text", context_id="b", text="y")[0].options.voice.key == o.voice.key
+
+
+def test_query_config_errors_keep_defaults(voices):
+    s, codes = new_session(voices, query={"sample_rate": "16000", "token": "t"})
+    out = msgs(s)
+    assert out[0]["code"] == "invalid_input" and out[1]["type"] == "ready" and out[1]["audio"] == "binary"
+    s2, _ = new_session(voices, query={"voice": "belinda", "token": "t"})
+    assert msgs(s2)[0]["voice"] == "belinda"
+
+
+def test_tick_cuts_idle_text(voices):
+    s, _ = new_session(voices, max_buffer_delay_ms=500, sentence_delay_ms=100)
+    s.outgoing()
+    send(s, now=1.0, type="text", context_id="a", text="partial")
+    send(s, now=1.2, type="text", context_id="b", text="Done.")
+    assert s.deadline() == pytest.approx(1.3)
+    assert s.tick(1.25) == []
+    assert s.tick(1.3) == [Speak("b", "Done.")]
+    assert s.deadline() == pytest.approx(1.5)
+    assert s.tick(1.5) == [Speak("a", "partial")]
+    assert s.deadline() is None
+    # per-session delay from config
+    send(s, type="config", max_buffer_delay_ms=0)
+    s.outgoing()
+    send(s, now=3.0, type="text", context_id="c", text="now")
+    assert s.tick(3.0) == [Speak("c", "now")]
+
+
+# ---- HTTP body ----
+
+def speech(voices, **body):
+    return parse_speech(json.dumps(body).encode(), ServerConfig(), voices)
+
+
+def test_parse_speech_openai_shape(voices):
+    r = speech(voices, model="tts-1", input="Hello.", voice="alloy", response_format="pcm", speed=1.0)
+    assert (r.input, r.response_format, r.stream_format, r.options.voice.name) == ("Hello.", "pcm", "audio", "default")
+    r = speech(voices, input="Hi", voice={"id": "belinda"}, stream_format="sse", instructions="calm", seed=5,
+               temperature=0.3, top_k=50, top_p=0.9, mode="low_latency")
+    o = r.options
+    assert (o.voice.name, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
+        "belinda", "calm", 5, 0.3, 50, 0.9, "low_latency")
+    r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
+    assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
+    assert speech(voices, input="Hi", response_format="wav").response_format == "wav"
+
+
+@pytest.mark.parametrize("body, code", [
+    ({}, "invalid_input"),
+    ({"input": "   "}, "invalid_input"),
+    ({"input": "x" * 5000}, "too_large"),
+    ({"input": "x", "response_format": "mp3"}, "invalid_input"),
+    ({"input": "x", "stream_format": "sse", "response_format": "wav"}, "invalid_input"),
+    ({"input": "x", "speed": 1.5}, "invalid_input"),
+    ({"input": "x", "voice": "nobody"}, "not_found"),
+    ({"input": "x", "reference_audio": "AAAA"}, "invalid_input"),
+    ({"input": "x", "reference_audio": base64.b64encode(b"junk" * 100).decode(), "reference_text": "t"}, "bad_audio"),
+    ({"input": "x", "sample_rate": 16000}, "invalid_input"),
+    ({"input": "x", "colour": "blue"}, "invalid_input"),
+])
+def test_parse_speech_errors(voices, body, code):
+    with pytest.raises(HiggsStreamError) as e:
+        speech(voices, **body)
+    assert e.value.code == code
+
+
+def test_parse_speech_not_json(voices):
+    with pytest.raises(HiggsStreamError) as e:
+        parse_speech(b"input=hello", ServerConfig(), voices)
+    assert e.value.code == "bad_json"
+    with pytest.raises(AudioInputError):
+        VoiceLibrary().inline(base64.b64encode(wav_bytes(40.0)).decode(), "too long")

@@ -1,0 +1,105 @@
+"""Voice presets, aliases and inline references."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from higgs_stream.engine.errors import AudioInputError, ConfigError, InvalidInputError, NotFoundError
+from higgs_stream.stream.config import OPENAI_VOICES, ServerConfig
+from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.voices import VoiceLibrary
+
+
+def tone(seconds: float, sr: int, channels: int = 1, fmt: str = "WAV") -> bytes:
+    t = np.arange(int(seconds * sr)) / sr
+    x = (0.25 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    if channels > 1:
+        x = np.stack([x] * channels, axis=1)
+    buf = io.BytesIO()
+    sf.write(buf, x, sr, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "belinda.wav").write_bytes(tone(0.5, 24000))
+    (tmp_path / "belinda.txt").write_text("  Hello there.\n")
+    (tmp_path / "nova.flac").write_bytes(tone(0.25, 48000, channels=2, fmt="FLAC"))
+    (tmp_path / "nova.txt").write_text("Nova speaking.")
+    (tmp_path / "notes.md").write_text("ignored: not audio")
+    return tmp_path
+
+
+def test_presets_and_aliases(folder):
+    lib = VoiceLibrary(folder, {"house": "belinda"})
+    b = lib.resolve("belinda")
+    assert b.has_reference and b.transcript == "Hello there." and b.sample_rate == 24000
+    assert b.wav.dtype == np.float32 and b.wav.shape == (12000,)
+    n = lib.resolve("nova")  # a preset named like an OpenAI voice wins over the alias
+    assert n.name == "nova" and n.wav.shape == (6000,)  # 48 kHz stereo -> 24 kHz mono
+    assert lib.resolve("house") is b
+    assert lib.resolve("alloy").name == "default" and not lib.resolve("alloy").has_reference
+    assert set(OPENAI_VOICES) - {"nova"} <= set(lib.aliases)
+    assert "nova" not in lib.aliases
+    with pytest.raises(NotFoundError, match="unknown voice 'nobody'"):
+        lib.resolve("nobody")
+    with pytest.raises(InvalidInputError):
+        lib.resolve(3)
+    d = lib.describe()
+    assert d["default"] == "default" and d["aliases"]["house"] == "belinda"
+    assert [v["name"] for v in d["voices"]] == ["belinda", "nova"]
+    assert d["voices"][0] == {"name": "belinda", "transcript": "Hello there.", "seconds": 0.5}
+
+
+def test_default_preset(folder):
+    (folder / "default.wav").write_bytes(tone(0.2, 24000))
+    (folder / "default.txt").write_text("The default.")
+    lib = VoiceLibrary(folder)
+    assert lib.resolve("default").has_reference and lib.resolve("echo") is lib.resolve("default")
+
+
+@pytest.mark.parametrize("setup, match", [
+    (lambda d: (d / "x.wav").write_bytes(tone(0.2, 24000)), "no transcript"),
+    (lambda d: ((d / "x.wav").write_bytes(b"garbage" * 10), (d / "x.txt").write_text("t")), "cannot decode"),
+    (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 24000)), (d / "x.txt").write_text(" ")), "empty"),
+    (lambda d: ((d / "bad name.wav").write_bytes(tone(0.2, 24000)), (d / "bad name.txt").write_text("t")), "name"),
+])
+def test_bad_presets_fail_at_startup(tmp_path, setup, match):
+    setup(tmp_path)
+    with pytest.raises(ConfigError, match=match):
+        VoiceLibrary(tmp_path)
+
+
+def test_bad_config(folder):
+    with pytest.raises(ConfigError, match="no preset"):
+        VoiceLibrary(folder, {"alloy": "ghost"})
+    with pytest.raises(ConfigError, match="shadows"):
+        VoiceLibrary(folder, {"belinda": "nova"})
+    with pytest.raises(ConfigError, match="does not exist"):
+        VoiceLibrary(folder / "missing")
+
+
+def test_inline_reference():
+    lib = VoiceLibrary.from_config(ServerConfig(max_reference_bytes=100_000, max_reference_s=2.0))
+    data = tone(0.5, 16000)
+    v = lib.inline(base64.b64encode(data).decode(), " clip text ")
+    assert v.transcript == "clip text" and v.wav.shape == (12000,) and v.sample_rate == 24000
+    assert lib.inline("data:audio/wav;base64," + base64.b64encode(data).decode(), "clip text").key == v.key
+    assert lib.inline(base64.b64encode(data).decode(), "other text").key != v.key
+    with pytest.raises(AudioInputError, match="base64"):
+        lib.inline("@@@@", "t")
+    with pytest.raises(AudioInputError, match="cannot decode"):
+        lib.inline(base64.b64encode(b"RIFF0000WAVEjunk").decode(), "t")
+    with pytest.raises(AudioInputError, match="too long"):
+        lib.inline(base64.b64encode(tone(2.5, 8000)).decode(), "t")
+    with pytest.raises(AudioInputError, match="silent"):
+        lib.inline(base64.b64encode(tone(0.5, 8000)[:44] + bytes(8000)).decode(), "t")
+    with pytest.raises(TooLargeError):
+        lib.inline(base64.b64encode(bytes(200_000)).decode(), "t")
+    with pytest.raises(InvalidInputError, match="transcript"):
+        lib.inline(base64.b64encode(data).decode(), "  ")
