@@ -135,6 +135,21 @@ def resolve_model_dir(
     return root
 
 
+def find_codec_dir(model: str | Path) -> str | Path:
+    """Where the codec of `model` lives when no --codec is given.
+
+    `<model>/audio_tokenizer` for a local checkpoint that has one (make-checkpoint writes it
+    there); otherwise the released codec repo on the hub (the released talker repo does not
+    bundle its codec).
+    """
+    from higgs_stream.engine.codec.load import DEFAULT_HUB_ID
+
+    local = Path(model).expanduser() / "audio_tokenizer"
+    if local.is_dir():
+        return local
+    return DEFAULT_HUB_ID
+
+
 # ------------------------------------------------------------------------------ inspection
 @dataclass(frozen=True)
 class TensorEntry:

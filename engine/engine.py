@@ -150,6 +150,7 @@ class Engine:
         """Streams added and not finished (waiting, prefilling or decoding)."""
         return len(self._pending) + len(self._streams)
 
+    @torch.inference_mode()
     def step(self) -> list[StepEvent]:
         """One AR step for every scheduled stream; returns what happened to each."""
         events = self._carry + self._admit_and_cancel()

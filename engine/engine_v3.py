@@ -122,11 +122,10 @@ class EngineV3(Engine):
                 continue
             try:
                 d, row = draws[row], row + 1
-                cols = s.segment.start() if c.prefill else []
                 if not d[2 * k]:
-                    events += [StepEvent(s.sid, np.array(col, np.int64), finished=False) for col in cols]
                     events.append(self._finish(s, "error", "non-finite audio logits"))
                     continue
+                cols = s.segment.start() if c.prefill else []
                 cols += s.segment.advance(d[:k], d[k:2 * k])
                 events += self._column_events(s, cols)
             except Exception as exc:  # one stream's failure must not stop the others

@@ -9,6 +9,7 @@ Reference codes [8, T] are delayed WITHOUT BOS/EOS frames (v2 wraps them; v3 doe
 rows, BOC (1024) above the diagonal and EOC (1025) below. Each row is one audio position; its text
 id is the filler `<|tts|>` (never `<|audio|>`, which is the decode-step continuation token).
 Inline tags such as `<|emotion:happy|>` are ordinary text and pass through the tokenizer.
+Long-form history segments join the reference slot (see `build_prompt_v3`).
 
 Generation (sglang-omni's sampler, `sglang_omni/models/higgs_tts/sampler.py`): the first row is
 sampled from the hidden state at the prompt's final `<|audio|>`; every later step feeds
@@ -28,8 +29,10 @@ SamplingParams.ras_* do not affect v3 streams.
 Columns. To reuse the v2 consumers unchanged (adapter, `delay.columns_to_frames`, synth: "L
 columns -> L - 9 frames, column 0 all-BOS"), a v3 segment reports its rows wrapped in two
 synthetic columns that no forward produces: an all-BOC column first (v2's AUDIO_INIT column) and
-an all-EOC column after the last row. R rows thus give R + 2 columns and R - 7 frames, the frame
-the synthetic EOC column "completes" being the dropped end frame.
+an all-EOC column after the last row (the stream's final column). R rows thus give R + 2
+columns and R - 7 frames, the frame the synthetic EOC column "completes" being the dropped end
+frame. Stray BOC/EOC inside real frames are replaced by `delay.StrayFill` (the codebook's previous
+valid code) like v2's; sglang-omni and vllm-omni write 0 there.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import numpy as np
 
 from higgs_stream.engine.config_v3 import TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.delay import build_delay_pattern
-from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.prompt import Prompt
 from higgs_stream.engine.request import GenerationRequest, Reference
 
@@ -61,9 +64,15 @@ def build_prompt_v3(
     tok: Encoder, special: V3SpecialTokens, request: GenerationRequest, num_codebooks: int = 8,
     codebook_size: int = 1024,
 ) -> Prompt:
-    """The v3 prompt of `request`; InvalidInputError for what v3 cannot express or bad codes."""
-    if request.scene or request.system or request.history:
-        raise InvalidInputError("the v3 prompt has no scene, system text or history; send text (+ reference) only")
+    """The v3 prompt of `request`; InvalidInputError for what v3 cannot express or bad codes.
+
+    v3 has one audio-conditioning slot, the voice-clone reference. Long-form history (earlier
+    segments of the same context, what the streaming pipeline sends for reference-less contexts)
+    goes there too: reference then history segments, oldest first, concatenated in time, their
+    transcripts joined by spaces. A scene or system text has no place in the v3 prompt.
+    """
+    if request.scene or request.system:
+        raise InvalidInputError("the v3 prompt has no scene or system text; send text (+ reference) only")
     control = {v for v in special.as_dict().values() if v is not None}
 
     def user_text(text: str, what: str) -> list[int]:
@@ -73,19 +82,24 @@ def build_prompt_v3(
             raise InvalidInputError(f"{what} contains v3 control tokens (ids {bad}); remove them")
         return ids
 
+    segments: list[Reference] = ([request.reference] if request.reference is not None else []) + list(request.history)
+    for seg in segments:
+        what = "reference" if seg is request.reference else "history"
+        if seg.codes.shape[0] != num_codebooks:
+            raise InvalidInputError(f"{what} codes must have {num_codebooks} codebooks, got {seg.codes.shape[0]}")
+        if seg.codes.max() >= codebook_size:
+            raise InvalidInputError(f"{what} codes must lie in 0..{codebook_size - 1}, got max {seg.codes.max()}")
+
     ids: list[int] = [special.tts]
     rows = np.zeros((0, num_codebooks), np.int64)
     ref_start = 0
-    if request.reference is not None:
-        ref: Reference = request.reference
-        if ref.codes.shape[0] != num_codebooks:
-            raise InvalidInputError(f"reference codes must have {num_codebooks} codebooks, got {ref.codes.shape[0]}")
-        if ref.codes.max() >= codebook_size:
-            raise InvalidInputError(f"reference codes must lie in 0..{codebook_size - 1}, got max {ref.codes.max()}")
+    if segments:
         if special.ref_text is None:
             raise InvalidInputError("this checkpoint's tokenizer has no <|ref_text|>: it cannot take a reference transcript")
-        ids += [special.ref_text] + user_text(ref.transcript, "reference transcript") + [special.ref_audio]
-        rows = delayed_reference_rows(ref.codes, codebook_size, codebook_size + 1)  # [T + 7, K]
+        transcript = " ".join(seg.transcript for seg in segments)
+        codes = np.concatenate([seg.codes for seg in segments], axis=1)  # [K, T]
+        ids += [special.ref_text] + user_text(transcript, "reference transcript") + [special.ref_audio]
+        rows = delayed_reference_rows(codes, codebook_size, codebook_size + 1)  # [T + 7, K]
         ref_start = len(ids)
         ids += [special.tts] * rows.shape[0]  # filler text id at the audio positions
     ids += [special.text] + user_text(request.text, "text") + [special.audio]
@@ -205,7 +219,7 @@ class V3Policy:
 
     def __init__(self, cfg: TalkerV3Config, tokenizer: Encoder) -> None:
         if cfg.special is None:
-            raise InvalidInputError("TalkerV3Config.special (the v3 token ids) must be set to build prompts")
+            raise ConfigError("TalkerV3Config.special (the v3 token ids) must be set to build prompts")
         self.cfg, self.tokenizer, self.special = cfg, tokenizer, cfg.special
 
     @property
@@ -223,6 +237,3 @@ class V3Policy:
     def new_segment(self, max_frames: int) -> V3Segment:
         return V3Segment(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames)
 
-    def fed_back_positions(self, max_frames: int) -> int:
-        """KV positions a stream may add after its prompt: every row but the last."""
-        return max_frames + self.cfg.num_codebooks - 2

@@ -22,19 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from higgs_stream.engine.delay import columns_to_frames
+from higgs_stream.engine.delay import STREAM_BOS, STREAM_EOS, ColumnReverter
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.stream.chunking import (
-    COLUMN_OVERHEAD,
-    NUM_CODEBOOKS,
-    AdapterConfig,
-    ChunkPlanner,
-    Window,
-)
+from higgs_stream.stream.chunking import NUM_CODEBOOKS, AdapterConfig, ChunkPlanner, Window
 
 HOP = 960  # samples per codec frame at 24 kHz
-AUDIO_BOS = 1024
-AUDIO_EOS = 1025
 S16_SCALE = 32767.0
 
 DecodeFn = Callable[[torch.Tensor], torch.Tensor]  # codes [B, 8, F] long -> [B, F * hop] float32
@@ -123,6 +115,13 @@ class Code2WavAdapter:
 
     `Code2WavAdapter(codec_or_decode_fn, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
     left_context=..., holdback=..., ramp_holdbacks=...)`.
+
+    Columns are reverted incrementally by `engine.delay.ColumnReverter` (the same stray-BOS/EOS
+    rule as the offline `columns_to_frames`). Two ways to end a segment:
+    - `push(column, final=True)` with the last column of the EOS ramp-out (StepEvent.finished):
+      its EOS frame is dropped and the tail is flushed — the frames of `columns_to_frames(cols)`;
+    - `finish()` when the segment stops without one (cut short): every complete frame is kept —
+      `columns_to_frames(cols, ended=False)`. After a final column, `finish()` returns [].
     """
 
     def __init__(self, decoder: Any, config: AdapterConfig | None = None, **fields: Any) -> None:
@@ -138,14 +137,12 @@ class Code2WavAdapter:
             )
         self.config = config
         self.planner = ChunkPlanner(config)
-        self._columns: list[np.ndarray] = []  # columns [col_base, num_columns), each [8] int64
-        self._col_base = 0
+        self.num_columns = 0
+        self._reverter = ColumnReverter(NUM_CODEBOOKS)
+        self._frames: list[np.ndarray] = []  # known frames [frame_base, available), each [8] int64
+        self._frame_base = 0
 
     # ---- bookkeeping (no codec calls) ----
-
-    @property
-    def num_columns(self) -> int:
-        return self.planner.num_columns
 
     @property
     def frames_emitted(self) -> int:
@@ -153,25 +150,30 @@ class Code2WavAdapter:
 
     @property
     def done(self) -> bool:
-        """Finished and every audio frame emitted."""
+        """Ended and every audio frame emitted."""
         return self.planner.finished and self.planner.next_window() is None
 
-    def feed(self, column: np.ndarray) -> None:
-        """Append one delay-pattern column (np int64 [8]); column 0 must be the all-BOS column."""
+    def feed(self, column: np.ndarray, final: bool = False) -> None:
+        """Append one delay-pattern column (int [8]); final=True marks the segment's last column."""
         if self.planner.finished:
-            raise InvalidInputError("column pushed after finish()")
+            raise InvalidInputError("column pushed after the segment ended")
         col = np.asarray(column)
         if col.shape != (NUM_CODEBOOKS,) or not np.issubdtype(col.dtype, np.integer):
             raise InvalidInputError(f"a column is {NUM_CODEBOOKS} integer codes, got {col.dtype} {col.shape}")
-        if col.min() < 0 or col.max() > AUDIO_EOS:
-            raise InvalidInputError(f"column codes must be in 0..{AUDIO_EOS}, got {col.tolist()}")
-        if self.planner.num_columns == 0 and not (col == AUDIO_BOS).all():
-            raise InvalidInputError(f"column 0 must be all BOS ({AUDIO_BOS}), got {col.tolist()}")
-        self._columns.append(col.astype(np.int64, copy=True))
-        self.planner.num_columns += 1
+        if col.min() < 0 or col.max() > STREAM_EOS:
+            raise InvalidInputError(f"column codes must be in 0..{STREAM_EOS}, got {col.tolist()}")
+        if self.num_columns == 0 and not (col == STREAM_BOS).all():
+            raise InvalidInputError(f"column 0 must be all BOS ({STREAM_BOS}), got {col.tolist()}")
+        new = self._reverter.push(col.astype(np.int64), final=final)  # [8, 0 or 1]
+        self.num_columns += 1
+        for f in range(new.shape[1]):
+            self._frames.append(new[:, f])
+        self.planner.available += new.shape[1]
+        if final:
+            self.planner.finished = True
 
     def close(self) -> None:
-        """Mark the end of the segment: the next job runs to the true end of the utterance."""
+        """End the segment without a final column; the next job runs to the true end."""
         self.planner.finished = True
 
     def take_job(self) -> DecodeJob | None:
@@ -179,7 +181,12 @@ class Code2WavAdapter:
         window = self.planner.next_window()
         if window is None:
             return None
-        codes = self._frames(window.start, window.stop)  # [8, W]
+        lo, hi = window.start - self._frame_base, window.stop - self._frame_base
+        assert 0 <= lo and hi <= len(self._frames), (
+            f"window [{window.start}, {window.stop}) outside the kept frames "
+            f"[{self._frame_base}, {self._frame_base + len(self._frames)})"
+        )
+        codes = np.stack(self._frames[lo:hi], axis=1)  # [8, W]
         self.planner.advance(window)
         self._trim()
         pad_ok = not window.final and window.right >= self.decoder.receptive_field
@@ -187,13 +194,13 @@ class Code2WavAdapter:
 
     # ---- one stream on its own ----
 
-    def push(self, column: np.ndarray) -> list[np.ndarray]:
-        """Append a column; returns the float32 PCM chunks that became due (usually none or one)."""
-        self.feed(column)
+    def push(self, column: np.ndarray, final: bool = False) -> list[np.ndarray]:
+        """Append a column; returns the float32 PCM chunks that became due (none or one)."""
+        self.feed(column, final)
         return self._decode_due()
 
     def finish(self) -> list[np.ndarray]:
-        """End the segment and flush the tail (decoded to the true end)."""
+        """End the segment (if no final column came) and flush the tail, decoded to the true end."""
         self.close()
         return self._decode_due()
 
@@ -203,33 +210,13 @@ class Code2WavAdapter:
             chunks.extend(decode_jobs(self.decoder, [job]))
         return chunks
 
-    # ---- column space -> frame space ----
-
-    def _frames(self, start: int, stop: int) -> np.ndarray:
-        """Audio frames [start, stop) as codes [8, stop - start], stray BOS/EOS replaced.
-
-        Audio frame r is delay frame r+1, which needs columns r+1 .. r+8. `columns_to_frames` on
-        columns [start, stop + 9) drops its first (BOS-position) and last (EOS-position) frame and
-        returns exactly frames [start, stop): the same function, and so the same stray-code rule,
-        as the offline path.
-        """
-        lo, hi = start - self._col_base, stop + COLUMN_OVERHEAD - self._col_base
-        assert 0 <= lo and hi <= len(self._columns), (
-            f"window frames [{start}, {stop}) need columns [{start}, {stop + COLUMN_OVERHEAD}), "
-            f"have [{self._col_base}, {self._col_base + len(self._columns)})"
-        )
-        cols = np.stack(self._columns[lo:hi], axis=1)  # [8, W + 9]
-        frames = np.asarray(columns_to_frames(cols), dtype=np.int64)  # [8, W]
-        assert frames.shape == (NUM_CODEBOOKS, stop - start), f"columns_to_frames gave {frames.shape}"
-        return frames
-
     def _trim(self) -> None:
-        """Drop columns no future window needs (those before the next left context)."""
+        """Drop frames no future window needs (those before the next left context)."""
         keep_from = max(0, self.planner.emitted - self.config.left_context)
-        drop = keep_from - self._col_base
-        if drop > 64:
-            del self._columns[:drop]
-            self._col_base = keep_from
+        drop = keep_from - self._frame_base
+        if drop >= 64:
+            del self._frames[:drop]
+            self._frame_base = keep_from
 
 
 def to_s16le(pcm: np.ndarray) -> bytes:

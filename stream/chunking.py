@@ -2,18 +2,17 @@
 
 Column space vs frame space. The talker emits one delay-pattern column per AR step; column 0 is the
 all-BOS column. Delay frame t is (col[t][0], col[t+1][1], ..., col[t+7][7]), complete once column
-t+7 has arrived. Delay frame 0 is the stream-BOS frame and the last delay frame (L-8 for L columns)
-is the EOS frame; both are dropped (`engine.delay.columns_to_frames`: L columns -> L-9 audio frames).
-Audio frame r is delay frame r+1.
-
-A frame may only be decoded once it is known not to be the dropped final frame: delay frame t is
-usable once column t+8 has arrived (then L >= t+9). So after n columns, `usable_frames(n) = n-9`
-audio frames are known — the same count as at the end of the utterance, where L-9 frames exist.
+t+7 has arrived; delay frame 0 is the stream-BOS frame and the frame completed by the final column
+(the end of the EOS ramp-out) is the EOS frame, both dropped (`engine.delay.columns_to_frames`:
+L columns -> L-9 audio frames). Audio frame r is delay frame r+1, known after r+9 columns, so
+N audio frames need N+8 columns. The engine marks the final column when it hands it over, so a
+frame completed by any earlier column is never the EOS frame and can be used at once.
 
 Emission rule: chunk k (size `chunk_size(k)`, holdback `holdback_for(k)`) is emitted as soon as
-usable_frames - emitted >= chunk_size(k) + holdback_for(k). Time to first audio, in columns
-(counting the BOS column): `first_chunk_columns(cfg) = 9 + chunk_size(0) + holdback_for(0)`
-(exact default: 9 + 1 + 10 = 20 columns, i.e. the first chunk leaves with column index 19).
+known frames - emitted >= chunk_size(k) + holdback_for(k). Time to first audio in columns (the BOS
+column included): `first_chunk_columns(cfg) = 8 + chunk_size(0) + holdback_for(0)`, i.e. the BOS
+column + 7 delay columns + the first chunk + its holdback. Exact default: 8 + 1 + 10 = 19 columns
+(the chunk leaves with column index 18); low-latency default: 8 + 1 + 4 = 13.
 """
 
 from __future__ import annotations
@@ -26,15 +25,14 @@ from higgs_stream.engine.errors import ConfigError
 # (research/higgs_v2_reference.md §2.5; checked again by tests/stream/test_adapter.py).
 CODEC_RECEPTIVE_FIELD = 10
 NUM_CODEBOOKS = 8
-# Columns that carry no audio frame of their own: the BOS column plus the 8-column delay ramp
-# (7 ramp-in columns, and the final EOS frame that is dropped).
-COLUMN_OVERHEAD = NUM_CODEBOOKS + 1
+# Columns before N audio frames are known: N + COLUMNS_BEFORE_FIRST_FRAME (BOS column + 7-column delay).
+COLUMNS_BEFORE_FIRST_FRAME = NUM_CODEBOOKS
 
 MODES = ("exact", "low_latency")
-# Low-latency default: holdbacks of the first chunks, then `holdback` (10). Chosen so that the
-# TTFA is 10 columns and the default schedule still plays without underrun whenever the talker
-# (plus codec) runs at <= 0.43 of real time (see `max_step_ratio`).
-LOW_LATENCY_RAMP = (0, 0, 0, 2, 5)
+# Low-latency default: holdbacks of the first chunks, then `holdback` (10). TTFA 13 columns instead
+# of 19, and the default schedule still plays without underrun while the talker (plus codec) runs
+# at <= 0.4375 of real time (see `max_step_ratio`; the exact default allows 0.5).
+LOW_LATENCY_RAMP = (4, 4, 4, 6, 8)
 
 
 @dataclass(frozen=True)
@@ -100,14 +98,9 @@ class AdapterConfig:
         return self.left_context >= self.receptive_field and self.holdback_for(k) >= self.receptive_field
 
 
-def usable_frames(num_columns: int) -> int:
-    """Audio frames known (and known not to be the dropped EOS frame) after num_columns columns."""
-    return max(0, num_columns - COLUMN_OVERHEAD)
-
-
 def first_chunk_columns(cfg: AdapterConfig) -> int:
     """Columns (BOS column included) that must arrive before the first chunk can be emitted."""
-    return COLUMN_OVERHEAD + cfg.chunk_size(0) + cfg.holdback_for(0)
+    return COLUMNS_BEFORE_FIRST_FRAME + cfg.chunk_size(0) + cfg.holdback_for(0)
 
 
 def max_step_ratio(cfg: AdapterConfig, horizon: int = 64) -> float:
@@ -158,14 +151,10 @@ class ChunkPlanner:
 
     def __init__(self, cfg: AdapterConfig) -> None:
         self.cfg = cfg
-        self.num_columns = 0
+        self.available = 0  # audio frames known (reverted, never the EOS frame)
         self.emitted = 0  # audio frames already emitted
         self.chunk_index = 0  # index of the next chunk in the schedule
         self.finished = False
-
-    @property
-    def available(self) -> int:
-        return usable_frames(self.num_columns)
 
     def next_window(self) -> Window | None:
         """The next decode window, or None when nothing is due.

@@ -402,18 +402,16 @@ class Pipeline:
             if seg is None:
                 continue  # a stream driven by someone else (engine.generate in the same process)
             try:
+                ended = ev.finished and ev.reason in ("stop", "length")  # through the EOS ramp-out
                 if ev.column is not None:
                     if seg.keep_columns:
                         seg.columns.append(ev.column)
-                    seg.adapter.feed(ev.column)
-                    if (job := seg.adapter.take_job()) is not None:
-                        jobs.append(job)
-                        owners.append(seg)
-                if ev.finished and ev.reason in ("stop", "length"):
-                    seg.adapter.close()
+                    seg.adapter.feed(ev.column, final=ended)
                     while (job := seg.adapter.take_job()) is not None:
                         jobs.append(job)
                         owners.append(seg)
+                if ended:
+                    assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
                     frames = None
                     if seg.keep_columns:
                         frames = columns_to_frames(np.stack(seg.columns, axis=1), codebook_size=self.engine.cfg.codebook_size)

@@ -20,6 +20,7 @@ from higgs_stream.engine.checkpoint import (
     INDEX_FILE,
     TALKER_ALLOW_PATTERNS,
     _parameters_on_meta,
+    find_codec_dir,
     load_talker,
     open_checkpoint,
     resolve_model_dir,
@@ -242,6 +243,12 @@ def test_real_snapshot_download_offline(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(CheckpointError, match="offline"):
         resolve_model_dir(HUB_ID)
+
+
+def test_find_codec_dir(tiny_ckpt: Path, plain: dict[str, Path]) -> None:
+    assert find_codec_dir(tiny_ckpt) == tiny_ckpt / "audio_tokenizer"
+    assert find_codec_dir(str(plain["hf"])) == "bosonai/higgs-audio-v2-tokenizer"  # no bundled codec
+    assert find_codec_dir(HUB_ID) == "bosonai/higgs-audio-v2-tokenizer"
 
 
 # ------------------------------------------------------------------------------ failures

@@ -45,9 +45,9 @@ def test_decode_matches_transformers_in_both_layouts(tiny_dirs, reference):
 
 def test_decode_is_batched_row_independent(tiny_dirs):
     codec = load_codec(tiny_dirs["hf"], with_encoder=False)
-    codes = torch.randint(0, 1024, (4, 8, 12), generator=torch.Generator().manual_seed(1))
+    codes = torch.randint(0, 1024, (3, 8, 6), generator=torch.Generator().manual_seed(1))
     batched = codec.decode(codes)
-    singles = torch.cat([codec.decode(codes[i:i + 1]) for i in range(4)])
+    singles = torch.cat([codec.decode(codes[i:i + 1]) for i in range(3)])
     assert rel_err(batched, singles) <= 1e-5  # conv blocking differs with batch size: rounding only
     np_out = codec.decode(codes.numpy())  # numpy input is accepted too
     assert torch.equal(np_out, batched)
@@ -64,14 +64,14 @@ def test_decode_rejects_bad_codes(tiny_dirs):
 
 
 def test_receptive_field_full_size_decoder():
-    """Real architecture (1024 channels), fp32: changing the codes of frame 12 changes exactly frames 2..22."""
+    """Real architecture (1024 channels), fp32: changing the codes of frame 11 changes exactly frames 1..21."""
     cfg = CodecConfig.full()
     torch.manual_seed(0)
     codec = Codec(cfg, with_encoder=False)  # random init; the codebooks get random rows
     with torch.no_grad():
         for q in codec.quantizer.quantizers:
             q.codebook.embed.normal_()
-    f, frames = 12, 25
+    f, frames = 11, 23
     codes = torch.randint(0, 1024, (1, 8, frames)).repeat(2, 1, 1)
     codes[1, :, f] = (codes[1, :, f] + 1) % 1024
     out = codec.decode(codes)  # [2, 25*960]
@@ -90,29 +90,29 @@ def test_receptive_field_exact_sample_extent():
         for m in dec.modules():
             if hasattr(m, "alpha"):
                 m.alpha.uniform_(0.5, 1.5)
-    f, frames = 20, 41
+    f, frames = 11, 23
     latent = torch.randn(1, cfg.acoustic_dim, frames, dtype=torch.double)
     tangent = torch.zeros_like(latent)
     tangent[:, :, f] = torch.randn(cfg.acoustic_dim, dtype=torch.double)
     _, jvp = torch.func.jvp(dec, (latent,), (tangent,))
     nz = jvp[0, 0].nonzero()[:, 0]
     lo, hi = influence_interval(cfg, f)
-    assert (int(nz.min()), int(nz.max())) == (lo, hi) == (9742, 29592)
+    assert (int(nz.min()), int(nz.max())) == (lo, hi) == (f * HOP - 9458, f * HOP + 10392)
     assert len(nz) == hi - lo + 1  # no holes
-    # in frames: 9742 // 960 = 10 = f - 10 and 29592 // 960 = 30 = f + 10
+    # in frames: the cone starts 9.85 frames before frame f's first sample and ends 10.8 frames after it
     assert (lo // HOP, hi // HOP) == (f - 10, f + 10)
 
 
-@pytest.mark.parametrize("context", [10, 9])
-def test_windowed_decode_is_exact_with_ten_frames_each_side(tiny_dirs, context):
+def test_windowed_decode_is_exact_with_ten_frames_each_side(tiny_dirs):
+    """Decoding frames [a-10, b+10] and keeping [a, b] equals the one-shot decode; 9 frames do not suffice."""
     codec = load_codec(tiny_dirs["hf"], with_encoder=False)
-    codes = torch.randint(0, 1024, (1, 8, 60), generator=torch.Generator().manual_seed(2))
+    codes = torch.randint(0, 1024, (1, 8, 36), generator=torch.Generator().manual_seed(2))
     full = codec.decode(codes)[0]
-    a, b = 25, 34  # emit frames [a, b]
-    window = codec.decode(codes[:, :, a - context:b + 1 + context])[0]
-    part = window[context * HOP:(context + b - a + 1) * HOP]
-    err = rel_err(part, full[a * HOP:(b + 1) * HOP])
-    if context == 10:
-        assert err <= 1e-5
-    else:
-        assert err > 1e-3  # one frame short of the receptive field is audibly off
+    a, b = 12, 23  # emit frames [a, b]
+    errs = {}
+    for context in (10, 9):
+        window = codec.decode(codes[:, :, a - context:b + 1 + context])[0]
+        part = window[context * HOP:(context + b - a + 1) * HOP]
+        errs[context] = rel_err(part, full[a * HOP:(b + 1) * HOP])
+    assert errs[10] <= 1e-5
+    assert errs[9] > 1e-4  # one frame short of the receptive field: well above fp32 rounding

@@ -29,6 +29,15 @@ from higgs_stream.stream.adapter import Code2WavAdapter
 
 BOC, EOC, K = 1024, 1025, 8
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: intra-op threads only add synchronisation cost on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
@@ -99,7 +108,7 @@ def test_voice_clone_through_the_bundled_codec(engine, codec):
 
 
 def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(engine, codec):
-    reqs = [GenerationRequest(text=f"Stream number {i} speaks.", max_frames=5 + i,
+    reqs = [GenerationRequest(text=f"Stream number {i} speaks.", max_frames=5 + 3 * i,
                               sampling=SamplingParams(temperature=0.9, top_k=50, seed=10 + i)) for i in range(3)]
     alone = [engine.generate(r) for r in reqs]
     sids = [engine.add(r) for r in reqs]
@@ -119,6 +128,26 @@ def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(en
 
     # the streaming adapter takes v3 columns unchanged and reproduces the one-shot decode
     adapter = Code2WavAdapter(codec)
-    chunks = [c for col in alone[2].T for c in adapter.push(col)] + adapter.finish()
+    last = alone[2].shape[1] - 1
+    chunks = [c for i, col in enumerate(alone[2].T) for c in adapter.push(col, final=i == last)]
+    assert adapter.finish() == []
     one_shot = codec.decode(torch.from_numpy(columns_to_frames(alone[2]))[None])[0].numpy()
     assert np.allclose(np.concatenate(chunks), one_shot, atol=1e-5)
+
+
+def test_non_finite_logits_fail_only_that_stream(ckpt, monkeypatch):
+    engine = EngineV3.from_pretrained(str(ckpt), config=EngineConfig(max_batch=4, token_budget=64, kv_pages=64,
+                                                                      page_size=4))
+    good, bad = (engine.add(greedy(t, max_frames=3)) for t in ("Fine text.", "Broken text."))
+    real = engine.talker.audio.logits
+
+    def poisoned(hidden):
+        out = real(hidden)
+        out[-1, 3, 7] = float("nan")  # the last row of the step is the second stream's
+        return out
+
+    monkeypatch.setattr(engine.talker.audio, "logits", poisoned)
+    events = engine.step()  # both prompts in one prefill step: row 0 sampled for each
+    assert [(e.stream_id, e.finished, e.reason) for e in events if e.finished] == [(bad, True, "error")]
+    assert [e.column is not None for e in events if e.stream_id == good] == [True, True]  # BOS column + row 0
+    assert engine.num_active == 1 and engine.cache.allocator.active_seqs == [good]

@@ -77,6 +77,20 @@ def test_voice_clone_prompt(tok, cfg):
     assert s.audio not in p.input_ids[p.is_audio]  # the filler is <|tts|>, never the continuation token
 
 
+def test_history_joins_the_reference_slot(tok, cfg):
+    s = cfg.special
+    ref = Reference(codes=np.full((K, 2), 5), transcript="First.")
+    hist = (("Second part.", np.full((K, 3), 6)),)
+    p = build_prompt_v3(tok, s, GenerationRequest(text="Third.", reference=ref, history=hist))
+    joined = tok.encode("First. Second part.")
+    assert p.input_ids[: 2 + len(joined) + 1].tolist() == [s.tts, s.ref_text] + joined + [s.ref_audio]
+    codes = np.concatenate([np.full((K, 2), 5), np.full((K, 3), 6)], axis=1)
+    assert np.array_equal(p.audio_codes[p.is_audio], delayed_reference_rows(codes))  # 5 + 7 rows
+    alone = build_prompt_v3(tok, s, GenerationRequest(text="Third.", history=(("First.", np.full((K, 2), 5)),)))
+    same = build_prompt_v3(tok, s, GenerationRequest(text="Third.", reference=Reference(np.full((K, 2), 5), "First.")))
+    assert np.array_equal(alone.input_ids, same.input_ids) and np.array_equal(alone.audio_codes, same.audio_codes)
+
+
 def test_inline_tags_pass_through_as_text(tok, cfg):
     text = "Well <|emotion:happy|> hello [laugh]"
     p = build_prompt_v3(tok, cfg.special, GenerationRequest(text=text))
@@ -88,7 +102,7 @@ def test_inline_tags_pass_through_as_text(tok, cfg):
     (dict(text="x <|endoftext|>"), "control tokens"),
     (dict(text="hi", scene="a quiet room"), "no scene"),
     (dict(text="hi", system="be nice"), "no scene"),
-    (dict(text="hi", history=(("earlier", np.zeros((K, 2), np.int64)),)), "no scene"),
+    (dict(text="hi", history=(("earlier", np.full((K, 2), 1025)),)), "history codes must lie"),
     (dict(text="hi", reference=Reference(codes=np.full((K, 2), 1024), transcript="r")), "0..1023"),
     (dict(text="hi", reference=Reference(codes=np.zeros((4, 2), np.int64), transcript="r")), "8 codebooks"),
 ])

@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.delay import columns_to_frames
@@ -24,6 +25,15 @@ from higgs_stream.stream.session import ContextOptions
 from higgs_stream.stream.voices import VoiceLibrary
 
 MAX_FRAMES = 30
+
+
+@pytest.fixture(autouse=True, scope="module")
+def length_invariant_convs():
+    """Byte-exact streaming needs a codec whose conv arithmetic does not depend on the input length.
+    oneDNN's CPU convolutions pick kernels by length (a window and the one-shot decode then differ by
+    up to ~2e-5, which flips an s16 LSB now and then); PyTorch's native CPU convs do not."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,165 @@
+"""Paged attention through FlashInfer, planned from the same CSR layout as `attention.PagedLayout`.
+
+One step's attention is planned once (host work, outside any CUDA graph) and run for every layer:
+
+    attn = FlashInferAttention(num_q_heads, num_kv_heads, head_dim, page_size, device)
+    attn.plan(HostCSR.from_layout(layout), decode=True)   # decode: every qo_len is 1
+    out = attn.run(q, k_cache_layer, v_cache_layer)        # q [N, Hq, D] -> [N, Hq, D]
+
+Decode steps use FlashInfer's batch decode kernel, prefill/mixed steps its paged prefill kernel with
+a bottom-right aligned causal mask (query j of a sequence sees keys 0 .. kv_len - qo_len + j, as
+`paged_attention_ref`). `GraphDecodeAttention` is the decode variant for one CUDA-graph batch size:
+its index buffers live at fixed addresses and `plan()` refills them before each replay.
+
+FlashInfer is imported on first use; without it (or without CUDA) a `KernelUnavailableError` says
+so. There is no silent fallback: the plain-torch path is `RefAttention`, chosen explicitly.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from higgs_stream.kernels._triton import KernelUnavailableError, require_cuda
+from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref
+
+WORKSPACE_BYTES = 256 << 20
+
+
+@functools.cache
+def flashinfer_module() -> Any:
+    try:
+        import flashinfer
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise KernelUnavailableError(
+            f"the GPU attention path needs FlashInfer (pip install flashinfer-python==0.5.3): {exc}"
+        ) from exc
+    return flashinfer
+
+
+@dataclass(frozen=True)
+class HostCSR:
+    """FlashInfer's CSR page layout as host int32 tensors (planning reads them on the CPU)."""
+
+    qo_indptr: torch.Tensor  # [B+1]
+    kv_indptr: torch.Tensor  # [B+1]
+    kv_indices: torch.Tensor  # [sum pages]
+    kv_last_page_len: torch.Tensor  # [B]
+
+    @property
+    def batch_size(self) -> int:
+        return self.kv_last_page_len.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.qo_indptr[-1])
+
+    @classmethod
+    def build(cls, page_tables: list[list[int]], kv_lens: list[int], qo_lens: list[int], page_size: int) -> HostCSR:
+        """From per-sequence page tables (at least ceil(kv_len / page_size) pages each) and lengths."""
+        num_pages = [-(-kv // page_size) for kv in kv_lens]
+        assert all(len(t) >= n for t, n in zip(page_tables, num_pages)), "a page table is too short"
+        assert all(1 <= q <= kv for q, kv in zip(qo_lens, kv_lens)), "need 1 <= qo_len <= kv_len"
+        qo = np.zeros(len(kv_lens) + 1, np.int32)
+        qo[1:] = np.cumsum(qo_lens)
+        kv = np.zeros(len(kv_lens) + 1, np.int32)
+        kv[1:] = np.cumsum(num_pages)
+        idx = np.fromiter((p for t, n in zip(page_tables, num_pages) for p in t[:n]), np.int32, int(kv[-1]))
+        last = np.array([k - (n - 1) * page_size for k, n in zip(kv_lens, num_pages)], np.int32)
+        return cls(torch.from_numpy(qo), torch.from_numpy(kv), torch.from_numpy(idx), torch.from_numpy(last))
+
+    @classmethod
+    def from_layout(cls, layout: PagedLayout) -> HostCSR:
+        return cls.build(layout.page_tables, layout.kv_lens, layout.qo_lens, layout.page_size)
+
+
+class RefAttention:
+    """The plain-torch attention behind the same plan/run interface (any device; not graphable)."""
+
+    def __init__(self, head_dim: int) -> None:
+        self.sm_scale = head_dim**-0.5
+        self.layout: PagedLayout | None = None
+
+    def plan_layout(self, layout: PagedLayout) -> None:
+        self.layout = layout
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        assert self.layout is not None, "plan_layout() before run()"
+        return paged_attention_ref(q, k_cache, v_cache, self.layout, self.sm_scale)
+
+
+class FlashInferAttention:
+    """Eager FlashInfer attention for one step at a time (any batch size, decode or prefill)."""
+
+    def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                 device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                 workspace: torch.Tensor | None = None) -> None:
+        fi = flashinfer_module()
+        if torch.device(device).type != "cuda":
+            raise KernelUnavailableError(f"FlashInfer attention needs a CUDA device, got {device}")
+        self.heads = (num_q_heads, num_kv_heads, head_dim)
+        self.page_size, self.dtype = page_size, dtype
+        self.workspace = workspace if workspace is not None else torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self._active: Any = None
+
+    def plan(self, csr: HostCSR, decode: bool) -> None:
+        hq, hkv, d = self.heads
+        if decode:
+            assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
+            self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
+                              q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=d**-0.5)
+            self._active = self._decode
+        else:
+            self._prefill.plan(csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d,
+                               self.page_size, causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
+                               sm_scale=d**-0.5)
+            self._active = self._prefill
+        self._num_tokens = csr.num_tokens
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [N, Hq, D], pools [P, page, Hkv, D] -> [N, Hq, D]."""
+        assert self._active is not None, "plan() before run()"
+        assert q.shape[0] == self._num_tokens, f"q has {q.shape[0]} rows, the plan {self._num_tokens}"
+        require_cuda(q, k_cache, v_cache, what="FlashInfer attention")
+        return self._active.run(q, (k_cache, v_cache))
+
+
+class GraphDecodeAttention:
+    """FlashInfer decode for one fixed (padded) batch size, capturable in a CUDA graph.
+
+    Index buffers are allocated once for `max_pages` page indices; `plan()` (host, before each
+    replay) copies the step's CSR into them and refreshes FlashInfer's split schedule.
+    """
+
+    def __init__(self, batch_size: int, max_pages: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 page_size: int, device: torch.device, workspace: torch.Tensor,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        fi = flashinfer_module()
+        self.batch_size, self.max_pages = batch_size, max_pages
+        self.heads = (num_q_heads, num_kv_heads, head_dim)
+        self.page_size, self.dtype = page_size, dtype
+        self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
+        self._indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
+        self._last = torch.ones(batch_size, dtype=torch.int32, device=device)
+        self._wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=self._indptr,
+            paged_kv_indices_buffer=self._indices, paged_kv_last_page_len_buffer=self._last)
+
+    def plan(self, csr: HostCSR) -> None:
+        if csr.batch_size != self.batch_size:
+            raise ValueError(f"graph decode attention is fixed at batch {self.batch_size}, got {csr.batch_size}")
+        if csr.kv_indices.shape[0] > self.max_pages:
+            raise ValueError(f"{csr.kv_indices.shape[0]} pages exceed the graph buffer of {self.max_pages}")
+        hq, hkv, d = self.heads
+        self._wrapper.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
+                           q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=d**-0.5)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"
+        return self._wrapper.run(q, (k_cache, v_cache))

@@ -1,0 +1,129 @@
+"""RoPE (llama3-scaled frequencies, half-split layout) fused with the paged K/V store.
+
+From one fused projection row `qkv` = [q heads | k heads | v heads] of each new token:
+
+    q_out[n]            = rope(q[n], positions[n])          -> returned [N, Hq, D]
+    k_cache[slots[n]]   = rope(k[n], positions[n])          (written into the page pool)
+    v_cache[slots[n]]   = v[n]
+
+The rotation angles come from a precomputed table `cos_sin` [max_pos, D] fp32 whose row p holds
+cos(p * inv_freq) in its first D/2 entries and sin(p * inv_freq) in the rest (`cos_sin_table`),
+inv_freq from `kernels.rope.llama3_inv_freq`: the same angles as `kernels.rope.rope_cos_sin`.
+The rotation is done in fp32 and cast once. K/V pools are [P, page_size, Hkv, D] (NHD), slots
+index their flattened [P * page_size] token axis.
+
+`rope_store_kv_ref` is the plain-torch definition; `rope_store_kv` the Triton kernel (CUDA only,
+one program per token and head).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from higgs_stream.kernels._triton import require_cuda, triton_modules
+
+
+def cos_sin_table(inv_freq: torch.Tensor, max_positions: int, device: torch.device | str) -> torch.Tensor:
+    """[max_positions, D] fp32: cos | sin of p * inv_freq (angles in fp32, as rope_cos_sin)."""
+    positions = torch.arange(max_positions, device=device).float()[:, None]  # [P, 1]
+    angles = positions * inv_freq.to(device).float()[None, :]  # [P, D/2]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
+
+
+def _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim):
+    n = qkv.shape[0]
+    assert qkv.shape == (n, (num_q_heads + 2 * num_kv_heads) * head_dim), f"qkv {tuple(qkv.shape)}"
+    assert positions.shape == (n,) and slots.shape == (n,), "positions/slots must be [N]"
+    assert cos_sin.dim() == 2 and cos_sin.shape[1] == head_dim and cos_sin.dtype == torch.float32, "cos_sin [P, D] fp32"
+    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (num_kv_heads, head_dim), \
+        f"pools must be [P, page, {num_kv_heads}, {head_dim}], got {tuple(k_cache.shape)}"
+
+
+def rope_store_kv_ref(
+    qkv: torch.Tensor,  # [N, (Hq + 2 Hkv) * D]
+    positions: torch.Tensor,  # [N] long
+    cos_sin: torch.Tensor,  # [max_pos, D] fp32
+    slots: torch.Tensor,  # [N] long, flat pool slot of each token
+    k_cache: torch.Tensor,  # [P, page, Hkv, D]
+    v_cache: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """-> q [N, Hq, D] in qkv's dtype; k/v written into the pools."""
+    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim)
+    n, half = qkv.shape[0], head_dim // 2
+    heads = qkv.float().view(n, num_q_heads + 2 * num_kv_heads, head_dim)
+    cs = cos_sin[positions]  # [N, D]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]  # [N, 1, D/2]
+    rot = heads[:, : num_q_heads + num_kv_heads]
+    x1, x2 = rot[..., :half], rot[..., half:]
+    rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)  # [N, Hq+Hkv, D]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [P * page, Hkv, D]
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    k_flat.index_copy_(0, slots, rot[:, num_q_heads:].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, heads[:, num_q_heads + num_kv_heads:].to(v_cache.dtype))
+    return rot[:, :num_q_heads].contiguous()
+
+
+@functools.cache
+def _kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def rope_store_kv_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+                             HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+        tok = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        half: tl.constexpr = D // 2
+        width: tl.constexpr = (HQ + 2 * HKV) * D
+        i = tl.arange(0, half)
+        pos = tl.load(pos_ptr + tok).to(tl.int64)
+        cos = tl.load(cs_ptr + pos * D + i)
+        sin = tl.load(cs_ptr + pos * D + half + i)
+        src = qkv_ptr + tok * width + head * D
+        x1 = tl.load(src + i).to(tl.float32)
+        x2 = tl.load(src + half + i).to(tl.float32)
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        if head < HQ:
+            dst = q_ptr + (tok * HQ + head) * D
+            tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
+            tl.store(dst + half + i, o2.to(q_ptr.dtype.element_ty))
+        else:
+            kv_head = head - HQ
+            slot = tl.load(slot_ptr + tok).to(tl.int64)
+            dst = k_ptr + (slot * HKV + kv_head) * D
+            tl.store(dst + i, o1.to(k_ptr.dtype.element_ty))
+            tl.store(dst + half + i, o2.to(k_ptr.dtype.element_ty))
+            j = tl.arange(0, D)
+            v = tl.load(qkv_ptr + tok * width + (HQ + HKV + kv_head) * D + j)
+            tl.store(v_ptr + (slot * HKV + kv_head) * D + j, v.to(v_ptr.dtype.element_ty))
+
+    return rope_store_kv_kernel
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """Triton version of `rope_store_kv_ref` (positions must lie inside the table: not checked here)."""
+    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim)
+    require_cuda(qkv, positions, cos_sin, slots, k_cache, v_cache, what="rope_store_kv")
+    assert qkv.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    kernel = _kernel()
+    n = qkv.shape[0]
+    q = torch.empty((n, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if n:
+        kernel[(n, num_q_heads + num_kv_heads)](qkv, positions, cos_sin, slots, q, k_cache, v_cache,
+                                                HQ=num_q_heads, HKV=num_kv_heads, D=head_dim, num_warps=1)
+    return q

@@ -1,0 +1,88 @@
+"""load_reference_audio / validate_waveform: formats, downmix + resampling to 24 kHz, typed rejections."""
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from higgs_stream.engine.codec import load_reference_audio, prepare_waveform, validate_waveform
+from higgs_stream.engine.errors import AudioInputError
+
+
+def sine(freq: float, sr: int, seconds: float, amp: float = 0.5) -> np.ndarray:
+    t = np.arange(int(sr * seconds)) / sr
+    return (amp * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def encoded(wav_tc: np.ndarray, sr: int, fmt: str, subtype: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, wav_tc, sr, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def test_stereo_44k1_wav_becomes_the_mono_24k_sine():
+    left, right = sine(440, 44100, 0.5, 0.6), sine(440, 44100, 0.5, 0.2)
+    data = encoded(np.stack([left, right], axis=1), 44100, "WAV", "FLOAT")
+    wav, sr = load_reference_audio(data)
+    assert sr == 24000 and wav.dtype == np.float32 and wav.ndim == 1
+    assert wav.shape[0] == int(np.ceil(len(left) * 24000 / 44100))
+    expected = sine(440, 24000, 0.5, 0.4)[: wav.shape[0]]  # channel mean of 0.6 and 0.2 amplitude
+    inner = slice(200, -200)  # resampling filter edges
+    assert np.abs(wav[inner] - expected[inner]).max() < 2e-3
+
+
+@pytest.mark.parametrize("fmt,subtype", [("FLAC", "PCM_16"), ("OGG", "VORBIS"), ("WAV", "PCM_16")])
+def test_formats_from_path_and_bytes(tmp_path, fmt, subtype):
+    src = sine(300, 16000, 0.4)
+    data = encoded(src, 16000, fmt, subtype)
+    path = tmp_path / f"ref.{fmt.lower()}"
+    path.write_bytes(data)
+    from_bytes, _ = load_reference_audio(data)
+    from_path, sr = load_reference_audio(path)
+    assert sr == 24000 and np.array_equal(from_bytes, from_path)
+    expected = sine(300, 24000, 0.4)[: from_path.shape[0]]
+    tol = 0.05 if fmt == "OGG" else 2e-3  # lossy codec
+    assert np.abs(from_path[200:-200] - expected[200:-200]).max() < tol
+
+
+def test_24k_mono_passes_through_unchanged():
+    src = sine(500, 24000, 0.3)
+    wav, _ = load_reference_audio(encoded(src, 24000, "WAV", "FLOAT"))
+    assert np.array_equal(wav, src)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: b"", "empty"),
+    (lambda: b"RIFF\x00\x00garbage-not-audio" * 10, "cannot decode"),
+    (lambda: encoded(np.zeros(24000, np.float32), 24000, "WAV", "FLOAT"), "silent"),
+    (lambda: encoded(sine(440, 8000, 0.02), 8000, "WAV", "FLOAT"), "too short"),
+    (lambda: encoded(sine(440, 8000, 31.0), 8000, "WAV", "PCM_16"), "too long"),
+    (lambda: 12345, "bytes or a path"),
+    (lambda: "/nonexistent/ref.wav", "not found"),
+])
+def test_rejections_are_typed(make, match):
+    with pytest.raises(AudioInputError, match=match):
+        load_reference_audio(make())
+
+
+def test_max_seconds_is_configurable():
+    data = encoded(sine(440, 8000, 3.0), 8000, "WAV", "PCM_16")
+    assert load_reference_audio(data, max_seconds=5)[0].shape == (72000,)
+    with pytest.raises(AudioInputError, match="too long"):
+        load_reference_audio(data, max_seconds=2.5)
+
+
+def test_validate_waveform_shapes_and_integer_pcm():
+    pcm16 = (sine(440, 24000, 0.1) * 32767).astype(np.int16)
+    out = validate_waveform(pcm16, 24000)
+    assert out.shape == (1, 2400) and out.dtype == np.float32
+    assert abs(float(out.max()) - 0.5) < 1e-3  # int16 full scale -> 1.0
+    with pytest.raises(AudioInputError, match="channel-first"):
+        validate_waveform(np.ones((2400, 2), np.float32), 24000)  # [T, C] by mistake
+    with pytest.raises(AudioInputError, match="NaN"):
+        validate_waveform(np.full(2400, np.nan, np.float32), 24000)
+    with pytest.raises(AudioInputError, match="sample rate"):
+        validate_waveform(np.ones(2400, np.float32), 0)
+    stereo = np.stack([sine(440, 48000, 0.1), -sine(440, 48000, 0.1) + 0.2])
+    np.testing.assert_allclose(prepare_waveform(stereo, 48000)[100:-100], 0.1, atol=2e-3)

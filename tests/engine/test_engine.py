@@ -1,0 +1,249 @@
+"""The batched step engine on the tiny random checkpoint.
+
+Central property: a request's codes depend only on the request and its seed, not on what else
+shares the batch, when it was admitted, or how its prompt was chunked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from higgs_stream.engine.delay import STREAM_BOS, columns_to_frames
+from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
+from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+from higgs_stream.engine.talker import StepBatch, StepOutput
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Instrumented(torch.nn.Module):
+    """Test double around the talker: records batch shapes, optionally NaNs one stream's logits."""
+
+    def __init__(self, talker: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = talker
+        self.nan_seq: int | None = None
+        self.qo_lens: list[list[int]] = []
+        self.prefill_mixed_with_decode = 0
+
+    def forward(self, batch: StepBatch, cache) -> StepOutput:
+        out = self.inner.forward(batch, cache)
+        if self.nan_seq in batch.seq_ids:
+            out.audio_logits[batch.seq_ids.index(self.nan_seq)] = float("nan")
+        self.qo_lens.append(list(batch.qo_lens))
+        if batch.want_audio.any() and (~batch.want_audio).any():
+            self.prefill_mixed_with_decode += 1
+        return out
+
+
+def make_engine(ckpt, **config) -> Engine:
+    base = Engine.from_pretrained(str(ckpt), config=EngineConfig(**{"kv_pages": 256, "max_batch": 8, **config}))
+    return Engine(Instrumented(base.talker), base.cfg, base.tokenizer, base.cache, base.config)
+
+
+def codes(t: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1024, size=(8, t))
+
+
+REQUESTS = [
+    GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=1, temperature=1.0), max_frames=30),
+    GenerationRequest(
+        text="The quick brown fox jumps over the lazy dog while the morning train rolls into the station.",
+        reference=Reference(codes(12, 0), "Good morning! How are you today?"),
+        sampling=SamplingParams(seed=2, temperature=0.8, top_k=50), max_frames=25),
+    GenerationRequest(text="Numbers like 1, 2, 3.", sampling=SamplingParams(seed=3, temperature=0.0), max_frames=20),
+    GenerationRequest(text="See you tomorrow at nine.", history=(("Hello again, world.", codes(6, 1)),), scene="",
+                      sampling=SamplingParams(seed=4, top_p=0.8), max_frames=35),
+]
+
+
+def run_batched(engine: Engine, requests, admit_at: list[int]) -> tuple[list[np.ndarray], list[str]]:
+    """Add request i at step admit_at[i]; step until all finish; columns and reasons per request."""
+    sids: dict[int, int] = {}
+    cols: dict[int, list[np.ndarray]] = {}
+    reasons: dict[int, str] = {}
+    step = 0
+    while len(reasons) < len(requests):
+        for i, at in enumerate(admit_at):
+            if at == step:
+                sids[engine.add(requests[i])] = i
+        for ev in engine.step():
+            i = sids[ev.stream_id]
+            if ev.column is not None:
+                cols.setdefault(i, []).append(ev.column)
+            if ev.finished:
+                reasons[i] = ev.reason
+        step += 1
+        assert step < 1000
+    return [np.stack(cols[i], axis=1) for i in range(len(requests))], [reasons[i] for i in range(len(requests))]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_ckpt):
+    """Each request run by itself, one after another, in one engine with a generous budget."""
+    engine = make_engine(tiny_ckpt, token_budget=512)
+    out = [run_batched(engine, [r], [0]) for r in REQUESTS]
+    assert engine.cache.allocator.num_used == 0 and not engine.has_work()
+    return [c[0] for c, _ in out], [r[0] for _, r in out]
+
+
+def test_batched_equals_alone(tiny_ckpt, alone):
+    alone_cols, alone_reasons = alone
+    engine = make_engine(tiny_ckpt, token_budget=16)  # prompts of 40..150 positions get chunked
+    cols, reasons = run_batched(engine, REQUESTS, admit_at=[0, 2, 3, 7])
+    for i in range(len(REQUESTS)):
+        np.testing.assert_array_equal(cols[i], alone_cols[i], err_msg=f"request {i}")
+    assert reasons == alone_reasons
+    talker = engine.talker
+    assert talker.prefill_mixed_with_decode >= 5  # chunked prefill really shared steps with decodes
+    assert max(len(q) for q in talker.qo_lens) == 4 and max(sum(q) for q in talker.qo_lens) <= 16
+    assert engine.cache.allocator.num_used == 0 and engine.num_active == 0 and not engine.has_work()
+
+
+def test_columns_frames_and_reasons(alone):
+    cols, reasons = alone
+    assert set(reasons) == {"stop", "length"}, reasons  # both endings occur with these seeds
+    for c, reason, req in zip(cols, reasons, REQUESTS):
+        assert (c[:, 0] == STREAM_BOS).all() and c.min() >= 0 and c.max() <= 1025
+        frames = columns_to_frames(c)
+        assert frames.shape == (8, c.shape[1] - 9) and frames.max() < 1024
+        assert frames.shape[1] <= req.max_frames
+        if reason == "length":
+            assert frames.shape[1] == req.max_frames
+
+
+def test_seed_decides_the_codes(tiny_ckpt, alone):
+    engine = make_engine(tiny_ckpt)
+    again = engine.generate(REQUESTS[0])
+    np.testing.assert_array_equal(again, alone[0][0])
+    other = engine.generate(replace(REQUESTS[0], sampling=SamplingParams(seed=99, temperature=1.0)))
+    n = min(other.shape[1], again.shape[1])
+    assert not np.array_equal(other[:, :n], again[:, :n])
+    unseeded = [engine.generate(replace(REQUESTS[0], sampling=SamplingParams(temperature=1.0))) for _ in range(2)]
+    assert not np.array_equal(unseeded[0][:, :9], unseeded[1][:, :9])  # a fresh seed per request
+
+
+def test_stream_yields_one_column_per_step_and_close_cancels(tiny_ckpt, alone):
+    engine = make_engine(tiny_ckpt)
+    streamed = list(engine.stream(REQUESTS[2]))
+    np.testing.assert_array_equal(np.stack(streamed, axis=1), alone[0][2])
+    gen = engine.stream(REQUESTS[0])
+    first = [next(gen) for _ in range(5)]
+    assert engine.cache.allocator.num_used > 0
+    gen.close()  # the caller walked away: the stream is cancelled, its pages go at the next step
+    assert engine.has_work()
+    events = engine.step()
+    assert [(e.finished, e.reason) for e in events] == [(True, "cancelled")]
+    assert engine.cache.allocator.num_used == 0
+    np.testing.assert_array_equal(np.stack(first, axis=1), alone[0][0][:, :5])
+
+
+def test_cancel_frees_pages_and_spares_the_others(tiny_ckpt, alone):
+    engine = make_engine(tiny_ckpt, token_budget=64)
+    a = engine.add(REQUESTS[0])
+    b = engine.add(REQUESTS[3])
+    for _ in range(6):
+        engine.step()
+    used_both = engine.cache.allocator.num_used
+    engine.cancel(a)
+    engine.cancel(12345)  # unknown: ignored
+    events = engine.step()
+    assert StepEvent(a, None, True, "cancelled") in events
+    assert engine.cache.allocator.num_used < used_both and a not in engine.cache.allocator.active_seqs
+    cols = [e.column for e in events if e.stream_id == b]
+    while engine.has_work():
+        cols += [e.column for e in engine.step() if e.stream_id == b and e.column is not None]
+    prefix = alone[0][3][:, : alone[0][3].shape[1] - len(cols)]
+    np.testing.assert_array_equal(np.concatenate([prefix, np.stack(cols, axis=1)], axis=1), alone[0][3])
+
+
+def test_a_failing_stream_does_not_affect_the_others(tiny_ckpt, alone):
+    engine = make_engine(tiny_ckpt, token_budget=64)
+    sids = [engine.add(r) for r in REQUESTS]
+    engine.talker.nan_seq = sids[1]  # non-finite logits for stream 1
+    engine.step()
+    engine.step()
+    broken = engine._streams[sids[2]].segment  # stream 2: its state update raises
+
+    def explode(*args):
+        raise RuntimeError("boom")
+
+    broken.advance = explode
+    cols: dict[int, list] = {s: [] for s in sids}
+    ends: dict[int, StepEvent] = {}
+    while engine.has_work():
+        for ev in engine.step():
+            if ev.column is not None:
+                cols[ev.stream_id].append(ev.column)
+            if ev.finished:
+                ends[ev.stream_id] = ev
+    assert ends[sids[1]].reason == "error" and "non-finite" in ends[sids[1]].error
+    assert ends[sids[2]].reason == "error" and "boom" in ends[sids[2]].error
+    for i in (0, 3):
+        tail = np.stack(cols[sids[i]], axis=1)
+        np.testing.assert_array_equal(tail, alone[0][i][:, -tail.shape[1] :])
+        assert ends[sids[i]].reason == alone[1][i]
+    assert engine.cache.allocator.num_used == 0
+
+
+def test_kv_capacity_queues_streams_without_changing_codes(tiny_ckpt, alone):
+    # each stream commits its worst case (prompt + max_frames + 8 positions): 20 pages hold ~2 at once
+    engine = make_engine(tiny_ckpt, kv_pages=20, page_size=16, token_budget=32)
+    peak = 0
+    sids = [engine.add(r) for r in REQUESTS]
+    cols: dict[int, list] = {s: [] for s in sids}
+    running_peak = 0
+    while engine.has_work():
+        for ev in engine.step():
+            if ev.column is not None:
+                cols[ev.stream_id].append(ev.column)
+        peak = max(peak, engine.cache.allocator.num_used)
+        running_peak = max(running_peak, engine.scheduler.num_running)
+    assert peak <= 20 and running_peak < len(REQUESTS)
+    for i, s in enumerate(sids):
+        np.testing.assert_array_equal(np.stack(cols[s], axis=1), alone[0][i])
+
+
+def test_add_refuses_bad_requests(tiny_ckpt):
+    engine = make_engine(tiny_ckpt, max_seq_len=100, max_waiting=1, max_batch=1, token_budget=8)
+    with pytest.raises(InvalidInputError, match="context length"):
+        engine.add(REQUESTS[1])  # the reference makes the prompt longer than 100 positions
+    with pytest.raises(InvalidInputError):
+        engine.add("hello")
+    sid = engine.add(REQUESTS[0])
+    stream = engine._pending[-1]
+    assert stream.max_frames == 100 - stream.prompt_len - 8 < REQUESTS[0].max_frames  # lowered to fit
+    with pytest.raises(CapacityError):
+        engine.add(REQUESTS[2])  # one already waiting
+    events = []
+    while engine.has_work():
+        events += [e for e in engine.step() if e.stream_id == sid]
+    n_cols = sum(e.column is not None for e in events)
+    assert n_cols - 9 <= stream.max_frames and stream.prompt_len + n_cols - 1 <= 100
+    if events[-1].reason == "length":
+        assert n_cols - 9 == stream.max_frames
+    with pytest.raises(ConfigError):
+        EngineConfig(max_batch=8, token_budget=4)
+
+
+def test_generate_raises_when_cancelled_or_failed(tiny_ckpt):
+    engine = make_engine(tiny_ckpt)
+    gen = engine.stream(REQUESTS[0])
+    next(gen)
+    engine.cancel(max(engine._streams))
+    with pytest.raises(CancelledStream):
+        list(gen)
+    fresh = make_engine(tiny_ckpt)
+    fresh.talker.nan_seq = 0  # the first stream of this engine gets NaN logits
+    with pytest.raises(HiggsStreamError, match="non-finite"):
+        fresh.generate(REQUESTS[2])

@@ -1,0 +1,349 @@
+"""Code2Wav streaming adapter: streamed == one-shot, TTFA, low-latency SNR, playback continuity,
+batched decode, s16le conversion.
+
+Measured on CPU fp32 with the tiny codec (2026-11-26): exact-mode streaming differs from the
+one-shot decode by at most ~1e-6 of the peak amplitude; it is NOT bit-identical once the utterance
+spans more than one window (convolutions over different lengths round differently), and it is
+bit-identical when a single window covers the whole utterance (the same codec call).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from higgs_stream.engine.delay import build_delay_pattern, columns_to_frames
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.stream.adapter import (
+    HOP,
+    Code2WavAdapter,
+    Decoder,
+    decode_jobs,
+    to_s16le,
+)
+from higgs_stream.stream.chunking import LOW_LATENCY_RAMP, AdapterConfig, first_chunk_columns, max_step_ratio
+
+BOS, EOS = 1024, 1025
+EXACT_REL_TOL = 2e-5  # of the one-shot peak; measured <= ~2e-6
+LOW_LATENCY_SNR_FLOOR_DB = 20.0  # whole utterance; measured ~30 dB on the random tiny codec
+LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB = 6.0  # 1-frame first chunk with 4 frames of holdback; measured ~12 dB
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def segment_columns(rng: np.random.Generator, num_frames: int, stray: float = 0.0) -> np.ndarray:
+    """The delay-pattern columns [8, F + 9] of a finished segment with F random frames.
+
+    A fraction `stray` of the codes is BOS/EOS inside real frames (the sanitizer's job).
+    """
+    frames = rng.integers(0, 1024, size=(8, num_frames), dtype=np.int64)
+    if stray:
+        mask = rng.random(frames.shape) < stray
+        frames[mask] = rng.choice([BOS, EOS], size=int(mask.sum()))
+    wrapped = np.concatenate([np.full((8, 1), BOS), frames, np.full((8, 1), EOS)], axis=1)  # [8, F + 2]
+    return build_delay_pattern(wrapped)  # [8, F + 9]
+
+
+def one_shot(codec, cols: np.ndarray, ended: bool = True) -> np.ndarray:
+    """The offline path: all columns -> frames -> one codec call."""
+    frames = columns_to_frames(cols, ended=ended)  # [8, F]
+    return codec.decode(torch.from_numpy(frames)[None])[0].numpy()  # [F * 960]
+
+
+def stream(adapter: Code2WavAdapter, cols: np.ndarray, final: bool = True) -> list[tuple[int, np.ndarray]]:
+    """Push every column (the last one marked final); returns (column index, chunk) pairs."""
+    out = []
+    for i, col in enumerate(cols.T):
+        for chunk in adapter.push(col, final=final and i == cols.shape[1] - 1):
+            out.append((i, chunk))
+    for chunk in adapter.finish():
+        out.append((cols.shape[1] - 1, chunk))
+    return out
+
+
+def joined(chunks: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    return np.concatenate([c for _, c in chunks]) if chunks else np.zeros(0, np.float32)
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-12)) if ref.size else 0.0
+
+
+def snr_db(out: np.ndarray, ref: np.ndarray) -> float:
+    noise = float(((out.astype(np.float64) - ref) ** 2).sum())
+    return float("inf") if noise == 0 else 10 * np.log10(float((ref.astype(np.float64) ** 2).sum()) / noise)
+
+
+def random_exact_config(rng: np.random.Generator) -> AdapterConfig:
+    first = int(rng.integers(1, 4))
+    sizes = np.sort(rng.integers(first, 31, size=int(rng.integers(0, 6))))
+    ramp = tuple(int(h) for h in rng.integers(10, 14, size=int(rng.integers(0, 3))))
+    return AdapterConfig(
+        schedule=(first, *(int(s) for s in sizes)),
+        left_context=int(rng.integers(10, 14)),
+        holdback=int(rng.integers(10, 13)),
+        ramp_holdbacks=ramp,
+    )
+
+
+# ---------------------------------------------------------------- exactness
+
+
+def test_exact_stream_equals_one_shot_for_random_schedules_and_lengths(codec):
+    rng = np.random.default_rng(0)
+    lengths = [0, 1, 2, 9, 10, 11, 12, 19, 20, 21, 37, 64, 300, *rng.integers(1, 301, size=5)]
+    worst = 0.0
+    for n in lengths:
+        cfg = AdapterConfig() if n in (64, 300) else random_exact_config(rng)
+        cols = segment_columns(rng, int(n), stray=0.02)
+        ref = one_shot(codec, cols)
+        adapter = Code2WavAdapter(codec, cfg)
+        chunks = stream(adapter, cols)
+        out = joined(chunks)
+        assert out.dtype == np.float32 and out.shape == (n * HOP,), (n, cfg)
+        assert all(c.size % HOP == 0 and c.size > 0 for _, c in chunks)
+        err = rel_err(out, ref)
+        assert err <= EXACT_REL_TOL, (n, cfg, err)
+        worst = max(worst, err)
+        assert adapter.done and adapter.frames_emitted == n
+        if n and n <= cfg.chunk_size(0) + cfg.holdback_for(0):  # one window = the whole utterance
+            assert np.array_equal(out, ref), (n, cfg)  # the same codec call: bit-identical
+    print(f"exact streaming: max |streamed - one-shot| / peak = {worst:.2e}")
+
+
+def test_cut_short_segment_keeps_every_complete_frame(codec):
+    """finish() without a final column = columns_to_frames(..., ended=False), the offline cut."""
+    rng = np.random.default_rng(1)
+    cols = segment_columns(rng, 40)[:, :30]  # stopped mid-segment: 30 columns -> 22 frames
+    adapter = Code2WavAdapter(codec)
+    out = joined(stream(adapter, cols, final=False))
+    ref = one_shot(codec, cols, ended=False)
+    assert out.shape == ref.shape == (22 * HOP,)
+    assert rel_err(out, ref) <= EXACT_REL_TOL
+    assert adapter.finish() == []  # idempotent
+
+
+def test_context_below_the_receptive_field_is_not_exact(codec):
+    """The ±10-frame bound is tight: 9 frames of left context or holdback change the samples."""
+    rng = np.random.default_rng(2)
+    cols = segment_columns(rng, 80)
+    ref = one_shot(codec, cols)
+    exact = joined(stream(Code2WavAdapter(codec, AdapterConfig(schedule=(5,))), cols))
+    assert rel_err(exact, ref) <= EXACT_REL_TOL
+    for lc, hb in ((9, 10), (10, 9)):
+        cfg = AdapterConfig(mode="low_latency", schedule=(5,), left_context=lc, holdback=hb, ramp_holdbacks=())
+        assert rel_err(joined(stream(Code2WavAdapter(codec, cfg), cols)), ref) > 1e-3, (lc, hb)
+
+
+def test_reference_decoder_as_bare_decode_fn(reference_model, codec):
+    """The adapter over transformers' decoder (a plain callable) matches our codec's one-shot."""
+
+    def decode_fn(codes: torch.Tensor) -> torch.Tensor:  # [B, 8, F] -> [B, F * 960]
+        with torch.no_grad():
+            return reference_model.decode(codes).audio_values[:, 0]
+
+    cols = segment_columns(np.random.default_rng(3), 60, stray=0.05)
+    out = joined(stream(Code2WavAdapter(decode_fn), cols))
+    assert rel_err(out, one_shot(codec, cols)) <= EXACT_REL_TOL
+
+
+# ---------------------------------------------------------------- latency and schedule
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("exact", 19), ("low_latency", 13)])
+def test_first_chunk_column_count(codec, mode, expected):
+    """TTFA in AR steps: BOS column + 7 delay columns + first chunk (1) + its holdback (10 or 4)."""
+    cfg = AdapterConfig(mode=mode)
+    assert first_chunk_columns(cfg) == expected == 8 + cfg.chunk_size(0) + cfg.holdback_for(0)
+    cols = segment_columns(np.random.default_rng(4), 60)
+    adapter = Code2WavAdapter(codec, cfg)
+    for i in range(expected - 1):
+        assert adapter.push(cols[:, i]) == [], i
+    first = adapter.push(cols[:, expected - 1])
+    assert len(first) == 1 and first[0].shape == (HOP,)
+
+
+def test_chunk_sizes_follow_the_schedule(codec):
+    cols = segment_columns(np.random.default_rng(5), 120)
+    chunks = stream(Code2WavAdapter(codec), cols)
+    sizes = [c.size // HOP for _, c in chunks]
+    assert sizes[:7] == [1, 2, 4, 8, 16, 25, 25]  # then 25s, then the flushed tail
+    assert sum(sizes) == 120 and sizes[-1] == 120 - 81 - 25
+
+
+def playback_stalls(chunks: list[tuple[int, np.ndarray]], step_ms: float) -> tuple[int, float]:
+    """A listener that starts playing chunk 0 on arrival; column i arrives at i * step_ms.
+
+    Returns (underruns, total stall ms).
+    """
+    cursor = None
+    underruns, stall = 0, 0.0
+    for col_index, chunk in chunks:
+        arrival = col_index * step_ms
+        if cursor is None:
+            cursor = arrival
+        elif arrival > cursor + 1e-9:
+            underruns, stall, cursor = underruns + 1, stall + arrival - cursor, arrival
+        cursor += chunk.size / 24.0  # ms at 24 kHz
+    return underruns, stall
+
+
+@pytest.mark.parametrize("mode", ["exact", "low_latency"])
+def test_playback_continuity(codec, mode):
+    """No underrun while the talker (+codec) keeps within `max_step_ratio` of real time.
+
+    For the default (doubling) schedule that ratio is 0.5: a column every 20 ms. At exactly real
+    time (a column every 40 ms) every growing schedule stalls — chunk k+1 takes s_k+1 columns to
+    generate but chunk k only plays for s_k frames — so the SPEC's "keeps real time" has to mean
+    at least 2x real time for this schedule (the GPU step is ~5-10 ms, 4-8x real time).
+    """
+    cfg = AdapterConfig(mode=mode)
+    rho = max_step_ratio(cfg)
+    assert rho == (0.5 if mode == "exact" else 0.4375)
+    chunks = stream(Code2WavAdapter(codec, cfg), segment_columns(np.random.default_rng(6), 200))
+    assert playback_stalls(chunks, step_ms=rho * 40) == (0, 0.0)
+    assert playback_stalls(chunks, step_ms=rho * 40 * 0.5)[0] == 0
+    assert playback_stalls(chunks, step_ms=(rho + 0.03) * 40)[0] > 0  # the bound is tight
+    underruns, stall = playback_stalls(chunks, step_ms=40.0)
+    print(f"{mode}: real-time talker -> {underruns} underruns, {stall:.0f} ms of stall")
+    assert underruns > 0
+
+
+@pytest.mark.parametrize("mode", ["exact", "low_latency"])
+def test_no_clicks_at_chunk_joins(codec, mode):
+    """The largest sample step across a join is no larger than the largest step inside chunks."""
+    cols = segment_columns(np.random.default_rng(7), 150)
+    chunks = [c for _, c in stream(Code2WavAdapter(codec, mode=mode), cols)]
+    inside = max(float(np.abs(np.diff(c)).max()) for c in chunks if c.size > 1)
+    joins = [abs(float(b[0]) - float(a[-1])) for a, b in zip(chunks, chunks[1:])]
+    assert max(joins) <= inside, (max(joins), inside)
+
+
+# ---------------------------------------------------------------- low-latency mode
+
+
+def test_low_latency_snr(codec):
+    """Chunks in the holdback ramp are approximate (SNR floor); later chunks are exact again."""
+    cfg = AdapterConfig(mode="low_latency")
+    assert cfg._ramp == LOW_LATENCY_RAMP
+    rng = np.random.default_rng(8)
+    totals, firsts = [], []
+    for _ in range(4):
+        cols = segment_columns(rng, 100)
+        ref = one_shot(codec, cols)
+        chunks = [c for _, c in stream(Code2WavAdapter(codec, cfg), cols)]
+        out = joined([(0, c) for c in chunks])
+        totals.append(snr_db(out, ref))
+        firsts.append(snr_db(chunks[0], ref[: chunks[0].size]))
+        ramp_end = sum(c.size for c in chunks[: len(LOW_LATENCY_RAMP) + 1])  # +1: its right edge
+        assert rel_err(out[ramp_end:], ref[ramp_end:]) <= EXACT_REL_TOL  # holdback 10 from here on
+    print(f"low-latency SNR: whole {np.mean(totals):.1f} dB, first chunk {np.mean(firsts):.1f} dB")
+    assert min(totals) >= LOW_LATENCY_SNR_FLOOR_DB, totals
+    assert min(firsts) >= LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB, firsts
+
+
+# ---------------------------------------------------------------- batched decode
+
+
+def test_batched_decode_serves_all_streams_in_few_calls(counting_codec, codec):
+    rng = np.random.default_rng(9)
+    specs = [  # (frames, start step, config)
+        (120, 0, AdapterConfig()),
+        (90, 0, AdapterConfig()),
+        (5, 3, AdapterConfig()),
+        (150, 7, AdapterConfig()),
+        (70, 2, AdapterConfig(mode="low_latency")),
+        (100, 11, AdapterConfig(schedule=(2, 6, 25), left_context=12, holdback=11)),
+    ]
+    cols = [segment_columns(rng, n, stray=0.02) for n, _, _ in specs]
+    adapters = [Code2WavAdapter(counting_codec, cfg) for _, _, cfg in specs]
+    outs: list[list[np.ndarray]] = [[] for _ in specs]
+    steps = max(start + c.shape[1] for (_, start, _), c in zip(specs, cols))
+    single_call_steps = 0
+    for step in range(steps):
+        jobs, owners = [], []
+        for s, ((_, start, _), c, a) in enumerate(zip(specs, cols, adapters)):
+            i = step - start
+            if 0 <= i < c.shape[1]:
+                a.feed(c[:, i], final=i == c.shape[1] - 1)
+                if (job := a.take_job()) is not None:
+                    jobs.append(job)
+                    owners.append(s)
+                assert a.take_job() is None  # at most one window per stream per step
+        before = len(counting_codec.calls)
+        for s, pcm in zip(owners, decode_jobs(counting_codec, jobs)):
+            outs[s].append(pcm)
+        calls = counting_codec.calls[before:]
+        fixed_lengths = {j.frames for j in jobs if not j.pad_ok}
+        assert len(calls) <= len(fixed_lengths) + 1
+        assert fixed_lengths <= {shape[2] for shape in calls}  # unpaddable windows never padded
+        assert sum(shape[0] for shape in calls) == len(jobs)
+        if jobs and not fixed_lengths:
+            assert len(calls) == 1
+            single_call_steps += len(jobs) > 1
+    assert single_call_steps > 0  # several streams really shared one call
+    for (n, _, _), c, a, out in zip(specs, cols, adapters, outs):
+        assert a.done
+        ref = one_shot(codec, c)
+        joined_out = np.concatenate(out)
+        if a.config.mode == "exact":
+            assert rel_err(joined_out, ref) <= EXACT_REL_TOL, n
+        else:  # same windows as decoding this stream alone
+            alone = joined(stream(Code2WavAdapter(codec, a.config), c))
+            assert rel_err(joined_out, alone) <= EXACT_REL_TOL, n
+
+
+# ---------------------------------------------------------------- validation and PCM
+
+
+def test_config_validation():
+    for bad in (
+        dict(left_context=9),
+        dict(holdback=9),
+        dict(ramp_holdbacks=(10, 4)),
+        dict(mode="fast"),
+        dict(schedule=(4, 2)),
+        dict(schedule=()),
+        dict(schedule=(0, 2)),
+        dict(holdback=-1, mode="low_latency"),
+    ):
+        with pytest.raises(ConfigError):
+            AdapterConfig(**bad)
+    ll = AdapterConfig(mode="low_latency", left_context=0, holdback=0, ramp_holdbacks=())
+    assert ll.holdback_for(0) == 0 and not ll.exact_chunk(0)
+    cfg = AdapterConfig(schedule=(1, 3), ramp_holdbacks=(12,))
+    assert [cfg.chunk_size(k) for k in range(4)] == [1, 3, 3, 3]
+    assert [cfg.holdback_for(k) for k in range(3)] == [12, 10, 10]
+
+
+def test_adapter_rejects_bad_input(codec):
+    with pytest.raises(ConfigError):
+        Code2WavAdapter(codec, AdapterConfig(), mode="exact")
+    with pytest.raises(ConfigError):
+        Code2WavAdapter(codec, AdapterConfig(receptive_field=12, left_context=12, holdback=12))
+    with pytest.raises(ConfigError):
+        Decoder.of(42)
+    adapter = Code2WavAdapter(codec)
+    with pytest.raises(InvalidInputError):
+        adapter.push(np.zeros(8, np.int64))  # column 0 must be all BOS
+    for bad in (np.full(7, BOS), np.full(8, 3.0), np.full(8, 1026)):
+        with pytest.raises(InvalidInputError):
+            adapter.push(bad)
+    adapter.push(np.full(8, BOS), final=True)
+    with pytest.raises(InvalidInputError):
+        adapter.push(np.full(8, BOS))
+
+
+def test_s16le_values():
+    x = np.array([0.0, 1.0, -1.0, 2.0, -3.0, 0.5, -0.5, 0.25, 1 / 32767, -1e-9], np.float32)
+    got = np.frombuffer(to_s16le(x), dtype="<i2")
+    # 0.5 * 32767 = 16383.5 is a tie: round half to even -> 16384; 0.25 * 32767 = 8191.75 -> 8192
+    assert got.tolist() == [0, 32767, -32767, 32767, -32767, 16384, -16384, 8192, 1, 0]
+    assert to_s16le(np.array([1.0], np.float32)) == b"\xff\x7f"
+    assert to_s16le(np.zeros(0, np.float32)) == b""
+    for bad in (np.array([np.nan], np.float32), np.array([np.inf]), np.zeros((2, 3), np.float32)):
+        with pytest.raises(InvalidInputError):
+            to_s16le(bad)
