@@ -59,6 +59,7 @@ class DeviceStreamState:
         self.ncols = zeros(s)  # columns emitted so far (the BOS column included)
         self.num_delay = zeros(s)
         self.num_remaining = zeros(s) - 1  # -1: no ramp-out yet
+        self.stop_reason = zeros(s) + STOP  # STOP, or LENGTH when the frame cap started the ramp-out
         self.done = torch.ones(s, dtype=torch.bool, device=self.device)  # free or finished
         self.cap_column = zeros(s)
         self.window = zeros(s, self.w, k)  # ring buffer of the last columns
@@ -111,6 +112,7 @@ class DeviceStreamState:
         self.ncols[slots] = 1
         self.num_delay[slots] = 0
         self.num_remaining[slots] = -1
+        self.stop_reason[slots] = STOP
         self.done[slots] = False
 
     def release(self, slot: int) -> None:
@@ -166,9 +168,10 @@ class DeviceStreamState:
         first = is_eos.int().argmax(dim=1)  # lowest codebook holding EOS
         tokens = torch.where(starts[:, None] & (self._codebook < first[:, None]), eos, tokens)
         remaining = torch.where(starts, k - first - 1, remaining)
+        reason = torch.where(starts, torch.where(forced_stop, LENGTH, STOP), self.stop_reason[slots])
         finished = (remaining >= 0) & (remaining <= 0)
 
-        status = torch.where(finished, torch.where(forced_stop, LENGTH, STOP), RUNNING)
+        status = torch.where(finished, reason, RUNNING)
         status = torch.where(finite, status, ERROR)
         status = torch.where(live, status, IGNORED)
         advance = live & finite
@@ -180,6 +183,7 @@ class DeviceStreamState:
         self.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
         self.num_delay.index_copy_(0, slots, torch.where(keep, self.num_delay[slots], delay))
         self.num_remaining.index_copy_(0, slots, torch.where(keep, self.num_remaining[slots], remaining))
+        self.stop_reason.index_copy_(0, slots, torch.where(keep, self.stop_reason[slots], reason))
         self.done.index_copy_(0, slots, self.done[slots] | (live & (finished | ~finite)))
         window = self.window[slots]  # [B, W, K]
         at = (self._age == pos[:, None]) & advance[:, None]  # [B, W]

@@ -10,8 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from higgs_stream.engine.make_checkpoint import make_checkpoint
+
+# Tiny models are dominated by per-op overhead: one intra-op thread is several times faster on
+# the 2-core CI machine than two threads fighting each other (and keeps timings steady).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -26,14 +26,14 @@ def validate_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX
     if not isinstance(sr, (int, np.integer)) or isinstance(sr, bool) or sr <= 0:
         raise AudioInputError(f"sample rate must be a positive int, got {sr!r}")
     a = np.asarray(wav)
-    if a.dtype.kind not in "fiu":
-        raise AudioInputError(f"audio samples must be numeric, got dtype {a.dtype}")
+    if a.dtype.kind not in "fi":
+        raise AudioInputError(f"audio samples must be float or signed-integer PCM, got dtype {a.dtype}")
     if a.ndim == 1:
         a = a[None, :]
     if a.ndim != 2 or a.shape[0] > MAX_CHANNELS:
         raise AudioInputError(f"audio must be [T] or channel-first [C, T] with C <= {MAX_CHANNELS}, "
                               f"got shape {tuple(np.shape(wav))}")
-    if a.dtype.kind in "iu":  # integer PCM -> [-1, 1)
+    if a.dtype.kind == "i":  # signed integer PCM -> [-1, 1)
         a = a.astype(np.float32) / float(2 ** (8 * a.dtype.itemsize - 1))
     a = a.astype(np.float32, copy=False)
     n = a.shape[1]

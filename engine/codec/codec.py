@@ -42,6 +42,7 @@ class Codec(nn.Module):
             self.fc = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self._cache: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self.requires_grad_(False)
         self.eval()
 
     # ---- facts the rest of the system relies on ----
@@ -66,7 +67,7 @@ class Codec(nn.Module):
         return self.fc2.weight.device
 
     # ---- decode ----
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: callers may post-process the output in place
     def decode(self, codes: torch.Tensor | np.ndarray) -> torch.Tensor:
         """codes [B, Q, F] ints in 0..codebook_size-1 -> waveform [B, F*hop] float32 on the codec's device."""
         codes = torch.as_tensor(codes, device=self.device)
@@ -116,7 +117,7 @@ class Codec(nn.Module):
                 self._cache.popitem(last=False)
         return codes.copy()
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def encode_tensor(self, wav: torch.Tensor) -> torch.Tensor:
         """Encode math: mono [B, 1, T] float32 at the codec rate -> codes [B, Q, F] long."""
         assert self.can_encode, "codec built without encoder modules"

@@ -182,7 +182,7 @@ def codec_from_state_dict(state: Mapping[str, torch.Tensor], cfg: CodecConfig, *
         if key not in expected:
             raise CheckpointError(f"codec checkpoint: unexpected key {theirs(key)}")
     codec.load_state_dict({k: v.detach().to(torch.float32) for k, v in tensors.items()}, strict=True, assign=True)
-    return codec.to(device).eval()
+    return codec.requires_grad_(False).to(device).eval()
 
 
 # ---------------------------------------------------------------- files on disk

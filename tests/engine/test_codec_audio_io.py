@@ -82,6 +82,8 @@ def test_validate_waveform_shapes_and_integer_pcm():
         validate_waveform(np.ones((2400, 2), np.float32), 24000)  # [T, C] by mistake
     with pytest.raises(AudioInputError, match="NaN"):
         validate_waveform(np.full(2400, np.nan, np.float32), 24000)
+    with pytest.raises(AudioInputError, match="signed-integer"):
+        validate_waveform(np.full(2400, 200, np.uint8), 24000)
     with pytest.raises(AudioInputError, match="sample rate"):
         validate_waveform(np.ones(2400, np.float32), 0)
     stereo = np.stack([sine(440, 48000, 0.1), -sine(440, 48000, 0.1) + 0.2])

@@ -247,3 +247,38 @@ def test_generate_raises_when_cancelled_or_failed(tiny_ckpt):
     fresh.talker.nan_seq = 0  # the first stream of this engine gets NaN logits
     with pytest.raises(HiggsStreamError, match="non-finite"):
         fresh.generate(REQUESTS[2])
+
+
+# ------------------------------------------------------------------ vs transformers' generate
+@pytest.mark.parametrize("text, scene", [("Hello world.", ""), ("See you tomorrow at nine.", None),
+                                         ("The quick brown fox.", None)])
+def test_greedy_matches_transformers_generate_until_the_eos_rule_differs(tiny_ckpt, text, scene):
+    """Same checkpoint, same prompt ids, greedy, RAS off: every column equals HF's `generate` up to
+    the first EOS. There REF (and we) force the codebooks below the lowest EOS to EOS at once and
+    end K - idx - 1 columns later; HF keeps them and ramps out from codebook 0 a step later. A run
+    that reaches our frame cap differs from HF only in the forced codebook-0 EOS."""
+    from transformers import HiggsAudioV2ForConditionalGeneration
+
+    from higgs_stream.engine.prompt import build_prompt
+
+    hf = HiggsAudioV2ForConditionalGeneration.from_pretrained(str(tiny_ckpt)).eval()
+    engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_batch=4, kv_pages=128))
+    req = GenerationRequest(text=text, scene=scene, max_frames=40,
+                            sampling=SamplingParams(temperature=0.0, ras_window=0))
+    ours = engine.generate(req)
+    ids = torch.from_numpy(build_prompt(engine.tokenizer, req).input_ids)[None]
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=60,
+                          ras_win_len=None, return_dict_in_generate=True)
+    theirs = out.audio_sequences[0].T.numpy()  # [8, L'] columns, the all-BOS one first
+    e = int(np.nonzero((ours == 1025).any(axis=0))[0][0])  # our first column holding an EOS
+    np.testing.assert_array_equal(ours[:, :e], theirs[:, :e])
+    hf_eos = np.nonzero(theirs[:, e] == 1025)[0]
+    if hf_eos.size == 0:  # our frame cap: codebook 0 forced to EOS at column max_frames + 1
+        assert e == 41 and ours.shape[1] == 49
+        np.testing.assert_array_equal(ours[1:, e], theirs[1:, e])
+    else:
+        idx = int(hf_eos[0])
+        assert idx > 0 and ours.shape[1] == e + 8 - idx
+        np.testing.assert_array_equal(ours[:, e], np.where(np.arange(8) < idx, 1025, theirs[:, e]))
+        assert (theirs[:idx, e] != 1025).all()  # HF left them as sampled
