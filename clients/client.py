@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosedError, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidHandshake, InvalidURI
 from websockets.sync.client import connect as connect_sync
 
 from higgs_stream.engine.errors import (
@@ -175,8 +175,11 @@ async def stream_tts(
     async with ws:
         stats.started = time.perf_counter()
         try:
-            for message in requests:
-                await ws.send(message)
+            try:
+                for message in requests:
+                    await ws.send(message)
+            except ConnectionClosed:
+                pass  # closed at once (e.g. unauthorized): the reason is among the messages read next
             async for message in ws:
                 pcm = reader.feed(message)
                 if pcm:
@@ -203,8 +206,11 @@ def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStat
     with ws:
         stats.started = time.perf_counter()
         try:
-            for message in requests:
-                ws.send(message)
+            try:
+                for message in requests:
+                    ws.send(message)
+            except ConnectionClosed:
+                pass  # closed at once (e.g. unauthorized): the reason is among the messages read next
             for message in ws:
                 pcm = reader.feed(message)
                 if pcm:
@@ -225,16 +231,19 @@ class WavStreamWriter:
     """Writes a mono s16le WAV as chunks arrive; the header is valid after every `write`."""
 
     def __init__(self, path: str | Path, sample_rate: int = SAMPLE_RATE):
-        self._wav = wave.open(str(path), "wb")
+        self._file = open(path, "wb")
+        self._wav = wave.open(self._file, "wb")
         self._wav.setnchannels(1)
         self._wav.setsampwidth(2)
         self._wav.setframerate(sample_rate)
 
     def write(self, pcm: bytes) -> None:
-        self._wav.writeframes(pcm)  # patches the RIFF/data sizes when the file is seekable
+        self._wav.writeframes(pcm)  # also patches the RIFF/data sizes (the file is seekable)
+        self._file.flush()
 
     def close(self) -> None:
-        self._wav.close()
+        self._wav.close()  # does not close a file object it was given
+        self._file.close()
 
     def __enter__(self) -> WavStreamWriter:
         return self

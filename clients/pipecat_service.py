@@ -21,6 +21,8 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import numpy as np
+import soxr
 from loguru import logger
 from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.services.settings import TTSSettings
@@ -71,6 +73,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
         self._receive_task = None
         self._open: set[str] = set()  # contexts the server has open (text sent, no done yet)
         self._playing: str | None = None  # the context named by the last audio_start
+        self._resamplers: dict[str, soxr.ResampleStream] = {}  # per context, when rates differ
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -107,6 +110,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
             await self._call_event_handler("on_connection_error", f"{e}")
             return
         self._open.clear()
+        self._resamplers.clear()
         self._playing = None
         await self._call_event_handler("on_connected")
 
@@ -118,6 +122,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
         finally:
             self._websocket = None
             self._open.clear()
+            self._resamplers.clear()
             self._playing = None
             await self._call_event_handler("on_disconnected")
 
@@ -153,6 +158,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
     async def on_audio_context_interrupted(self, context_id: str):
         """Barge-in: the server stops generating this context and drops its queued audio."""
         await self.stop_all_metrics()
+        self._resamplers.pop(context_id, None)
         if context_id in self._open and self._websocket is not None:
             self._open.discard(context_id)
             await self._send({"type": "cancel", "context_id": context_id})
@@ -179,7 +185,10 @@ class HiggsStreamTTSService(WebsocketTTSService):
             if self._playing == ctx:
                 self._playing = None
             self._open.discard(ctx)
+            resampler = self._resamplers.pop(ctx, None)
             if self.audio_context_available(ctx):
+                if resampler is not None and msg.get("reason") == "completed":  # the resampler's tail
+                    await self._append_audio(ctx, resampler.resample_chunk(np.zeros(0, np.int16), last=True))
                 await self.stop_ttfb_metrics()
                 await self.append_to_audio_context(ctx, TTSStoppedFrame(context_id=ctx))
                 await self.remove_audio_context(ctx)
@@ -195,10 +204,21 @@ class HiggsStreamTTSService(WebsocketTTSService):
         if ctx is None or not self.audio_context_available(ctx):
             return  # audio of a context that was interrupted here: dropped
         await self.stop_ttfb_metrics()
+        samples = np.frombuffer(pcm, dtype="<i2")  # [n]
         if self.sample_rate != SERVER_SAMPLE_RATE:
-            pcm = await self._resampler.resample(pcm, SERVER_SAMPLE_RATE, self.sample_rate)
-        await self.append_to_audio_context(
-            ctx, TTSAudioRawFrame(audio=pcm, sample_rate=self.sample_rate, num_channels=1, context_id=ctx))
+            # One stream resampler per context, never reset on gaps (the server's chunks can be
+            # more than Pipecat's 0.2 s idle-reset apart), flushed at the context's done.
+            resampler = self._resamplers.get(ctx)
+            if resampler is None:
+                resampler = self._resamplers[ctx] = soxr.ResampleStream(
+                    SERVER_SAMPLE_RATE, self.sample_rate, 1, dtype="int16", quality="VHQ")
+            samples = resampler.resample_chunk(samples)
+        await self._append_audio(ctx, samples)
+
+    async def _append_audio(self, ctx: str, samples: np.ndarray) -> None:
+        if samples.size:
+            await self.append_to_audio_context(ctx, TTSAudioRawFrame(
+                audio=samples.astype("<i2").tobytes(), sample_rate=self.sample_rate, num_channels=1, context_id=ctx))
 
     async def _on_error(self, msg: dict) -> None:
         ctx = msg.get("context_id")
@@ -217,6 +237,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
             await self._send({"type": "cancel", "context_id": ctx})
         if self._playing == ctx:
             self._playing = None
+        self._resamplers.pop(ctx, None)
         if self.audio_context_available(ctx):
             await self.stop_all_metrics()
             await self.append_to_audio_context(ctx, TTSStoppedFrame(context_id=ctx))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -172,7 +173,9 @@ class Engine:
         """
         sid = self.add(request)
         self._outboxes[sid] = deque()
-        return self._drive(sid)
+        gen = self._drive(sid)
+        weakref.finalize(gen, self._abandon, sid)  # dropped without ever being iterated
+        return gen
 
     def generate(self, request: GenerationRequest) -> np.ndarray:
         """All columns of one request, [K, L] int64 (offline)."""
@@ -180,11 +183,15 @@ class Engine:
 
     # ------------------------------------------------------------------ step stages
     def _admit_and_cancel(self) -> list[StepEvent]:
+        events = []
         while self._pending:
             stream = self._pending.popleft()
-            self.scheduler.add(stream.sid, stream.prompt_len, stream.max_kv_tokens)
+            try:  # add() checked the queue bound already; only a race with it can get here
+                self.scheduler.add(stream.sid, stream.prompt_len, stream.max_kv_tokens)
+            except CapacityError as exc:
+                events.append(StepEvent(stream.sid, None, True, "error", f"busy: {exc}"))
+                continue
             self._streams[stream.sid] = stream
-        events = []
         while self._cancels:
             sid = self._cancels.popleft()
             if sid in self._streams:
@@ -285,6 +292,10 @@ class Engine:
             if box is not None:
                 box.append(ev)
 
+    def _abandon(self, sid: int) -> None:
+        if self._outboxes.pop(sid, None) is not None:
+            self.cancel(sid)
+
     def _drive(self, sid: int) -> Iterator[np.ndarray]:
         box, done = self._outboxes[sid], False
         try:
@@ -302,6 +313,6 @@ class Engine:
                 if ev.reason == "error":
                     raise HiggsStreamError(f"stream {sid} failed: {ev.error}")
         finally:
-            del self._outboxes[sid]
+            self._outboxes.pop(sid, None)
             if not done:
                 self.cancel(sid)

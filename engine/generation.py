@@ -28,7 +28,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -153,11 +153,8 @@ class Stream:
     max_frames: int  # effective cap (request's, lowered to fit the context length)
     generator: torch.Generator
     segment: SegmentState
-    cancelled: bool = False
     reason: str | None = None  # why it finished: "stop" | "length" | "cancelled" | "error"
     error: str | None = None
-    events: deque = field(default_factory=deque)  # buffered events for driver APIs (stream/generate)
-    driven: bool = False
 
     @property
     def prompt_len(self) -> int:

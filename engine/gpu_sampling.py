@@ -89,7 +89,7 @@ class DeviceStreamState:
         fill = np.zeros(n, np.int64)
         for i, st in enumerate(starts):  # context audio (last ras_window columns), then the BOS column
             r = st.params.ras_window
-            ctx = st.context_audio[:, st.context_audio.shape[1] - r:].T if r > 0 else np.zeros((0, k), np.int64)
+            ctx = st.context_audio[:, max(0, st.context_audio.shape[1] - r):].T if r > 0 else np.zeros((0, k), np.int64)
             cols = np.concatenate([ctx, np.full((1, k), self.bos, np.int64)])[-w:]
             window[i, : len(cols)] = cols
             fill[i] = len(cols)

@@ -43,11 +43,14 @@ class SamplingTensors:
     def build(cls, params: Sequence[SamplingParams], vocab: int, device: torch.device) -> SamplingTensors:
         # The cut 1 - top_p is computed in double and rounded once to float32, as HF's
         # `cumulative_probs <= (1 - top_p)` does with a Python float.
+        def t(values, dtype):
+            return torch.tensor(values, dtype=dtype).to(device)
+
         return cls(
-            temperature=torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], dtype=torch.float32).to(device),
-            top_k=torch.tensor([min(p.top_k, vocab) if p.top_k else vocab for p in params], dtype=torch.long).to(device),
-            top_p_cut=torch.tensor([1.0 - p.top_p if p.top_p < 1.0 else -1.0 for p in params], dtype=torch.float32).to(device),
-            greedy=torch.tensor([p.greedy for p in params], dtype=torch.bool).to(device),
+            temperature=t([1.0 if p.greedy else p.temperature for p in params], torch.float32),
+            top_k=t([min(p.top_k, vocab) if p.top_k else vocab for p in params], torch.long),
+            top_p_cut=t([1.0 - p.top_p if p.top_p < 1.0 else -1.0 for p in params], torch.float32),
+            greedy=t([p.greedy for p in params], torch.bool),
             use_top_k=any(p.top_k is not None and p.top_k < vocab for p in params),
             use_top_p=any(p.top_p < 1.0 for p in params),
         )
@@ -55,7 +58,7 @@ class SamplingTensors:
 
 def warp_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """[S, K, V] raw logits -> [S, K, V] scores after temperature, top-k, top-p (HF semantics)."""
-    s, k, v = logits.shape
+    s, k, _ = logits.shape
     scores = logits / st.temperature[:, None, None]
     if st.use_top_k:  # keep scores >= the k-th largest of the row (ties kept, as TopKLogitsWarper)
         desc = scores.sort(dim=-1, descending=True).values  # [S, K, V]

@@ -84,7 +84,10 @@ def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
     Jobs are batched by window length. Zero-padding a window changes the non-causal edge samples,
     so only a job with `pad_ok` (right context >= the receptive field, not the utterance end) may
     be right-padded: it joins the shortest batch at least as long as itself, or else all padded
-    jobs share one batch at the longest of them. Others batch only with equal lengths.
+    jobs share one batch at the longest of them. Others batch only with equal lengths. With the
+    exact default every window is <= 45 frames and only final windows are unpaddable, so a step
+    costs one call plus one per distinct final-window length. Results equal per-job decodes up to
+    fp32 rounding (conv kernels round differently for other batch shapes).
     """
     dec = Decoder.of(decoder)
     groups: dict[int, list[int]] = {}  # window length -> job indices
@@ -97,17 +100,17 @@ def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
         if fits:
             groups[min(fits)].append(i)
         else:  # longer than every batch so far: open one at this length, shorter pads follow
-            groups.setdefault(max((jobs[j].frames for j in padded)), []).append(i)
-    out: list[np.ndarray | None] = [None] * len(jobs)
+            groups.setdefault(max(jobs[j].frames for j in padded), []).append(i)
+    chunks: dict[int, np.ndarray] = {}
     for length, members in groups.items():
-        batch = np.zeros((len(members), NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W]
+        batch = np.zeros((len(members), NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W], pad = code 0
         for row, i in enumerate(members):
             batch[row, :, : jobs[i].frames] = jobs[i].codes
         pcm = dec(batch)  # [B, W * hop]
         for row, i in enumerate(members):
             job = jobs[i]
-            out[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
-    return out  # type: ignore[return-value]
+            chunks[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
+    return [chunks[i] for i in range(len(jobs))]
 
 
 class Code2WavAdapter:

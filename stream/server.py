@@ -28,7 +28,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.errors import UnauthorizedError
+from higgs_stream.stream.errors import TooLargeError, UnauthorizedError
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Audio, End, Pipeline, StreamHandle
 from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, parse_speech
@@ -230,7 +230,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     try:
         if not _authorized(request, cfg.token):
             raise UnauthorizedError("wrong or missing token")
-        body = await request.read()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            raise TooLargeError(f"request body over {cfg.hard_message_bytes} bytes") from e
         req = parse_speech(body, cfg, state.voices)
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:

@@ -1,22 +1,31 @@
 """Higgs Audio v2 codec ("audio tokenizer"): Code2Wav decode, reference-audio encode, loaders, writers."""
 
-from higgs_stream.engine.codec.audio_io import load_reference_audio, prepare_waveform, validate_waveform
+from higgs_stream.engine.codec.audio_io import (
+                                            load_reference_audio,
+                                            prepare_waveform,
+                                            validate_waveform,
+)
 from higgs_stream.engine.codec.codec import Codec
 from higgs_stream.engine.codec.config import CodecConfig
-from higgs_stream.engine.codec.load import (DEFAULT_HUB_ID, V3_CODEC_PREFIX, codec_from_state_dict, load_codec,
-                                            original_names)
+from higgs_stream.engine.codec.load import (
+                                            DEFAULT_HUB_ID,
+                                            V3_CODEC_PREFIX,
+                                            codec_from_state_dict,
+                                            load_codec,
+                                            original_names,
+)
 from higgs_stream.engine.codec.make import write_random_codec
 
 __all__ = [
-    "Codec",
-    "CodecConfig",
-    "DEFAULT_HUB_ID",
-    "V3_CODEC_PREFIX",
-    "codec_from_state_dict",
-    "load_codec",
-    "load_reference_audio",
-    "original_names",
-    "prepare_waveform",
-    "validate_waveform",
-    "write_random_codec",
+                                            "DEFAULT_HUB_ID",
+                                            "V3_CODEC_PREFIX",
+                                            "Codec",
+                                            "CodecConfig",
+                                            "codec_from_state_dict",
+                                            "load_codec",
+                                            "load_reference_audio",
+                                            "original_names",
+                                            "prepare_waveform",
+                                            "validate_waveform",
+                                            "write_random_codec",
 ]

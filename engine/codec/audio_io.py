@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from higgs_stream.engine.errors import AudioInputError
 
 CODEC_SAMPLE_RATE = 24000

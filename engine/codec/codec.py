@@ -8,29 +8,39 @@ encode adds `quantizer.quantizers.{k}.project_in`, `fc`, `acoustic_encoder`, `en
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
 
 import numpy as np
 import torch
-from torch import nn
-
-from higgs_stream.engine.codec.audio_io import DEFAULT_MAX_SECONDS, to_codec_rate, validate_waveform
+from higgs_stream.engine.codec.audio_io import (
+    DEFAULT_MAX_SECONDS,
+    to_codec_rate,
+    validate_waveform,
+)
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.decoder import AcousticDecoder
-from higgs_stream.engine.codec.encoder import (AcousticEncoder, SemanticEncoder, align_acoustic, build_hubert,
-                                               semantic_features)
+from higgs_stream.engine.codec.encoder import (
+    AcousticEncoder,
+    SemanticEncoder,
+    align_acoustic,
+    build_hubert,
+    semantic_features,
+)
 from higgs_stream.engine.codec.quantizer import ResidualVectorQuantizer
 from higgs_stream.engine.errors import CheckpointError, InvalidInputError
+from torch import nn
 
 ENCODE_CACHE_SIZE = 32
 
 
 class Codec(nn.Module):
-    def __init__(self, cfg: CodecConfig, with_encoder: bool = True):
+    def __init__(self, cfg: CodecConfig, with_encoder: bool = True, allow_tf32: bool = False):
         super().__init__()
         self.cfg = cfg
+        self.allow_tf32 = allow_tf32  # opt-in speed (about 1.7x at batch 8 on H200) at ~1e-3 relative error
         self.quantizer = ResidualVectorQuantizer(cfg, with_encoder)
         self.fc2 = nn.Linear(cfg.hidden_size, cfg.acoustic_dim)
         self.acoustic_decoder = AcousticDecoder(cfg)
@@ -86,9 +96,19 @@ class Codec(nn.Module):
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Unchecked decode math: [B, Q, F] long -> [B, F*hop] float32."""
-        quantized = self.quantizer.decode(codes)  # [B, H, F]
-        latent = self.fc2(quantized.transpose(1, 2)).transpose(1, 2)  # [B, D, F]
-        return self.acoustic_decoder(latent)[:, 0, :]  # [B, F*hop]
+        with self._precision():
+            quantized = self.quantizer.decode(codes)  # [B, H, F]
+            latent = self.fc2(quantized.transpose(1, 2)).transpose(1, 2)  # [B, D, F]
+            return self.acoustic_decoder(latent)[:, 0, :]  # [B, F*hop]
+
+    def _precision(self) -> contextlib.AbstractContextManager:
+        """True fp32 convolutions on CUDA. cuDNN defaults to TF32 for fp32 convs, which measured 8.5e-4 max
+        relative error on the full decoder (H200) against 1.6e-6 without; exact streaming needs the latter."""
+        if self.device.type != "cuda" or self.allow_tf32:
+            return contextlib.nullcontext()
+        b = torch.backends.cudnn
+        return b.flags(enabled=b.enabled, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
+                       deterministic=b.deterministic, allow_tf32=False)
 
     # ---- encode ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
@@ -122,6 +142,10 @@ class Codec(nn.Module):
         """Encode math: mono [B, 1, T] float32 at the codec rate -> codes [B, Q, F] long."""
         assert self.can_encode, "codec built without encoder modules"
         assert wav.dim() == 3 and wav.shape[1] == 1, f"wav must be [B, 1, T], got {tuple(wav.shape)}"
+        with self._precision():
+            return self._encode_math(wav)
+
+    def _encode_math(self, wav: torch.Tensor) -> torch.Tensor:
         feats = semantic_features(self.semantic_model, wav, self.cfg)  # [B, Fs, 768]
         e_semantic = self.encoder_semantic(feats.transpose(1, 2))  # [B, 768, Fs]
         e_acoustic, e_semantic = align_acoustic(self.acoustic_encoder, wav, e_semantic, self.cfg)

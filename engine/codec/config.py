@@ -23,6 +23,8 @@ from typing import Any
 from higgs_stream.engine.errors import ConfigError
 
 # HuBERT-base (`bosonai/hubert_base` / `facebook/hubert-base-ls960` shape); HubertConfig() defaults match it.
+# Only these HubertConfig fields change the eval-mode forward; the rest (dropouts, SpecAugment, CTC) do not.
+# Masking is always off here (mask_time_prob = mask_feature_prob = 0), so `masked_spec_embed` is never built.
 HUBERT_BASE: dict[str, Any] = {
     "hidden_size": 768,
     "num_hidden_layers": 12,
@@ -42,8 +44,6 @@ HUBERT_BASE: dict[str, Any] = {
     "feat_proj_layer_norm": True,
     "conv_pos_batch_norm": False,
 }
-# Only these HubertConfig fields change the eval-mode forward; the rest (dropouts, SpecAugment, CTC) do not.
-# Masking is always off here (mask_time_prob = mask_feature_prob = 0), so `masked_spec_embed` is never built.
 
 HUBERT_TINY: dict[str, Any] = {
     **HUBERT_BASE,
@@ -183,12 +183,12 @@ class CodecConfig:
 
     # ---- presets ----
     @classmethod
-    def full(cls, **overrides: Any) -> "CodecConfig":
+    def full(cls, **overrides: Any) -> CodecConfig:
         """The real `bosonai/higgs-audio-v2-tokenizer` codec (research §2.1)."""
         return replace(cls(), **overrides)
 
     @classmethod
-    def tiny(cls, **overrides: Any) -> "CodecConfig":
+    def tiny(cls, **overrides: Any) -> CodecConfig:
         """Same kernel/stride/dilation structure (hop 960, ±10-frame receptive field), tiny channels."""
         base = cls(encoder_hidden_size=4, decoder_hidden_size=64, acoustic_dim=16,
                    semantic_model=dict(HUBERT_TINY))
@@ -196,7 +196,7 @@ class CodecConfig:
 
     # ---- transformers-native config.json ----
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "CodecConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> CodecConfig:
         if d.get("model_type") != "higgs_audio_v2_tokenizer":
             raise ConfigError(f"codec config: model_type {d.get('model_type')!r} is not 'higgs_audio_v2_tokenizer'")
         top = {**_HF_TOP_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
@@ -266,7 +266,7 @@ class CodecConfig:
 
     # ---- Boson's original config.json ----
     @classmethod
-    def from_original_dict(cls, d: dict[str, Any]) -> "CodecConfig":
+    def from_original_dict(cls, d: dict[str, Any]) -> CodecConfig:
         missing = [k for k in ("D", "ratios", "sample_rate", "bins", "n_q") if k not in d]
         if missing:
             raise ConfigError(f"original codec config: missing keys {missing}")

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
-
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
+from torch import nn
 
 DILATIONS = (1, 3, 9)
 

@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from higgs_stream.engine.codec.config import SEMANTIC_HOP, CodecConfig
 from higgs_stream.engine.codec.decoder import DILATIONS
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
+from torch import nn
 
 # ---------------------------------------------------------------- acoustic (DAC) encoder
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 import torch
-
 from higgs_stream.engine.codec.codec import Codec
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.layers import fold_weight_norm
@@ -97,25 +97,22 @@ def fold_all_weight_norm(state: Mapping[str, torch.Tensor], prefix: str = "") ->
     pairs = ((".weight_g", ".weight_v"), (".parametrizations.weight.original0", ".parametrizations.weight.original1"))
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        for g_suffix, v_suffix in pairs:
-            if key.endswith(g_suffix) or key.endswith(v_suffix):
-                base = key[: -len(g_suffix if key.endswith(g_suffix) else v_suffix)]
-                g_key, v_key = base + g_suffix, base + v_suffix
-                for need in (g_key, v_key):
-                    if need not in state:
-                        raise CheckpointError(f"codec checkpoint: {prefix + need} is missing (its weight-norm partner "
-                                              f"is present)")
-                if base + ".weight" in state:
-                    raise CheckpointError(f"codec checkpoint: {prefix + base}.weight is stored both plain and "
-                                          f"weight-normed")
-                if key == g_key:
-                    try:
-                        out[base + ".weight"] = fold_weight_norm(state[g_key], state[v_key])
-                    except AssertionError as e:
-                        raise CheckpointError(f"codec checkpoint: bad weight norm at {prefix + base}: {e}") from e
-                break
-        else:
+        pair = next((p for p in pairs if key.endswith(p)), None)
+        if pair is None:
             out[key] = value
+            continue
+        base = key[: -len(next(s for s in pair if key.endswith(s)))]
+        g_key, v_key = base + pair[0], base + pair[1]
+        for need in (g_key, v_key):
+            if need not in state:
+                raise CheckpointError(f"codec checkpoint: {prefix + need} is missing (its weight-norm partner is present)")
+        if base + ".weight" in state:
+            raise CheckpointError(f"codec checkpoint: {prefix + base}.weight is stored both plain and weight-normed")
+        if key == g_key:
+            try:
+                out[base + ".weight"] = fold_weight_norm(state[g_key], state[v_key])
+            except AssertionError as e:
+                raise CheckpointError(f"codec checkpoint: bad weight norm at {prefix + base}: {e}") from e
     return out
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import nn
-
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.layers import unfold_weight_norm
 from higgs_stream.engine.codec.load import original_names
 from higgs_stream.engine.errors import ConfigError
+from torch import nn
 
 Preset = Literal["tiny", "full"]
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from higgs_stream.engine.codec.config import CodecConfig
+from torch import nn
 
 
 class Codebook(nn.Module):

@@ -4,7 +4,6 @@ listening on 127.0.0.1 with an ephemeral port, for the client-side tests."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +59,23 @@ def s16(pcm: bytes) -> np.ndarray:
 
 
 @pytest.fixture
-async def live_server(tiny_ckpt) -> AsyncIterator[LiveServer]:
-    live, runner = await start_server(tiny_ckpt, "--max-frames", "150")
-    try:
-        yield live
-    finally:
+async def server_factory(tiny_ckpt):
+    """`await server_factory(*cli_flags) -> LiveServer` on the tiny checkpoint; stopped at teardown."""
+    runners = []
+
+    async def make(*extra: str) -> LiveServer:
+        live, runner = await start_server(tiny_ckpt, *extra)
+        runners.append(runner)
+        return live
+
+    yield make
+    for runner in runners:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def live_server(server_factory) -> LiveServer:
+    return await server_factory("--max-frames", "150")
 
 
 @pytest.fixture

@@ -5,8 +5,11 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-
-from higgs_stream.engine.codec import load_reference_audio, prepare_waveform, validate_waveform
+from higgs_stream.engine.codec import (
+    load_reference_audio,
+    prepare_waveform,
+    validate_waveform,
+)
 from higgs_stream.engine.errors import AudioInputError
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from higgs_stream.engine.codec import Codec, CodecConfig
 from higgs_stream.engine.codec.config import HUBERT_BASE
 from higgs_stream.engine.errors import ConfigError

@@ -1,9 +1,7 @@
 """Code2Wav decode: parity with transformers, receptive field (measured and analytic), exact windowed decode."""
 
-import numpy as np
 import pytest
 import torch
-
 from higgs_stream.engine.codec import Codec, CodecConfig, load_codec, write_random_codec
 from higgs_stream.engine.codec.decoder import AcousticDecoder, influence_interval
 from higgs_stream.engine.errors import InvalidInputError

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from higgs_stream.engine.codec import load_codec, write_random_codec
 from higgs_stream.engine.codec import codec as codec_module
+from higgs_stream.engine.codec import load_codec, write_random_codec
 from higgs_stream.engine.codec.audio_io import to_codec_rate
 from higgs_stream.engine.codec.encoder import acoustic_frames
 from higgs_stream.engine.errors import AudioInputError, CheckpointError

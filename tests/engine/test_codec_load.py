@@ -5,13 +5,18 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
-from higgs_stream.engine.codec import V3_CODEC_PREFIX, CodecConfig, codec_from_state_dict, load_codec, \
-    original_names, write_random_codec
+from higgs_stream.engine.codec import (
+    V3_CODEC_PREFIX,
+    CodecConfig,
+    codec_from_state_dict,
+    load_codec,
+    original_names,
+    write_random_codec,
+)
 from higgs_stream.engine.codec.layers import fold_weight_norm, unfold_weight_norm
 from higgs_stream.engine.codec.load import is_encoder_key
 from higgs_stream.engine.errors import CheckpointError
+from safetensors.torch import load_file, save_file
 
 TINY = CodecConfig.tiny()
 

@@ -79,9 +79,7 @@ def test_stray_ids_take_the_previous_valid_code_not_1023():
     ])
     full = np.zeros((8, 4), np.int64)
     full[:2] = frames
-    cols = delayed_prompt_audio(full)
-    cols_with_stray = cols.copy()
-    out = columns_to_frames(cols_with_stray)
+    out = columns_to_frames(delayed_prompt_audio(full))
     assert out[0].tolist() == [5, 5, 7, 7]
     assert out[1].tolist() == [0, 3, 3, 4]
     assert count_stray(frames) == 3

@@ -6,6 +6,7 @@ shares the batch, when it was admitted, or how its prompt was chunked.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import numpy as np
@@ -146,6 +147,11 @@ def test_stream_yields_one_column_per_step_and_close_cancels(tiny_ckpt, alone):
     assert [(e.finished, e.reason) for e in events] == [(True, "cancelled")]
     assert engine.cache.allocator.num_used == 0
     np.testing.assert_array_equal(np.stack(first, axis=1), alone[0][0][:, :5])
+    never_iterated = engine.stream(REQUESTS[1])
+    del never_iterated  # dropped without a single next(): cancelled all the same
+    gc.collect()
+    assert [(e.finished, e.reason) for e in engine.step()] == [(True, "cancelled")]
+    assert not engine.has_work() and engine.num_active == 0 and not engine._outboxes
 
 
 def test_cancel_frees_pages_and_spares_the_others(tiny_ckpt, alone):

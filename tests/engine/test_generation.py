@@ -12,13 +12,14 @@ import pytest
 import torch
 from transformers.models.higgs_audio_v2.generation_higgs_audio_v2 import HiggsAudioV2DelayPatternLogitsProcessor
 
-from higgs_stream.engine.delay import STREAM_BOS as B, STREAM_EOS as E, columns_to_frames, count_stray, revert_delay_pattern
-from higgs_stream.engine.delay import delayed_prompt_audio
+from higgs_stream.engine.delay import STREAM_BOS as B
+from higgs_stream.engine.delay import STREAM_EOS as E
+from higgs_stream.engine.delay import columns_to_frames, count_stray, delayed_prompt_audio, revert_delay_pattern
 from higgs_stream.engine.generation import SegmentState
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, sample_columns
 
-NO_RAS = dict(ras_window=0)
+NO_RAS = {"ras_window": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -235,7 +236,7 @@ def fake_logits(samples: list[list[int]]) -> list[torch.Tensor]:
 
 
 def test_transformers_port_ramp_in_same_ramp_out_one_column_longer():
-    samples = [plain(j) for j in range(0, 40)]  # samples[j] is what the model prefers at column j
+    samples = [plain(j) for j in range(40)]  # samples[j] is what the model prefers at column j
     samples[10][0] = E
     hf = hf_columns(fake_logits(samples))
     seg = SegmentState(max_frames=100, **NO_RAS)
@@ -247,7 +248,7 @@ def test_transformers_port_ramp_in_same_ramp_out_one_column_longer():
 
 def test_transformers_port_ignores_the_eos_index():
     """EOS first at codebook 3: REF forces codebooks 0..2 to EOS at once; HF forces codebook 0 a step later."""
-    samples = [plain(j) for j in range(0, 40)]
+    samples = [plain(j) for j in range(40)]
     samples[12][3] = E
     hf = hf_columns(fake_logits(samples))
     seg = SegmentState(max_frames=100, **NO_RAS)

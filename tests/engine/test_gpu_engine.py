@@ -42,15 +42,18 @@ def codes(t: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 1024, size=(8, t))
 
 
+# Greedy + RAS is not deterministic (RAS candidates are random draws from each engine's own
+# generator), so the engine-level comparison runs greedy with RAS off; the RAS logic itself is
+# compared with SegmentState in tests/engine/test_gpu_sampling.py.
 GREEDY = [
-    GenerationRequest(text="Hello world.", sampling=SamplingParams(temperature=0.0), max_frames=30),
+    GenerationRequest(text="Hello world.", sampling=SamplingParams(temperature=0.0, ras_window=0), max_frames=30),
     GenerationRequest(text="The quick brown fox jumps over the lazy dog.",
                       reference=Reference(codes(12, 0), "Good morning! How are you today?"),
-                      sampling=SamplingParams(temperature=0.0, ras_window=5), max_frames=25),
+                      sampling=SamplingParams(temperature=0.0, ras_window=0), max_frames=25),
     GenerationRequest(text="Numbers like 1, 2, 3.", sampling=SamplingParams(temperature=0.0, ras_window=0),
                       max_frames=12),
     GenerationRequest(text="See you tomorrow at nine.", history=(("Hello again, world.", codes(6, 1)),), scene="",
-                      sampling=SamplingParams(temperature=0.0, ras_max_repeat=1), max_frames=35),
+                      sampling=SamplingParams(temperature=0.0, ras_window=0), max_frames=35),
 ]
 
 
@@ -112,7 +115,7 @@ def test_fused_talker_logits_equal_talker(tiny_ckpt):
 
 
 def test_greedy_codes_equal_cpu_engine(tiny_ckpt):
-    """Four greedy streams (RAS windows 7/5/0, max_repeat 1, frame caps) admitted at different steps."""
+    """Four greedy streams (frame caps, a reference, history) admitted at different steps."""
     cpu, gpu = engines(tiny_ckpt, token_budget=24)
     want, want_reasons = run_all(cpu, GREEDY, [0, 0, 3, 7])
     got, got_reasons = run_all(gpu, GREEDY, [0, 0, 3, 7])

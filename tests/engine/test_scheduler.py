@@ -77,8 +77,8 @@ def test_random_traffic_invariants(seed):
     for step in range(400):
         if next_id < 30 and rng.random() < 0.3:
             p = rng.randint(1, 70)
-            streams[next_id] = dict(prompt=p, max=p + rng.randint(1, 60), pos=0, decoded=0, done=False,
-                                    stop_after=rng.randint(1, 40))
+            streams[next_id] = {"prompt": p, "max": p + rng.randint(1, 60), "pos": 0, "decoded": 0,
+                                "done": False, "stop_after": rng.randint(1, 40)}
             s.add(next_id, p, streams[next_id]["max"])
             next_id += 1
         plan = s.schedule()

@@ -9,6 +9,8 @@ bit-identical when a single window covers the whole utterance (the same codec ca
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -135,7 +137,8 @@ def test_context_below_the_receptive_field_is_not_exact(codec):
     assert rel_err(exact, ref) <= EXACT_REL_TOL
     for lc, hb in ((9, 10), (10, 9)):
         cfg = AdapterConfig(mode="low_latency", schedule=(5,), left_context=lc, holdback=hb, ramp_holdbacks=())
-        assert rel_err(joined(stream(Code2WavAdapter(codec, cfg), cols)), ref) > 1e-3, (lc, hb)
+        err = rel_err(joined(stream(Code2WavAdapter(codec, cfg), cols)), ref)
+        assert err > 10 * EXACT_REL_TOL, (lc, hb, err)  # measured ~5e-4: small (the reach ends mid-frame) but real
 
 
 def test_reference_decoder_as_bare_decode_fn(reference_model, codec):
@@ -218,7 +221,7 @@ def test_no_clicks_at_chunk_joins(codec, mode):
     cols = segment_columns(np.random.default_rng(7), 150)
     chunks = [c for _, c in stream(Code2WavAdapter(codec, mode=mode), cols)]
     inside = max(float(np.abs(np.diff(c)).max()) for c in chunks if c.size > 1)
-    joins = [abs(float(b[0]) - float(a[-1])) for a, b in zip(chunks, chunks[1:])]
+    joins = [abs(float(b[0]) - float(a[-1])) for a, b in itertools.pairwise(chunks)]
     assert max(joins) <= inside, (max(joins), inside)
 
 
@@ -228,7 +231,7 @@ def test_no_clicks_at_chunk_joins(codec, mode):
 def test_low_latency_snr(codec):
     """Chunks in the holdback ramp are approximate (SNR floor); later chunks are exact again."""
     cfg = AdapterConfig(mode="low_latency")
-    assert cfg._ramp == LOW_LATENCY_RAMP
+    assert [cfg.holdback_for(k) for k in range(6)] == [*LOW_LATENCY_RAMP, 10]
     rng = np.random.default_rng(8)
     totals, firsts = [], []
     for _ in range(4):
@@ -301,14 +304,14 @@ def test_batched_decode_serves_all_streams_in_few_calls(counting_codec, codec):
 
 def test_config_validation():
     for bad in (
-        dict(left_context=9),
-        dict(holdback=9),
-        dict(ramp_holdbacks=(10, 4)),
-        dict(mode="fast"),
-        dict(schedule=(4, 2)),
-        dict(schedule=()),
-        dict(schedule=(0, 2)),
-        dict(holdback=-1, mode="low_latency"),
+        {"left_context": 9},
+        {"holdback": 9},
+        {"ramp_holdbacks": (10, 4)},
+        {"mode": "fast"},
+        {"schedule": (4, 2)},
+        {"schedule": ()},
+        {"schedule": (0, 2)},
+        {"holdback": -1, "mode": "low_latency"},
     ):
         with pytest.raises(ConfigError):
             AdapterConfig(**bad)

@@ -1,0 +1,114 @@
+"""The Python client and `higgs-stream say` against a live server on the tiny random checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import wave
+
+import pytest
+import torch
+
+from higgs_stream import cli
+from higgs_stream.clients.client import (
+    ClientConnectionError,
+    ServerError,
+    StreamStats,
+    WavStreamWriter,
+    stream_tts,
+    synthesize,
+)
+from higgs_stream.engine.errors import InvalidInputError, NotFoundError
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+SEED = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def length_invariant_convs():
+    """Byte-exact streaming needs conv arithmetic independent of the input length (oneDNN's CPU
+    kernels are not; see tests/stream/test_pipeline.py)."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
+async def test_stream_and_say_equal_offline_synthesis(live_server, reference_pcm, tmp_path):
+    stats = StreamStats()
+    chunks = [c async for c in stream_tts(live_server.ws, TEXT, seed=SEED, stats=stats)]
+    out = tmp_path / "say.wav"
+    code = await asyncio.to_thread(cli.main, ["say", TEXT, "--url", live_server.ws, "-o", str(out),
+                                              "--seed", str(SEED)])
+    blocking = await asyncio.to_thread(synthesize, live_server.ws, TEXT, seed=SEED)
+    assert code == 0
+
+    await live_server.state.pipeline.stop()  # idle now; the engine is not thread-safe
+    expected = reference_pcm(live_server.state, TEXT, SEED)
+    assert len(expected) > 48000  # > 1 s of audio
+    streamed = b"".join(chunks)
+    assert streamed == expected
+    assert blocking == expected
+    # It streamed: a small first chunk (one 40 ms frame), then more chunks.
+    assert len(chunks[0]) == 960 * 2 and len(chunks) >= 4, [len(c) for c in chunks]
+    assert stats.samples * 2 == len(expected) and stats.done["samples"] == stats.samples
+    assert 0 < stats.first_audio_s < 30
+    with wave.open(str(out), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() * 2 == len(expected)
+        assert w.readframes(w.getnframes()) == expected
+
+
+def test_wav_writer_header_is_valid_after_every_chunk(tmp_path):
+    path = tmp_path / "partial.wav"
+    chunks = [bytes(range(256)) * 4, b"\x01\x00" * 300]
+    with WavStreamWriter(path) as wav:
+        written = b""
+        for chunk in chunks:
+            wav.write(chunk)
+            written += chunk
+            with wave.open(str(path), "rb") as r:  # readable mid-stream, with the right length
+                assert r.getnframes() * 2 == len(written)
+                assert r.readframes(r.getnframes()) == written
+
+
+async def test_leaving_the_loop_cancels_generation_on_the_server(live_server):
+    pipeline = live_server.state.pipeline
+    async for _ in stream_tts(live_server.ws, TEXT, seed=SEED):
+        break  # closes the socket
+    async with asyncio.timeout(10):  # the server sees the close and cancels the engine stream
+        while pipeline.active or pipeline.engine.num_active:
+            await asyncio.sleep(0.02)
+    assert 'outcome="cancelled"' in live_server.state.metrics.render()
+
+
+async def test_server_errors_raise_typed_exceptions(live_server):
+    with pytest.raises(NotFoundError, match="no-such-voice"):
+        async for _ in stream_tts(live_server.ws, TEXT, voice="no-such-voice"):
+            pass
+    with pytest.raises(InvalidInputError, match="temperature"):
+        async for _ in stream_tts(live_server.ws, TEXT, temperature=5.0):
+            pass
+    with pytest.raises(InvalidInputError, match="unknown option"):
+        async for _ in stream_tts(live_server.ws, TEXT, speed=2.0):
+            pass
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        synthesize(live_server.ws, "   ")
+
+
+async def test_token_auth(server_factory):
+    live = await server_factory("--max-frames", "10", "--token", "s3cret")
+    with pytest.raises(ServerError) as err:
+        async for _ in stream_tts(live.ws, TEXT):
+            pass
+    assert err.value.code == "unauthorized"
+    pcm = b"".join([c async for c in stream_tts(live.ws, TEXT, token="s3cret", seed=1)])
+    assert 0 < len(pcm) <= 10 * 960 * 2
+
+
+def test_unreachable_server_is_a_typed_error():
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ClientConnectionError, match="cannot connect"):
+        synthesize(f"ws://127.0.0.1:{port}/v1/tts/stream", TEXT)
+    code = cli.main(["say", TEXT, "--url", f"ws://127.0.0.1:{port}/v1/tts/stream", "-o", "/dev/null"])
+    assert code == 2

@@ -1,0 +1,402 @@
+"""End to end over real sockets on loopback (tiny random checkpoint, CPU): WebSocket and HTTP audio
+equal offline synthesis byte for byte; concurrent contexts are independent; cancel/disconnect free
+KV pages; bad input gets typed errors and the connection and server stay up."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from higgs_stream.engine.codec import load_codec
+from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.request import GenerationRequest, SamplingParams
+from higgs_stream.engine.synth import synthesize
+from higgs_stream.stream import server as server_mod
+from higgs_stream.stream.adapter import to_s16le
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.metrics import Metrics
+from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.server import ServerState, bound_port, serve, wav_header
+from higgs_stream.stream.voices import VoiceLibrary
+
+MAX_FRAMES = 30
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def length_invariant_convs():
+    """See tests/stream/test_pipeline.py: oneDNN convs differ by window length; native ones do not."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        yield
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_ckpt):
+    return load_codec(tiny_ckpt / "audio_tokenizer")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_ckpt):
+    return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=1024))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt, codec):
+    """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
+    eng = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=512))
+    cache: dict = {}
+
+    def pcm(text: str, seed: int, max_frames: int = MAX_FRAMES) -> bytes:
+        key = (text, seed, max_frames)
+        if key not in cache:
+            req = GenerationRequest(text, sampling=SamplingParams(seed=seed), max_frames=max_frames)
+            cache[key] = to_s16le(synthesize(eng, codec, req)[0])
+        return cache[key]
+
+    return pcm
+
+
+@pytest.fixture
+async def start_server(engine, codec):
+    runners = []
+
+    async def start(**cfg):
+        cfg.setdefault("max_frames", MAX_FRAMES)
+        config = ServerConfig(port=0, **cfg)
+        metrics = Metrics()
+        state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
+        runner = await serve(state, "127.0.0.1", 0)
+        runners.append(runner)
+        return f"127.0.0.1:{bound_port(runner)}", state
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+    assert engine.num_active == 0 and engine.cache.allocator.num_used == 0, "KV pages leaked"
+
+
+async def pages_freed(engine, timeout=5.0):
+    async with asyncio.timeout(timeout):
+        while engine.num_active or engine.cache.allocator.num_used:
+            await asyncio.sleep(0.01)
+
+
+class Listener:
+    """Reads one connection: JSON events, PCM per context (binary frames attributed by the
+    audio_start/done brackets, or base64 chunks), the largest gap between a context's frames."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.events: list[dict] = []
+        self.pcm: dict[str, bytearray] = {}
+        self.done: dict[str, dict] = {}
+        self.errors: list[dict] = []
+        self.max_gap: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self.playing: str | None = None
+
+    async def until(self, pred, timeout=60.0):
+        async with asyncio.timeout(timeout):
+            while not pred():
+                self.handle(await self.ws.recv())
+
+    def handle(self, msg):
+        now = time.monotonic()
+        if isinstance(msg, bytes):
+            assert self.playing is not None, "binary frame outside an audio_start/done bracket"
+            self._frame(self.playing, msg, now)
+            return
+        ev = json.loads(msg)
+        self.events.append(ev)
+        kind, cid = ev["type"], ev.get("context_id")
+        if kind == "audio_start":
+            assert self.playing is None, f"audio_start {cid} while {self.playing} plays"
+            self.playing = cid
+            self.pcm[cid] = bytearray()
+        elif kind == "chunk":
+            assert cid == self.playing
+            self._frame(cid, base64.b64decode(ev["data"]), now)
+        elif kind == "done":
+            self.done[cid] = ev
+            if cid == self.playing:
+                self.playing = None
+        elif kind == "error":
+            self.errors.append(ev)
+
+    def _frame(self, cid, data, now):
+        assert len(data) % 2 == 0 and data
+        if cid in self._last:
+            self.max_gap[cid] = max(self.max_gap.get(cid, 0.0), now - self._last[cid])
+        self._last[cid] = now
+        self.pcm[cid] += data
+
+
+async def speak(ws, cid, text, seed, **opts):
+    await ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
+    await ws.send(json.dumps({"type": "end", "context_id": cid}))
+
+
+async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
+    host, state = await start_server()
+    expected = reference("Hello there.", 3)
+    assert len(expected) > 10_000
+    async with connect(f"ws://{host}/v1/tts/stream", compression=None) as ws:
+        lis = Listener(ws)
+        await speak(ws, "a", "Hello there.", 3)
+        await lis.until(lambda: "a" in lis.done)
+        kinds = [e["type"] for e in lis.events]
+        assert kinds == ["ready", "audio_start", "done"]
+        assert lis.done["a"] == {"type": "done", "context_id": "a", "reason": "completed", "samples": len(expected) // 2}
+        assert bytes(lis.pcm["a"]) == expected  # byte for byte
+    async with connect(f"ws://{host}/v1/tts/stream?audio=base64") as ws:
+        lis = Listener(ws)
+        await speak(ws, "b", "Hello there.", 3)
+        await lis.until(lambda: "b" in lis.done)
+        assert lis.events[0]["audio"] == "base64" and bytes(lis.pcm["b"]) == expected
+    body = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "seed": 3}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://{host}/v1/audio/speech", json={**body, "response_format": "pcm"}) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "audio/pcm;rate=24000;channels=1"
+            assert await r.read() == expected
+        async with http.post(f"http://{host}/v1/audio/speech", json={**body, "response_format": "wav"}) as r:
+            data = await r.read()
+            assert r.headers["Content-Type"] == "audio/wav" and data[:44] == wav_header() and data[44:] == expected
+            wav, sr = sf.read(io.BytesIO(data), dtype="int16")
+            assert sr == 24000 and wav.tobytes() == expected
+        async with http.post(f"http://{host}/v1/audio/speech", json={**body, "stream_format": "sse"}) as r:
+            assert r.headers["Content-Type"] == "text/event-stream"
+            events = [json.loads(block[6:]) for block in (await r.text()).split("\n\n") if block]
+        assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+        assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected
+        usage = events[-1]["usage"]
+        assert events[-1]["type"] == "speech.audio.done" and usage["output_tokens"] == len(expected) // 2 // 960
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["input_tokens"] > 0
+    m = state.metrics
+    assert m.requests.value(transport="ws", outcome="completed") == 2
+    assert m.requests.value(transport="http", outcome="completed") == 3
+    assert m.ttfa.count == 5 and m.errors.value(code="invalid_input") == 0
+
+
+async def test_eight_contexts_on_four_connections(start_server, reference, engine):
+    host, state = await start_server()
+    jobs = {f"c{i}-{j}": (["Hello there.", LONG_TEXT][j], 1 + i * 2 + j) for i in range(4) for j in range(2)}
+    expected = {cid: reference(text, seed) for cid, (text, seed) in jobs.items()}
+    sockets = [await connect(f"ws://{host}/v1/tts/stream", compression=None) for _ in range(4)]
+    try:
+        listeners = [Listener(ws) for ws in sockets]
+        for i, ws in enumerate(sockets):  # two contexts per connection, text for both before any audio
+            for j in range(2):
+                await ws.send(json.dumps({"type": "text", "context_id": f"c{i}-{j}", "text": jobs[f"c{i}-{j}"][0],
+                                          "seed": jobs[f"c{i}-{j}"][1]}))
+            for j in range(2):
+                await ws.send(json.dumps({"type": "end", "context_id": f"c{i}-{j}"}))
+        await asyncio.gather(*(lis.until(lambda lis=lis: len(lis.done) == 2) for lis in listeners))
+    finally:
+        for ws in sockets:
+            await ws.close()
+    for i, lis in enumerate(listeners):
+        assert lis.errors == []
+        order = [(e["type"], e["context_id"]) for e in lis.events if e["type"] in ("audio_start", "done")]
+        got = {cid: bytes(pcm) for cid, pcm in lis.pcm.items()}
+        for cid in (f"c{i}-0", f"c{i}-1"):
+            assert lis.done[cid]["reason"] == "completed"
+            assert got.get(cid, b"") == expected[cid], f"{cid}: audio differs from its offline synthesis"
+            assert lis.max_gap.get(cid, 0.0) < 2.0, f"{cid} stalled {lis.max_gap[cid]:.2f} s"
+        # FIFO: the first context's bracket closes before the second one opens
+        starts = [c for t, c in order if t == "audio_start"]
+        assert starts == sorted(starts)
+        first_done = order.index(("done", f"c{i}-0"))
+        assert all(order.index(("audio_start", c)) > first_done for c in starts if c.endswith("-1"))
+    assert state.metrics.requests.value(transport="ws", outcome="completed") == 8
+    await pages_freed(engine)
+
+
+async def test_cancel_and_disconnect_only_affect_their_context(start_server, reference, engine):
+    host, state = await start_server(max_frames=300)
+    expected_b = reference("Hello there.", 3, max_frames=300)
+    async with connect(f"ws://{host}/v1/tts/stream") as wa, connect(f"ws://{host}/v1/tts/stream") as wb:
+        la, lb = Listener(wa), Listener(wb)
+        await wa.send(json.dumps({"type": "text", "context_id": "long", "text": LONG_TEXT, "seed": LONG_SEED}))
+        await la.until(lambda: len(la.pcm.get("long", b"")) > 0)
+        assert engine.cache.allocator.num_used > 0
+        await speak(wb, "b", "Hello there.", 3)
+        steps = state.pipeline.steps
+        t0 = time.monotonic()
+        await wa.send(json.dumps({"type": "cancel", "context_id": "long"}))
+        await la.until(lambda: "long" in la.done)
+        assert time.monotonic() - t0 < 0.5 and la.done["long"]["reason"] == "cancelled"
+        assert state.pipeline.steps - steps <= 2  # answered within a step
+        await lb.until(lambda: "b" in lb.done)
+        assert bytes(lb.pcm["b"]) == expected_b and lb.done["b"]["reason"] == "completed"
+        await pages_freed(engine)
+        # the cancelled connection is still usable
+        await speak(wa, "again", "Hello there.", 3)
+        await la.until(lambda: "again" in la.done)
+        assert bytes(la.pcm["again"]) == expected_b
+    # abrupt disconnect mid-stream (no close handshake)
+    ws = await connect(f"ws://{host}/v1/tts/stream")
+    lis = Listener(ws)
+    await ws.send(json.dumps({"type": "text", "context_id": "x", "text": LONG_TEXT, "seed": LONG_SEED}))
+    await lis.until(lambda: len(lis.pcm.get("x", b"")) > 0)
+    ws.transport.abort()
+    await pages_freed(engine)
+    # HTTP client leaving mid-body frees its stream too
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(f"http://{host}/v1/audio/speech", json={"input": LONG_TEXT, "seed": LONG_SEED})
+        assert r.status == 200 and len(await r.content.readany()) > 0
+        r.close()
+    await pages_freed(engine)
+    assert state.pipeline.active == 0
+
+
+async def test_bad_input_gets_typed_errors_and_connection_survives(start_server, reference):
+    host, state = await start_server(max_message_bytes=4096)
+    bad = [
+        ("{not json", "bad_json", None),
+        (json.dumps({"type": "shout", "context_id": "a"}), "unknown_type", "a"),
+        (json.dumps({"type": "text", "context_id": "a", "text": "x" * 5000}), "too_large", None),  # not parsed
+        (json.dumps({"type": "text", "context_id": "a", "text": ""}), "invalid_input", "a"),
+        (json.dumps({"type": "text", "context_id": "a", "text": "Hi.", "voice": "nobody"}), "not_found", "a"),
+        (json.dumps({"type": "text", "context_id": "a", "text": "Hi.",
+                     "reference": {"audio": base64.b64encode(b"RIFFjunkWAVE" * 9).decode(), "transcript": "t"}}),
+         "bad_audio", "a"),
+        (json.dumps({"type": "flush", "context_id": "ghost"}), "not_found", "ghost"),
+        (json.dumps({"type": "end", "context_id": "ghost"}), "not_found", "ghost"),
+        (b"\x00\x01binary", "bad_json", None),
+    ]
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        lis = Listener(ws)
+        for raw, code, cid in bad:
+            await ws.send(raw)
+            n = len(lis.errors)
+            await lis.until(lambda: len(lis.errors) > n, timeout=5)
+            err = lis.errors[-1]
+            assert err["code"] == code and err.get("context_id") == cid and err["message"], err
+        assert lis.done == {} and not lis.pcm  # nothing was created
+        await speak(ws, "ok", "Hello there.", 3)
+        await lis.until(lambda: "ok" in lis.done)
+        assert bytes(lis.pcm["ok"]) == reference("Hello there.", 3)
+    # over the hard limit (2x) the transport closes with 1009; the server stays up
+    async with connect(f"ws://{host}/v1/tts/stream", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "text", "context_id": "a", "text": "y" * 9000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+        assert closed.value.rcvd.code == 1009
+    async with aiohttp.ClientSession() as http:
+        url = f"http://{host}/v1/audio/speech"
+        for body, status, code in [
+            (b"not json", 400, "bad_json"),
+            (json.dumps({"input": "Hi", "voice": "nobody"}).encode(), 400, "not_found"),
+            (json.dumps({"input": "Hi", "speed": 2.0}).encode(), 400, "invalid_input"),
+            (json.dumps({"input": "Hi", "reference_audio": base64.b64encode(b"junk" * 50).decode(),
+                         "reference_text": "t"}).encode(), 400, "bad_audio"),
+            (json.dumps({"input": "x" * 5000}).encode(), 413, "too_large"),
+            (json.dumps({"input": "x" * 9000}).encode(), 413, "too_large"),  # over the hard limit too
+        ]:
+            async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == status, await r.text()
+                err = (await r.json())["error"]
+                assert err["code"] == code and err["message"] and err["type"] == "invalid_request_error"
+        async with http.post(url, json={"input": "Hello there.", "seed": 3}) as r:
+            assert r.status == 200 and await r.read() == reference("Hello there.", 3)
+    assert state.metrics.errors.value(code="not_found") == 4
+
+
+async def test_auth(start_server):
+    host, _ = await start_server(token="s3cret")
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["code"] == "unauthorized"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1008
+    async with connect(f"ws://{host}/v1/tts/stream?token=wrong") as ws:
+        assert json.loads(await ws.recv())["code"] == "unauthorized"
+    async with connect(f"ws://{host}/v1/tts/stream?token=s3cret") as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+    async with connect(f"ws://{host}/v1/tts/stream", additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+    async with aiohttp.ClientSession() as http:
+        url = f"http://{host}/v1/audio/speech"
+        async with http.post(url, json={"input": "Hi."}) as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized"
+            assert r.headers["WWW-Authenticate"] == "Bearer"
+        async with http.post(url, json={"input": "Hi.", "seed": 1}, headers={"Authorization": "Bearer s3cret"}) as r:
+            assert r.status == 200
+            await r.read()
+        async with http.get(f"http://{host}/v1/voices") as r:
+            assert r.status == 401
+        async with http.get(f"http://{host}/healthz") as r:
+            assert r.status == 200
+
+
+async def test_busy_when_full(start_server):
+    host, state = await start_server(max_streams=1)
+    async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
+        lis = Listener(ws)
+        await ws.send(json.dumps({"type": "text", "context_id": "hold", "text": "waiting for more"}))
+        await ws.send(json.dumps({"type": "text", "context_id": "second", "text": "Hi."}))
+        await lis.until(lambda: lis.errors)
+        assert lis.errors[0]["code"] == "busy" and lis.errors[0]["context_id"] == "second"
+        async with http.post(f"http://{host}/v1/audio/speech", json={"input": "Hi."}) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert (await r.json())["error"]["code"] == "busy"
+        await ws.send(json.dumps({"type": "cancel", "context_id": "hold"}))
+        await lis.until(lambda: "hold" in lis.done)
+        async with http.post(f"http://{host}/v1/audio/speech", json={"input": "Hi.", "seed": 1}) as r:
+            assert r.status == 200
+            await r.read()
+    assert "second" not in lis.done  # a rejected context never existed
+
+
+async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatch):
+    (tmp_path / "index.html").write_text("<html>demo</html>")
+    (tmp_path / "app.js").write_text("console.log('hi')")
+    monkeypatch.setattr(server_mod, "web_dir", lambda: tmp_path)
+    host, state = await start_server()
+    good_ref = io.BytesIO()
+    sf.write(good_ref, 0.3 * np.sin(np.arange(4800) / 10.0), 24000, format="WAV")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://{host}/v1/audio/speech", json={"input": "Hello there.", "seed": 3}) as r:
+            await r.read()
+        # a reference voice that encodes fine works end to end
+        async with http.post(f"http://{host}/v1/audio/speech", json={
+                "input": "Hello there.", "seed": 3, "reference_text": "A tone.",
+                "reference_audio": base64.b64encode(good_ref.getvalue()).decode()}) as r:
+            assert r.status == 200 and len(await r.read()) > 0
+        async with http.get(f"http://{host}/healthz") as r:
+            body = await r.json()
+            assert r.status == 200 and body["status"] == "ok" and body["steps"] > 0 and body["max_streams"] == 32
+        async with http.get(f"http://{host}/metrics") as r:
+            text = await r.text()
+            assert r.headers["Content-Type"].startswith("text/plain")
+        lines = text.splitlines()
+        assert "higgs_ttfa_seconds_count 2" in lines
+        assert 'higgs_requests_total{transport="http",outcome="completed"} 2' in lines
+        assert "higgs_active_streams 0" in lines
+        async with http.get(f"http://{host}/v1/voices") as r:
+            voices = await r.json()
+            assert voices["default"] == "default" and voices["aliases"]["alloy"] == "default"
+        async with http.get(f"http://{host}/") as r:
+            assert r.status == 200 and await r.text() == "<html>demo</html>"
+        async with http.get(f"http://{host}/app.js") as r:
+            assert r.status == 200 and await r.text() == "console.log('hi')"
+        async with http.get(f"http://{host}/missing.js") as r:
+            assert r.status == 404
+    # an engine that stops stepping reports unhealthy
+    await state.pipeline.stop()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{host}/healthz") as r:
+            assert r.status == 503 and (await r.json())["status"] == "unhealthy"
