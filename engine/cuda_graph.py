@@ -54,16 +54,17 @@ class DecodeGraphs:
         self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype)
                       for b in self.buckets}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (packed, logits)
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pool = None
 
     # ------------------------------------------------------------------ capture
-    def _body(self, b: int) -> torch.Tensor:
+    def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos, kv_slots, slots, valid = self._inputs[:, :b]
         inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=pos, kv_slots=kv_slots,
                          out_rows=self._out_rows[:b])
         logits = self.fast.forward(inp, self._attn[b], self.k_pool, self.v_pool)  # [b, K, V] fp32
-        return self.state.sample_and_advance(logits, slots, valid.bool())  # [b, K + 1]
+        return self.state.sample_and_advance(logits, slots, valid.bool()), logits  # [b, K + 1], [b, K, V]
 
     def _stage(self, b: int, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
                page_tables: list[list[int]], kv_lens: list[int]) -> None:
@@ -116,8 +117,15 @@ class DecodeGraphs:
         b = self.bucket_for(n)
         self._stage(b, positions, kv_slots, slots, page_tables, kv_lens)
         if not self.enabled:
-            return self._body(b)[:n]
-        if b not in self._graphs:
+            self._last = self._body(b)
+        elif b not in self._graphs:
             raise GraphShapeError(f"bucket {b} was not captured (call capture() first)")
-        self._graphs[b].replay()
-        return self._outputs[b][:n]
+        else:
+            self._graphs[b].replay()
+            self._last = self._outputs[b]
+        return self._last[0][:n]
+
+    def last_logits(self, n: int) -> torch.Tensor:
+        """The audio logits [n, K, V] fp32 of the last run (valid until the next run)."""
+        assert self._last is not None, "no step has run"
+        return self._last[1][:n]

@@ -74,13 +74,17 @@ class _Launched:
 
 class GpuEngine(Engine):
     def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig, tokenizer: TokenizerLike, cache: KVCache,
-                 config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
+                 fast: FastTalker | None = None) -> None:
+        """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
         super().__init__(talker, cfg, tokenizer, cache, config)
         self.gpu = gpu or GpuEngineConfig()
         dev = self.device
         if self.gpu.kernels == "fast" and dev.type != "cuda":
             raise KernelUnavailable(f"GpuEngine with kernels='fast' needs the model on CUDA, it is on {dev}")
-        self.fast = FastTalker(talker, self.gpu.kernels, max_positions=self.max_seq_len + LAG_SLACK + 1)
+        if fast is not None and (fast.k.name != self.gpu.kernels or fast.max_positions < self.max_seq_len + LAG_SLACK + 1):
+            raise ConfigError("the shared FastTalker was built for other kernels or fewer positions")
+        self.fast = fast or FastTalker(talker, self.gpu.kernels, max_positions=self.max_seq_len + LAG_SLACK + 1)
         alloc = cache.allocator
         alloc.reserve(SCRATCH_SEQ, 1)
         self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]

@@ -78,6 +78,7 @@ class PacedPCMTrack(MediaStreamTrack):
         self._space.set()
         self._start: float | None = None
         self._pts = 0  # samples sent (audio + silence): the RTP clock
+        self._sent_by_tag: dict[Any, int] = {}  # audio samples sent per tag (until `forget`)
         self.frames_sent = 0
         self.audio_samples_sent = 0  # samples that came from the queue (not silence)
 
@@ -115,6 +116,10 @@ class PacedPCMTrack(MediaStreamTrack):
         self._queue = kept
         self._wake_writer()
         return dropped
+
+    def forget(self, tag: Any) -> int:
+        """Audio samples of `tag` sent so far; stops counting for it."""
+        return self._sent_by_tag.pop(tag, 0)
 
     def clear(self) -> list[Any]:
         dropped = [item.payload for item in self._queue if item.pcm is None]
@@ -160,6 +165,7 @@ class PacedPCMTrack(MediaStreamTrack):
             out[pos:pos + n] = np.frombuffer(item.pcm, dtype="<i2", count=n, offset=item.offset)
             item.offset += n * SAMPLE_WIDTH
             pos += n
+            self._sent_by_tag[item.tag] = self._sent_by_tag.get(item.tag, 0) + n
             if item.offset == len(item.pcm):
                 self._queue.popleft()
         self._buffered -= pos
@@ -232,8 +238,15 @@ class WebRTCPeer:
         if cid == self._playing:
             self._playing_cancelled = True  # drop the rest of its audio; its done goes out at once
         for payload in self.track.drop(cid):
-            if json.loads(payload).get("type") == "done":  # an unplayed audio_start is never sent
-                self._send_now(payload)
+            # Generation had finished but playout had not: the listener's context ends here, so
+            # the queued done goes now, as a cancel. An unplayed audio_start is never sent.
+            if json.loads(payload).get("type") == "done":
+                self._send_now(self._played_done(cid, "cancelled"))
+
+    def _played_done(self, cid: str, reason: str) -> str:
+        """`done` counting the samples that were played out (over WebRTC, `samples` = heard)."""
+        return json.dumps({"type": "done", "context_id": cid, "reason": reason, "samples": self.track.forget(cid)},
+                          separators=(",", ":"))
 
     async def _send_text(self, text: str) -> None:
         msg = json.loads(text)
@@ -243,7 +256,7 @@ class WebRTCPeer:
             self.track.mark(text, tag=cid)
         elif kind == "done" and cid == self._playing:
             if self._playing_cancelled:
-                self._send_now(text)
+                self._send_now(self._played_done(cid, msg["reason"]))
             else:
                 self.track.mark(text, tag=cid)
             self._playing, self._playing_cancelled = None, False
@@ -261,6 +274,9 @@ class WebRTCPeer:
 
     def _send_marker(self, text: str) -> None:
         """Called from the track's `recv()`: must not raise into aiortc's sender loop."""
+        msg = json.loads(text)
+        if msg["type"] == "done":
+            self.track.forget(msg["context_id"])
         if self.channel is not None and self.channel.readyState == "open":
             self.channel.send(text)
         # else: the peer is gone and its session is ending; there is no one to tell

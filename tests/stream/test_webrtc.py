@@ -1,0 +1,237 @@
+"""WebRTC transport: the paced track on its own, then an aiortc client peer against a live server
+(tiny random checkpoint): signaling, audio over Opus, events over the data channel, cancel."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiortc", reason="the webrtc extra is not installed")
+
+import aiohttp  # noqa: E402
+from aiortc import RTCPeerConnection, RTCSessionDescription  # noqa: E402
+
+from higgs_stream.stream import server  # noqa: E402
+from higgs_stream.stream.webrtc import PacedPCMTrack  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+# ---------------------------------------------------------------- the track alone
+
+async def test_track_paces_on_the_wall_clock_and_fills_silence():
+    fired: list[tuple[str, int]] = []
+    track = PacedPCMTrack(on_marker=lambda p: fired.append((p, track.frames_sent)))
+    tone = (np.arange(1200) % 100 + 1).astype("<i2").tobytes()  # 50 ms of non-zero samples
+    await track.write(b"\x05\x00" * 100, tag="a")  # 100 samples
+    track.mark("a-done", tag="a")
+    track.mark("b-start", tag="b")
+    await track.write(tone, tag="b")
+    track.mark("b-done", tag="b")
+    t0 = time.monotonic()
+    frames = [await track.recv() for _ in range(10)]
+    elapsed = time.monotonic() - t0
+    assert 0.17 <= elapsed < 0.5, elapsed  # 9 waits of 20 ms (the first frame goes out at once)
+    assert [f.pts for f in frames] == [480 * i for i in range(10)]
+    assert all(f.samples == 480 and f.sample_rate == 24000 and f.format.name == "s16" for f in frames)
+    pcm = np.concatenate([f.to_ndarray()[0] for f in frames])  # [4800]
+    assert (pcm[:100] == 5).all()
+    assert np.array_equal(pcm[100:1300], np.frombuffer(tone, "<i2"))
+    assert (pcm[1300:] == 0).all()  # silence once the queue is empty
+    # Markers fire in the frame that plays past them: a-done and b-start with frame 1, b-done with frame 3.
+    assert fired == [("a-done", 0), ("b-start", 0), ("b-done", 2)]
+    assert track.audio_samples_sent == 1300 and track.buffered_samples == 0
+
+
+async def test_track_drop_removes_one_context_only():
+    fired = []
+    track = PacedPCMTrack(on_marker=fired.append)
+    await track.write(b"\x01\x00" * 480, tag="a")
+    track.mark("a-done", tag="a")
+    track.mark("b-start", tag="b")
+    await track.write(b"\x02\x00" * 960, tag="b")
+    await track.write(b"\x03\x00" * 480, tag="c")
+    assert track.drop("b") == ["b-start"]
+    assert track.buffered_samples == 960
+    pcm = np.concatenate([(await track.recv()).to_ndarray()[0] for _ in range(3)])
+    assert (pcm[:480] == 1).all() and (pcm[480:960] == 3).all() and (pcm[960:] == 0).all()
+    assert fired == ["a-done"]
+
+
+async def test_track_write_waits_while_full():
+    track = PacedPCMTrack(max_buffer_s=0.04)  # 960 samples
+    await track.write(b"\x00\x00" * 960)
+    blocked = asyncio.ensure_future(track.write(b"\x00\x00" * 480))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()
+    await track.recv()  # 480 samples out: under the limit again
+    await asyncio.wait_for(blocked, 1)
+    assert track.buffered_samples == 960
+
+
+# ---------------------------------------------------------------- against a live server
+
+@pytest.fixture
+async def live(tiny_ckpt):
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", "--max-frames", "100", "--token", "t0k"])
+    state = server.build_state(args)
+    runner = await server.serve(state, "127.0.0.1", 0)
+    try:
+        yield state, f"http://127.0.0.1:{server.bound_port(runner)}"
+    finally:
+        await runner.cleanup()
+
+
+class Client:
+    """An aiortc peer playing the browser: recvonly audio first, then a data channel."""
+
+    def __init__(self):
+        self.pc = RTCPeerConnection()
+        self.pc.addTransceiver("audio", direction="recvonly")
+        self.channel = self.pc.createDataChannel("tts")
+        self.events: list[tuple[float, dict]] = []  # (time received, message)
+        self.frames: list[tuple[float, np.ndarray]] = []  # (time received, left channel [960])
+        self.opened = asyncio.Event()
+        self.channel.on("open", self.opened.set)
+        self.channel.on("message", lambda m: self.events.append((time.monotonic(), json.loads(m))))
+        self._track = asyncio.get_running_loop().create_future()
+        self.pc.on("track", self._track.set_result)
+        self._reader: asyncio.Task | None = None
+
+    async def connect(self, base: str, token: str) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(f"{base}/v1/webrtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"},
+                                headers={"Authorization": f"Bearer {token}"})
+            assert r.status == 200, await r.text()
+            answer = await r.json()
+        assert answer["type"] == "answer" and answer["pc_id"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        track = await asyncio.wait_for(self._track, 10)
+        await asyncio.wait_for(self.opened.wait(), 10)
+        self._reader = asyncio.ensure_future(self._read(track))
+
+    async def _read(self, track) -> None:
+        while True:
+            frame = await track.recv()
+            assert frame.sample_rate == 48000 and frame.layout.name == "stereo"
+            self.frames.append((time.monotonic(), frame.to_ndarray().reshape(-1, 2)[:, 0]))  # [960]
+
+    def send(self, **msg) -> None:
+        self.channel.send(json.dumps(msg))
+
+    async def wait_for(self, kind: str, timeout: float = 30.0) -> tuple[float, dict]:
+        async with asyncio.timeout(timeout):
+            while True:
+                for t, ev in self.events:
+                    if ev["type"] == kind:
+                        return t, ev
+                await asyncio.sleep(0.01)
+
+    def audio_between(self, t0: float, t1: float) -> np.ndarray:
+        return np.concatenate([f for t, f in self.frames if t0 <= t <= t1]).astype(np.float32) / 32768
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()
+
+
+def loud_span_s(audio: np.ndarray, rate: int = 48000, threshold: float = 0.02) -> float:
+    idx = np.nonzero(np.abs(audio) > threshold)[0]
+    return 0.0 if idx.size == 0 else (idx[-1] - idx[0] + 1) / rate
+
+
+async def test_peer_receives_the_utterance_in_real_time(live):
+    state, base = live
+    client = Client()
+    try:
+        await client.connect(base, "t0k")
+        ready_t, ready = await client.wait_for("ready")
+        assert ready["sample_rate"] == 24000 and ready["protocol"] == 1
+        await asyncio.sleep(0.3)  # silence flows while idle
+        client.send(type="text", context_id="a", text=TEXT, seed=4)
+        client.send(type="end", context_id="a")
+        start_t, _ = await client.wait_for("audio_start")
+        done_t, done = await client.wait_for("done")
+        await asyncio.sleep(0.3)  # the receive side lags playout by the jitter buffer
+        assert done["reason"] == "completed" and done["context_id"] == "a"
+        seconds = done["samples"] / 24000
+        assert seconds > 1.0
+        # done is sent when playout reaches the end: real time, not generation time.
+        assert abs((done_t - start_t) - seconds) < 0.25, (done_t - start_t, seconds)
+        idle = client.audio_between(ready_t, start_t - 0.1)
+        assert idle.size > 0 and np.abs(idle).max() < 0.01  # the silence before it
+        heard = client.audio_between(start_t - 0.1, time.monotonic())
+        rms = float(np.sqrt(np.mean(heard ** 2)))
+        span = loud_span_s(heard)
+        print(f"webrtc: {seconds:.2f} s sent, loud span {span:.3f} s, rms {rms:.3f}, "
+              f"audio_start->done {done_t - start_t:.3f} s")
+        assert rms > 0.05, rms
+        assert abs(span - seconds) < 0.06, (span, seconds)
+    finally:
+        await client.close()
+
+
+async def test_cancel_silences_the_track_at_once(live):
+    state, base = live
+    client = Client()
+    try:
+        await client.connect(base, "t0k")
+        client.send(type="text", context_id="long", text=TEXT, seed=4)
+        client.send(type="end", context_id="long")
+        start_t, _ = await client.wait_for("audio_start")
+        await asyncio.sleep(0.5)
+        cancel_t = time.monotonic()
+        client.send(type="cancel", context_id="long")
+        done_t, done = await client.wait_for("done")
+        # Cancelled although generation may have finished already: the rest was never played.
+        assert done["reason"] == "cancelled" and done_t - cancel_t < 0.5
+        assert 0.3 * 24000 < done["samples"] < 24000 * 4 * 0.5  # what was heard (~0.5 s)
+        await asyncio.sleep(0.5)
+        after = client.audio_between(cancel_t + 0.25, time.monotonic())
+        assert after.size > 0 and np.abs(after).max() < 0.01, np.abs(after).max()
+        assert loud_span_s(client.audio_between(start_t - 0.1, cancel_t + 0.25)) > 0.3
+        # The session goes on: the next context plays.
+        client.send(type="text", context_id="next", text="Hello there.", seed=1, flush=True)
+        client.send(type="end", context_id="next")
+        _, done2 = await asyncio.wait_for(_done_of(client, "next"), 30)
+        assert done2["reason"] == "completed" and done2["samples"] > 0
+    finally:
+        await client.close()
+    async with asyncio.timeout(5):  # the peer's session ended: its streams are released
+        while state.pipeline.active:
+            await asyncio.sleep(0.02)
+
+
+async def _done_of(client: Client, cid: str) -> tuple[float, dict]:
+    while True:
+        for t, ev in client.events:
+            if ev["type"] == "done" and ev["context_id"] == cid:
+                return t, ev
+        await asyncio.sleep(0.01)
+
+
+async def test_offer_errors(live):
+    _, base = live
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(f"{base}/v1/webrtc/offer", json={"sdp": "v=0", "type": "offer"})
+        assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized"
+        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", data=b"not json")
+        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_input"
+        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", json={"sdp": "v=0", "type": "answer"})
+        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_input"
+        pc = RTCPeerConnection()  # data channel only: no audio to answer with
+        pc.createDataChannel("tts")
+        await pc.setLocalDescription(await pc.createOffer())
+        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k",
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"})
+        await pc.close()
+        assert r.status == 400 and "audio" in (await r.json())["error"]["message"]
