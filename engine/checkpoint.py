@@ -32,6 +32,7 @@ from torch import nn
 
 from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS, Talker
 from higgs_stream.engine.tokenizer import TextTokenizer
 
 CONFIG_FILE = "config.json"
@@ -222,7 +223,7 @@ def _check_special_ids(raw: Mapping[str, Any], layout: str, cfg: TalkerConfig, t
         )
 
 
-def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+def weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     """Safetensors files of the checkpoint and the index weight map (None for a single file)."""
     index = root / INDEX_FILE
     if index.is_file():
@@ -245,7 +246,7 @@ def _weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     )
 
 
-def _read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[str, TensorEntry]:
+def read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[str, TensorEntry]:
     """Stored key -> entry for every tensor of every file (headers only, no data)."""
     entries: dict[str, TensorEntry] = {}
     for file in files:
@@ -277,8 +278,6 @@ def _read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[
 
 def expected_shapes(cfg: TalkerConfig) -> dict[str, tuple[int, ...]]:
     """Native key -> shape of every tensor a talker of this config loads (its state_dict)."""
-    from higgs_stream.engine.talker import Talker  # the model module imports nothing from here
-
     with torch.device("meta"):
         talker = Talker(cfg)
     return {k: tuple(v.shape) for k, v in talker.state_dict().items()}
@@ -323,8 +322,8 @@ def open_checkpoint(model: str | Path) -> TalkerCheckpoint:
         cfg = cfg.with_special(tokenizer.special)
     except ConfigError as e:
         raise CheckpointError(f"{root}: {e}") from e
-    files, weight_map = _weight_files(root)
-    entries = _read_headers(files, weight_map)
+    files, weight_map = weight_files(root)
+    entries = read_headers(files, weight_map)
     plan = _plan(entries, layout, expected_shapes(cfg))
     return TalkerCheckpoint(root, layout, raw, cfg, tokenizer, plan)
 
@@ -345,7 +344,7 @@ def iter_tensors(
 
 
 @contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
+def parameters_on_meta() -> Iterator[None]:
     """Modules built inside get meta parameters (no memory, no init) and real buffers.
 
     Buffers (RoPE tables, codebook offsets) are derived from the config and absent from
@@ -366,17 +365,17 @@ def _parameters_on_meta() -> Iterator[None]:
 
 
 def load_talker(
-    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-):
+    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
+    *, max_positions: int = DEFAULT_MAX_POSITIONS,
+) -> tuple[Talker, TalkerConfig, TextTokenizer]:
     """(Talker, TalkerConfig, TextTokenizer) from a local checkpoint dir or a hub id.
 
-    Layout is detected from config.json; weights are cast to `dtype` on `device` tensor by tensor.
+    Layout is detected from config.json; weights are cast to `dtype` (None: as stored) on `device`
+    tensor by tensor. `max_positions` is the talker's context cap.
     """
-    from higgs_stream.engine.talker import Talker
-
     ckpt = open_checkpoint(model)
-    with _parameters_on_meta():
-        talker = Talker(ckpt.config)
+    with parameters_on_meta():
+        talker = Talker(ckpt.config, max_positions=max_positions)
     pending: dict[str, torch.Tensor] = {}
     current: Path | None = None
     for native, tensor in iter_tensors(ckpt, device, dtype):

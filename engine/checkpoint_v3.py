@@ -25,21 +25,22 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from tokenizers import Tokenizer
 
 from higgs_stream.engine.checkpoint import (
     CONFIG_FILE,
     TensorEntry,
-    _parameters_on_meta,
-    _read_headers,
-    _weight_files,
+    parameters_on_meta,
+    read_headers,
     resolve_model_dir,
+    weight_files,
 )
 from higgs_stream.engine.codec.codec import Codec
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.load import V3_CODEC_PREFIX, codec_from_state_dict
 from higgs_stream.engine.config_v3 import MODEL_TYPE_V3, TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS
+from higgs_stream.engine.talker_v3 import TalkerV3
 from higgs_stream.engine.tokenizer import TextTokenizer
 
 TEXT_EMBEDDING = "tied.embedding.text_embedding.weight"
@@ -138,26 +139,6 @@ def classify_keys(
     return talker, codec, copies
 
 
-# ------------------------------------------------------------------------------- tokenizer
-class V3TextTokenizer(TextTokenizer):
-    """The v3 checkpoint's tokenizer: `special` holds the v3 tokens (V3SpecialTokens).
-
-    (`TextTokenizer.__init__` resolves the v2 special tokens, which a Qwen3 tokenizer lacks; this
-    sets the same attributes with the v3 set. Everything else is inherited.)
-    """
-
-    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>") -> None:
-        self._tok = tokenizer
-        self.source = source
-        self._added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
-        try:
-            self.special = V3SpecialTokens.from_lookup(self._added.get)  # type: ignore[assignment]
-        except ConfigError as e:
-            raise CheckpointError(f"tokenizer {source}: {e}") from e
-        self._literal = Tokenizer.from_str(tokenizer.to_str())
-        self._literal.encode_special_tokens = True
-
-
 # ----------------------------------------------------------------------------------- loading
 def read_config_v3(root: Path) -> tuple[dict[str, Any], TalkerV3Config]:
     """(raw config.json, TalkerV3Config without special ids); CheckpointError if it is not v3."""
@@ -185,10 +166,10 @@ def is_v3_checkpoint(model: str | Path) -> bool:
         raise CheckpointError(f"cannot read {root / CONFIG_FILE}: {e}") from e
 
 
-def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, V3TextTokenizer, dict[str, TensorEntry]]:
+def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, TextTokenizer, dict[str, TensorEntry]]:
     root = resolve_model_dir(model)
     raw, cfg = read_config_v3(root)
-    tokenizer = V3TextTokenizer.from_dir(root)
+    tokenizer = TextTokenizer.from_dir(root, V3SpecialTokens)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the v3 text vocab_size is {cfg.vocab_size}")
     eos = raw["text_config"].get("eos_token_id")
@@ -199,8 +180,8 @@ def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, V3Te
         cfg = cfg.with_special(tokenizer.special)
     except ConfigError as e:
         raise CheckpointError(f"{root}: {e}") from e
-    files, weight_map = _weight_files(root)
-    return root, raw, cfg, tokenizer, _read_headers(files, weight_map)
+    files, weight_map = weight_files(root)
+    return root, raw, cfg, tokenizer, read_headers(files, weight_map)
 
 
 def _read(entries: Mapping[str, TensorEntry], keys: list[str]) -> dict[str, torch.Tensor]:
@@ -217,20 +198,21 @@ def _read(entries: Mapping[str, TensorEntry], keys: list[str]) -> dict[str, torc
 
 
 def load_talker_v3(
-    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> tuple[torch.nn.Module, TalkerV3Config, V3TextTokenizer]:
-    """(TalkerV3, TalkerV3Config with special ids, tokenizer) from a v3 checkpoint dir or hub id.
+    model: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+    *, max_positions: int = DEFAULT_MAX_POSITIONS,
+) -> tuple[TalkerV3, TalkerV3Config, TextTokenizer]:
+    """(TalkerV3, TalkerV3Config with special ids, tokenizer with V3SpecialTokens) from a v3
+    checkpoint dir or hub id.
 
     The backbone is cast to `dtype` (None: as stored); the fused audio matrix always keeps its
     stored dtype (sglang-omni: the fused embedding/head match the checkpoint, logits are fp32).
     The bundled codec's tensors are checked for presence here and loaded by `load_codec_v3`.
+    `max_positions` is the talker's context cap.
     """
-    from higgs_stream.engine.talker_v3 import TalkerV3
-
     _, _, cfg, tokenizer, entries = _open(model)
     talker_keys, _, copy_keys = classify_keys({k: e.shape for k, e in entries.items()}, cfg)
-    with _parameters_on_meta():
-        talker = TalkerV3(cfg)
+    with parameters_on_meta():
+        talker = TalkerV3(cfg, max_positions=max_positions)
     tensors = _read(entries, talker_keys + copy_keys)
     for key in copy_keys:
         if not torch.equal(tensors.pop(key), tensors[TIED_COPIES[key]]):
@@ -261,8 +243,8 @@ def load_codec_v3(model: str | Path, device: str | torch.device = "cpu", with_en
     assert CODEC_PREFIX == V3_CODEC_PREFIX, "codec module and v3 checkpoint disagree on the codec prefix"
     root = resolve_model_dir(model)
     raw, _ = read_config_v3(root)
-    files, weight_map = _weight_files(root)
-    entries = _read_headers(files, weight_map)
+    files, weight_map = weight_files(root)
+    entries = read_headers(files, weight_map)
     keys = [k for k in entries if k.startswith(CODEC_PREFIX)]
     if not keys:
         raise CheckpointError(f"the v3 checkpoint {root} has no bundled codec tensors (prefix {CODEC_PREFIX})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from higgs_stream.engine.errors import ConfigError
 
@@ -63,6 +63,10 @@ _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 @dataclass(frozen=True)
 class SpecialTokens:
     """Ids of the special text tokens the prompt builder and generation loop use."""
+
+    # what tokenizer.TextTokenizer resolves: field -> token string, and the fields that may be absent
+    TOKEN_STRINGS: ClassVar[Mapping[str, str]] = SPECIAL_TOKEN_STRINGS
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
     begin_of_text: int
     end_of_text: int
@@ -183,6 +187,8 @@ class TalkerConfig:
     codebook_size: int = 1024
     audio_stream_bos_id: int = 1024
     audio_stream_eos_id: int = 1025
+    # As config.json says (2048 transformers-native, 131072 original, same model): recorded, not a
+    # limit; the serving context cap is EngineConfig.max_seq_len (see talker.py).
     max_position_embeddings: int = 131072
     special: SpecialTokens | None = field(default=None)
 

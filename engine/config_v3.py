@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from higgs_stream.engine.errors import ConfigError
 
@@ -59,6 +59,10 @@ def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
 @dataclass(frozen=True)
 class V3SpecialTokens:
     """Ids of the v3 prompt tokens and stop tokens, resolved from the tokenizer."""
+
+    # what tokenizer.TextTokenizer resolves: field -> token string, and the fields that may be absent
+    TOKEN_STRINGS: ClassVar[Mapping[str, str]] = V3_SPECIAL_TOKEN_STRINGS
+    OPTIONAL: ClassVar[tuple[str, ...]] = _OPTIONAL_SPECIALS
 
     tts: int
     text: int
@@ -121,7 +125,7 @@ class TalkerV3Config:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
-    max_position_embeddings: int = 32768
+    max_position_embeddings: int = 32768  # as config.json says; not a limit (EngineConfig.max_seq_len is)
     num_codebooks: int = 8
     codebook_size: int = 1024
     audio_stream_bos_id: int = 1024

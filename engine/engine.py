@@ -3,9 +3,15 @@
     schedule -> prepare inputs -> forward -> sample -> update per-stream state
 
 Prefill chunks and decode tokens of many streams share one ragged forward under a token budget
-(scheduler.py). Per-stream semantics (AUDIO_INIT, ramp-in/out, RAS, frame cap) live in
-generation.py; sampling with per-stream generators in sampling.py. Each step makes one
-device->host copy (the sampled ids); nothing in a step waits on anything but compute.
+(scheduler.py). What differs between model families is the engine's `policy`
+(generation.GenerationPolicy, chosen from the talker config by model_registry.policy_for): the
+prompt, the per-stream `Segment` state machine (v2: generation.py, AUDIO_INIT/ramps/RAS/frame
+cap; v3: generation_v3.py), the text id of a decode step's input (v2 <|AUDIO_OUT|>, v3 <|audio|>;
+the fed-back column is its audio codes either way) and whether the prompt's last position is
+sampled (v3) or yields the forced BOS column only (v2). A segment call may emit several columns;
+each becomes one StepEvent, `finished` on the last. Sampling with per-stream generators is
+sampling.py. Each step makes one device->host copy (the sampled ids); nothing in a step waits on
+anything but compute.
 
 Threads: `add()` and `cancel()` only append to queues, so a server may call them from its event
 loop while `step()` runs in a worker thread; `step()` itself must not run twice at once.
@@ -21,20 +27,22 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.config_v3 import TalkerV3Config
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
-from higgs_stream.engine.generation import SegmentState, Stream, make_generator, resolve_seed
+from higgs_stream.engine.generation import Column, GenerationPolicy, Stream, make_generator, resolve_seed
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.prompt import TokenizerLike, build_prompt
+from higgs_stream.engine.model_registry import load_model, policy_for
+from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.sampling import SamplingTensors, sample_columns
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
-from higgs_stream.engine.talker import StepBatch, StepOutput
+from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +52,9 @@ class EngineConfig:
     max_batch: int = 64  # streams admitted at once
     token_budget: int = 2048  # tokens per forward (decode tokens + prefill chunks)
     max_waiting: int = 256  # queued streams beyond which add() raises CapacityError
-    max_seq_len: int = 8192  # positions per stream (prompt + fed-back columns); REF caps at 8192
+    # Context cap: positions per stream (prompt + fed-back columns). REF's serve engine caps at 8192.
+    # Not derived from config.json's max_position_embeddings (2048 in the transformers-native file).
+    max_seq_len: int = DEFAULT_MAX_POSITIONS
     kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
     page_size: int = 16
 
@@ -72,23 +82,25 @@ class Engine:
     def __init__(
         self,
         talker: torch.nn.Module,
-        cfg: TalkerConfig,
+        cfg: TalkerConfig | TalkerV3Config,
         tokenizer: TokenizerLike,
         cache: KVCache,
         config: EngineConfig | None = None,
+        policy: GenerationPolicy | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         if cfg.special is not None and cfg.special != tokenizer.special:
             raise ConfigError(f"tokenizer and talker config disagree on special token ids: "
                               f"{tokenizer.special} vs {cfg.special}")
         self.talker, self.cfg, self.tokenizer, self.cache = talker, cfg, tokenizer, cache
+        self.policy = policy or policy_for(cfg, tokenizer)
         self.device = next(talker.parameters()).device
         alloc = cache.allocator
         self.scheduler = Scheduler(SchedulerConfig(
             max_batch=self.config.max_batch, token_budget=self.config.token_budget,
             max_waiting=self.config.max_waiting, num_pages=alloc.num_pages, page_size=alloc.page_size,
         ))
-        self.max_seq_len = min(self.config.max_seq_len, cfg.max_position_embeddings)
+        self.max_seq_len = self.config.max_seq_len
         self._ids = itertools.count()
         self._pending: deque[Stream] = deque()  # added, not yet seen by step()
         self._cancels: deque[int] = deque()
@@ -99,14 +111,14 @@ class Engine:
 
     @classmethod
     def from_pretrained(
-        cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+        cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
         config: EngineConfig | None = None,
     ) -> Engine:
-        from higgs_stream.engine.checkpoint import load_talker
-
+        """An engine for a v2 or v3 checkpoint (by config.json model_type); dtype None: as stored."""
         config = config or EngineConfig()
-        talker, cfg, tokenizer = load_talker(model, device=device, dtype=dtype)
-        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=dtype, device=device)
+        talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
+        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
+                               device=device)
         return cls(talker, cfg, tokenizer, cache, config)
 
     # ------------------------------------------------------------------ public API
@@ -114,9 +126,8 @@ class Engine:
         """Queue a request; returns its stream id. InvalidInputError / CapacityError when refused."""
         if not isinstance(request, GenerationRequest):
             raise InvalidInputError(f"expected a GenerationRequest, got {type(request).__name__}")
-        cfg = self.cfg
-        prompt = build_prompt(self.tokenizer, request, cfg.num_codebooks, cfg.codebook_size)
-        room = self.max_seq_len - len(prompt) - cfg.num_codebooks  # frames that fit the context length
+        prompt = self.policy.build_prompt(request)
+        room = self.max_seq_len - len(prompt) - self.cfg.num_codebooks  # frames that fit the context length
         if room < 1:
             raise InvalidInputError(f"prompt takes {len(prompt)} positions; the context length is {self.max_seq_len}")
         if len(self._pending) + self.scheduler.num_waiting >= self.config.max_waiting:
@@ -126,9 +137,7 @@ class Engine:
         stream = Stream(
             sid=next(self._ids), request=request, prompt=prompt, params=params, max_frames=max_frames,
             generator=make_generator(params.seed, self.device),
-            segment=SegmentState(cfg.num_codebooks, cfg.codebook_size, max_frames=max_frames,
-                                 ras_window=params.ras_window, ras_max_repeat=params.ras_max_repeat,
-                                 context_audio=prompt.audio_out),
+            segment=self.policy.new_segment(prompt, params, max_frames),
         )
         pages = self.scheduler.config.pages_for(stream.max_kv_tokens)
         if pages > self.scheduler.config.num_pages:
@@ -201,7 +210,7 @@ class Engine:
     def _prepare_inputs(self, plan: list[Chunk]) -> StepBatch:
         """The ragged host batch of this step; reserves KV pages for its new tokens."""
         k = self.cfg.num_codebooks
-        ids, codes, is_audio, positions, want_audio = [], [], [], [], []
+        ids, codes, is_audio, positions = [], [], [], []
         for c in plan:
             s = self._streams[c.sid]
             self.cache.allocator.reserve(c.sid, c.end)  # within the scheduler's commitment
@@ -212,11 +221,10 @@ class Engine:
                 codes.append(p.audio_codes[c.start:c.end])
                 is_audio.append(p.is_audio[c.start:c.end])
             else:  # feed back the last column as one audio position
-                ids.append(np.array([self.tokenizer.special.audio_out], np.int64))
+                ids.append(np.array([self.policy.continuation_id], np.int64))
                 codes.append(np.array(s.segment.last_column, np.int64).reshape(1, k))
                 is_audio.append(np.ones(1, bool))
             positions.append(np.arange(c.start, c.end, dtype=np.int64))
-            want_audio.append(not c.prefill)
         return StepBatch(
             seq_ids=[c.sid for c in plan], qo_lens=[c.num_tokens for c in plan],
             input_ids=torch.from_numpy(np.concatenate(ids)),  # [N]
@@ -224,7 +232,7 @@ class Engine:
             is_audio=torch.from_numpy(np.concatenate(is_audio)),  # [N]
             positions=torch.from_numpy(np.concatenate(positions)),  # [N]
             want_text=torch.zeros(len(plan), dtype=torch.bool),  # audio is forced: no text head
-            want_audio=torch.tensor(want_audio, dtype=torch.bool),  # [B]
+            want_audio=torch.tensor([self._wants_audio(c) for c in plan], dtype=torch.bool),  # [B]
         )
 
     def _forward(self, plan: list[Chunk], batch: StepBatch) -> StepOutput:
@@ -235,8 +243,8 @@ class Engine:
             raise
 
     def _sample(self, plan: list[Chunk], out: StepOutput) -> np.ndarray:
-        """[S, 2*K + 1] host ids: sampled ids, RAS candidates and a finite-logits flag per decode row."""
-        rows = [i for i, c in enumerate(plan) if not c.prefill]
+        """[S, 2*K + 1] host ids: sampled ids, RAS candidates and a finite-logits flag per sampled row."""
+        rows = [i for i, c in enumerate(plan) if self._wants_audio(c)]
         if not rows:
             return np.zeros((0, 2 * self.cfg.num_codebooks + 1), np.int64)
         streams = [self._streams[plan[i].sid] for i in rows]
@@ -247,32 +255,41 @@ class Engine:
         return torch.cat([draws.flatten(1), finite[:, None].long()], dim=1).cpu().numpy()  # one sync
 
     def _update(self, plan: list[Chunk], draws: np.ndarray) -> list[StepEvent]:
+        """Advance each stream's segment: `start()` at its prompt's end, `advance()` per sampled row."""
         k, events, row = self.cfg.num_codebooks, [], 0
         for c in plan:
-            s = self._streams[c.sid]
             if c.prefill and not c.last_of_prompt:
                 continue
-            try:
-                if c.prefill:  # AUDIO_INIT: the forced all-BOS column
-                    events.append(self._column_event(s, s.segment.start()))
-                    continue
+            s = self._streams[c.sid]
+            d = None
+            if self._wants_audio(c):
                 d, row = draws[row], row + 1
                 if not d[2 * k]:
                     events.append(self._finish(s, "error", "non-finite audio logits"))
                     continue
-                events.append(self._column_event(s, s.segment.advance(d[:k], d[k : 2 * k])))
+            try:
+                cols = s.segment.start() if c.prefill else []  # v2: the forced all-BOS column (AUDIO_INIT)
+                if d is not None:
+                    cols += s.segment.advance(d[:k], d[k : 2 * k])
+                events += self._column_events(s, cols)
             except Exception as exc:  # one stream's failure must not stop the others
                 log.exception("stream %d failed in its state update", s.sid)
                 events.append(self._finish(s, "error", f"state update failed: {exc!r}"))
         return events
 
     # ------------------------------------------------------------------ helpers
-    def _column_event(self, s: Stream, column: tuple[int, ...]) -> StepEvent:
-        col = np.array(column, dtype=np.int64)
-        if not s.segment.finished:
-            return StepEvent(s.sid, col, finished=False)
-        self._release(s, s.segment.reason)
-        return StepEvent(s.sid, col, finished=True, reason=s.reason)
+    def _wants_audio(self, c: Chunk) -> bool:
+        """Whether this chunk's last position is sampled: every decode step, and v3's prompt end."""
+        return not c.prefill or (c.last_of_prompt and self.policy.sample_at_prompt_end)
+
+    def _column_events(self, s: Stream, cols: list[Column]) -> list[StepEvent]:
+        """One event per emitted column; the segment's end finishes the stream on the last one."""
+        assert cols, f"stream {s.sid}: a segment call emitted no column"
+        events = [StepEvent(s.sid, np.array(col, np.int64), finished=False) for col in cols]
+        if s.segment.finished:
+            self._release(s, s.segment.reason)
+            events[-1] = replace(events[-1], finished=True, reason=s.reason)
+        return events
 
     def _finish(self, s: Stream, reason: str, error: str | None = None) -> StepEvent:
         self._release(s, reason, error)

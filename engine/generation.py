@@ -21,6 +21,11 @@ One generated audio segment goes (research/higgs_v2_reference.md §3.5-3.6):
 
 `SegmentState` is plain Python and knows nothing about models; `Stream` adds what the engine
 keeps per stream (prompt, sampling parameters, the seeded generator, scheduling position).
+
+The engine drives every model through one seam, a `GenerationPolicy` (prompt builder, per-stream
+`Segment`, the text id of a decode step's input, whether the prompt's last position is sampled).
+`V2Policy` is this module's; generation_v3.V3Policy is v3's. A `Segment` call returns the columns
+to emit, in order: exactly one for v2 (`V2Segment` wraps `SegmentState`), one or two for v3.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ import secrets
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from higgs_stream.engine.prompt import Prompt
+from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.prompt import Prompt, TokenizerLike, build_prompt
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
+
+Column = tuple[int, ...]  # one delay-pattern column: K ids in 0..codebook_size+1
 
 
 class SegmentState:
@@ -131,6 +140,91 @@ class SegmentState:
         return np.array(self.columns, dtype=np.int64).T.reshape(self.k, len(self.columns))
 
 
+# ------------------------------------------------------------------------ the engine's seam
+class Segment(Protocol):
+    """One stream's audio as the engine drives it; each call returns the columns to emit."""
+
+    k: int  # codebooks per column
+
+    def start(self) -> list[Column]: ...  # at the prompt's last chunk
+
+    def advance(self, sampled: Sequence[int], ras_candidate: Sequence[int]) -> list[Column]: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def reason(self) -> str | None: ...  # "stop" | "length" once finished
+
+    @property
+    def last_column(self) -> Column: ...  # what the next decode step feeds back
+
+
+class GenerationPolicy(Protocol):
+    """What differs between model families in the engine's loop (v2: `V2Policy`, v3: `V3Policy`)."""
+
+    sample_at_prompt_end: bool  # the prompt's last position yields sampled audio (v3) or not (v2)
+
+    @property
+    def continuation_id(self) -> int: ...  # text id of a decode step's input position
+
+    def build_prompt(self, request: GenerationRequest) -> Prompt: ...
+
+    def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> Segment: ...
+
+
+class V2Segment:
+    """`SegmentState` as a `Segment`: every call emits exactly one column."""
+
+    def __init__(self, state: SegmentState) -> None:
+        self.state = state
+        self.k = state.k
+
+    def start(self) -> list[Column]:
+        return [self.state.start()]  # AUDIO_INIT: the forced all-BOS column
+
+    def advance(self, sampled: Sequence[int], ras_candidate: Sequence[int]) -> list[Column]:
+        return [self.state.advance(sampled, ras_candidate)]
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def reason(self) -> str | None:
+        return self.state.reason
+
+    @property
+    def last_column(self) -> Column:
+        return self.state.last_column
+
+
+class V2Policy:
+    """Higgs Audio v2: REF's chat prompt ending in <|audio_out_bos|>, then one column per step.
+
+    The prompt's last step is AUDIO_INIT (a forced all-BOS column, no sampling); every decode step
+    feeds the previous column at an <|AUDIO_OUT|> position.
+    """
+
+    sample_at_prompt_end = False
+
+    def __init__(self, cfg: TalkerConfig, tokenizer: TokenizerLike) -> None:
+        self.cfg, self.tokenizer = cfg, tokenizer
+
+    @property
+    def continuation_id(self) -> int:
+        return self.tokenizer.special.audio_out
+
+    def build_prompt(self, request: GenerationRequest) -> Prompt:
+        return build_prompt(self.tokenizer, request, self.cfg.num_codebooks, self.cfg.codebook_size)
+
+    def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> V2Segment:
+        return V2Segment(SegmentState(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames,
+                                      ras_window=params.ras_window, ras_max_repeat=params.ras_max_repeat,
+                                      context_audio=prompt.audio_out))
+
+
+# ------------------------------------------------------------------------------ per stream
 def resolve_seed(params: SamplingParams) -> SamplingParams:
     """Fill in a fresh random seed when the request has none (so every stream is replayable)."""
     return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
@@ -152,7 +246,7 @@ class Stream:
     params: SamplingParams  # seed resolved
     max_frames: int  # effective cap (request's, lowered to fit the context length)
     generator: torch.Generator
-    segment: SegmentState
+    segment: Segment
     reason: str | None = None  # why it finished: "stop" | "length" | "cancelled" | "error"
     error: str | None = None
 

@@ -46,7 +46,7 @@ from higgs_stream.engine.config_v3 import TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.delay import build_delay_pattern
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.prompt import Prompt
-from higgs_stream.engine.request import GenerationRequest, Reference
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
 
 class Encoder(Protocol):
@@ -213,7 +213,7 @@ class V3Segment:
 
 
 class V3Policy:
-    """What the engine needs to drive v3 streams (the per-model generation seam)."""
+    """The engine's generation policy for v3 streams (generation.GenerationPolicy)."""
 
     sample_at_prompt_end = True  # the prompt's last position yields row 0 (v2: a forced BOS column)
 
@@ -234,6 +234,7 @@ class V3Policy:
     def build_prompt(self, request: GenerationRequest) -> Prompt:
         return build_prompt_v3(self.tokenizer, self.special, request, self.cfg.num_codebooks, self.cfg.codebook_size)
 
-    def new_segment(self, max_frames: int) -> V3Segment:
+    def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> V3Segment:
+        """The stream's segment (v3 has no RAS and no prompt-audio window: `prompt`/`params` unused)."""
         return V3Segment(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames)
 

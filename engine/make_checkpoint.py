@@ -1,4 +1,6 @@
-"""`higgs-stream make-checkpoint`: write a random-weight Higgs Audio v2 checkpoint on disk.
+"""`higgs-stream make-checkpoint`: write a random-weight Higgs Audio checkpoint on disk.
+
+This module writes v2 (`--arch v2`, the default); `--arch v3` goes to make_checkpoint_v3.py.
 
 No machine here reaches the model hub, so the loaders are tested on checkpoints written here in
 the real on-disk layouts (SPEC "Weights on these machines"):
@@ -40,6 +42,7 @@ from higgs_stream.engine.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_WEIGH
 from higgs_stream.engine.config import SPECIAL_TOKEN_STRINGS, SpecialTokens, TalkerConfig
 from higgs_stream.engine.errors import ConfigError
 
+ARCHS = ("v2", "v3")
 PRESETS = ("tiny", "full")
 LAYOUTS = ("hf", "original")
 NUM_SPECIAL_TOKENS = 256  # Llama-3 reserves 256 special ids at the top of its vocabulary
@@ -146,15 +149,15 @@ Hello world. Hello again, world. Goodbye for now, and see you tomorrow at nine o
 """
 
 # Llama-3's pre-tokenizer split pattern (public tokenizer.json of Llama 3).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def build_text_tokenizer(bpe_vocab: int) -> Tokenizer:
-    """Byte-level BPE with exactly `bpe_vocab` ids, then the 256 special tokens on top."""
+def train_bpe(bpe_vocab: int) -> Tokenizer:
+    """Byte-level BPE (Llama-3 pre-tokenizer) trained on CORPUS, padded to exactly `bpe_vocab` ids."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -162,7 +165,12 @@ def build_text_tokenizer(bpe_vocab: int) -> Tokenizer:
     trainer = trainers.BpeTrainer(vocab_size=trained_size, show_progress=False, special_tokens=[],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
-    tok = _pad_vocab(tok, bpe_vocab)
+    return pad_vocab(tok, bpe_vocab)
+
+
+def build_text_tokenizer(bpe_vocab: int) -> Tokenizer:
+    """Byte-level BPE with exactly `bpe_vocab` ids, then the 256 special tokens on top."""
+    tok = train_bpe(bpe_vocab)
     specials = llama3_special_tokens()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False,
                                        single_word=False) for t in specials])
@@ -175,7 +183,7 @@ def build_text_tokenizer(bpe_vocab: int) -> Tokenizer:
     return tok
 
 
-def _pad_vocab(tok: Tokenizer, size: int) -> Tokenizer:
+def pad_vocab(tok: Tokenizer, size: int) -> Tokenizer:
     """Fill BPE ids up to `size` with filler tokens that no merge produces (`<filler_N>`)."""
     spec = json.loads(tok.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
@@ -206,9 +214,9 @@ def write_tokenizer(out: Path, bpe_vocab: int) -> None:
         "model_max_length": 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(out / "tokenizer_config.json", tokenizer_config)
     token = dict(lstrip=False, normalized=False, rstrip=False, single_word=False)
-    _write_json(out / "special_tokens_map.json", {"bos_token": {"content": specials[0], **token},
+    write_json(out / "special_tokens_map.json", {"bos_token": {"content": specials[0], **token},
                                                   "eos_token": {"content": specials[1], **token}})
 
 
@@ -354,7 +362,7 @@ def tensor_plan(cfg: TalkerConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 def random_tensor(key: str, shape: tuple[int, ...], seed: int, std: float, dtype: torch.dtype) -> torch.Tensor:
     """The seeded random value of one tensor (depends only on seed, key, shape, std, dtype)."""
-    _check_seed(seed)
+    check_seed(seed)
     # torch's CPU generator keeps only 32 bits of its seed: hash (seed, key) into 32 bits.
     digest = hashlib.sha256(f"{seed}/{key}".encode()).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:4], "little"))
@@ -364,7 +372,7 @@ def random_tensor(key: str, shape: tuple[int, ...], seed: int, std: float, dtype
     return (noise * std).to(dtype)
 
 
-def _check_seed(seed: int) -> None:
+def check_seed(seed: int) -> None:
     if not (isinstance(seed, int) and 0 <= seed < 2**31):
         raise ConfigError(f"seed must be an int in [0, 2**31), got {seed!r}")
 
@@ -385,12 +393,12 @@ def write_weights(out: Path, cfg: TalkerConfig, layout: str, seed: int, preset: 
     """Write the talker safetensors (+ index when sharded); returns the file names written."""
     plan = tensor_plan(cfg)
     elem = torch.empty((), dtype=preset.dtype).element_size()
-    sizes = [elem * _numel(shape) for _, shape in plan]
+    sizes = [elem * numel(shape) for _, shape in plan]
     shards = shard_layout(sizes, shard_bytes or preset.shard_bytes)
     n = shards[-1] + 1
     names = [SINGLE_WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     weight_map: dict[str, str] = {}
-    for shard_idx, items in _group(plan, shards):
+    for shard_idx, items in group_by_shard(plan, shards):
         stored = [(to_layout_key(key, layout), key, shape) for key, shape in items]
         write_safetensors(
             out / names[shard_idx],
@@ -399,7 +407,7 @@ def write_weights(out: Path, cfg: TalkerConfig, layout: str, seed: int, preset: 
         )
         weight_map.update({name: names[shard_idx] for name, _, _ in stored})
     if n > 1:
-        _write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
+        write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
                                        "weight_map": dict(sorted(weight_map.items()))})
     return names
 
@@ -417,7 +425,7 @@ def write_safetensors(path: Path, entries: list[tuple[str, tuple[int, ...], torc
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape, dtype in entries:
-        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel(shape) * torch.empty((), dtype=dtype).element_size()
         header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
@@ -432,7 +440,7 @@ def write_safetensors(path: Path, entries: list[tuple[str, tuple[int, ...], torc
         assert f.tell() == 8 + len(blob) + offset, f"{path}: wrote {f.tell()} bytes, header promises {offset}"
 
 
-def _group(plan: list[tuple[str, tuple[int, ...]]], shards: list[int]) -> Iterator[tuple[int, list]]:
+def group_by_shard(plan: list[tuple[str, tuple[int, ...]]], shards: list[int]) -> Iterator[tuple[int, list]]:
     current: list = []
     for i, item in enumerate(plan):
         if current and shards[i] != shards[i - 1]:
@@ -442,14 +450,14 @@ def _group(plan: list[tuple[str, tuple[int, ...]]], shards: list[int]) -> Iterat
     yield shards[-1], current
 
 
-def _numel(shape: tuple[int, ...]) -> int:
+def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
         n *= d
     return n
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -464,15 +472,15 @@ def make_checkpoint(out: str | Path, preset: str = "tiny", layout: str = "hf", s
     p = _preset(preset)
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    _check_seed(seed)
+    check_seed(seed)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"output {out} exists and is not an empty directory")
     out.mkdir(parents=True, exist_ok=True)
     cfg = talker_config(preset)
     config = hf_config_dict(cfg, p) if layout == "hf" else original_config_dict(cfg, p)
-    _write_json(out / CONFIG_FILE, config)
-    _write_json(out / "generation_config.json", generation_config_dict(cfg, layout))
+    write_json(out / CONFIG_FILE, config)
+    write_json(out / "generation_config.json", generation_config_dict(cfg, layout))
     write_tokenizer(out, p.bpe_vocab)
     write_weights(out, cfg, layout, seed, p, shard_bytes)
     if codec:
@@ -482,16 +490,36 @@ def make_checkpoint(out: str | Path, preset: str = "tiny", layout: str = "hf", s
     return out
 
 
+def write_checkpoint(out: str | Path, arch: str = "v2", preset: str = "tiny", layout: str = "hf", seed: int = 0) -> Path:
+    """`make-checkpoint`: a random-weight v2 (`make_checkpoint`) or v3 (`make_checkpoint_v3`) checkpoint.
+
+    v3 has one on-disk layout: a `layout` other than the default "hf" is a ConfigError.
+    """
+    if arch == "v2":
+        return make_checkpoint(out, preset=preset, layout=layout, seed=seed)
+    if arch == "v3":
+        from higgs_stream.engine.make_checkpoint_v3 import make_checkpoint_v3  # it imports this module
+
+        if layout != "hf":
+            raise ConfigError(f"--layout {layout!r}: v3 checkpoints have one layout; drop --layout for --arch v3")
+        return make_checkpoint_v3(out, preset=preset, seed=seed)
+    raise ConfigError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", type=Path, help="output directory (missing or empty)")
+    parser.add_argument("--arch", choices=ARCHS, default="v2",
+                        help="v2: Higgs Audio v2 (Llama-3 DualFFN, codec in OUT/audio_tokenizer); "
+                             "v3: Higgs Audio v3 (Qwen3, codec bundled in the weights)")
     parser.add_argument("--preset", choices=PRESETS, default="tiny",
-                        help="tiny: CPU-test size; full: the 3B architecture (~11.5 GB bf16)")
+                        help="tiny: CPU-test size; full: the released architecture (v2 3B ~11.5 GB, v3 4B ~8 GB bf16)")
     parser.add_argument("--layout", choices=LAYOUTS, default="hf",
-                        help="hf: transformers-native (hub layout); original: Boson's layout")
+                        help="v2 only: hf = transformers-native (hub layout); original = Boson's layout")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (0 <= seed < 2**31)")
 
 
 def run(args: argparse.Namespace) -> int:
-    out = make_checkpoint(args.out, preset=args.preset, layout=args.layout, seed=args.seed)
-    print(f"wrote random-weight {args.preset} checkpoint ({args.layout} layout, seed {args.seed}) to {out}")
+    out = write_checkpoint(args.out, arch=args.arch, preset=args.preset, layout=args.layout, seed=args.seed)
+    layout = f", {args.layout} layout" if args.arch == "v2" else ""
+    print(f"wrote random-weight {args.preset} {args.arch} checkpoint (seed {args.seed}{layout}) to {out}")
     return 0

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, trainers
-from tokenizers import models as tok_models
+from tokenizers import AddedToken, Tokenizer
 
 from higgs_stream.engine.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_WEIGHTS_FILE
 from higgs_stream.engine.checkpoint_v3 import CODEC_CONFIG_KEY, CODEC_PREFIX, talker_key_shapes
@@ -34,15 +33,14 @@ from higgs_stream.engine.codec.make import build_reference_model, preset_config
 from higgs_stream.engine.config_v3 import V3_SPECIAL_TOKEN_STRINGS, TalkerV3Config
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.make_checkpoint import (
-    CORPUS,
     PRESETS,
-    _group,
-    _LLAMA3_SPLIT,
-    _numel,
-    _pad_vocab,
-    _write_json,
+    check_seed,
+    group_by_shard,
+    numel,
     random_tensor,
     shard_layout,
+    train_bpe,
+    write_json,
 )
 
 # Qwen3's special tokens at 151643.. (public Qwen3 tokenizer), before the Higgs additions.
@@ -82,16 +80,7 @@ def preset_v3(name: str) -> PresetV3:
 # ------------------------------------------------------------------------------ tokenizer
 def build_v3_tokenizer(bpe_vocab: int, added: tuple[str, ...]) -> Tokenizer:
     """Byte-level BPE with exactly `bpe_vocab` ids, then `added` as special tokens in order."""
-    tok = Tokenizer(tok_models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=min(bpe_vocab, 512), show_progress=False, special_tokens=[],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
-    tok = _pad_vocab(tok, bpe_vocab)
+    tok = train_bpe(bpe_vocab)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in added])
     assert tok.token_to_id(added[0]) == bpe_vocab, "added tokens must start right after the BPE vocab"
     return tok
@@ -101,13 +90,13 @@ def write_v3_tokenizer(out: Path, p: PresetV3) -> None:
     build_v3_tokenizer(p.bpe_vocab, p.added).save(str(out / "tokenizer.json"))
     entry = dict(lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
     eos = "<|endoftext|>"
-    _write_json(out / "tokenizer_config.json", {
+    write_json(out / "tokenizer_config.json", {
         "added_tokens_decoder": {str(p.bpe_vocab + i): {"content": t, **entry} for i, t in enumerate(p.added)},
         "bos_token": None, "eos_token": eos, "pad_token": eos, "model_max_length": p.config.max_position_embeddings,
         "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
     })
     token = dict(lstrip=False, normalized=False, rstrip=False, single_word=False)
-    _write_json(out / "special_tokens_map.json", {"eos_token": {"content": eos, **token},
+    write_json(out / "special_tokens_map.json", {"eos_token": {"content": eos, **token},
                                                   "pad_token": {"content": eos, **token}})
 
 
@@ -121,6 +110,7 @@ def codec_tensors(preset: str, seed: int) -> dict[str, torch.Tensor]:
 def make_checkpoint_v3(out: str | Path, preset: str = "tiny", seed: int = 0, *, shard_bytes: int | None = None) -> Path:
     """Write a random-weight v3 checkpoint to `out` (missing or an empty directory); returns it."""
     p = preset_v3(preset)
+    check_seed(seed)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"output {out} exists and is not an empty directory")
@@ -130,8 +120,8 @@ def make_checkpoint_v3(out: str | Path, preset: str = "tiny", seed: int = 0, *, 
     config = {**cfg.to_hf_dict(), "dtype": _DTYPE_NAMES[p.dtype], "transformers_version": "4.57.1"}
     if preset == "tiny":
         config[CODEC_CONFIG_KEY] = preset_config("tiny").to_hf_dict()
-    _write_json(out / CONFIG_FILE, config)
-    _write_json(out / "generation_config.json", {
+    write_json(out / CONFIG_FILE, config)
+    write_json(out / "generation_config.json", {
         "eos_token_id": list(cfg.special.stop_ids), "pad_token_id": cfg.special.end_of_text,
         "do_sample": True, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
     })
@@ -140,20 +130,20 @@ def make_checkpoint_v3(out: str | Path, preset: str = "tiny", seed: int = 0, *, 
     talker = list(talker_key_shapes(cfg).items())
     codec = codec_tensors(preset, seed)
     elem = torch.empty((), dtype=p.dtype).element_size()
-    sizes = [elem * _numel(shape) for _, shape in talker] + [t.numel() * t.element_size() for t in codec.values()]
+    sizes = [elem * numel(shape) for _, shape in talker] + [t.numel() * t.element_size() for t in codec.values()]
     plan: list[tuple[str, object]] = [(k, s) for k, s in talker] + list(codec.items())
     shards = shard_layout(sizes, shard_bytes or p.shard_bytes)
     n = shards[-1] + 1
     names = [SINGLE_WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     weight_map: dict[str, str] = {}
-    for shard_idx, items in _group(plan, shards):
+    for shard_idx, items in group_by_shard(plan, shards):
         tensors = {key: (value if isinstance(value, torch.Tensor)
                          else random_tensor(key, value, seed, p.init_std, p.dtype)) for key, value in items}
         save_file(tensors, str(out / names[shard_idx]), metadata={"format": "pt"})
         weight_map.update({k: names[shard_idx] for k in tensors})
         del tensors
     if n > 1:
-        _write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
+        write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
                                        "weight_map": dict(sorted(weight_map.items()))})
     return out
 

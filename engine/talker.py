@@ -13,6 +13,11 @@ Text positions embed through `embed_tokens`; audio positions (one delay-pattern 
 in 0..1025) through the SUM of 8 rows of one table at `code + k * 1026`. After the shared final
 norm the audio head gives [8, 1026] logits (fp32) at each sequence's last new token; the text head
 runs only for sequences that ask for it. Parameter names equal the transformers-native checkpoint's.
+
+Context: RoPE is computed per position (llama3 scaling is defined for any position), so the only
+position limit is the serving context cap `max_positions` (EngineConfig.max_seq_len), never the
+checkpoint config's `max_position_embeddings` (2048 in the transformers-native config.json,
+131072 in Boson's; both describe the same model).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref, write_paged_kv_ref
 from higgs_stream.kernels.norm import rms_norm_ref
 from higgs_stream.kernels.rope import apply_rope_ref, llama3_inv_freq, rope_cos_sin
+
+DEFAULT_MAX_POSITIONS = 8192  # context cap per sequence (Boson's serve engine caps at 8192)
 
 
 @dataclass
@@ -49,8 +56,8 @@ class StepBatch:
     want_text: torch.Tensor  # [B] bool, compute text logits for these sequences
     want_audio: torch.Tensor  # [B] bool, compute audio logits for these sequences
 
-    def validate(self, cfg: TalkerConfig) -> None:
-        """Shape and value checks; InvalidInputError on the first violation."""
+    def validate(self, cfg: TalkerConfig, max_positions: int) -> None:
+        """Shape and value checks (positions in [0, max_positions)); InvalidInputError on the first violation."""
         b, n = len(self.seq_ids), sum(self.qo_lens)
         if b == 0 or len(self.qo_lens) != b or min(self.qo_lens) < 1:
             raise InvalidInputError(f"need >= 1 sequence with qo_len >= 1 each, got qo_lens={self.qo_lens}")
@@ -73,8 +80,9 @@ class StepBatch:
         codes = self.audio_codes[self.is_audio]
         if codes.numel() and (codes.min() < 0 or codes.max() >= cfg.audio_vocab):
             raise InvalidInputError(f"audio codes must lie in [0, {cfg.audio_vocab})")
-        if self.positions.numel() and (self.positions.min() < 0 or self.positions.max() >= cfg.max_position_embeddings):
-            raise InvalidInputError(f"positions must lie in [0, {cfg.max_position_embeddings})")
+        if self.positions.numel() and (self.positions.min() < 0 or self.positions.max() >= max_positions):
+            raise InvalidInputError(f"positions must lie in [0, {max_positions}) (the context cap), "
+                                    f"got {int(self.positions.min())}..{int(self.positions.max())}")
 
 
 @dataclass
@@ -134,7 +142,10 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA self-attention that writes this step's K/V into the page pool, then reads it back paged."""
+    """GQA self-attention that writes this step's K/V into the page pool, then reads it back paged.
+
+    `project_qkv` is the hook a variant overrides to transform q/k/v before RoPE (Qwen3: QK-norm).
+    """
 
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
@@ -143,6 +154,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[N, H] -> q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D] (before RoPE)."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        return q, k, v
 
     def forward(
         self,
@@ -153,9 +172,7 @@ class Attention(nn.Module):
         layout: PagedLayout,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)  # [N, Hq, D]
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project_qkv(x)  # [N, Hq, D], [N, Hkv, D], [N, Hkv, D]
         q, k = apply_rope_ref(q, *rope), apply_rope_ref(k, *rope)
         write_paged_kv_ref(k_pool, v_pool, k, v, layout.slot_mapping)
         out = paged_attention_ref(q, k_pool, v_pool, layout, sm_scale=self.head_dim**-0.5)  # [N, Hq, D]
@@ -218,14 +235,22 @@ class Backbone(nn.Module):
 
 
 class Talker(nn.Module):
-    def __init__(self, cfg: TalkerConfig, use_text_head: bool = True) -> None:
+    def __init__(self, cfg: TalkerConfig, use_text_head: bool = True, *,
+                 max_positions: int = DEFAULT_MAX_POSITIONS) -> None:
         super().__init__()
+        assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         self.cfg = cfg
+        self.max_positions = max_positions  # context cap: RoPE positions 0..max_positions-1
         self.model = Backbone(cfg)
         self.audio_lm_head = nn.Linear(cfg.hidden_size, cfg.num_codebooks * cfg.audio_vocab, bias=False)
         self.text_lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if use_text_head else None
         inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # [D/2] fp32
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the backbone weights (and of the KV cache the engine creates for it)."""
+        return self.audio_lm_head.weight.dtype
 
     def embed(self, input_ids: torch.Tensor, audio_codes: torch.Tensor, route: Routing) -> torch.Tensor:
         """[N] text ids, [N, 8] codes -> [N, H]; each table only looks up its own rows."""
@@ -242,7 +267,7 @@ class Talker(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: StepBatch, cache: KVCache) -> StepOutput:
         cfg = self.cfg
-        batch.validate(cfg)
+        batch.validate(cfg, self.max_positions)
         device = self.audio_lm_head.weight.device
         dtype = self.audio_lm_head.weight.dtype
         layout = cache.layout(batch.seq_ids, batch.qo_lens)

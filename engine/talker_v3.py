@@ -24,9 +24,9 @@ from torch import nn
 
 from higgs_stream.engine.config_v3 import TalkerV3Config
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.talker import MLP, Attention, RMSNorm, StepBatch, StepOutput
-from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref, write_paged_kv_ref
-from higgs_stream.kernels.rope import apply_rope_ref, llama3_inv_freq, rope_cos_sin
+from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS, MLP, Attention, RMSNorm, StepBatch, StepOutput
+from higgs_stream.kernels.attention import PagedLayout
+from higgs_stream.kernels.rope import llama3_inv_freq, rope_cos_sin
 
 
 class Qwen3Attention(Attention):
@@ -37,22 +37,9 @@ class Qwen3Attention(Attention):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,  # [N, H]
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [N, D]
-        k_pool: torch.Tensor,  # [P, page_size, Hkv, D] (this layer)
-        v_pool: torch.Tensor,
-        layout: PagedLayout,
-    ) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim))  # [N, Hq, D]
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim))  # [N, Hkv, D]
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope_ref(q, *rope), apply_rope_ref(k, *rope)
-        write_paged_kv_ref(k_pool, v_pool, k, v, layout.slot_mapping)
-        out = paged_attention_ref(q, k_pool, v_pool, layout, sm_scale=self.head_dim**-0.5)  # [N, Hq, D]
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))  # [N, H]
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = super().project_qkv(x)  # [N, Hq, D], [N, Hkv, D], [N, Hkv, D]
+        return self.q_norm(q), self.k_norm(k), v
 
 
 class Qwen3Layer(nn.Module):
@@ -112,9 +99,11 @@ class Tied(nn.Module):
 class TalkerV3(nn.Module):
     """The v3 talker; `forward(StepBatch, KVCache) -> StepOutput` like the v2 `Talker`."""
 
-    def __init__(self, cfg: TalkerV3Config) -> None:
+    def __init__(self, cfg: TalkerV3Config, *, max_positions: int = DEFAULT_MAX_POSITIONS) -> None:
         super().__init__()
+        assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         self.cfg = cfg
+        self.max_positions = max_positions  # context cap: RoPE positions 0..max_positions-1
         self.body = Body(cfg)
         self.tied = Tied(cfg)
         self.register_buffer("inv_freq", llama3_inv_freq(cfg.head_dim, cfg.rope_theta, None), persistent=False)
@@ -126,6 +115,11 @@ class TalkerV3(nn.Module):
     @property
     def text_embedding(self) -> nn.Embedding:
         return self.tied.embedding.text_embedding
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the backbone weights (and of the KV cache); the fused audio matrix may differ."""
+        return self.text_embedding.weight.dtype
 
     def embed(self, input_ids: torch.Tensor, audio_codes: torch.Tensor, is_audio: torch.Tensor) -> torch.Tensor:
         """input_ids [N], audio_codes [N, K], is_audio [N] -> [N, H] in the backbone dtype.
@@ -151,7 +145,7 @@ class TalkerV3(nn.Module):
         Returns ([final-normed hidden [N, H]], layout), or with `all_layers` the embedding output
         and each layer's output before it, as transformers' `output_hidden_states` lists them.
         """
-        batch.validate(self.cfg)
+        batch.validate(self.cfg, self.max_positions)
         device = self.text_embedding.weight.device
         layout = cache.layout(batch.seq_ids, batch.qo_lens)
         x = self.embed(batch.input_ids.to(device), batch.audio_codes.to(device), batch.is_audio.to(device))  # [N, H]

@@ -4,6 +4,10 @@ Special token ids are looked up by their token string in the checkpoint's own to
 hard-coded), and every token the prompt builder needs must exist as an added token, so that the
 literal text `<|AUDIO_OUT|>` inside a prompt piece encodes to exactly one id. REF tokenizes
 each prompt piece with `encode(piece, add_special_tokens=False)`; `encode` does the same.
+
+Which tokens are resolved is the model family's: `specials` is the dataclass of ids to fill
+(`SpecialTokens` for v2, config_v3.V3SpecialTokens for v3), whose class attributes name each
+field's token string (`TOKEN_STRINGS`) and the fields that may be absent (`OPTIONAL`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from higgs_stream.engine.config import SPECIAL_TOKEN_STRINGS, SpecialTokens
-from higgs_stream.engine.errors import CheckpointError, InvalidInputError
+from higgs_stream.engine.config import SpecialTokens
+from higgs_stream.engine.config_v3 import V3SpecialTokens
+from higgs_stream.engine.errors import CheckpointError, ConfigError, InvalidInputError
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -23,39 +28,47 @@ TOKENIZER_FILE = "tokenizer.json"
 SOUND_EVENT_TOKENS = ("<SE>", "</SE>", "<SE_s>", "</SE_s>", "<SE_e>", "</SE_e>")
 
 
-class TextTokenizer:
-    """Byte-level BPE text tokenizer plus the resolved Higgs special token ids."""
+Specials = type[SpecialTokens] | type[V3SpecialTokens]
 
-    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>") -> None:
+
+class TextTokenizer:
+    """Byte-level BPE text tokenizer plus the resolved special token ids of one model family."""
+
+    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>", specials: Specials = SpecialTokens) -> None:
         self._tok = tokenizer
         self.source = source
         # Added (special) tokens by string; these are what a prompt may spell literally.
         self._added: dict[str, int] = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
-        self.special: SpecialTokens = SpecialTokens(
-            **{field: self._require_added(token) for field, token in SPECIAL_TOKEN_STRINGS.items()}
-        )
+        ids = {field: self._require_added(token, optional=field in specials.OPTIONAL)
+               for field, token in specials.TOKEN_STRINGS.items()}
+        try:
+            self.special: SpecialTokens | V3SpecialTokens = specials(**ids)
+        except ConfigError as e:
+            raise CheckpointError(f"tokenizer {source}: {e}") from e
         # A second instance that treats special-token strings in the input as plain text.
         self._literal = Tokenizer.from_str(tokenizer.to_str())
         self._literal.encode_special_tokens = True
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> TextTokenizer:
+    def from_dir(cls, path: str | Path, specials: Specials = SpecialTokens) -> TextTokenizer:
         """Load `<path>/tokenizer.json`; CheckpointError when it is missing, unreadable or incomplete."""
         file = Path(path) / TOKENIZER_FILE
         if not file.is_file():
             raise CheckpointError(f"missing {TOKENIZER_FILE} in {path}")
-        return cls.from_file(file)
+        return cls.from_file(file, specials)
 
     @classmethod
-    def from_file(cls, file: str | Path) -> TextTokenizer:
+    def from_file(cls, file: str | Path, specials: Specials = SpecialTokens) -> TextTokenizer:
         try:
             tok = Tokenizer.from_file(str(file))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
             raise CheckpointError(f"cannot read tokenizer {file}: {e}") from e
-        return cls(tok, source=str(file))
+        return cls(tok, source=str(file), specials=specials)
 
-    def _require_added(self, token: str) -> int:
+    def _require_added(self, token: str, optional: bool = False) -> int | None:
         if token not in self._added:
+            if optional:
+                return None
             in_vocab = self._tok.token_to_id(token)
             detail = (f" (it is in the vocabulary as id {in_vocab} but not an added special token)"
                       if in_vocab is not None else "")

@@ -236,3 +236,14 @@ def to_s16le(pcm: np.ndarray) -> bytes:
     if not np.isfinite(x).all():
         raise InvalidInputError("pcm contains NaN or infinity")
     return np.rint(np.clip(x, -1.0, 1.0) * S16_SCALE).astype("<i2").tobytes()
+
+
+def write_wav(path: str, pcm: np.ndarray, sample_rate: int) -> None:
+    """Write float PCM as a 16-bit mono WAV through `to_s16le` (the bytes the server streams)."""
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(int(sample_rate))
+        w.writeframes(to_s16le(pcm))

@@ -26,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -42,6 +41,7 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on every add/cancel)
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
 ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes too)
+STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
+        self._stop_by = 0.0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="higgs-encode")
@@ -298,8 +299,10 @@ class Pipeline:
         self._thread.start()
 
     async def stop(self) -> None:
+        """Cancel every stream, let the engine thread apply the cancels (freeing their pages), stop it."""
         for handle in list(self._handles):
             handle.cancel()
+        self._stop_by = time.monotonic() + STOP_GRACE_S
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -368,11 +371,16 @@ class Pipeline:
     # ---- engine thread ----
 
     def _run(self) -> None:
-        while not self._stopping:
+        while True:
             self._wake.clear()
             if not self.engine.has_work():
+                if self._stopping:
+                    return
                 self._wake.wait(IDLE_WAIT_S)
                 continue
+            if self._stopping and time.monotonic() > self._stop_by:
+                log.error("engine still busy %.0f s after stop; leaving it", STOP_GRACE_S)
+                return
             t0 = time.perf_counter()
             try:
                 events = self.engine.step()
@@ -380,6 +388,7 @@ class Pipeline:
             except Exception:
                 self._failures += 1
                 log.exception("engine step failed (%d in a row)", self._failures)
+                time.sleep(min(1.0, 0.05 * self._failures))  # no hot loop on a broken device
                 continue  # the failed streams' error events come with the next step
             items = self._route(events)
             self.steps += 1

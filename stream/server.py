@@ -25,7 +25,6 @@ from importlib import resources
 from pathlib import Path
 
 from aiohttp import WSCloseCode, WSMsgType, web
-
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import TooLargeError, UnauthorizedError
@@ -80,7 +79,7 @@ class SessionRunner:
         reader = asyncio.create_task(self._read(receive), name="session-reader")
         writer = asyncio.create_task(self._write(), name="session-writer")
         try:
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (reader, writer):
                 task.cancel()
@@ -404,7 +403,6 @@ def _cuda() -> bool:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
-
     from higgs_stream.engine.checkpoint import resolve_model_dir
     from higgs_stream.engine.codec import DEFAULT_HUB_ID, load_codec
     from higgs_stream.engine.engine import Engine, EngineConfig
@@ -432,6 +430,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
     app = make_app(state)
     log.info("serving on http://%s:%d (WebSocket /v1/tts/stream, POST /v1/audio/speech)", args.host, args.port)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "to
 CONFIG_KEYS = (*OPTION_KEYS, "audio", "sample_rate", "encoding", "max_buffer_delay_ms")
 AUDIO_FRAMINGS = ("binary", "base64")
 MAX_CONTEXT_ID = 128
+DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.7, 0.95  # Boson's serve engine defaults (engine/request.py)
 RECENT_DONE = 256  # finished context ids remembered so a late `cancel` is ignored, not an error
 
 
@@ -33,9 +35,9 @@ class ContextOptions:
     voice: Voice
     mode: str = "exact"
     seed: int | None = None
-    temperature: float = 0.7
+    temperature: float = DEFAULT_TEMPERATURE
     top_k: int | None = None
-    top_p: float = 0.95
+    top_p: float = DEFAULT_TOP_P
     scene: str | None = None
 
 
@@ -44,7 +46,7 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def parse_voice(raw: dict, voices: VoiceLibrary) -> Voice | None:
@@ -68,19 +70,22 @@ def parse_options(raw: dict, cfg: ServerConfig, voices: VoiceLibrary, voice: Voi
     """Validate option fields (absent or null = default). `voice` is used when `raw` names none."""
     given = parse_voice(raw, voices)
     voice = given or voice or voices.resolve(DEFAULT)
-    mode = raw.get("mode") if raw.get("mode") is not None else cfg.default_mode
+    def value(key: str, default: Any) -> Any:  # absent or null -> default
+        return default if raw.get(key) is None else raw[key]
+
+    mode = value("mode", cfg.default_mode)
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
     seed = raw.get("seed")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
         raise InvalidInputError(f"seed must be an int in [0, 2**63) or null, got {seed!r}")
-    temperature = raw.get("temperature", 0.7) if raw.get("temperature") is not None else 0.7
+    temperature = value("temperature", DEFAULT_TEMPERATURE)
     if not _is_number(temperature) or not 0.0 <= temperature <= 2.0:
         raise InvalidInputError(f"temperature must be a number in [0, 2], got {temperature!r}")
     top_k = raw.get("top_k")
     if top_k is not None and (not _is_int(top_k) or top_k < 1):
         raise InvalidInputError(f"top_k must be an int >= 1 or null, got {top_k!r}")
-    top_p = raw.get("top_p") if raw.get("top_p") is not None else 0.95
+    top_p = value("top_p", DEFAULT_TOP_P)
     if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
         raise InvalidInputError(f"top_p must be a number in (0, 1], got {top_p!r}")
     scene = raw.get("scene")

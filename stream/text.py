@@ -19,7 +19,7 @@ _BOUNDARY = re.compile(
 _LOOKS_FINISHED = re.compile(rf"[.!?…。！？][{_CLOSERS}]*\s*$")
 _CLAUSE = re.compile(r"[,;:，；：、]\s")
 _ABBREVIATIONS = frozenset(
-    "mr mrs ms dr st prof sr jr vs e.g i.e approx dept".split()
+    ["mr", "mrs", "ms", "dr", "st", "prof", "sr", "jr", "vs", "e.g", "i.e", "approx", "dept"]
 )
 
 
@@ -124,8 +124,8 @@ class TextBuffer:
 
     def _next_boundary(self) -> re.Match | None:
         for m in _BOUNDARY.finditer(self._buf):
-            if m.group(1) is not None and m.group(1)[0] == "." and len(m.group(1).rstrip(_CLOSERS)) == 1:
-                if _is_abbreviation(self._buf[: m.start()]):
-                    continue
+            single_dot = m.group(1) is not None and m.group(1).rstrip(_CLOSERS) == "."
+            if single_dot and _is_abbreviation(self._buf[: m.start()]):
+                continue
             return m
         return None

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from higgs_stream.engine.errors import AudioInputError, ConfigError, InvalidInputError, NotFoundError
 from higgs_stream.stream.config import OPENAI_VOICES, ServerConfig
 from higgs_stream.stream.errors import TooLargeError

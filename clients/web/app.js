@@ -5,15 +5,21 @@
 'use strict';
 
 const SAMPLE_RATE = 24000;
-const token = new URLSearchParams(location.search).get('token');
+const query = new URLSearchParams(location.search);
+const token = query.get('token');
+// Jitter buffer before an utterance starts playing (WebSocket). 0 plays the first packet at once,
+// which stays gapless only while the server runs comfortably ahead of real time.
+const PREBUFFER_MS = query.has('prebuffer_ms') ? Number(query.get('prebuffer_ms')) : 100;
 const $ = (id) => document.getElementById(id);
 
 const stats = (window.stats = {
   transport: null,
+  prebufferMs: PREBUFFER_MS,
   contextId: null,
   events: [], // protocol and player events, in order ('ready', 'audio_start', 'done:completed', ...)
   bytes: 0, // PCM bytes received for the current context (WebSocket)
   chunks: 0,
+  arrivals: [], // [ms since Play, samples] per PCM frame (WebSocket)
   firstByteMs: null, // Play -> first PCM byte (WebSocket)
   ttfaMs: null, // Play -> first sample played (worklet) / playout start (WebRTC audio_start)
   bufferedMs: 0,
@@ -74,7 +80,7 @@ async function ensureAudio() {
   const node = new AudioWorkletNode(ctx, 'pcm-player', {
     numberOfInputs: 0,
     outputChannelCount: [1],
-    processorOptions: { inputRate: SAMPLE_RATE },
+    processorOptions: { inputRate: SAMPLE_RATE, prebufferMs: PREBUFFER_MS },
   });
   const analyser = ctx.createAnalyser();
   analyser.fftSize = 1024;
@@ -122,6 +128,7 @@ function render() {
   $('ttfa').textContent = stats.ttfaMs === null ? '–' : `${stats.ttfaMs.toFixed(0)} ms`;
   $('buffered').textContent = `${stats.bufferedMs.toFixed(0)} ms`;
   $('underruns').textContent = String(stats.underruns);
+  $('prebuffer').textContent = stats.transport === 'webrtc' ? 'WebRTC (browser)' : `${PREBUFFER_MS} ms`;
   $('received').textContent = `${(stats.bytes / 2 / SAMPLE_RATE).toFixed(2)} s`;
 }
 
@@ -179,6 +186,7 @@ function onPcm(buf) {
   if (stats.firstByteMs === null) stats.firstByteMs = performance.now() - current.t0;
   stats.bytes += buf.byteLength;
   stats.chunks += 1;
+  stats.arrivals.push([performance.now() - current.t0, buf.byteLength / 2]);
   audio.node.port.postMessage({ type: 'pcm', data: buf }, [buf]);
 }
 
@@ -298,7 +306,7 @@ async function play() {
   const id = `ctx-${Date.now()}-${++contextCounter}`;
   const transport = $('transport').value;
   Object.assign(stats, {
-    transport, contextId: id, bytes: 0, chunks: 0, firstByteMs: null, ttfaMs: null, maxRms: 0,
+    transport, contextId: id, bytes: 0, chunks: 0, arrivals: [], firstByteMs: null, ttfaMs: null, maxRms: 0,
     underruns: 0, done: null,
   });
   underrunBase = stats.worklet ? stats.worklet.underruns : 0;

@@ -9,9 +9,11 @@
 //   {type: 'drained'}                  buffer ran dry after 'end'
 //   {type: 'stats', buffered, bufferedMs, underruns, underrunQuanta, overflows, quanta, played}
 //
-// An underrun is counted once each time the ring runs dry while an utterance is playing and its
-// 'end' has not arrived; silence is output until data comes back (no re-buffering delay).
-// When the context rate differs from `inputRate`, samples are linearly interpolated.
+// Playback of an utterance starts once `prebufferMs` of audio is buffered (0: with the first
+// sample) or its 'end' has arrived. An underrun is counted once each time the ring runs dry while
+// an utterance is playing and its 'end' has not arrived; silence is output until data comes back
+// (no re-buffering delay). When the context rate differs from `inputRate`, samples are linearly
+// interpolated.
 
 class PCMPlayer extends AudioWorkletProcessor {
   constructor(options) {
@@ -20,12 +22,13 @@ class PCMPlayer extends AudioWorkletProcessor {
     this.inputRate = opts.inputRate || 24000;
     const capacitySeconds = opts.capacitySeconds || 120;
     this.statsEveryQuanta = opts.statsEveryQuanta || 8;
+    this.prebuffer = Math.round((this.inputRate * (opts.prebufferMs || 0)) / 1000);
     this.ring = new Float32Array(Math.ceil(this.inputRate * capacitySeconds));
     this.step = this.inputRate / sampleRate; // input samples consumed per output sample
     this.readPos = 0; // integer index of the next unread sample in the ring
     this.frac = 0; // fractional position between readPos and readPos + 1 (resampling only)
     this.count = 0; // unread samples in the ring
-    this.state = 'idle'; // idle | playing | starved
+    this.state = 'idle'; // idle | buffering | playing | starved
     this.ended = false;
     this.underruns = 0;
     this.underrunQuanta = 0;
@@ -39,12 +42,14 @@ class PCMPlayer extends AudioWorkletProcessor {
     if (msg.type === 'pcm') {
       this.write(new Int16Array(msg.data));
       if (this.state === 'idle') {
-        this.state = 'playing';
+        this.state = 'buffering';
         this.ended = false;
         this.announceStart = true;
       }
+      if (this.state === 'buffering' && this.count >= this.prebuffer) this.state = 'playing';
     } else if (msg.type === 'end') {
       this.ended = true;
+      if (this.state === 'buffering') this.state = 'playing';
     } else if (msg.type === 'clear') {
       this.readPos = 0;
       this.frac = 0;
@@ -84,7 +89,7 @@ class PCMPlayer extends AudioWorkletProcessor {
   process(inputs, outputs) {
     const out = outputs[0][0];
     this.quanta += 1;
-    if (this.state === 'idle') {
+    if (this.state === 'idle' || this.state === 'buffering') {
       out.fill(0);
     } else {
       let i = 0;

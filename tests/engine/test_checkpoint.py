@@ -19,10 +19,10 @@ from higgs_stream.engine import checkpoint as ckpt_mod
 from higgs_stream.engine.checkpoint import (
     INDEX_FILE,
     TALKER_ALLOW_PATTERNS,
-    _parameters_on_meta,
     find_codec_dir,
     load_talker,
     open_checkpoint,
+    parameters_on_meta,
     resolve_model_dir,
     to_layout_key,
     to_native_key,
@@ -176,7 +176,7 @@ def test_known_non_weight_keys_are_skipped(plain: dict[str, Path], tmp_path: Pat
 def test_parameters_on_meta_keeps_buffers_real() -> None:
     from higgs_stream.engine.make_checkpoint import talker_config
 
-    with _parameters_on_meta():
+    with parameters_on_meta():
         talker = Talker(talker_config("tiny"))
     assert all(p.device.type == "meta" for p in talker.parameters())
     assert talker.inv_freq.device.type == "cpu" and torch.isfinite(talker.inv_freq).all()

@@ -17,8 +17,7 @@ import torch
 
 from higgs_stream.engine.checkpoint_v3 import load_codec_v3
 from higgs_stream.engine.delay import columns_to_frames
-from higgs_stream.engine.engine import EngineConfig
-from higgs_stream.engine.engine_v3 import EngineV3
+from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.generation_v3 import RowState
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.make_checkpoint_v3 import make_checkpoint_v3
@@ -45,9 +44,9 @@ def ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(ckpt) -> EngineV3:
+def engine(ckpt) -> Engine:
     # a small token budget so the prompt is prefilled in several chunks
-    return EngineV3.from_pretrained(str(ckpt), config=EngineConfig(max_batch=4, token_budget=8, kv_pages=64,
+    return Engine.from_pretrained(str(ckpt), config=EngineConfig(max_batch=4, token_budget=8, kv_pages=64,
                                                                     page_size=4))
 
 
@@ -56,7 +55,7 @@ def codec(ckpt):
     return load_codec_v3(ckpt)
 
 
-def oracle_rows(engine: EngineV3, request: GenerationRequest) -> list[tuple[int, ...]]:
+def oracle_rows(engine: Engine, request: GenerationRequest) -> list[tuple[int, ...]]:
     talker, cfg = engine.talker, engine.cfg
     prompt = engine.policy.build_prompt(request)
     cache = KVCache.create(cfg, num_pages=64, page_size=16)
@@ -136,7 +135,7 @@ def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(en
 
 
 def test_non_finite_logits_fail_only_that_stream(ckpt, monkeypatch):
-    engine = EngineV3.from_pretrained(str(ckpt), config=EngineConfig(max_batch=4, token_budget=64, kv_pages=64,
+    engine = Engine.from_pretrained(str(ckpt), config=EngineConfig(max_batch=4, token_budget=64, kv_pages=64,
                                                                       page_size=4))
     good, bad = (engine.add(greedy(t, max_frames=3)) for t in ("Fine text.", "Broken text."))
     real = engine.talker.audio.logits

@@ -12,21 +12,21 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.checkpoint_v3 import V3TextTokenizer
-from higgs_stream.engine.config_v3 import V3_SPECIAL_TOKEN_STRINGS, TalkerV3Config
+from higgs_stream.engine.config_v3 import V3_SPECIAL_TOKEN_STRINGS, TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.generation_v3 import RowState, V3Policy, V3Segment, build_prompt_v3, delayed_reference_rows
 from higgs_stream.engine.make_checkpoint_v3 import build_v3_tokenizer
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, sample_columns
+from higgs_stream.engine.tokenizer import TextTokenizer
 
 BOC, EOC, K = 1024, 1025, 8
 
 
 @pytest.fixture(scope="module")
-def tok() -> V3TextTokenizer:
-    return V3TextTokenizer(build_v3_tokenizer(288, tuple(V3_SPECIAL_TOKEN_STRINGS.values())))
+def tok() -> TextTokenizer:
+    return TextTokenizer(build_v3_tokenizer(288, tuple(V3_SPECIAL_TOKEN_STRINGS.values())), specials=V3SpecialTokens)
 
 
 @pytest.fixture(scope="module")

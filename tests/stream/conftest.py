@@ -15,16 +15,6 @@ from higgs_stream.engine.codec import Codec, CodecConfig, codec_from_state_dict
 from higgs_stream.engine.codec.make import build_reference_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny convolutions run fastest on one thread; with two OpenMP threads on a busy 2-core
-    machine the spin-waiting made these tests ~50x slower (measured)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class CountingDecoder:
     """Wraps a decode callable and records the shape of every codec call."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from higgs_stream.stream.metrics import Counter, Histogram, Metrics, UnderrunMeter
 
 
@@ -34,7 +33,7 @@ def test_exposition_format():
     assert text.endswith("\n")
     for line in lines:  # every sample line is `name{labels} value`
         if not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
+            _, value = line.rsplit(" ", 1)
             float(value.replace("+Inf", "inf"))
 
 

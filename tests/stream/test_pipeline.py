@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import warnings
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.errors import CapacityError
+from higgs_stream.engine.errors import CapacityError, HiggsStreamError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
@@ -32,8 +32,10 @@ def length_invariant_convs():
     """Byte-exact streaming needs a codec whose conv arithmetic does not depend on the input length.
     oneDNN's CPU convolutions pick kernels by length (a window and the one-shot decode then differ by
     up to ~2e-5, which flips an s16 LSB now and then); PyTorch's native CPU convs do not."""
-    with torch.backends.mkldnn.flags(enabled=False):
-        yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flags() also sets oneDNN TF32, which warns on CPU
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +201,46 @@ async def test_admission_and_slow_client(make_pipeline, engine):
     await pages_freed(engine)
     h2 = p.open(ContextOptions(voice=default_voice()))  # the slot is free again
     h2.cancel()
+
+
+async def test_stop_cancels_streams_and_frees_pages(engine, codec):
+    p = Pipeline(engine, codec, ServerConfig(max_frames=2000))
+    await p.start()
+    h = p.open(ContextOptions(voice=default_voice(), seed=3, temperature=1.0))
+    h.say("A long sentence that keeps going.")
+    async with asyncio.timeout(30):
+        await h.next(1 << 20)
+    assert engine.cache.allocator.num_used > 0
+    await p.stop()
+    assert engine.num_active == 0 and engine.cache.allocator.num_used == 0
+    assert h.take(1 << 20)[-1] == End("cancelled") and not p.healthy
+    with pytest.raises(HiggsStreamError):
+        p.open(ContextOptions(voice=default_voice()))
+
+
+async def test_engine_failure_ends_only_the_affected_stream(make_pipeline, engine, monkeypatch, caplog):
+    p = await make_pipeline()
+    forward = engine.talker.forward
+    calls = {"n": 0}
+
+    def flaky(batch, cache):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("device fell over")
+        return forward(batch, cache)
+
+    monkeypatch.setattr(engine.talker, "forward", flaky)
+    h = p.open(ContextOptions(voice=default_voice(), seed=1))
+    h.say("Hello there.")
+    h.close()
+    pcm, end = await collect(h)
+    assert pcm == b"" and end.reason == "error" and end.error.code == "internal"
+    assert "device fell over" in str(end.error)
+    assert "engine step failed" in caplog.text
+    await pages_freed(engine)
+    # the next stream runs normally and the pipeline stays healthy
+    h2 = p.open(ContextOptions(voice=default_voice(), seed=3))
+    h2.say("Hello there.")
+    h2.close()
+    pcm2, end2 = await collect(h2)
+    assert end2 == End("completed") and len(pcm2) > 0 and p.healthy

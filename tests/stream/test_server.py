@@ -9,15 +9,13 @@ import base64
 import io
 import json
 import time
+import warnings
 
 import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
-
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -29,6 +27,8 @@ from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.server import ServerState, bound_port, serve, wav_header
 from higgs_stream.stream.voices import VoiceLibrary
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
 LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
@@ -37,8 +37,10 @@ LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on 
 @pytest.fixture(autouse=True, scope="module")
 def length_invariant_convs():
     """See tests/stream/test_pipeline.py: oneDNN convs differ by window length; native ones do not."""
-    with torch.backends.mkldnn.flags(enabled=False):
-        yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # flags() also sets oneDNN TF32, which warns on CPU
+        with torch.backends.mkldnn.flags(enabled=False):
+            yield
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +282,7 @@ async def test_bad_input_gets_typed_errors_and_connection_survives(start_server,
         for raw, code, cid in bad:
             await ws.send(raw)
             n = len(lis.errors)
-            await lis.until(lambda: len(lis.errors) > n, timeout=5)
+            await lis.until(lambda n=n: len(lis.errors) > n, timeout=5)
             err = lis.errors[-1]
             assert err["code"] == code and err.get("context_id") == cid and err["message"], err
         assert lis.done == {} and not lis.pcm  # nothing was created
@@ -343,7 +345,7 @@ async def test_auth(start_server):
 
 
 async def test_busy_when_full(start_server):
-    host, state = await start_server(max_streams=1)
+    host, _ = await start_server(max_streams=1)
     async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
         lis = Listener(ws)
         await ws.send(json.dumps({"type": "text", "context_id": "hold", "text": "waiting for more"}))
@@ -397,6 +399,21 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
             assert r.status == 404
     # an engine that stops stepping reports unhealthy
     await state.pipeline.stop()
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://{host}/healthz") as r:
-            assert r.status == 503 and (await r.json())["status"] == "unhealthy"
+    async with aiohttp.ClientSession() as http, http.get(f"http://{host}/healthz") as r:
+        assert r.status == 503 and (await r.json())["status"] == "unhealthy"
+
+
+async def test_idle_text_is_spoken_after_the_buffer_delay(start_server, reference):
+    host, _ = await start_server()
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        lis = Listener(ws)
+        await ws.send(json.dumps({"type": "config", "max_buffer_delay_ms": 300}))
+        await ws.send(json.dumps({"type": "text", "context_id": "t", "text": "Hello", "seed": 3}))
+        await ws.send(json.dumps({"type": "text", "context_id": "t", "text": " there."}))
+        # no end, no flush: the writer's timer cuts the buffer once it has been idle
+        await lis.until(lambda: len(lis.pcm.get("t", b"")) > 0, timeout=30)
+        assert "t" not in lis.done
+        await ws.send(json.dumps({"type": "end", "context_id": "t"}))
+        await lis.until(lambda: "t" in lis.done)
+        assert bytes(lis.pcm["t"]) == reference("Hello there.", 3)
+        assert [e["type"] for e in lis.events][:2] == ["ready", "ready"]

@@ -12,7 +12,6 @@ import json
 import numpy as np
 import pytest
 import soundfile as sf
-
 from higgs_stream.engine.errors import AudioInputError, CapacityError, HiggsStreamError
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import SlowClientError
@@ -281,6 +280,7 @@ def test_query_config_errors_keep_defaults(voices):
     s, codes = new_session(voices, query={"sample_rate": "16000", "token": "t"})
     out = msgs(s)
     assert out[0]["code"] == "invalid_input" and out[1]["type"] == "ready" and out[1]["audio"] == "binary"
+    assert codes == ["invalid_input"]
     s2, _ = new_session(voices, query={"voice": "belinda", "token": "t"})
     assert msgs(s2)[0]["voice"] == "belinda"
 

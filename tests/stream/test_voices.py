@@ -8,7 +8,6 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-
 from higgs_stream.engine.errors import AudioInputError, ConfigError, InvalidInputError, NotFoundError
 from higgs_stream.stream.config import OPENAI_VOICES, ServerConfig
 from higgs_stream.stream.errors import TooLargeError

@@ -1,0 +1,358 @@
+"""GPU benchmark of the full-size Higgs Audio v2 talker with random weights (one command):
+
+    python -m higgs_stream.bench --out bench.json
+
+Sections (all in one run, on one GPU, numbers named after the card):
+  parity    our bf16 fast path vs transformers' fp32 reference: audio log-prob deltas; greedy codes
+            of the graphed batched engine vs the eager batch-1 engine (several streams, 200 steps)
+  baseline  transformers' `generate` with the same weights (bf16, batch 1): frames/s
+  decode    graph-replayed decode step time vs batch size beside the weight-read floor from a copy
+            bandwidth measured in this run
+  stream    the real streaming pipeline (stream/pipeline.py, Code2Wav adapter, codec on the GPU)
+            under N concurrent streams arriving over time: TTFA, per-stream RTF, underruns of a
+            real-time listener, aggregate audio seconds per second
+Random weights never stop by themselves: utterances end at the frame cap (250 frames = 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from higgs_stream.bench_model import logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
+from higgs_stream.engine.engine import EngineConfig
+from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
+from higgs_stream.engine.gpu_sampling import StreamStart
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.prompt import build_prompt
+from higgs_stream.engine.request import GenerationRequest, SamplingParams
+
+TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
+        "and she said good morning, how are you today, before the whole sentence had been spoken.")
+FRAMES = 250  # 10 s at 25 frames/s
+SAMPLE_RATE = 24000
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- measurements
+def copy_bandwidth(gib: float = 2.0, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second)."""
+    n = int(gib * (1 << 30)) // 4
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    return 2 * n * 4 / float(np.median(times))
+
+
+def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: int = 200) -> dict:
+    """Greedy codes of n concurrent streams (different prompt lengths, same seeds, RAS on) through
+    the graphed batched engine vs each stream alone through the eager batch-1 engine."""
+    texts = [TEXT[: 20 + 37 * i] for i in range(n)]
+    reqs = [GenerationRequest(text=t, sampling=SamplingParams(temperature=0.0, seed=100 + i), max_frames=steps)
+            for i, t in enumerate(texts)]
+    alone = [eager.generate(r) for r in reqs]
+    sids = {engine.add(r): i for i, r in enumerate(reqs)}
+    cols: dict[int, list] = {i: [] for i in range(n)}
+    open_ = set(sids)
+    while open_ or engine.has_work():
+        for ev in engine.step():
+            if ev.column is not None:
+                cols[sids[ev.stream_id]].append(ev.column)
+            if ev.finished:
+                open_.discard(ev.stream_id)
+    rows = []
+    for i in range(n):
+        got, want = np.stack(cols[i], axis=1), alone[i]
+        m = min(got.shape[1], want.shape[1])
+        diff = np.nonzero((got[:, :m] != want[:, :m]).any(axis=0))[0]
+        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "columns": int(got.shape[1]),
+                     "columns_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
+                     "first_diff_column": int(diff[0]) if len(diff) else None})
+    return {"streams": rows, "all_equal": all(r["equal"] for r in rows)}
+
+
+@torch.inference_mode()
+def decode_sweep(engine: GpuEngine, batches: list[int], context: int, weight_bytes: int, bw: float, reps: int = 30) -> list[dict]:
+    """Decode step time at each batch size: graph replay alone (device time) and the full host+device
+    step (staging, FlashInfer plan, replay), each stream holding `context` tokens of random K/V."""
+    cfg, alloc, ps = engine.cfg, engine.cache.allocator, engine.cache.allocator.page_size
+    kv_token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.cache.pool.k.element_size()
+    out = []
+    for b in batches:
+        sids = [2**40 + i for i in range(b)]
+        slots = [engine._free_slots[-1 - i] for i in range(b)]
+        for sid in sids:
+            alloc.reserve(sid, context)
+        engine.state.start([StreamStart(s, SamplingParams(temperature=0.7, seed=s), 10**6, np.zeros((8, 0), np.int64))
+                            for s in slots])
+        tables = [alloc.page_table(s) for s in sids]
+        pos = context - 1
+        args = ([pos] * b, [t[pos // ps] * ps + pos % ps for t in tables], slots, tables, [context] * b)
+        for _ in range(3):
+            engine.graphs.run(*args)
+        torch.cuda.synchronize()
+        graph = engine.graphs._graphs[engine.graphs.bucket_for(b)]
+        times = []
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            engine.graphs.run(*args)
+        torch.cuda.synchronize()
+        full = (time.perf_counter() - t0) / reps
+        for sid in sids:
+            alloc.free(sid)
+        for s in slots:
+            engine.state.release(s)
+        replay = float(np.median(times))
+        floor_w = weight_bytes / bw
+        floor_kv = (weight_bytes + b * context * kv_token_bytes) / bw
+        out.append({"batch": b, "bucket": engine.graphs.bucket_for(b), "context": context, "replay_ms": replay * 1e3,
+                    "step_ms": full * 1e3, "floor_weights_ms": floor_w * 1e3, "floor_weights_kv_ms": floor_kv * 1e3,
+                    "replay_over_floor": replay / floor_kv, "frames_per_s": b / full})
+        log(f"decode b={b}: replay {replay*1e3:.3f} ms, step {full*1e3:.3f} ms, floor {floor_kv*1e3:.3f} ms")
+    return out
+
+
+@torch.inference_mode()
+def transformers_baseline(hf: torch.nn.Module, engine: GpuEngine, steps: int = 48) -> dict:
+    """transformers' generate at batch 1 (the reference in bf16, greedy): frames per second."""
+    req = GenerationRequest(text=TEXT, sampling=SamplingParams(temperature=0.0))
+    prompt = build_prompt(engine.tokenizer, req, 8, 1024)
+    ids = torch.from_numpy(prompt.input_ids)[None].cuda()
+    hf.generate(input_ids=ids, max_new_tokens=4, do_sample=False)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = hf.generate(input_ids=ids, max_new_tokens=steps, do_sample=False)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    seq = out if isinstance(out, torch.Tensor) else out.sequences
+    made = int(seq.shape[1]) if seq.dim() == 3 else int(seq.shape[-1] - ids.shape[1])
+    return {"method": "HiggsAudioV2ForConditionalGeneration.generate (bf16, greedy, batch 1)", "steps": made,
+            "wall_s": wall, "ms_per_step": wall / max(made, 1) * 1e3, "frames_per_s": made / wall}
+
+
+# ---------------------------------------------------------------------------- streaming
+async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int) -> dict:
+    from higgs_stream.stream.metrics import UnderrunMeter
+    from higgs_stream.stream.pipeline import Audio
+    from higgs_stream.stream.session import ContextOptions
+    from higgs_stream.stream.voices import Voice
+
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> dict:
+        await asyncio.sleep(arrival_s * i / max(n, 1))
+        h = pipeline.open(ContextOptions(voice=Voice(name="default"), mode=mode, seed=seed + i), transport="bench")
+        t0 = loop.time()
+        h.say(TEXT)
+        h.close()
+        meter, first, samples = UnderrunMeter(SAMPLE_RATE), None, 0
+        while True:
+            events = await h.next(1 << 30)
+            now = loop.time()
+            for ev in events:
+                if isinstance(ev, Audio):
+                    first = now if first is None else first
+                    meter.chunk(now, len(ev.pcm) // 2)
+                    samples += len(ev.pcm) // 2
+                else:
+                    return {"ttfa": (first - t0) if first is not None else None, "start": t0, "end": now,
+                            "audio_s": samples / SAMPLE_RATE, "underruns": meter.underruns,
+                            "max_gap_s": meter.max_gap_s, "reason": ev.reason}
+
+    t_start = loop.time()
+    rows = await asyncio.gather(*(one(i) for i in range(n)))
+    wall = max(r["end"] for r in rows) - t_start
+    ttfa = np.array([r["ttfa"] for r in rows if r["ttfa"] is not None])
+    rtf = np.array([(r["end"] - r["start"]) / r["audio_s"] for r in rows if r["audio_s"] > 0])
+    audio = sum(r["audio_s"] for r in rows)
+    return {"n": n, "mode": mode, "arrival_s": arrival_s, "completed": sum(r["reason"] == "completed" for r in rows),
+            "ttfa_p50_ms": float(np.percentile(ttfa, 50) * 1e3), "ttfa_p95_ms": float(np.percentile(ttfa, 95) * 1e3),
+            "ttfa_max_ms": float(ttfa.max() * 1e3), "rtf_p50": float(np.percentile(rtf, 50)),
+            "rtf_max": float(rtf.max()), "underruns": int(sum(r["underruns"] for r in rows)),
+            "streams_with_underrun": int(sum(r["underruns"] > 0 for r in rows)),
+            "audio_s_total": audio, "wall_s": wall, "audio_s_per_s": audio / wall,
+            "max_gap_ms": float(max(r["max_gap_s"] for r in rows) * 1e3)}
+
+
+async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]]) -> list[dict]:
+    """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
+    from higgs_stream.stream.config import ServerConfig
+    from higgs_stream.stream.pipeline import Pipeline
+
+    n_max = max(n for n, _, _ in runs)
+    cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0)
+    pipeline = Pipeline(engine, codec, cfg)
+    await pipeline.start()
+    out = []
+    try:
+        await _stream_run(pipeline, 2, "exact", 0.0, 7)  # warm-up (codec kernels, allocator)
+        for n, mode, repeats in runs:
+            for r in range(repeats):
+                res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r)
+                res["repeat"] = r
+                out.append(res)
+                log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
+                    f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']}, {res['audio_s_per_s']:.1f} audio-s/s")
+    finally:
+        await pipeline.stop()
+    return out
+
+
+def gpu_codec(seed: int = 0) -> Any:
+    """The full-size Higgs codec decoder (random weights, fp32) on the GPU."""
+    from higgs_stream.engine.codec.codec import Codec
+    from higgs_stream.engine.codec.config import CodecConfig
+
+    torch.manual_seed(seed)
+    codec = Codec(CodecConfig.full(), with_encoder=False)
+    with torch.no_grad():
+        for name, buf in codec.named_buffers():
+            if name.endswith("codebook.embed"):
+                buf.normal_()
+    return codec.cuda().eval()
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--sections", default="parity,baseline,decode,stream")
+    ap.add_argument("--batches", default="1,8,32,64,128,256")
+    ap.add_argument("--streams", default="1,16,64,128,256")
+    ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
+    ap.add_argument("--kv-pages", type=int, default=9000)
+    ap.add_argument("--no-graphs", action="store_true", help="debug: run decode steps eagerly")
+    args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
+    assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    result: dict[str, Any] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "python": platform.python_version(), "sections": sorted(sections)}
+    try:
+        import flashinfer
+        import triton
+        result.update(flashinfer=flashinfer.__version__, triton=triton.__version__)
+    except ImportError as exc:
+        result["import_error"] = repr(exc)
+    out_path = Path(args.out)
+
+    def save() -> None:
+        out_path.write_text(json.dumps(result, indent=2))
+
+    bw = copy_bandwidth()
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    log(f"{result['card']}: copy bandwidth {bw/1e9:.0f} GB/s")
+
+    tok, cfg = tokenizer_and_config("full")
+    t0 = time.perf_counter()
+    hf = random_reference(cfg, "cuda")
+    talker = talker_from_reference(hf, cfg, torch.bfloat16)
+    log(f"random full-size model built in {time.perf_counter() - t0:.1f} s")
+    config = EngineConfig(max_batch=256, token_budget=4096, max_waiting=1024, max_seq_len=4096,
+                          kv_pages=args.kv_pages, page_size=16)
+    cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=torch.bfloat16, device="cuda")
+    t0 = time.perf_counter()
+    engine = GpuEngine(talker, cfg, tok, cache, config, GpuEngineConfig(cuda_graphs=not args.no_graphs))
+    result["graph_capture_s"] = time.perf_counter() - t0
+    weight_bytes = engine.fast.audio_step_bytes()
+    result["audio_step_weight_bytes"] = weight_bytes
+    result["floor_batch1_ms"] = weight_bytes / bw * 1e3
+    log(f"engine ready (capture {result['graph_capture_s']:.1f} s); audio step reads {weight_bytes/1e9:.2f} GB "
+        f"-> floor {weight_bytes/bw*1e3:.3f} ms")
+    save()
+
+    if "parity" in sections:
+        result["logprob_parity"] = logprob_parity(hf, engine)
+        log(f"logprob parity: {result['logprob_parity']}")
+        small = KVCache.create(cfg, num_pages=600, page_size=16, dtype=torch.bfloat16, device="cuda")
+        eager = GpuEngine(talker, cfg, tok, small, EngineConfig(max_batch=1, kv_pages=600, max_seq_len=4096),
+                          GpuEngineConfig(cuda_graphs=False), fast=engine.fast)
+        result["greedy_batch_parity"] = greedy_batch_parity(engine, eager)
+        log(f"greedy batched (graphs) vs eager batch-1: {result['greedy_batch_parity']}")
+        del eager, small
+        save()
+    if "baseline" in sections:
+        hf.to(torch.bfloat16)
+        try:
+            result["transformers_baseline"] = transformers_baseline(hf, engine)
+        except Exception as exc:  # report, keep benchmarking our path
+            result["transformers_baseline"] = {"error": repr(exc)}
+        log(f"transformers baseline: {result['transformers_baseline']}")
+        save()
+    del hf
+    torch.cuda.empty_cache()
+
+    if "decode" in sections and engine.graphs is not None:
+        batches = [int(b) for b in args.batches.split(",")]
+        result["decode"] = decode_sweep(engine, batches, args.context, weight_bytes, bw)
+        base = result.get("transformers_baseline", {}).get("frames_per_s")
+        if base:
+            b1 = result["decode"][0]
+            result["speedup_vs_transformers_batch1"] = b1["frames_per_s"] / base
+        save()
+    if "stream" in sections:
+        codec = gpu_codec()
+        ns = [int(n) for n in args.streams.split(",")]
+        runs = [(1, "low_latency", 5), (1, "exact", 5)] + [(n, "exact", 1) for n in ns if n > 1]
+        runs += [(n, "low_latency", 1) for n in ns if n in (16, 128)]
+        result["stream"] = asyncio.run(stream_bench(engine, codec, runs))
+        save()
+    summarize(result)
+    save()
+    return 0
+
+
+def summarize(r: dict) -> None:
+    print(f"\n== {r['card']}  copy {r['copy_bandwidth_GBps']:.0f} GB/s  audio-step weights "
+          f"{r['audio_step_weight_bytes']/1e9:.2f} GB  floor {r['floor_batch1_ms']:.3f} ms")
+    if "logprob_parity" in r:
+        p = r["logprob_parity"]
+        print(f"parity: mean |d| {p['mean_abs_delta_nat']:.4f} nat, p99 {p['p99_abs_delta_nat']:.4f} nat, "
+              f"argmax agree {p['argmax_agreement']:.3f}; greedy batched==batch-1: {r['greedy_batch_parity']['all_equal']}")
+    if "transformers_baseline" in r:
+        print(f"transformers: {r['transformers_baseline']}")
+    if "decode" in r:
+        print(f"{'batch':>6} {'replay ms':>10} {'step ms':>9} {'floor ms':>9} {'x floor':>8} {'frames/s':>9}")
+        for d in r["decode"]:
+            print(f"{d['batch']:>6} {d['replay_ms']:>10.3f} {d['step_ms']:>9.3f} {d['floor_weights_kv_ms']:>9.3f} "
+                  f"{d['replay_over_floor']:>8.2f} {d['frames_per_s']:>9.0f}")
+        if "speedup_vs_transformers_batch1" in r:
+            print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
+    if "stream" in r:
+        print(f"{'N':>4} {'mode':>11} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} {'audio-s/s':>9}")
+        for s in r["stream"]:
+            print(f"{s['n']:>4} {s['mode']:>11} {s['ttfa_p50_ms']:>9.1f} {s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
+                  f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

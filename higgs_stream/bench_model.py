@@ -1,0 +1,161 @@
+"""Random-weight models for GPU benchmarks and parity runs (no checkpoint files needed).
+
+The transformers reference `HiggsAudioV2ForConditionalGeneration` is built on the device in fp32
+and given seeded random weights the way `make-checkpoint` draws them (matrices and embeddings
+N(0, 0.02^2), norms 1 + N(0, 0.1^2)); our `Talker` is built empty on the same device and loads
+those tensors in the serving dtype. Same bytes and FLOPs as the released model; never speech.
+
+`logprob_parity` compares our fast path (prefill through FlashInfer's paged prefill, then decode
+steps replayed from the CUDA graphs) with the reference's full forward on the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.fast_talker import FastInputs
+from higgs_stream.engine.gpu_sampling import StreamStart
+from higgs_stream.engine.make_checkpoint import build_text_tokenizer, talker_config
+from higgs_stream.engine.prompt import build_prompt
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+from higgs_stream.engine.talker import Talker
+from higgs_stream.engine.tokenizer import TextTokenizer
+from higgs_stream.kernels.attention import PagedLayout
+from higgs_stream.kernels.flashinfer_attention import HostCSR, RefAttention
+from higgs_stream.kernels.rope import llama3_inv_freq
+
+BPE_VOCAB = {"full": 128000, "tiny": 512}
+
+
+def tokenizer_and_config(preset: str = "full", **dims: Any) -> tuple[TextTokenizer, TalkerConfig]:
+    """A project tokenizer (byte-level BPE + the 256 Higgs special tokens) and its talker config."""
+    cfg = talker_config(preset)
+    if dims:
+        cfg = replace(cfg, **dims)
+    return TextTokenizer(build_text_tokenizer(BPE_VOCAB[preset])), cfg
+
+
+@torch.no_grad()
+def random_reference(cfg: TalkerConfig, device: str | torch.device, seed: int = 0, std: float = 0.02) -> torch.nn.Module:
+    """transformers' HiggsAudioV2ForConditionalGeneration (fp32, eval) with seeded random weights."""
+    from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
+
+    s = cfg.special
+    hf_cfg = HiggsAudioV2Config(**cfg.to_hf_dict(), audio_delay_token_id=s.begin_of_text + 14)
+    with torch.device(device):
+        hf = HiggsAudioV2ForConditionalGeneration(hf_cfg).eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for _, p in sorted(hf.named_parameters()):
+        if p.dim() == 1:
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device))
+        else:
+            p.copy_(std * torch.randn(p.shape, generator=gen, device=device))
+    return hf
+
+
+@torch.no_grad()
+def talker_from_reference(hf: torch.nn.Module, cfg: TalkerConfig, dtype: torch.dtype) -> Talker:
+    """Our Talker (no text head) on the reference's device, holding its weights in `dtype`."""
+    device = next(hf.parameters()).device
+    with torch.device("meta"):
+        talker = Talker(cfg, use_text_head=False)
+    talker = talker.to_empty(device=device).to(dtype)
+    talker.load_state_dict(hf.state_dict(), strict=True)
+    talker.inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    talker.model.embed_audio_tokens.offsets.copy_(torch.arange(cfg.num_codebooks, device=device) * cfg.audio_vocab)
+    return talker.eval()
+
+
+def parity_request(frames: int = 40, seed: int = 0) -> GenerationRequest:
+    codes = np.random.default_rng(seed).integers(0, 1024, size=(8, frames))
+    return GenerationRequest(
+        text="The quick brown fox jumps over the lazy dog while the morning train rolls into the station.",
+        reference=Reference(codes, "Good morning! How are you today?"), sampling=SamplingParams(temperature=0.0))
+
+
+@torch.no_grad()
+def logprob_parity(hf: torch.nn.Module, engine: Any, steps: int = 24, topk: int = 64, seed: int = 0) -> dict:
+    """Audio log-probs of our bf16 fast path vs the fp32 reference at the prompt's last position and
+    `steps` teacher-forced decode steps (graph replays). Over the reference's top-k ids of every
+    codebook: mean and p99 of |delta| (nats)."""
+    cfg, tok, dev = engine.cfg, engine.tokenizer, engine.device
+    prompt = build_prompt(tok, parity_request(seed=seed), cfg.num_codebooks, cfg.codebook_size)
+    p = len(prompt)
+    rng = np.random.default_rng(seed + 1)
+    cont = rng.integers(0, cfg.codebook_size, size=(steps, cfg.num_codebooks))  # fed-back columns
+    ids = np.concatenate([prompt.input_ids, np.full(steps, tok.special.audio_out)])
+    codes = np.concatenate([prompt.audio_codes, cont])
+    is_audio = np.concatenate([prompt.is_audio, np.ones(steps, bool)])
+
+    hidden = hf.model(input_ids=torch.from_numpy(ids)[None].to(dev),
+                      audio_input_ids=torch.from_numpy(codes[is_audio])[None].to(dev),
+                      audio_input_ids_mask=torch.ones(1, int(is_audio.sum()), dtype=torch.bool, device=dev),
+                      ).last_hidden_state[0]  # [T, H]
+    ref = hf.audio_lm_head(hidden[p - 1:]).float().view(steps + 1, cfg.num_codebooks, cfg.audio_vocab)
+
+    # ours: two prefill chunks (eager FlashInfer prefill), then graph-replayed decode steps
+    sid, alloc, ps = 10**9, engine.cache.allocator, engine.cache.allocator.page_size
+    slot = engine._free_slots[-1]
+    got = []
+    try:
+        cut = p // 2
+        for start, stop in ((0, cut), (cut, p)):
+            alloc.reserve(sid, stop)
+            table = alloc.page_table(sid)
+            inp = _prefill_inputs(engine, prompt, start, stop, table)
+            _plan(engine, [table], [stop], [stop - start])
+            logits = engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v)
+        got.append(logits[0])
+        engine.state.start([StreamStart(slot, SamplingParams(temperature=0.0, ras_window=0, seed=0), 10**6,
+                                        np.zeros((cfg.num_codebooks, 0), np.int64))])
+        for j in range(steps):
+            pos = p + j
+            alloc.reserve(sid, pos + 1)
+            table = alloc.page_table(sid)
+            kv_slot = table[pos // ps] * ps + pos % ps
+            col = torch.from_numpy(cont[j]).to(dev)
+            if engine.graphs is not None:
+                engine.state.last_col[slot] = col
+                engine.graphs.run([pos], [kv_slot], [slot], [table], [pos + 1])
+                got.append(engine.graphs.last_logits(1)[0].clone())
+            else:  # eager (kernels="ref" on the CPU: exercises this harness in tests)
+                t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
+                inp = FastInputs(text_ids=None, codes=col[None], positions=t([pos]), kv_slots=t([kv_slot]),
+                                 out_rows=t([0]))
+                _plan(engine, [table], [pos + 1], [1])
+                got.append(engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v)[0])
+    finally:
+        engine.state.release(slot)
+        alloc.free(sid)
+    ours = torch.stack(got)  # [steps + 1, K, V]
+    lp_ref, lp_ours = ref.log_softmax(-1), ours.float().log_softmax(-1)
+    top = lp_ref.topk(topk, dim=-1).indices
+    delta = (lp_ours.gather(-1, top) - lp_ref.gather(-1, top)).abs().flatten()
+    argmax_agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return {"positions": steps + 1, "prompt_len": p, "topk": topk, "mean_abs_delta_nat": delta.mean().item(),
+            "p99_abs_delta_nat": delta.quantile(0.99).item(), "max_abs_delta_nat": delta.max().item(),
+            "argmax_agreement": argmax_agree, "ref_logit_std": ref.std().item()}
+
+
+def _plan(engine: Any, tables: list[list[int]], kv_lens: list[int], qo_lens: list[int]) -> None:
+    ps = engine.cache.allocator.page_size
+    if isinstance(engine._attn, RefAttention):
+        engine._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, ps, engine.device))
+    else:
+        engine._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
+
+
+def _prefill_inputs(engine: Any, prompt: Any, start: int, stop: int, table: list[int]) -> FastInputs:
+    dev, ps = engine.device, engine.cache.allocator.page_size
+    audio = prompt.is_audio[start:stop]
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)  # noqa: E731
+    return FastInputs(
+        text_ids=t(prompt.input_ids[start:stop]), codes=t(prompt.audio_codes[start:stop]),
+        positions=t(np.arange(start, stop)), kv_slots=t(np.array([table[q // ps] * ps + q % ps for q in range(start, stop)])),
+        out_rows=t(np.array([stop - start - 1])), audio_rows=t(np.flatnonzero(audio)), text_rows=t(np.flatnonzero(~audio)),
+        select=t(audio.astype(np.int32)))
