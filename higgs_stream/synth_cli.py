@@ -7,12 +7,14 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="hub id or local checkpoint directory")
-    p.add_argument("--codec", default=None, help="codec dir/hub id (default: MODEL/audio_tokenizer, else the hub codec)")
+    p.add_argument("--model", required=True, help="hub id or local checkpoint directory (Higgs Audio v2 or v3)")
+    p.add_argument("--codec", default=None,
+                   help="v2 only: codec dir/hub id (default: MODEL/audio_tokenizer, else the hub codec); "
+                        "v3 checkpoints bundle their codec")
     p.add_argument("--text", required=True)
     p.add_argument("--ref-audio", default=None, help="reference WAV for voice cloning")
     p.add_argument("--ref-text", default=None, help="transcript of --ref-audio")
-    p.add_argument("--scene", default=None, help="scene description (default: quiet room)")
+    p.add_argument("--scene", default=None, help="v2 only: scene description (default: quiet room)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-k", type=int, default=None)
@@ -26,10 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from higgs_stream.engine.codec import load_codec, load_reference_audio
-    from higgs_stream.engine.checkpoint import find_codec_dir
+    from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.engine import Engine
     from higgs_stream.engine.errors import InvalidInputError
+    from higgs_stream.engine.model_registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize
     from higgs_stream.stream.adapter import write_wav
@@ -38,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("nothing to write: pass --out and/or --codes-out")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
+    codec = load_codec_for(args.model, args.codec, device=args.device)
     engine = Engine.from_pretrained(args.model, device=args.device)
-    codec = load_codec(args.codec or find_codec_dir(args.model), device=args.device)
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))

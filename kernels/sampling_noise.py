@@ -57,15 +57,11 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def mul32(x, c: tl.constexpr):  # int64 x in [0, 2^32): (x * c) mod 2^32 without overflow
-        return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-    @triton.jit
-    def mix32(x):
+    def mix32(x):  # int64 x in [0, 2^32); each product split in 16-bit halves: no int64 overflow
         x = x ^ (x >> 16)
-        x = mul32(x, 0x7FEB352D)
+        x = (x * 0x352D + (((x * 0x7FEB) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x7FEB352D mod 2^32
         x = x ^ (x >> 15)
-        x = mul32(x, 0x846CA68B)
+        x = (x * 0xA68B + (((x * 0x846C) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x846CA68B mod 2^32
         return x ^ (x >> 16)
 
     @triton.jit

@@ -122,6 +122,7 @@ class PCMPlayer extends AudioWorkletProcessor {
           this.frac = 0;
           this.state = 'idle';
           this.ended = false;
+          this.postStats();
           this.port.postMessage({ type: 'drained' });
         } else {
           if (this.state === 'playing') this.underruns += 1;

@@ -38,8 +38,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return make_checkpoint_v3(tmp_path_factory.mktemp("v3") / "tiny", preset="tiny", seed=0)
+def ckpt(tiny_v3_ckpt) -> Path:
+    return tiny_v3_ckpt  # make_checkpoint_v3(DIR, preset="tiny", seed=0), session-wide
 
 
 def all_tensors(root: Path) -> dict[str, torch.Tensor]:

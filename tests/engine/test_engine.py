@@ -7,6 +7,7 @@ shares the batch, when it was admitted, or how its prompt was chunked.
 from __future__ import annotations
 
 import gc
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -288,3 +289,50 @@ def test_greedy_matches_transformers_generate_until_the_eos_rule_differs(tiny_ck
         assert idx > 0 and ours.shape[1] == e + 8 - idx
         np.testing.assert_array_equal(ours[:, e], np.where(np.arange(8) < idx, 1025, theirs[:, e]))
         assert (theirs[:idx, e] != 1025).all()  # HF left them as sampled
+
+
+# ------------------------------------------------------------------ context cap
+def test_context_cap_is_max_seq_len_not_the_hf_config_limit(tiny_ckpt):
+    """The transformers-native config.json says max_position_embeddings 2048 (Boson's says 131072 for
+    the same model); llama3 RoPE is valid beyond it, so the only cap is EngineConfig.max_seq_len.
+    A 2100+-position prompt runs, and its greedy columns equal transformers' generate on it."""
+    from transformers import HiggsAudioV2ForConditionalGeneration
+
+    assert json.loads((tiny_ckpt / "config.json").read_text())["max_position_embeddings"] == 2048
+    req = GenerationRequest(text="Hello world. " * 520, scene="", max_frames=3,
+                            sampling=SamplingParams(temperature=0.0, ras_window=0))
+    small = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_seq_len=2048, kv_pages=256))
+    with pytest.raises(InvalidInputError, match="context length is 2048"):
+        small.add(req)
+
+    engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_seq_len=4096, kv_pages=300))
+    assert engine.max_seq_len == engine.talker.max_positions == 4096
+    prompt = engine.policy.build_prompt(req)
+    assert 2100 <= len(prompt) < 2200
+    ours = engine.generate(req)  # positions up to len(prompt) + 10
+    assert ours.shape[1] <= 3 + 9
+
+    hf = HiggsAudioV2ForConditionalGeneration.from_pretrained(str(tiny_ckpt)).eval()
+    ids = torch.from_numpy(prompt.input_ids)[None]
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
+                          ras_win_len=None, return_dict_in_generate=True)
+    theirs = out.audio_sequences[0].T.numpy()  # [8, L'] columns, the all-BOS one first
+    eos = np.nonzero((ours == 1025).any(axis=0))[0]
+    e = int(eos[0]) if eos.size else ours.shape[1]
+    assert e == 4  # BOS column + 3 sampled columns; the frame cap forces codebook 0 to EOS at column 4
+    np.testing.assert_array_equal(ours[:, :e], theirs[:, :e])
+    np.testing.assert_array_equal(ours[1:, e], theirs[1:, e])  # only the forced EOS differs there
+
+
+def test_talker_rejects_positions_beyond_its_context_cap(tiny_ckpt):
+    engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_seq_len=64, kv_pages=16))
+    cache = engine.cache
+    cache.allocator.reserve(0, 65)
+    n = 65
+    batch = StepBatch([0], [n], torch.zeros(n, dtype=torch.long), torch.zeros(n, 8, dtype=torch.long),
+                      torch.zeros(n, dtype=torch.bool), torch.arange(n), torch.zeros(1, dtype=torch.bool),
+                      torch.ones(1, dtype=torch.bool))
+    with pytest.raises(InvalidInputError, match=r"positions must lie in \[0, 64\) \(the context cap\)"):
+        engine.talker(batch, cache)
+    cache.allocator.free(0)

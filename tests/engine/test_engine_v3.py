@@ -20,7 +20,6 @@ from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.generation_v3 import RowState
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.make_checkpoint_v3 import make_checkpoint_v3
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.engine.talker import StepBatch
@@ -39,8 +38,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return make_checkpoint_v3(tmp_path_factory.mktemp("v3e2e") / "tiny", preset="tiny", seed=0)
+def ckpt(tiny_v3_ckpt) -> Path:
+    return tiny_v3_ckpt  # make_checkpoint_v3(DIR, preset="tiny", seed=0), session-wide
 
 
 @pytest.fixture(scope="module")

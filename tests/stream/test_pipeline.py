@@ -31,7 +31,8 @@ MAX_FRAMES = 30
 def length_invariant_convs():
     """Byte-exact streaming needs a codec whose conv arithmetic does not depend on the input length.
     oneDNN's CPU convolutions pick kernels by length (a window and the one-shot decode then differ by
-    up to ~2e-5, which flips an s16 LSB now and then); PyTorch's native CPU convs do not."""
+    up to ~2e-5, which flips an s16 LSB now and then); PyTorch's native CPU convs at the tiny codec's
+    sizes do not (at full size they differ too, up to 1.5e-4: see stream/PROTOCOL.md §2)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # flags() also sets oneDNN TF32, which warns on CPU
         with torch.backends.mkldnn.flags(enabled=False):
