@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import warnings
 
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
@@ -25,18 +23,6 @@ from higgs_stream.stream.session import ContextOptions
 from higgs_stream.stream.voices import VoiceLibrary
 
 MAX_FRAMES = 30
-
-
-@pytest.fixture(autouse=True, scope="module")
-def length_invariant_convs():
-    """Byte-exact streaming needs a codec whose conv arithmetic does not depend on the input length.
-    oneDNN's CPU convolutions pick kernels by length (a window and the one-shot decode then differ by
-    up to ~2e-5, which flips an s16 LSB now and then); PyTorch's native CPU convs at the tiny codec's
-    sizes do not (at full size they differ too, up to 1.5e-4: see stream/PROTOCOL.md §2)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # flags() also sets oneDNN TF32, which warns on CPU
-        with torch.backends.mkldnn.flags(enabled=False):
-            yield
 
 
 @pytest.fixture(scope="module")

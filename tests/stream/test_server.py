@@ -9,13 +9,11 @@ import base64
 import io
 import json
 import time
-import warnings
 
 import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -32,15 +30,6 @@ from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
 LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def length_invariant_convs():
-    """See tests/stream/test_pipeline.py: oneDNN convs differ by window length; native ones do not."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # flags() also sets oneDNN TF32, which warns on CPU
-        with torch.backends.mkldnn.flags(enabled=False):
-            yield
 
 
 @pytest.fixture(scope="module")
