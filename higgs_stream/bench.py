@@ -38,6 +38,7 @@ from higgs_stream.engine.request import GenerationRequest, SamplingParams
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
         "and she said good morning, how are you today, before the whole sentence had been spoken.")
 FRAMES = 250  # 10 s at 25 frames/s
+TOP_K = 50  # with the EOS rows of the random audio head zeroed, EOS (logit 0) never makes the top 50
 SAMPLE_RATE = 24000
 
 
@@ -65,12 +66,19 @@ def copy_bandwidth(gib: float = 2.0, reps: int = 20) -> float:
     return 2 * n * 4 / float(np.median(times))
 
 
-def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: int = 200) -> dict:
-    """Greedy codes of n concurrent streams (different prompt lengths, same seeds, RAS on) through
-    the graphed batched engine vs each stream alone through the eager batch-1 engine."""
+def suppress_eos(engine: GpuEngine) -> None:
+    """Random weights only: zero the audio head's EOS rows (EOS logit 0, never the argmax, never in a
+    top-50) so benchmark streams run to their frame cap as ~10 s utterances would."""
+    cfg = engine.cfg
+    engine.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
+
+
+def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: int = 200, ras_window: int = 0) -> dict:
+    """Greedy codes of n concurrent streams (different prompt lengths, same seeds) through the graphed
+    batched engine vs each stream alone through the eager batch-1 engine."""
     texts = [TEXT[: 20 + 37 * i] for i in range(n)]
-    reqs = [GenerationRequest(text=t, sampling=SamplingParams(temperature=0.0, seed=100 + i), max_frames=steps)
-            for i, t in enumerate(texts)]
+    reqs = [GenerationRequest(text=t, sampling=SamplingParams(temperature=0.0, seed=100 + i, ras_window=ras_window),
+                              max_frames=steps) for i, t in enumerate(texts)]
     alone = [eager.generate(r) for r in reqs]
     sids = {engine.add(r): i for i, r in enumerate(reqs)}
     cols: dict[int, list] = {i: [] for i in range(n)}
@@ -89,7 +97,7 @@ def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: 
         rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "columns": int(got.shape[1]),
                      "columns_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
                      "first_diff_column": int(diff[0]) if len(diff) else None})
-    return {"streams": rows, "all_equal": all(r["equal"] for r in rows)}
+    return {"ras_window": ras_window, "streams": rows, "all_equal": all(r["equal"] for r in rows)}
 
 
 @torch.inference_mode()
@@ -158,8 +166,83 @@ def transformers_baseline(hf: torch.nn.Module, engine: GpuEngine, steps: int = 4
             "wall_s": wall, "ms_per_step": wall / max(made, 1) * 1e3, "frames_per_s": made / wall}
 
 
+@torch.inference_mode()
+def profile_decode(engine: GpuEngine, batch: int, context: int = 300, top: int = 12) -> dict:
+    """GPU time per kernel of one eager decode step (the graph's body), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    alloc, ps, g = engine.cache.allocator, engine.cache.allocator.page_size, engine.graphs
+    sids = [2**41 + i for i in range(batch)]
+    slots = [engine._free_slots[-1 - i] for i in range(batch)]
+    for sid in sids:
+        alloc.reserve(sid, context)
+    tables = [alloc.page_table(s) for s in sids]
+    pos = context - 1
+    b = g.bucket_for(batch)
+    g._stage(b, [pos] * batch, [t[pos // ps] * ps + pos % ps for t in tables], slots, tables, [context] * batch)
+    for _ in range(2):
+        g._body(b)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g._body(b)
+        torch.cuda.synchronize()
+    for sid in sids:
+        alloc.free(sid)
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.count:
+            rows.append((t, ev.count, ev.key))
+    kernels = [r for r in rows if not r[2].startswith(("cudaLaunch", "Memcpy", "Memset", "cuda"))]
+    total = sum(t for t, _, _ in kernels)
+    kernels.sort(reverse=True)
+    return {"batch": batch, "bucket": b, "kernel_us_total": total, "kernels": sum(c for _, c, _ in kernels),
+            "top": [{"us": t, "count": c, "name": k[:90]} for t, c, k in kernels[:top]]}
+
+
+@torch.inference_mode()
+def codec_timings(codec: Any, shapes: list[tuple[int, int]]) -> list[dict]:
+    """Codec decode wall time (GPU, fp32, incl. the copy back) per [B, 8, F] shape: first call and warm."""
+    out = []
+    for b, f in shapes:
+        codes = torch.randint(0, 1024, (b, 8, f))
+        t0 = time.perf_counter()
+        codec.decode(codes).cpu()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            codec.decode(codes).cpu()
+            times.append(time.perf_counter() - t0)
+        out.append({"batch": b, "frames": f, "first_ms": first * 1e3, "warm_ms": float(np.median(times)) * 1e3})
+    return out
+
+
+class _Timer:
+    """Wraps a callable on an instance and adds up its wall time."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.obj, self.name, self.fn = obj, name, getattr(obj, name)
+        self.total, self.calls = 0.0, 0
+        setattr(obj, name, self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.total += time.perf_counter() - t0
+            self.calls += 1
+
+    def take(self) -> tuple[float, int]:
+        out = (self.total, self.calls)
+        self.total, self.calls = 0.0, 0
+        return out
+
+
 # ---------------------------------------------------------------------------- streaming
-async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int) -> dict:
+async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
+                      timers: tuple[_Timer, _Timer] | None = None) -> dict:
     from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.pipeline import Audio
     from higgs_stream.stream.session import ContextOptions
@@ -169,7 +252,7 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
 
     async def one(i: int) -> dict:
         await asyncio.sleep(arrival_s * i / max(n, 1))
-        h = pipeline.open(ContextOptions(voice=Voice(name="default"), mode=mode, seed=seed + i), transport="bench")
+        h = pipeline.open(ContextOptions(voice=Voice(name="default"), mode=mode, seed=seed + i, top_k=TOP_K), transport="bench")
         t0 = loop.time()
         h.say(TEXT)
         h.close()
@@ -187,8 +270,17 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
                             "audio_s": samples / SAMPLE_RATE, "underruns": meter.underruns,
                             "max_gap_s": meter.max_gap_s, "reason": ev.reason}
 
+    if timers:
+        for t in timers:
+            t.take()
+    steps0 = pipeline.steps
     t_start = loop.time()
     rows = await asyncio.gather(*(one(i) for i in range(n)))
+    loop_stats = {}
+    if timers:
+        (step_s, step_n), (codec_s, codec_n) = (t.take() for t in timers)
+        loop_stats = {"engine_steps": pipeline.steps - steps0, "engine_step_s": step_s, "codec_calls": codec_n,
+                      "codec_s": codec_s, "mean_step_ms": step_s / max(step_n, 1) * 1e3}
     wall = max(r["end"] for r in rows) - t_start
     ttfa = np.array([r["ttfa"] for r in rows if r["ttfa"] is not None])
     rtf = np.array([(r["end"] - r["start"]) / r["audio_s"] for r in rows if r["audio_s"] > 0])
@@ -199,7 +291,8 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
             "rtf_max": float(rtf.max()), "underruns": int(sum(r["underruns"] for r in rows)),
             "streams_with_underrun": int(sum(r["underruns"] > 0 for r in rows)),
             "audio_s_total": audio, "wall_s": wall, "audio_s_per_s": audio / wall,
-            "max_gap_ms": float(max(r["max_gap_s"] for r in rows) * 1e3)}
+            "max_gap_ms": float(max(r["max_gap_s"] for r in rows) * 1e3),
+            "full_length": int(sum(r["audio_s"] >= FRAMES * 0.04 - 1e-6 for r in rows)), **loop_stats}
 
 
 async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]]) -> list[dict]:
@@ -210,17 +303,21 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
     n_max = max(n for n, _, _ in runs)
     cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0)
     pipeline = Pipeline(engine, codec, cfg)
+    timers = (_Timer(engine, "step"), _Timer(codec, "decode"))
     await pipeline.start()
     out = []
     try:
-        await _stream_run(pipeline, 2, "exact", 0.0, 7)  # warm-up (codec kernels, allocator)
+        for mode in ("exact", "low_latency"):  # warm-up (codec shapes, allocator)
+            await _stream_run(pipeline, 4, mode, 0.0, 7)
         for n, mode, repeats in runs:
             for r in range(repeats):
-                res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r)
+                res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r, timers)
                 res["repeat"] = r
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
-                    f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']}, {res['audio_s_per_s']:.1f} audio-s/s")
+                    f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']}, {res['audio_s_per_s']:.1f} audio-s/s, "
+                    f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms), "
+                    f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s")
     finally:
         await pipeline.stop()
     return out
@@ -245,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON file to write")
-    ap.add_argument("--sections", default="parity,baseline,decode,stream")
+    ap.add_argument("--sections", default="parity,baseline,profile,decode,stream")
     ap.add_argument("--batches", default="1,8,32,64,128,256")
     ap.add_argument("--streams", default="1,16,64,128,256")
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
@@ -296,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         small = KVCache.create(cfg, num_pages=600, page_size=16, dtype=torch.bfloat16, device="cuda")
         eager = GpuEngine(talker, cfg, tok, small, EngineConfig(max_batch=1, kv_pages=600, max_seq_len=4096),
                           GpuEngineConfig(cuda_graphs=False), fast=engine.fast)
-        result["greedy_batch_parity"] = greedy_batch_parity(engine, eager)
+        suppress_eos(engine)
+        result["greedy_batch_parity"] = greedy_batch_parity(engine, eager, ras_window=0)
+        result["greedy_batch_parity_ras"] = greedy_batch_parity(engine, eager, ras_window=7)
         log(f"greedy batched (graphs) vs eager batch-1: {result['greedy_batch_parity']}")
         del eager, small
         save()
@@ -310,6 +409,13 @@ def main(argv: list[str] | None = None) -> int:
         save()
     del hf
     torch.cuda.empty_cache()
+    suppress_eos(engine)
+    if "profile" in sections and engine.graphs is not None:
+        result["profile"] = [profile_decode(engine, b) for b in (1, 64)]
+        for p in result["profile"]:
+            log(f"profile b={p['batch']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} us; top: "
+                + "; ".join(f"{k['us']:.0f}us x{k['count']} {k['name'][:40]}" for k in p["top"][:8]))
+        save()
 
     if "decode" in sections and engine.graphs is not None:
         batches = [int(b) for b in args.batches.split(",")]
@@ -321,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if "stream" in sections:
         codec = gpu_codec()
+        result["codec"] = codec_timings(codec, [(1, 1), (1, 11), (1, 21), (1, 45), (8, 45), (32, 45), (64, 45)])
+        log(f"codec: {result['codec']}")
         ns = [int(n) for n in args.streams.split(",")]
         runs = [(1, "low_latency", 5), (1, "exact", 5)] + [(n, "exact", 1) for n in ns if n > 1]
         runs += [(n, "low_latency", 1) for n in ns if n in (16, 128)]
@@ -337,7 +445,12 @@ def summarize(r: dict) -> None:
     if "logprob_parity" in r:
         p = r["logprob_parity"]
         print(f"parity: mean |d| {p['mean_abs_delta_nat']:.4f} nat, p99 {p['p99_abs_delta_nat']:.4f} nat, "
-              f"argmax agree {p['argmax_agreement']:.3f}; greedy batched==batch-1: {r['greedy_batch_parity']['all_equal']}")
+              f"argmax agree {p['argmax_agreement']:.3f}")
+        for key in ("greedy_batch_parity", "greedy_batch_parity_ras"):
+            g = r.get(key)
+            if g:
+                print(f"greedy graphed-batched vs eager batch-1 (RAS window {g['ras_window']}): "
+                      + ", ".join(f"{x['columns']}{'=' if x['equal'] else '!=@' + str(x['first_diff_column'])}" for x in g["streams"]))
     if "transformers_baseline" in r:
         print(f"transformers: {r['transformers_baseline']}")
     if "decode" in r:
@@ -348,10 +461,12 @@ def summarize(r: dict) -> None:
         if "speedup_vs_transformers_batch1" in r:
             print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
     if "stream" in r:
-        print(f"{'N':>4} {'mode':>11} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} {'audio-s/s':>9}")
+        print(f"{'N':>4} {'mode':>11} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} {'audio-s/s':>9} "
+              f"{'step ms':>8} {'codec s':>8} {'wall s':>7}")
         for s in r["stream"]:
             print(f"{s['n']:>4} {s['mode']:>11} {s['ttfa_p50_ms']:>9.1f} {s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
-                  f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f}")
+                  f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f} {s.get('mean_step_ms', 0):>8.2f} "
+                  f"{s.get('codec_s', 0):>8.2f} {s['wall_s']:>7.2f}")
 
 
 if __name__ == "__main__":

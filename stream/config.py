@@ -51,6 +51,7 @@ class ServerConfig:
     stream_buffer_s: float = 60.0  # audio buffered per context before `slow_client`
     max_send_ms: int = 1000  # largest merged audio frame after the first
     heartbeat_s: float = 20.0  # WebSocket ping interval
+    idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
 
     # Voices.
     voices_dir: str | None = None
@@ -79,6 +80,7 @@ class ServerConfig:
         need(self.stream_buffer_s > 0, "stream_buffer_s must be > 0")
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
+        need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
         for alias, target in self.voice_aliases.items():
             need(isinstance(alias, str) and isinstance(target, str) and alias and target,
                  f"bad voice alias {alias!r} -> {target!r}")

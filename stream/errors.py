@@ -25,3 +25,9 @@ class SlowClientError(HiggsStreamError):
     """The client fell more than `stream_buffer_s` of audio behind; its stream was ended."""
 
     code = "slow_client"
+
+
+class IdleTimeoutError(HiggsStreamError):
+    """A connection sent nothing and had no open context for `idle_timeout_s`; it is closed."""
+
+    code = "idle_timeout"

@@ -27,7 +27,7 @@ from pathlib import Path
 from aiohttp import WSCloseCode, WSMsgType, web
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.errors import TooLargeError, UnauthorizedError
+from higgs_stream.stream.errors import IdleTimeoutError, TooLargeError, UnauthorizedError
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Audio, End, Pipeline, StreamHandle
 from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, parse_speech
@@ -93,8 +93,15 @@ class SessionRunner:
             raise result
 
     async def _read(self, receive) -> None:
+        idle_s = self.state.config.idle_timeout_s
         while True:
-            message = await receive()
+            try:  # the idle clock runs only while no context is open (audio may take long to finish)
+                message = await (receive() if self.handles else asyncio.wait_for(receive(), idle_s))
+            except TimeoutError:
+                self._count_error(IdleTimeoutError.code)
+                await self._send_text(json.dumps({"type": "error", "code": IdleTimeoutError.code,
+                                                  "message": f"no message and no open context for {idle_s:g} s"}))
+                return
             if message is None:
                 return
             self._execute(self.session.receive(message, self._loop.time()))

@@ -91,3 +91,18 @@ async def test_interruption_cancels_the_context_and_the_next_one_plays(live_serv
     assert [f.context_id for f in _frames(down, TTSStoppedFrame)][-1] == second
     metrics = live_server.state.metrics.render()
     assert 'outcome="cancelled"' in metrics, metrics
+
+
+async def test_example_bot_speaks_an_llm_reply_on_one_context(live_server, tmp_path):
+    from higgs_stream.clients.pipecat_bot_example import speak_reply
+
+    reply = "Hi there! I am a bot. This reply streams sentence by sentence."
+    out = tmp_path / "bot.wav"
+    sink = await speak_reply(live_server.ws, reply, out, seed=SEED)
+    assert len(sink.contexts) == 1 and sink.stopped == 1  # three sentences, one context
+    handles = live_server.state.metrics.render()
+    assert 'outcome="completed"' in handles
+    import wave
+
+    with wave.open(str(out), "rb") as w:
+        assert w.getframerate() == 24000 and w.getnframes() == sink.samples > 24000

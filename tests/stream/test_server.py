@@ -406,3 +406,23 @@ async def test_idle_text_is_spoken_after_the_buffer_delay(start_server, referenc
         await lis.until(lambda: "t" in lis.done)
         assert bytes(lis.pcm["t"]) == reference("Hello there.", 3)
         assert [e["type"] for e in lis.events][:2] == ["ready", "ready"]
+
+
+async def test_idle_connection_is_closed_with_a_typed_error(start_server, reference):
+    host, state = await start_server(idle_timeout_s=0.3)
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+        t0 = time.monotonic()
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["code"] == "idle_timeout"
+        assert 0.25 <= time.monotonic() - t0 < 2.0
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+    # a connection whose context outlives the idle time is not cut while audio is pending
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        listener = Listener(ws)
+        await speak(ws, "c1", "Hello there.", seed=1)
+        await listener.until(lambda: "c1" in listener.done)
+        assert listener.done["c1"]["reason"] == "completed" and not listener.errors
+        assert bytes(listener.pcm["c1"]) == reference("Hello there.", 1)
+    assert 'higgs_errors_total{code="idle_timeout"} 1' in state.metrics.render()
