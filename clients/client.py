@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import sys
 import time
 import uuid
@@ -267,7 +268,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="text to speak")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server WebSocket URL (default {DEFAULT_URL})")
     parser.add_argument("-o", "--output", required=True, help="WAV file to write (written as audio arrives)")
-    parser.add_argument("--token", default=None, help="auth token, when the server runs with --token")
+    parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
+                        help="auth token, when the server runs with --token (default: $HIGGS_STREAM_TOKEN)")
     parser.add_argument("--voice", default=None, help="preset voice name (see GET /v1/voices)")
     parser.add_argument("--reference-audio", default=None, help="audio file to clone the voice of")
     parser.add_argument("--reference-text", default=None, help="transcript of --reference-audio")

@@ -27,6 +27,7 @@ from loguru import logger
 from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import WebsocketTTSService
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.protocol import State
 
 from higgs_stream.engine.errors import InvalidInputError
@@ -104,7 +105,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
         try:
             self._websocket = await self._websocket_connect(
                 self._url, additional_headers=headers, compression=None, max_size=None)
-        except Exception as e:  # reported as a pipeline error; the receive loop reconnects
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as e:  # reported; reconnects later
             self._websocket = None
             await self.push_error(error_msg=f"cannot connect to {self._url}: {e}", exception=e)
             await self._call_event_handler("on_connection_error", f"{e}")
@@ -141,7 +142,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
             message.update(voice=self._settings.voice, **self._options)
         try:
             await self._send(message)
-        except Exception as e:
+        except (ConnectionError, ConnectionClosed) as e:
             yield ErrorFrame(error=f"{self}: sending text failed: {e}", exception=e)
             yield TTSStoppedFrame(context_id=context_id)
             return

@@ -137,7 +137,8 @@ def resolve_model_dir(
 
 
 def find_codec_dir(model: str | Path) -> str | Path:
-    """Where the codec of `model` lives when no --codec is given.
+    """Where the codec of a v2 `model` lives when no --codec is given (model_registry.load_codec_for
+    is the entry point for both families; v3 checkpoints bundle theirs).
 
     `<model>/audio_tokenizer` for a local checkpoint that has one (make-checkpoint writes it
     there); otherwise the released codec repo on the hub (the released talker repo does not

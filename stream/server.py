@@ -385,7 +385,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     parser.add_argument("--model", required=True, help="model directory or hub id (talker + tokenizer)")
     parser.add_argument("--codec", default=None,
-                        help="codec directory or hub id (default: MODEL/audio_tokenizer, else bosonai/higgs-audio-v2-tokenizer)")
+                        help="v2 codec directory or hub id (default: MODEL/audio_tokenizer, else bosonai/higgs-audio-v2-tokenizer; "
+                             "v3 checkpoints carry their own)")
     parser.add_argument("--host", default=d.host)
     parser.add_argument("--port", type=int, default=d.port)
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
@@ -411,7 +412,7 @@ def _cuda() -> bool:
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint import resolve_model_dir
-    from higgs_stream.engine.codec import DEFAULT_HUB_ID, load_codec
+    from higgs_stream.engine.model_registry import load_codec_for
     from higgs_stream.engine.engine import Engine, EngineConfig
     from higgs_stream.engine.errors import ConfigError
 
@@ -430,8 +431,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     model_dir = resolve_model_dir(args.model)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     engine = Engine.from_pretrained(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg)
-    codec_src = args.codec or (model_dir / "audio_tokenizer" if (model_dir / "audio_tokenizer").is_dir() else DEFAULT_HUB_ID)
-    codec = load_codec(codec_src, device=args.device)
+    codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 

@@ -13,6 +13,7 @@ client `cancel` drops the context's queued audio from the track at once.
 from __future__ import annotations
 
 import asyncio
+import base64
 import fractions
 import json
 import logging
@@ -254,6 +255,8 @@ class WebRTCPeer:
         if kind == "audio_start":
             self._playing, self._playing_cancelled = cid, False
             self.track.mark(text, tag=cid)
+        elif kind == "chunk":  # a session configured for base64 audio: audio still goes to the track
+            await self._send_bytes(base64.b64decode(msg["data"]))
         elif kind == "done" and cid == self._playing:
             if self._playing_cancelled:
                 self._send_now(self._played_done(cid, msg["reason"]))

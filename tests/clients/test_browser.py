@@ -11,9 +11,10 @@ import pytest
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)", allow_module_level=True)
-playwright_api = pytest.importorskip("playwright.async_api", reason="pip install playwright")
 
-from higgs_stream.clients.client import stream_tts  # noqa: E402
+from playwright import async_api as playwright_api  # pip install playwright
+
+from higgs_stream.clients.client import stream_tts
 
 FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -21,9 +22,10 @@ FLAGS = [
 ]
 TOKEN = "demo-token"
 # The page's jitter buffer (its default is 100 ms). The CPU test server generates the first chunks
-# only ~1.7-2x faster than real time while Chromium shares its 2 cores, and the 1, 2, 4, 8 chunk
-# schedule needs 2x to keep a player that starts at once fed: the arrival trace printed below
-# shows how late the latest frame was against such a player (typically 0-40 ms here).
+# only ~2x faster than real time while Chromium shares its 2 cores, and the 1, 2, 4, 8 chunk
+# schedule needs 2x to keep a player that starts at once fed. The arrival trace printed below
+# shows how late the latest frame was against such a player: 0-40 ms on a warm server here, up to
+# 150 ms on the first request of a cold one (hence the warm-up request in the fixture).
 PREBUFFER_MS = 250
 TEXT = "The quick brown fox jumps over the lazy dog."
 

@@ -15,10 +15,11 @@ from higgs_stream.clients.client import (
     ServerError,
     StreamStats,
     WavStreamWriter,
+    reference_from_file,
     stream_tts,
     synthesize,
 )
-from higgs_stream.engine.errors import InvalidInputError, NotFoundError
+from higgs_stream.engine.errors import AudioInputError, InvalidInputError, NotFoundError
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 SEED = 4
@@ -80,7 +81,7 @@ async def test_leaving_the_loop_cancels_generation_on_the_server(live_server):
     assert 'outcome="cancelled"' in live_server.state.metrics.render()
 
 
-async def test_server_errors_raise_typed_exceptions(live_server):
+async def test_server_errors_raise_typed_exceptions(live_server, tmp_path):
     with pytest.raises(NotFoundError, match="no-such-voice"):
         async for _ in stream_tts(live_server.ws, TEXT, voice="no-such-voice"):
             pass
@@ -92,6 +93,11 @@ async def test_server_errors_raise_typed_exceptions(live_server):
             pass
     with pytest.raises(InvalidInputError, match="non-empty"):
         synthesize(live_server.ws, "   ")
+    junk = tmp_path / "voice.wav"
+    junk.write_bytes(b"RIFF not really a wav file")
+    with pytest.raises(AudioInputError):
+        async for _ in stream_tts(live_server.ws, TEXT, reference=reference_from_file(junk, "Hi.")):
+            pass
 
 
 async def test_token_auth(server_factory):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("pipecat", reason="the pipecat extra is not installed")
-
-from pipecat.frames.frames import (  # noqa: E402
+from pipecat.frames.frames import (
     ErrorFrame,
     InterruptionFrame,
     TTSAudioRawFrame,
@@ -17,10 +15,10 @@ from pipecat.frames.frames import (  # noqa: E402
     TTSStoppedFrame,
     TTSTextFrame,
 )
-from pipecat.pipeline.worker import PipelineParams  # noqa: E402
-from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
+from pipecat.pipeline.worker import PipelineParams
+from pipecat.tests.utils import SleepFrame, run_test
 
-from higgs_stream.clients.pipecat_service import HiggsStreamTTSService  # noqa: E402
+from higgs_stream.clients.pipecat_service import HiggsStreamTTSService
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 SEED = 4

@@ -426,3 +426,33 @@ async def test_idle_connection_is_closed_with_a_typed_error(start_server, refere
         assert listener.done["c1"]["reason"] == "completed" and not listener.errors
         assert bytes(listener.pcm["c1"]) == reference("Hello there.", 1)
     assert 'higgs_errors_total{code="idle_timeout"} 1' in state.metrics.render()
+
+
+async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
+    """The same service serves Higgs Audio v3: WebSocket and HTTP PCM equal `synthesize`, byte for byte."""
+    from higgs_stream.engine.model_registry import load_codec_for
+
+    codec = load_codec_for(tiny_v3_ckpt)
+    offline = Engine.from_pretrained(str(tiny_v3_ckpt), config=EngineConfig(kv_pages=256))
+    req = GenerationRequest("Hello there.", sampling=SamplingParams(seed=5), max_frames=MAX_FRAMES)
+    expected = to_s16le(synthesize(offline, codec, req)[0])
+    assert len(expected) > 1000
+
+    engine = Engine.from_pretrained(str(tiny_v3_ckpt), config=EngineConfig(kv_pages=256))
+    config, metrics = ServerConfig(port=0, max_frames=MAX_FRAMES), Metrics()
+    state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
+    runner = await serve(state, "127.0.0.1", 0)
+    try:
+        host = f"127.0.0.1:{bound_port(runner)}"
+        async with connect(f"ws://{host}/v1/tts/stream") as ws:
+            lis = Listener(ws)
+            await speak(ws, "v3", "Hello there.", 5)
+            await lis.until(lambda: "v3" in lis.done)
+            assert lis.done["v3"]["reason"] == "completed" and bytes(lis.pcm["v3"]) == expected
+        async with aiohttp.ClientSession() as http:
+            body = {"input": "Hello there.", "seed": 5, "response_format": "pcm"}
+            async with http.post(f"http://{host}/v1/audio/speech", json=body) as r:
+                assert r.status == 200 and await r.read() == expected
+    finally:
+        await runner.cleanup()
+    assert engine.cache.allocator.num_used == 0

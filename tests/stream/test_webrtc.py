@@ -11,13 +11,11 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("aiortc", reason="the webrtc extra is not installed")
+import aiohttp
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
-import aiohttp  # noqa: E402
-from aiortc import RTCPeerConnection, RTCSessionDescription  # noqa: E402
-
-from higgs_stream.stream import server  # noqa: E402
-from higgs_stream.stream.webrtc import PacedPCMTrack  # noqa: E402
+from higgs_stream.stream import server
+from higgs_stream.stream.webrtc import PacedPCMTrack
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -150,7 +148,7 @@ def loud_span_s(audio: np.ndarray, rate: int = 48000, threshold: float = 0.02) -
 
 
 async def test_peer_receives_the_utterance_in_real_time(live):
-    state, base = live
+    _, base = live
     client = Client()
     try:
         await client.connect(base, "t0k")
