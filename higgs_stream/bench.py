@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from higgs_stream.bench_model import logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
+from higgs_stream.bench_model import batch_vs_single, logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         suppress_eos(engine)
         result["greedy_batch_parity"] = greedy_batch_parity(engine, eager, ras_window=0)
         result["greedy_batch_parity_ras"] = greedy_batch_parity(engine, eager, ras_window=7)
+        result["batch_vs_single_logits"] = batch_vs_single(engine, eager)
+        log(f"teacher-forced batched (graph) vs batch-1 (eager) logits: {result['batch_vs_single_logits']}")
         log(f"greedy batched (graphs) vs eager batch-1: {result['greedy_batch_parity']}")
         del eager, small
         save()
@@ -451,6 +453,8 @@ def summarize(r: dict) -> None:
             if g:
                 print(f"greedy graphed-batched vs eager batch-1 (RAS window {g['ras_window']}): "
                       + ", ".join(f"{x['columns']}{'=' if x['equal'] else '!=@' + str(x['first_diff_column'])}" for x in g["streams"]))
+    if "batch_vs_single_logits" in r:
+        print(f"batched vs batch-1 logits (teacher-forced): {r['batch_vs_single_logits']}")
     if "transformers_baseline" in r:
         print(f"transformers: {r['transformers_baseline']}")
     if "decode" in r:

@@ -159,3 +159,81 @@ def _prefill_inputs(engine: Any, prompt: Any, start: int, stop: int, table: list
         positions=t(np.arange(start, stop)), kv_slots=t(np.array([table[q // ps] * ps + q % ps for q in range(start, stop)])),
         out_rows=t(np.array([stop - start - 1])), audio_rows=t(np.flatnonzero(audio)), text_rows=t(np.flatnonzero(~audio)),
         select=t(audio.astype(np.int32)))
+
+
+@torch.no_grad()
+def batch_vs_single(engine: Any, single: Any, n: int = 6, steps: int = 32, seed: int = 0) -> dict:
+    """Teacher-forced audio logits of n streams decoded together (engine: graph replay when it has
+    graphs) vs each alone (`single`: eager, batch 1), same weights, same fed-back columns.
+    Returns max |delta logit| and, for argmax disagreements, the top-2 margin they happened at."""
+    cfg, dev = engine.cfg, engine.device
+    texts = ["Hello world. " * (1 + 2 * i) for i in range(n)]
+    prompts = [build_prompt(engine.tokenizer, GenerationRequest(text=t), cfg.num_codebooks, cfg.codebook_size)
+               for t in texts]
+    rng = np.random.default_rng(seed)
+    cont = rng.integers(0, cfg.codebook_size, size=(steps, n, cfg.num_codebooks))
+    sids = [10**9 + i for i in range(n)]
+    slots = [engine._free_slots[-1 - i] for i in range(n)]
+    params = SamplingParams(temperature=0.0, ras_window=0, seed=0)
+    engine.state.start([StreamStart(s, params, 10**6, np.zeros((cfg.num_codebooks, 0), np.int64)) for s in slots])
+    deltas, flips, margins_at_flips, min_margin = [], 0, [], []
+    try:
+        for eng in (engine, single):
+            for sid, prompt in zip(sids, prompts):
+                _prefill(eng, sid, prompt)
+        for j in range(steps):
+            ps = engine.cache.allocator.page_size
+            pos = [len(p) + j for p in prompts]
+            tables = []
+            for sid, q in zip(sids, pos):
+                engine.cache.allocator.reserve(sid, q + 1)
+                tables.append(engine.cache.allocator.page_table(sid))
+            kv = [t[q // ps] * ps + q % ps for t, q in zip(tables, pos)]
+            col = torch.from_numpy(cont[j]).to(dev)
+            if engine.graphs is not None:
+                engine.state.last_col[torch.tensor(slots, device=dev)] = col
+                engine.graphs.run(pos, kv, slots, tables, [q + 1 for q in pos])
+                batched = engine.graphs.last_logits(n).float().clone()
+            else:
+                t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
+                _plan(engine, tables, [q + 1 for q in pos], [1] * n)
+                inp = FastInputs(text_ids=None, codes=col, positions=t(pos), kv_slots=t(kv), out_rows=t(list(range(n))))
+                batched = engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v).float()
+            for i, (sid, q) in enumerate(zip(sids, pos)):
+                alloc = single.cache.allocator
+                alloc.reserve(sid, q + 1)
+                table = alloc.page_table(sid)
+                t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
+                _plan(single, [table], [q + 1], [1])
+                inp = FastInputs(text_ids=None, codes=col[i:i + 1], positions=t([q]),
+                                 kv_slots=t([table[q // ps] * ps + q % ps]), out_rows=t([0]))
+                alone = single.fast.forward(inp, single._attn, single.cache.pool.k, single.cache.pool.v)[0].float()
+                deltas.append((alone - batched[i]).abs().max().item())
+                top2 = batched[i].topk(2, dim=-1).values  # [K, 2]
+                margin = top2[:, 0] - top2[:, 1]
+                min_margin.append(margin.min().item())
+                disagree = alone.argmax(-1) != batched[i].argmax(-1)
+                flips += int(disagree.sum())
+                margins_at_flips += margin[disagree].tolist()
+    finally:
+        for eng in (engine, single):
+            for sid in sids:
+                if sid in eng.cache.allocator.active_seqs:
+                    eng.cache.allocator.free(sid)
+        for s in slots:
+            engine.state.release(s)
+    return {"streams": n, "steps": steps, "max_abs_delta_logit": max(deltas),
+            "mean_max_abs_delta_logit": float(np.mean(deltas)), "argmax_flips": flips,
+            "argmax_decisions": n * steps * cfg.num_codebooks,
+            "max_margin_at_flip": max(margins_at_flips) if margins_at_flips else None,
+            "median_top2_margin": float(np.median(min_margin))}
+
+
+def _prefill(engine: Any, sid: int, prompt: Any) -> None:
+    alloc = engine.cache.allocator
+    p = len(prompt)
+    alloc.reserve(sid, p)
+    table = alloc.page_table(sid)
+    _plan(engine, [table], [p], [p])
+    engine.fast.hidden(_prefill_inputs(engine, prompt, 0, p, table), engine._attn, engine.cache.pool.k,
+                       engine.cache.pool.v)

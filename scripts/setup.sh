@@ -13,7 +13,7 @@ python -c 'import torch, torchaudio; assert torch.__version__.startswith("2.11")
 extras="test"
 for e in "$@"; do
   case "$e" in
-    browser) need_browser=1 ;;
+    browser) need_browser=1; extras="$extras,browser" ;;
     *) extras="$extras,$e" ;;
   esac
 done
@@ -24,5 +24,4 @@ if [ "${need_browser:-0}" = 1 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
       || echo "warning: could not install Debian's chromium; browser tests will be skipped" >&2
   fi
-  pip_q playwright
 fi

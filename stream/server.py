@@ -64,8 +64,9 @@ class SessionRunner:
     """
 
     def __init__(self, state: ServerState, send_text: Callable[[str], Awaitable], send_bytes: Callable[[bytes], Awaitable],
-                 query: dict[str, str] | None = None):
+                 query: dict[str, str] | None = None, transport: str = "ws"):
         self.state = state
+        self.transport = transport  # metrics label
         self._send_text, self._send_bytes = send_text, send_bytes
         self.session = Session(state.config, state.voices, query, on_error=self._count_error)
         self.handles: dict[str, StreamHandle] = {}
@@ -111,7 +112,7 @@ class SessionRunner:
         for cmd in commands:
             if isinstance(cmd, Open):
                 try:
-                    handle = self.state.pipeline.open(cmd.options, transport="ws")
+                    handle = self.state.pipeline.open(cmd.options, transport=self.transport)
                 except HiggsStreamError as e:
                     self.session.reject(cmd.context_id, e)
                     continue
@@ -164,7 +165,7 @@ class SessionRunner:
 
 # ---------------------------------------------------------------- handlers
 
-def _authorized(request: web.Request, token: str | None) -> bool:
+def authorized(request: web.Request, token: str | None) -> bool:
     if token is None:
         return True
     header = request.headers.get("Authorization", "")
@@ -174,7 +175,7 @@ def _authorized(request: web.Request, token: str | None) -> bool:
     return any(hmac.compare_digest(c.encode(), token.encode()) for c in candidates)
 
 
-def _error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
+def error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
     metrics.errors.inc(code=error.code)
     status = HTTP_STATUS.get(error.code, 500)
     body = {"error": {"message": str(error), "type": "invalid_request_error" if status < 500 else "server_error",
@@ -193,7 +194,7 @@ async def ws_stream(request: web.Request) -> web.WebSocketResponse:
     state.sockets.add(ws)
     state.metrics.connections.inc()
     try:
-        if not _authorized(request, cfg.token):
+        if not authorized(request, cfg.token):
             state.metrics.errors.inc(code="unauthorized")
             await ws.send_str(json.dumps({"type": "error", "code": "unauthorized", "message": "wrong or missing token"}))
             await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"unauthorized")
@@ -234,7 +235,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
     try:
-        if not _authorized(request, cfg.token):
+        if not authorized(request, cfg.token):
             raise UnauthorizedError("wrong or missing token")
         try:
             body = await request.read()
@@ -243,7 +244,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         req = parse_speech(body, cfg, state.voices)
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:
-        return _error_response(e, state.metrics)
+        return error_response(e, state.metrics)
     try:
         text = TextBuffer(cfg.max_segment_chars)
         for segment in text.append(req.input, 0.0) + text.flush():
@@ -252,7 +253,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         events = await handle.next(cfg.max_send_bytes, first_alone=True)
         first = events[0]
         if isinstance(first, End) and first.error is not None:
-            return _error_response(first.error, state.metrics)  # failed before any audio: a plain error
+            return error_response(first.error, state.metrics)  # failed before any audio: a plain error
         sse = req.stream_format == "sse"
         resp = web.StreamResponse(status=200)
         resp.headers["Content-Type"] = ("text/event-stream" if sse else
@@ -307,8 +308,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def voices(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if not _authorized(request, state.config.token):
-        return _error_response(UnauthorizedError("wrong or missing token"), state.metrics)
+    if not authorized(request, state.config.token):
+        return error_response(UnauthorizedError("wrong or missing token"), state.metrics)
     return web.json_response(state.voices.describe())
 
 

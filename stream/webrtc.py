@@ -8,6 +8,12 @@ instead of binary messages. The track plays 20 ms frames at the wall-clock rate 
 when idle, so the RTP clock never stops. `audio_start` and `done` of the playing context travel as
 track markers: they reach the peer when playout reaches them, in step with what it hears. A
 client `cancel` drops the context's queued audio from the track at once.
+
+Differences from the WebSocket (what the listener hears is what counts here):
+- `done.samples` is the number of samples played out;
+- a `cancel` that arrives after generation finished but before playout did still ends the context
+  with `done{reason:"cancelled"}` (on the WebSocket it would be ignored: `done` was already sent);
+- `audio:"base64"` changes nothing: audio always goes to the track, never to the data channel.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from av import AudioFrame
 
 from higgs_stream.engine.errors import CapacityError, InvalidInputError
 from higgs_stream.stream.config import SAMPLE_RATE
-from higgs_stream.stream.server import STATE, ServerState, SessionRunner, _authorized, _error_response
+from higgs_stream.stream.server import STATE, ServerState, SessionRunner, authorized, error_response
 from higgs_stream.stream.errors import UnauthorizedError
 
 log = logging.getLogger(__name__)
@@ -216,7 +222,7 @@ class WebRTCPeer:
 
     async def _run(self) -> None:
         try:
-            runner = SessionRunner(self.state, self._send_text, self._send_bytes)
+            runner = SessionRunner(self.state, self._send_text, self._send_bytes, transport="webrtc")
             await runner.run(self._receive)
         finally:
             await self.close()
@@ -321,13 +327,13 @@ async def offer(request: web.Request) -> web.Response:
     state = request.app[STATE]
     peers: dict[str, WebRTCPeer] = request.app[PEERS]
     try:
-        if not _authorized(request, state.config.token):
+        if not authorized(request, state.config.token):
             raise UnauthorizedError("wrong or missing token")
         description = _parse_offer(await request.read())
         if len(peers) >= state.config.max_streams:
             raise CapacityError(f"server holds its limit of {state.config.max_streams} WebRTC peers")
     except (InvalidInputError, UnauthorizedError, CapacityError) as e:
-        return _error_response(e, state.metrics)
+        return error_response(e, state.metrics)
 
     pc = RTCPeerConnection()
     peer = WebRTCPeer(state, pc)
@@ -335,10 +341,10 @@ async def offer(request: web.Request) -> web.Response:
         await pc.setRemoteDescription(description)
     except ValueError as e:  # aiortc's SDP parser rejects it
         await pc.close()
-        return _error_response(InvalidInputError(f"bad offer SDP: {e}"), state.metrics)
+        return error_response(InvalidInputError(f"bad offer SDP: {e}"), state.metrics)
     if not any(t.kind == "audio" for t in pc.getTransceivers()):
         await pc.close()
-        return _error_response(InvalidInputError("the offer has no audio transceiver"), state.metrics)
+        return error_response(InvalidInputError("the offer has no audio transceiver"), state.metrics)
     peers[peer.id] = peer
     pc.on("datachannel", peer.attach)
 

@@ -7,7 +7,6 @@ import socket
 import wave
 
 import pytest
-import torch
 
 from higgs_stream import cli
 from higgs_stream.clients.client import (
@@ -23,14 +22,6 @@ from higgs_stream.engine.errors import AudioInputError, InvalidInputError, NotFo
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 SEED = 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def length_invariant_convs():
-    """Byte-exact streaming needs conv arithmetic independent of the input length (oneDNN's CPU
-    kernels are not; see tests/stream/test_pipeline.py)."""
-    with torch.backends.mkldnn.flags(enabled=False):
-        yield
 
 
 async def test_stream_and_say_equal_offline_synthesis(live_server, reference_pcm, tmp_path):

@@ -3,8 +3,6 @@ server on the tiny random checkpoint."""
 
 from __future__ import annotations
 
-import pytest
-import torch
 
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -22,15 +20,6 @@ from higgs_stream.clients.pipecat_service import HiggsStreamTTSService
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 SEED = 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def length_invariant_convs():
-    """Byte-exact streaming needs conv arithmetic that does not depend on the input length: oneDNN
-    picks CPU kernels by length (a window vs the one-shot decode then differ by an s16 LSB now and
-    then); PyTorch's native CPU convs do not (as in tests/stream/test_pipeline.py)."""
-    with torch.backends.mkldnn.flags(enabled=False):
-        yield
 
 
 def _frames(down, kind):
@@ -68,27 +57,29 @@ async def test_resamples_to_the_pipeline_rate(live_server, reference_pcm):
     assert got == expected_samples * 16000 // 24000, (got, expected_samples)  # the tail is flushed at done
 
 
-async def test_interruption_cancels_the_context_and_the_next_one_plays(live_server, reference_pcm):
+async def test_interruption_cancels_the_context_and_the_next_one_plays(live_server):
     tts = HiggsStreamTTSService(url=live_server.ws, seed=SEED)
+    long_text = " ".join([TEXT] * 6)  # six segments, up to 36 s of audio: still generating at 0.5 s
     down, _ = await run_test(tts, frames_to_send=[
-        TTSSpeakFrame(TEXT),
-        SleepFrame(sleep=0.6),  # audio has started
+        TTSSpeakFrame(long_text),
+        SleepFrame(sleep=0.5),
         InterruptionFrame(),
         SleepFrame(sleep=0.3),
         TTSSpeakFrame("Hello there."),
-    ])
+    ], ignore_start=True)
     started = [f.context_id for f in _frames(down, TTSStartedFrame)]
     assert len(started) == 2 and started[0] != started[1], started
     first, second = started
-    first_audio = sum(len(f.audio) for f in _frames(down, TTSAudioRawFrame) if f.context_id == first)
-    second_audio = sum(len(f.audio) for f in _frames(down, TTSAudioRawFrame) if f.context_id == second)
-    await live_server.state.pipeline.stop()
-    full = len(reference_pcm(live_server.state, TEXT, SEED))
-    assert first_audio < full, (first_audio, full)  # cut short, nothing leaked afterwards
-    assert second_audio > 0
-    assert [f.context_id for f in _frames(down, TTSStoppedFrame)][-1] == second
-    metrics = live_server.state.metrics.render()
-    assert 'outcome="cancelled"' in metrics, metrics
+    cut = next(i for i, f in enumerate(down) if isinstance(f, InterruptionFrame))
+    first_audio = [i for i, f in enumerate(down) if isinstance(f, TTSAudioRawFrame) and f.context_id == first]
+    second_audio = [i for i, f in enumerate(down) if isinstance(f, TTSAudioRawFrame) and f.context_id == second]
+    assert first_audio and max(first_audio) < cut  # it had started; nothing of it leaked afterwards
+    assert second_audio and min(second_audio) > cut
+    assert [f.context_id for f in _frames(down, TTSStoppedFrame)] == [second]
+    # The server stopped generating the first context (cancelled, not completed).
+    metrics = live_server.state.metrics
+    assert metrics.requests.value(transport="ws", outcome="cancelled") == 1
+    assert metrics.requests.value(transport="ws", outcome="completed") == 1
 
 
 async def test_example_bot_speaks_an_llm_reply_on_one_context(live_server, tmp_path):
