@@ -398,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         result["greedy_batch_parity_ras"] = greedy_batch_parity(engine, eager, ras_window=7)
         result["batch_vs_single_logits"] = batch_vs_single(engine, eager)
         log(f"teacher-forced batched (graph) vs batch-1 (eager) logits: {result['batch_vs_single_logits']}")
+        result["batch_vs_single_logits_batched_prefill"] = batch_vs_single(engine, eager, batched_prefill=True)
+        log(f"... with the prompts prefilled together: {result['batch_vs_single_logits_batched_prefill']}")
         log(f"greedy batched (graphs) vs eager batch-1: {result['greedy_batch_parity']}")
         del eager, small
         save()
