@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,20 +82,25 @@ _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloa
 
 
 # --------------------------------------------------------------------------------------- keys
+def swap_prefix(key: str, pairs: Iterable[tuple[str, str]]) -> str | None:
+    """`key` with the first matching (old, new) prefix pair applied; None when no pair matches."""
+    for old, new in pairs:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return None
+
+
 def to_native_key(key: str, layout: str) -> str | None:
     """The transformers-native name of a file key, or None when no table row matches."""
-    for native, stored in KEY_PREFIXES[layout]:
-        if key.startswith(stored):
-            return native + key[len(stored):]
-    return None
+    return swap_prefix(key, ((stored, native) for native, stored in KEY_PREFIXES[layout]))
 
 
 def to_layout_key(native_key: str, layout: str) -> str:
     """The file key of a transformers-native name in `layout` (inverse of `to_native_key`)."""
-    for native, stored in KEY_PREFIXES[layout]:
-        if native_key.startswith(native):
-            return stored + native_key[len(native):]
-    raise CheckpointError(f"no {layout} key-table row for {native_key!r}")
+    key = swap_prefix(native_key, KEY_PREFIXES[layout])
+    if key is None:
+        raise CheckpointError(f"no {layout} key-table row for {native_key!r}")
+    return key
 
 
 # ------------------------------------------------------------------------------- model dir
@@ -178,8 +183,8 @@ class TalkerCheckpoint:
         return list(dict.fromkeys(e.file for e in self.tensors.values()))
 
 
-def read_config(root: Path) -> tuple[str, dict[str, Any], TalkerConfig]:
-    """(layout, raw config.json, TalkerConfig without special ids) of a checkpoint directory."""
+def read_config_json(root: Path) -> dict[str, Any]:
+    """A checkpoint directory's config.json (either family); CheckpointError when missing or unreadable."""
     file = root / CONFIG_FILE
     if not file.is_file():
         raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
@@ -187,6 +192,14 @@ def read_config(root: Path) -> tuple[str, dict[str, Any], TalkerConfig]:
         raw = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"cannot read {file}: {e}") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def read_config(root: Path) -> tuple[str, dict[str, Any], TalkerConfig]:
+    """(layout, raw config.json, TalkerConfig without special ids) of a checkpoint directory."""
+    file, raw = root / CONFIG_FILE, read_config_json(root)
     model_type = raw.get("model_type")
     if model_type not in MODEL_TYPES:
         raise CheckpointError(

@@ -18,7 +18,6 @@ only when equal to the matrix they duplicate. Any other key is a CheckpointError
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,10 @@ from higgs_stream.engine.checkpoint import (
     CONFIG_FILE,
     TensorEntry,
     parameters_on_meta,
+    read_config_json,
     read_headers,
     resolve_model_dir,
+    swap_prefix,
     weight_files,
 )
 from higgs_stream.engine.codec.codec import Codec
@@ -100,10 +101,10 @@ def talker_key_shapes(cfg: TalkerV3Config) -> dict[str, tuple[int, ...]]:
 
 def to_qwen3_key(key: str) -> str:
     """A v3 backbone key -> the transformers `Qwen3ForCausalLM` parameter name."""
-    for ours, theirs in QWEN3_PREFIXES.items():
-        if key.startswith(ours):
-            return theirs + key[len(ours):]
-    raise CheckpointError(f"{key!r} is not a v3 backbone key")
+    qwen3 = swap_prefix(key, QWEN3_PREFIXES.items())
+    if qwen3 is None:
+        raise CheckpointError(f"{key!r} is not a v3 backbone key")
+    return qwen3
 
 
 def classify_keys(
@@ -142,13 +143,7 @@ def classify_keys(
 # ----------------------------------------------------------------------------------- loading
 def read_config_v3(root: Path) -> tuple[dict[str, Any], TalkerV3Config]:
     """(raw config.json, TalkerV3Config without special ids); CheckpointError if it is not v3."""
-    file = root / CONFIG_FILE
-    if not file.is_file():
-        raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {file}: {e}") from e
+    file, raw = root / CONFIG_FILE, read_config_json(root)
     if raw.get("model_type") != MODEL_TYPE_V3:
         raise CheckpointError(f"{file}: model_type {raw.get('model_type')!r} is not {MODEL_TYPE_V3!r}")
     try:
@@ -159,11 +154,7 @@ def read_config_v3(root: Path) -> tuple[dict[str, Any], TalkerV3Config]:
 
 def is_v3_checkpoint(model: str | Path) -> bool:
     """True when `model`'s config.json says model_type "higgs_multimodal_qwen3"."""
-    root = resolve_model_dir(model)
-    try:
-        return json.loads((root / CONFIG_FILE).read_text()).get("model_type") == MODEL_TYPE_V3
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {root / CONFIG_FILE}: {e}") from e
+    return read_config_json(resolve_model_dir(model)).get("model_type") == MODEL_TYPE_V3
 
 
 def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, TextTokenizer, dict[str, TensorEntry]]:

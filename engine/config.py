@@ -163,14 +163,60 @@ def _rope_from_dict(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]
     return float(d["rope_theta"]), _normalize_rope_scaling(d.get("rope_scaling"))
 
 
-def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in d:
-        raise ConfigError(f"{where} config lacks required field {key!r}")
+def require_field(d: Mapping[str, Any], key: str, where: str) -> Any:
+    """d[key]; a ConfigError naming `where` (e.g. "v3 text_config") when it is missing or null."""
+    if d.get(key) is None:
+        raise ConfigError(f"{where} lacks required field {key!r}")
     return d[key]
 
 
+BACKBONE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                       "head_dim", "num_codebooks", "codebook_size", "max_position_embeddings")
+
+
+class BackboneConfig:
+    """Validation and derived values shared by the v2 and v3 talker configs (frozen dataclasses
+    that declare the fields used here)."""
+
+    def validate_backbone(self) -> None:
+        """The checks both families share; normalises `rope_theta` to float. ConfigError on the first violation."""
+        for name in BACKBONE_INT_FIELDS:
+            _positive_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2 != 0:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not (isinstance(self.rms_norm_eps, float) and 0.0 < self.rms_norm_eps < 1.0):
+            raise ConfigError(f"rms_norm_eps must be a float in (0, 1), got {self.rms_norm_eps!r}")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1.0):
+            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.audio_stream_bos_id != self.codebook_size or self.audio_stream_eos_id != self.codebook_size + 1:
+            raise ConfigError(
+                f"expected stream BOS/EOS (BOC/EOC) ids {self.codebook_size}/{self.codebook_size + 1} right after "
+                f"the {self.codebook_size} codes, got {self.audio_stream_bos_id}/{self.audio_stream_eos_id}"
+            )
+        if self.special is not None:
+            too_big = {k: v for k, v in self.special.as_dict().items() if v is not None and v >= self.vocab_size}
+            if too_big:
+                raise ConfigError(f"special token ids outside vocab_size={self.vocab_size}: {too_big}")
+
+    @property
+    def audio_vocab(self) -> int:
+        """Per-codebook vocabulary: the codes plus stream BOS and EOS (1026)."""
+        return self.codebook_size + 2
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def with_special(self, special: Any) -> Any:
+        """A copy with the special token ids set (the loader's last step)."""
+        return dataclasses.replace(self, special=special)
+
+
 @dataclass(frozen=True)
-class TalkerConfig:
+class TalkerConfig(BackboneConfig):
     """Validated architecture of the Higgs Audio v2 talker (a Llama-3 backbone with DualFFN)."""
 
     vocab_size: int
@@ -193,53 +239,18 @@ class TalkerConfig:
     special: SpecialTokens | None = field(default=None)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "num_codebooks", "codebook_size",
-                     "max_position_embeddings"):
-            _positive_int(name, getattr(self, name))
-        if self.num_heads % self.num_kv_heads != 0:
-            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim % 2 != 0:
-            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (isinstance(self.rms_norm_eps, float) and 0.0 < self.rms_norm_eps < 1.0):
-            raise ConfigError(f"rms_norm_eps must be a float in (0, 1), got {self.rms_norm_eps!r}")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1.0):
-            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
-        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        self.validate_backbone()
         object.__setattr__(self, "rope_scaling", _normalize_rope_scaling(self.rope_scaling))
-        if self.audio_stream_bos_id != self.codebook_size or self.audio_stream_eos_id != self.codebook_size + 1:
-            raise ConfigError(
-                f"expected stream BOS/EOS ids {self.codebook_size}/{self.codebook_size + 1} right after the "
-                f"{self.codebook_size} codes, got {self.audio_stream_bos_id}/{self.audio_stream_eos_id}"
-            )
-        if self.special is not None:
-            too_big = {k: v for k, v in self.special.as_dict().items() if v >= self.vocab_size}
-            if too_big:
-                raise ConfigError(f"special token ids outside vocab_size={self.vocab_size}: {too_big}")
 
-    # ----- derived values -----
-    @property
-    def audio_vocab(self) -> int:
-        """Per-codebook vocabulary: the codes plus stream BOS and EOS (1026)."""
-        return self.codebook_size + 2
-
-    @property
-    def q_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    def with_special(self, special: SpecialTokens) -> TalkerConfig:
-        return dataclasses.replace(self, special=special)
-
-    # ----- constructors -----
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> TalkerConfig:
         """From the transformers-native config.json (model_type "higgs_audio_v2")."""
-        where = "transformers-native"
+        where = "transformers-native config"
         if d.get("model_type", "higgs_audio_v2") != "higgs_audio_v2":
             raise ConfigError(f"expected model_type 'higgs_audio_v2', got {d.get('model_type')!r}")
         if d.get("hidden_act", "silu") != "silu" or d.get("attention_bias") or d.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
-        rows = int(_require(d, "codebook_size", where))  # embedding rows per codebook (1026)
+        rows = int(require_field(d, "codebook_size", where))  # embedding rows per codebook (1026)
         bos = int(d.get("audio_stream_bos_id", 1024))
         eos = int(d.get("audio_stream_eos_id", 1025))
         if rows != eos + 1 or bos != rows - 2:
@@ -248,15 +259,15 @@ class TalkerConfig:
                 f"codes+2 with BOS/EOS at the end (1026 for the released model); got codebook_size={rows} "
                 f"with audio_stream_bos_id={bos}, audio_stream_eos_id={eos}"
             )
-        hidden = int(_require(d, "hidden_size", where))
-        heads = int(_require(d, "num_attention_heads", where))
+        hidden = int(require_field(d, "hidden_size", where))
+        heads = int(require_field(d, "num_attention_heads", where))
         head_dim = d.get("head_dim") or hidden // heads
         theta, scaling = _rope_from_dict(d)
         return cls(
-            vocab_size=int(_require(d, "vocab_size", where)),
+            vocab_size=int(require_field(d, "vocab_size", where)),
             hidden_size=hidden,
-            intermediate_size=int(_require(d, "intermediate_size", where)),
-            num_layers=int(_require(d, "num_hidden_layers", where)),
+            intermediate_size=int(require_field(d, "intermediate_size", where)),
+            num_layers=int(require_field(d, "num_hidden_layers", where)),
             num_heads=heads,
             num_kv_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
@@ -273,11 +284,11 @@ class TalkerConfig:
     @classmethod
     def from_original_dict(cls, d: Mapping[str, Any]) -> TalkerConfig:
         """From Boson's original config.json (model_type "higgs_audio", nested Llama text_config)."""
-        where = "original"
+        where = "original config"
         if d.get("model_type", "higgs_audio") != "higgs_audio":
             raise ConfigError(f"expected model_type 'higgs_audio', got {d.get('model_type')!r}")
-        text = _require(d, "text_config", where)
-        num_layers = int(_require(text, "num_hidden_layers", "original text_config"))
+        text = require_field(d, "text_config", where)
+        num_layers = int(require_field(text, "num_hidden_layers", "original text_config"))
         adapter = d.get("audio_adapter_type", "stack")
         dual_layers = sorted(d.get("audio_dual_ffn_layers") or [])
         if adapter not in ("dual_ffn", "dual_ffn_fast_forward") or dual_layers != list(range(num_layers)):
@@ -295,15 +306,15 @@ class TalkerConfig:
             raise ConfigError(f"unsupported original-config options enabled: {unsupported}")
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias") or text.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
-        hidden = int(_require(text, "hidden_size", "original text_config"))
-        heads = int(_require(text, "num_attention_heads", "original text_config"))
+        hidden = int(require_field(text, "hidden_size", "original text_config"))
+        heads = int(require_field(text, "num_attention_heads", "original text_config"))
         head_dim = text.get("head_dim") or hidden // heads
         theta, scaling = _rope_from_dict(text)
         codes = int(d.get("audio_codebook_size", 1024))
         return cls(
-            vocab_size=int(_require(text, "vocab_size", "original text_config")),
+            vocab_size=int(require_field(text, "vocab_size", "original text_config")),
             hidden_size=hidden,
-            intermediate_size=int(_require(text, "intermediate_size", "original text_config")),
+            intermediate_size=int(require_field(text, "intermediate_size", "original text_config")),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(text.get("num_key_value_heads") or heads),

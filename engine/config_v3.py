@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from higgs_stream.engine.config import BackboneConfig, require_field
 from higgs_stream.engine.errors import ConfigError
 
 MODEL_TYPE_V3 = "higgs_multimodal_qwen3"
@@ -43,17 +44,6 @@ _FULL_PRESET_IDS: dict[str, int] = {
     "ref_audio": 151673,
     "ref_text": 151674,
 }
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
-
-
-def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in d or d[key] is None:
-        raise ConfigError(f"v3 {where} lacks required field {key!r}")
-    return d[key]
 
 
 @dataclass(frozen=True)
@@ -113,7 +103,7 @@ class V3SpecialTokens:
 
 
 @dataclass(frozen=True)
-class TalkerV3Config:
+class TalkerV3Config(BackboneConfig):
     """Validated architecture of the v3 talker: a Qwen3 backbone plus the tied fused audio matrix."""
 
     vocab_size: int
@@ -134,54 +124,20 @@ class TalkerV3Config:
     special: V3SpecialTokens | None = field(default=None)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "num_codebooks", "codebook_size", "max_position_embeddings"):
-            _positive_int(name, getattr(self, name))
-        if self.num_heads % self.num_kv_heads != 0:
-            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim % 2 != 0:
-            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (isinstance(self.rms_norm_eps, float) and 0.0 < self.rms_norm_eps < 1.0):
-            raise ConfigError(f"rms_norm_eps must be a float in (0, 1), got {self.rms_norm_eps!r}")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1.0):
-            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
-        object.__setattr__(self, "rope_theta", float(self.rope_theta))
-        if self.audio_stream_bos_id != self.codebook_size or self.audio_stream_eos_id != self.codebook_size + 1:
-            raise ConfigError(
-                f"expected BOC/EOC ids {self.codebook_size}/{self.codebook_size + 1} right after the "
-                f"{self.codebook_size} codes, got {self.audio_stream_bos_id}/{self.audio_stream_eos_id}"
-            )
-        if self.special is not None:
-            too_big = {k: v for k, v in self.special.as_dict().items() if v is not None and v >= self.vocab_size}
-            if too_big:
-                raise ConfigError(f"v3 special token ids outside vocab_size={self.vocab_size}: {too_big}")
-
-    # ----- derived values -----
-    @property
-    def audio_vocab(self) -> int:
-        """Per-codebook vocabulary: the codes plus BOC and EOC (1026)."""
-        return self.codebook_size + 2
-
-    @property
-    def q_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        self.validate_backbone()
 
     @property
     def rope_scaling(self) -> None:
         """Qwen3 uses plain RoPE (for code shared with the v2 talker, which reads this field)."""
         return None
 
-    def with_special(self, special: V3SpecialTokens) -> TalkerV3Config:
-        return dataclasses.replace(self, special=special)
-
-    # ----- constructors -----
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> TalkerV3Config:
         """From the v3 checkpoint's config.json (model_type "higgs_multimodal_qwen3")."""
         if d.get("model_type") != MODEL_TYPE_V3:
             raise ConfigError(f"expected model_type {MODEL_TYPE_V3!r}, got {d.get('model_type')!r}")
-        text = _require(d, "text_config", "config")
-        audio = _require(d, "audio_encoder_config", "config")
+        text = require_field(d, "text_config", "v3 config")
+        audio = require_field(d, "audio_encoder_config", "v3 config")
         if text.get("model_type", "qwen3") != "qwen3":
             raise ConfigError(f"v3 text_config must be qwen3, got model_type {text.get('model_type')!r}")
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias"):
@@ -194,8 +150,8 @@ class TalkerV3Config:
             raise ConfigError(f"v3 audio_encoder_config.encoder_type must be 'discrete', got {audio.get('encoder_type')!r}")
         if audio.get("tie_word_embeddings") is not True or audio.get("use_delay_pattern") is not True:
             raise ConfigError("v3 audio_encoder_config must have tie_word_embeddings=true and use_delay_pattern=true")
-        hidden = int(_require(text, "hidden_size", "text_config"))
-        heads = int(_require(text, "num_attention_heads", "text_config"))
+        hidden = int(require_field(text, "hidden_size", "v3 text_config"))
+        heads = int(require_field(text, "num_attention_heads", "v3 text_config"))
         out_dim = int(audio.get("out_dim", hidden))
         if out_dim != hidden:
             raise ConfigError(f"v3 audio_encoder_config.out_dim {out_dim} != text hidden_size {hidden}")
@@ -208,19 +164,19 @@ class TalkerV3Config:
             theta = text["rope_theta"]
         else:
             raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
-        rows = int(_require(audio, "vocab_size", "audio_encoder_config"))  # ids per codebook (1026)
+        rows = int(require_field(audio, "vocab_size", "v3 audio_encoder_config"))  # ids per codebook (1026)
         return cls(
-            vocab_size=int(_require(text, "vocab_size", "text_config")),
+            vocab_size=int(require_field(text, "vocab_size", "v3 text_config")),
             hidden_size=hidden,
-            intermediate_size=int(_require(text, "intermediate_size", "text_config")),
-            num_layers=int(_require(text, "num_hidden_layers", "text_config")),
+            intermediate_size=int(require_field(text, "intermediate_size", "v3 text_config")),
+            num_layers=int(require_field(text, "num_hidden_layers", "v3 text_config")),
             num_heads=heads,
             num_kv_heads=int(text.get("num_key_value_heads") or heads),
             head_dim=int(text.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(_require(text, "rms_norm_eps", "text_config")),
+            rms_norm_eps=float(require_field(text, "rms_norm_eps", "v3 text_config")),
             rope_theta=float(theta),
             max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
-            num_codebooks=int(_require(audio, "num_codebooks", "audio_encoder_config")),
+            num_codebooks=int(require_field(audio, "num_codebooks", "v3 audio_encoder_config")),
             codebook_size=rows - 2,
             audio_stream_bos_id=int(d.get("audio_stream_bos_id", rows - 2)),
             audio_stream_eos_id=int(d.get("audio_stream_eos_id", rows - 1)),

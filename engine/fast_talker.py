@@ -1,23 +1,31 @@
 """The talker's math for the engine's fast path: fused weights, fp32 residual stream, pluggable kernels.
 
-`FastTalker(talker, kernels="fast"|"ref")` re-packs a loaded `Talker` so that each layer's q/k/v
-and each MLP's gate/up projections are one matrix (the talker's own parameters become views into
-those matrices: no second copy of the weights, `state_dict()` unchanged). It runs ragged steps over
-the same paged KV pool as `Talker.forward`, but takes device tensors only and returns the audio
-logits of selected rows, so the engine can keep its per-stream state on the device and capture a
-decode step in a CUDA graph.
+`FastTalker(talker, kernels="fast"|"ref")` re-packs a loaded v2 `Talker` (DualFFN Llama-3) or v3
+`TalkerV3` (Qwen3) so that each layer's q/k/v and each MLP's gate/up projections are one matrix
+(the talker's own parameters become views into those matrices: no second copy of the weights,
+`state_dict()` unchanged). It runs ragged steps over the same paged KV pool as the talker's
+`forward`, but takes device tensors only and returns the audio logits of selected rows, so the
+engine can keep its per-stream state on the device and capture a decode step in a CUDA graph.
 
-Per layer, with x the fp32 residual stream and every audio row routed to the audio branch:
+Per layer, with x the fp32 residual stream:
 
-    h   = add_rms_norm(prev_mlp_out, x, input_norm[text|audio])      # x += prev; h bf16
-    q   = rope_store_kv(h @ W_qkv)                                    # k, v -> page pool
-    h   = add_rms_norm(o_proj(attention(q)), x, post_norm[text|audio])
-    out = down(silu_and_mul(h @ W_gate_up))                           # text or audio MLP
+    h   = add_rms_norm(prev_mlp_out, x, input_norm[branch])          # x += prev; h bf16
+    qkv = h @ W_qkv;  q, k heads = rms_norm(q, k heads, qk_norm)      # v3 only (Qwen3 QK-norm)
+    q   = rope_store_kv(qkv)                                          # k, v -> page pool
+    h   = add_rms_norm(o_proj(attention(q)), x, post_norm[branch])
+    out = down(silu_and_mul(h @ W_gate_up[branch]))
 
-An all-audio step (every decode step) touches only attention, the audio norms, `audio_mlp`, the
-audio embedding rows and the audio head. kernels="fast" runs Triton kernels (CUDA only; a missing
-Triton raises `KernelUnavailable`, never a silent fallback); kernels="ref" runs the plain-torch
-definitions from kernels/ on any device.
+v2 has two branches per layer (text rows take the text norms and MLP, audio rows the audio ones);
+v3 has one. The two families differ only in the weights (`_v2_weights` / `_v3_weights`): an audio
+position embeds as the sum of K rows of one [K * 1026, H] table (v2 `embed_audio_tokens`, v3 the
+tied fused matrix) and the audio head is a [K * 1026, H] matrix (v2 `audio_lm_head`, v3 that same
+fused matrix). An all-audio step (every decode step) touches only attention, the audio branch,
+the audio embedding rows and the audio head.
+
+kernels="fast" runs Triton kernels (CUDA only; a missing Triton raises `KernelUnavailable`, never
+a silent fallback); kernels="ref" runs the plain-torch definitions from kernels/ on any device.
+RoPE tables cover `max_positions` (the engine's context cap), not the checkpoint config's
+`max_position_embeddings` (2048 in the transformers-native v2 config.json; not a limit).
 """
 
 from __future__ import annotations
@@ -31,11 +39,12 @@ import torch.nn.functional as F
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.talker import Talker
+from higgs_stream.engine.talker_v3 import TalkerV3
 from higgs_stream.kernels import activation, fused_norm, rope_kv
 from higgs_stream.kernels._triton import KernelUnavailableError, triton_modules
 from higgs_stream.kernels.rope import llama3_inv_freq
 
-TEXT, AUDIO = 0, 1  # rows of the stacked norm weights
+TEXT, AUDIO = 0, 1  # branches of a DualFFN layer (rows of its stacked norm weights)
 
 
 class KernelUnavailable(ConfigError):
@@ -88,22 +97,25 @@ class FastInputs:
 
 
 class FastTalker:
-    def __init__(self, talker: Talker, kernels: str = "fast", max_positions: int = 8192) -> None:
+    def __init__(self, talker: Talker | TalkerV3, kernels: str = "fast", max_positions: int = 8192) -> None:
         cfg = talker.cfg
         self.cfg = cfg
-        head = talker.audio_lm_head.weight
-        self.device, self.dtype = head.device, head.dtype
+        w = _v3_weights(talker) if isinstance(talker, TalkerV3) else _v2_weights(talker)
+        self.device, self.dtype = w.audio_head.device, talker.dtype
         self.k = Kernels.named(kernels, self.device)
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.layers = [_fuse_layer(layer) for layer in talker.model.layers]
-        self.final_norm = talker.model.norm.weight.detach()[None]  # [1, H]
-        self.embed_text = talker.model.embed_tokens.weight.detach()  # [V, H]
-        self.embed_audio = talker.model.embed_audio_tokens.embed_audio_tokens.weight.detach()  # [K*1026, H]
+        self.layers = w.layers
+        self.final_norm = w.final_norm  # [1, H]
+        self.embed_text = w.embed_text  # [V, H]
+        self.embed_audio = w.embed_audio  # [K*1026, H]
+        self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
-        self.audio_head = head.detach()  # [K*1026, H]
+        hq, hkv, _ = self.heads
+        self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
+        assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.max_positions = min(max_positions, cfg.max_position_embeddings)
+        self.max_positions = max_positions  # the engine's context cap (see the module docstring)
         self.cos_sin = rope_kv.cos_sin_table(inv_freq, self.max_positions, self.device)  # [P, D] fp32
 
     # ------------------------------------------------------------------ pieces
@@ -118,13 +130,14 @@ class FastTalker:
         return x
 
     def _norm(self, delta: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, inp: FastInputs) -> torch.Tensor:
-        if inp.all_audio:
-            return self.k.add_rms_norm(delta, x, weight[AUDIO:], self.eps, None, self.dtype)
+        """weight [W, H]: W = 1 (v3), or the DualFFN pair (text, audio) chosen per row."""
+        if weight.shape[0] == 1 or inp.all_audio:  # one norm for every row: the only one, or the audio one
+            return self.k.add_rms_norm(delta, x, weight[-1:], self.eps, None, self.dtype)
         return self.k.add_rms_norm(delta, x, weight, self.eps, inp.select, self.dtype)
 
     def _mlp(self, h: torch.Tensor, layer: _Layer, inp: FastInputs) -> torch.Tensor:
-        if inp.all_audio:
-            return F.linear(self.k.silu_and_mul(F.linear(h, layer.gate_up[AUDIO])), layer.down[AUDIO])
+        if len(layer.gate_up) == 1 or inp.all_audio:  # one MLP for every row: the only one, or the audio one
+            return F.linear(self.k.silu_and_mul(F.linear(h, layer.gate_up[-1])), layer.down[-1])
         out = torch.empty_like(h)
         for branch, rows in ((TEXT, inp.text_rows), (AUDIO, inp.audio_rows)):
             if rows.numel():
@@ -132,15 +145,29 @@ class FastTalker:
                 out[rows] = F.linear(self.k.silu_and_mul(F.linear(sub, layer.gate_up[branch])), layer.down[branch])
         return out
 
+    def _qk_norm(self, qkv: torch.Tensor, weight: torch.Tensor, select: torch.Tensor) -> None:
+        """Qwen3's per-head RMSNorm of the q and k heads of qkv [N, (Hq + 2 Hkv) D], in place.
+
+        weight [2, D] (q, k); select [N (Hq + Hkv)] int32 picks its row per head.
+        """
+        hq, hkv, d = self.heads
+        n = qkv.shape[0]
+        heads = qkv.view(n, hq + 2 * hkv, d)[:, : hq + hkv]  # [N, Hq + Hkv, D] view
+        rows = heads.float().reshape(n * (hq + hkv), d)  # fp32 copy, one row per head
+        heads.copy_(self.k.add_rms_norm(None, rows, weight, self.eps, select, qkv.dtype).view(n, hq + hkv, d))
+
     # ------------------------------------------------------------------ forward
     def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states at `inp.out_rows`: [R, H] in the model dtype."""
         hq, hkv, d = self.heads
         x = self.embed(inp)  # [N, H] fp32
+        qk_select = self._qk_select.repeat(x.shape[0]) if self.layers[0].qk_norm is not None else None  # [N (Hq + Hkv)]
         delta = None
         for i, layer in enumerate(self.layers):
             h = self._norm(delta, x, layer.input_norm, inp)
             qkv = F.linear(h, layer.qkv)  # [N, (Hq + 2 Hkv) D]
+            if layer.qk_norm is not None:
+                self._qk_norm(qkv, layer.qk_norm, qk_select)
             q = self.k.rope_store_kv(qkv, inp.positions, self.cos_sin, inp.kv_slots, k_pool[i], v_pool[i], hq, hkv, d)
             o = attn.run(q, k_pool[i], v_pool[i])  # [N, Hq, D]
             h = self._norm(F.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
@@ -152,6 +179,7 @@ class FastTalker:
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> [R, K, 1026] fp32 (bf16 weights, fp32 accumulation and output)."""
         r = hidden.shape[0]
+        hidden = hidden.to(self.audio_head.dtype)  # v3's fused matrix keeps its stored dtype
         if hidden.is_cuda and hidden.dtype != torch.float32:
             logits = torch.mm(hidden, self.audio_head.t(), out_dtype=torch.float32)
         else:
@@ -163,25 +191,36 @@ class FastTalker:
 
     # ------------------------------------------------------------------ facts
     def audio_step_bytes(self) -> int:
-        """Bytes of weights an all-audio decode step reads (attention, audio norms, audio MLP, audio
-        head, the final norm) plus one column's embedding rows; KV reads come on top."""
-        per_layer = sum(t.numel() * t.element_size() for layer in self.layers
-                        for t in (layer.qkv, layer.o, layer.gate_up[AUDIO], layer.down[AUDIO]))
-        norms = sum(2 * layer.input_norm[AUDIO].numel() * layer.input_norm.element_size() for layer in self.layers)
-        esize = self.audio_head.element_size()
-        head = self.audio_head.numel() * esize + self.final_norm.numel() * esize
-        embed_rows = self.cfg.num_codebooks * self.cfg.hidden_size * esize
-        return per_layer + norms + head + embed_rows
+        """Bytes of weights an all-audio decode step reads (attention, the audio branch's norms and
+        MLP, QK-norms, the audio head, the final norm) plus one column's embedding rows; KV reads
+        come on top."""
+        def nbytes(*ts: torch.Tensor | None) -> int:
+            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+        per_layer = sum(nbytes(layer.qkv, layer.o, layer.gate_up[-1], layer.down[-1], layer.input_norm[-1],
+                               layer.post_norm[-1], layer.qk_norm) for layer in self.layers)
+        embed_rows = self.cfg.num_codebooks * self.cfg.hidden_size * self.embed_audio.element_size()
+        return per_layer + nbytes(self.audio_head, self.final_norm) + embed_rows
 
 
 @dataclass
 class _Layer:
     qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
     o: torch.Tensor  # [H, Hq D]
-    gate_up: tuple[torch.Tensor, torch.Tensor]  # (text, audio) [2I, H]
-    down: tuple[torch.Tensor, torch.Tensor]  # (text, audio) [H, I]
-    input_norm: torch.Tensor  # [2, H] (text, audio)
-    post_norm: torch.Tensor  # [2, H]
+    gate_up: tuple[torch.Tensor, ...]  # [2I, H] per branch: (text, audio) for DualFFN, (shared,) for Qwen3
+    down: tuple[torch.Tensor, ...]  # [H, I] per branch
+    input_norm: torch.Tensor  # [W, H], one row per branch
+    post_norm: torch.Tensor  # [W, H]
+    qk_norm: torch.Tensor | None = None  # [2, D] (q, k) per-head RMSNorm weights (Qwen3), else None
+
+
+@dataclass
+class _Weights:
+    layers: list[_Layer]
+    final_norm: torch.Tensor  # [1, H]
+    embed_text: torch.Tensor  # [V, H]
+    embed_audio: torch.Tensor  # [K*1026, H]
+    audio_head: torch.Tensor  # [K*1026, H]
 
 
 @torch.no_grad()
@@ -196,14 +235,40 @@ def _fuse(*linears: Any) -> torch.Tensor:
     return fused
 
 
-def _fuse_layer(layer: Any) -> _Layer:
-    attn = layer.self_attn
-    return _Layer(
-        qkv=_fuse(attn.q_proj, attn.k_proj, attn.v_proj),
-        o=attn.o_proj.weight.detach(),
-        gate_up=(_fuse(layer.mlp.gate_proj, layer.mlp.up_proj), _fuse(layer.audio_mlp.gate_proj, layer.audio_mlp.up_proj)),
-        down=(layer.mlp.down_proj.weight.detach(), layer.audio_mlp.down_proj.weight.detach()),
-        input_norm=torch.stack([layer.input_layernorm.weight.detach(), layer.audio_input_layernorm.weight.detach()]),
-        post_norm=torch.stack([layer.post_attention_layernorm.weight.detach(),
-                               layer.audio_post_attention_layernorm.weight.detach()]),
-    )
+def _stack(*norms: Any) -> torch.Tensor:
+    return torch.stack([n.weight.detach() for n in norms])  # [W, H]
+
+
+def _v2_weights(talker: Talker) -> _Weights:
+    """DualFFN Llama-3: every layer has a text and an audio branch; separate audio head."""
+    def layer(b: Any) -> _Layer:
+        attn = b.self_attn
+        return _Layer(
+            qkv=_fuse(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
+            gate_up=(_fuse(b.mlp.gate_proj, b.mlp.up_proj), _fuse(b.audio_mlp.gate_proj, b.audio_mlp.up_proj)),
+            down=(b.mlp.down_proj.weight.detach(), b.audio_mlp.down_proj.weight.detach()),
+            input_norm=_stack(b.input_layernorm, b.audio_input_layernorm),
+            post_norm=_stack(b.post_attention_layernorm, b.audio_post_attention_layernorm),
+        )
+
+    m = talker.model
+    return _Weights(layers=[layer(b) for b in m.layers], final_norm=_stack(m.norm),
+                    embed_text=m.embed_tokens.weight.detach(),
+                    embed_audio=m.embed_audio_tokens.embed_audio_tokens.weight.detach(),
+                    audio_head=talker.audio_lm_head.weight.detach())
+
+
+def _v3_weights(talker: TalkerV3) -> _Weights:
+    """Qwen3: one branch per layer, QK-norm; the fused audio matrix is both embedding and head."""
+    def layer(b: Any) -> _Layer:
+        attn = b.self_attn
+        return _Layer(
+            qkv=_fuse(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
+            gate_up=(_fuse(b.mlp.gate_proj, b.mlp.up_proj),), down=(b.mlp.down_proj.weight.detach(),),
+            input_norm=_stack(b.input_layernorm), post_norm=_stack(b.post_attention_layernorm),
+            qk_norm=_stack(attn.q_norm, attn.k_norm),
+        )
+
+    fused = talker.audio.embedding.weight.detach()
+    return _Weights(layers=[layer(b) for b in talker.body.layers], final_norm=_stack(talker.body.norm),
+                    embed_text=talker.text_embedding.weight.detach(), embed_audio=fused, audio_head=fused)

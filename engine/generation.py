@@ -34,7 +34,7 @@ import secrets
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -137,7 +137,12 @@ class SegmentState:
 
     def as_array(self) -> np.ndarray:
         """[K, L] int64 columns so far."""
-        return np.array(self.columns, dtype=np.int64).T.reshape(self.k, len(self.columns))
+        return stack_columns(self.columns, self.k)
+
+
+def stack_columns(columns: Sequence[Column], k: int) -> np.ndarray:
+    """Columns (each K ids) -> [K, L] int64; L may be 0."""
+    return np.array(columns, dtype=np.int64).T.reshape(k, len(columns))
 
 
 # ------------------------------------------------------------------------ the engine's seam
@@ -173,7 +178,21 @@ class GenerationPolicy(Protocol):
     def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> Segment: ...
 
 
-class V2Segment:
+class StateSegment:
+    """Base of each family's `Segment`: whether and why it finished is its state machine's (`state`)."""
+
+    state: Any  # SegmentState (v2) | generation_v3.RowState (v3)
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def reason(self) -> str | None:
+        return self.state.reason
+
+
+class V2Segment(StateSegment):
     """`SegmentState` as a `Segment`: every call emits exactly one column."""
 
     def __init__(self, state: SegmentState) -> None:
@@ -185,14 +204,6 @@ class V2Segment:
 
     def advance(self, sampled: Sequence[int], ras_candidate: Sequence[int]) -> list[Column]:
         return [self.state.advance(sampled, ras_candidate)]
-
-    @property
-    def finished(self) -> bool:
-        return self.state.finished
-
-    @property
-    def reason(self) -> str | None:
-        return self.state.reason
 
     @property
     def last_column(self) -> Column:

@@ -45,6 +45,7 @@ import numpy as np
 from higgs_stream.engine.config_v3 import TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.delay import build_delay_pattern
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.generation import StateSegment, stack_columns
 from higgs_stream.engine.prompt import Prompt
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
@@ -160,7 +161,7 @@ class RowState:
         return max(0, len(self.rows) - self.k + 1)
 
 
-class V3Segment:
+class V3Segment(StateSegment):
     """A v3 stream's audio as v2-shaped columns (see the module docstring), for the engine.
 
     The engine calls `start()` at the prompt's last chunk, then `advance()` once per sampled row
@@ -191,14 +192,6 @@ class V3Segment:
         return cols
 
     @property
-    def finished(self) -> bool:
-        return self.state.finished
-
-    @property
-    def reason(self) -> str | None:
-        return self.state.reason
-
-    @property
     def last_column(self) -> tuple[int, ...]:
         """The row the next step feeds back (never a synthetic column)."""
         return self.state.last_row
@@ -209,7 +202,7 @@ class V3Segment:
 
     def as_array(self) -> np.ndarray:
         """[K, L] int64 columns so far."""
-        return np.array(self.columns, dtype=np.int64).T.reshape(self.k, len(self.columns))
+        return stack_columns(self.columns, self.k)
 
 
 class V3Policy:

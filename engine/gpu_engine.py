@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.config import TalkerConfig
+from higgs_stream.engine.config_v3 import TalkerV3Config
 from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
@@ -32,6 +33,7 @@ from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavai
 from higgs_stream.engine.generation import Stream
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_registry import family_of, load_model
 from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.scheduler import Chunk, Scheduler
@@ -73,8 +75,8 @@ class _Launched:
 
 
 class GpuEngine(Engine):
-    def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig, tokenizer: TokenizerLike, cache: KVCache,
-                 config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
+    def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig | TalkerV3Config, tokenizer: TokenizerLike,
+                 cache: KVCache, config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
                  fast: FastTalker | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
         super().__init__(talker, cfg, tokenizer, cache, config)
@@ -95,7 +97,7 @@ class GpuEngine(Engine):
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({self.config.max_batch})")
         self.state = DeviceStreamState(self.config.max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.gpu.ras_window_max,
-                                       fast_noise=self.gpu.kernels == "fast")
+                                       fast_noise=self.gpu.kernels == "fast", family=family_of(cfg))
         self._free_slots = list(range(self.config.max_batch - 1, -1, -1))
         self._slot: dict[int, int] = {}
         self._attn = self._eager_attention()
@@ -116,11 +118,11 @@ class GpuEngine(Engine):
     @classmethod
     def from_pretrained(cls, model: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                         config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None) -> GpuEngine:
-        from higgs_stream.engine.checkpoint import load_talker
-
+        """A GPU engine for a v2 or v3 checkpoint (by config.json model_type, model_registry.load_model)."""
         config = config or EngineConfig()
-        talker, cfg, tokenizer = load_talker(model, device=device, dtype=dtype)
-        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=dtype, device=device)
+        talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
+        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
+                               device=device)
         return cls(talker, cfg, tokenizer, cache, config, gpu)
 
     def _eager_attention(self) -> FlashInferAttention | RefAttention:
@@ -176,12 +178,13 @@ class GpuEngine(Engine):
         for c in plan:
             alloc.reserve(c.sid, c.end)  # within the scheduler's commitment
             self._holds_pages.add(c.sid)
-        decode = [c for c in plan if not c.prefill]
+        sampled = [c for c in plan if self._wants_audio(c)]  # decode tokens, and v3's prompt ends
+        init_events = self._start_streams([c for c in plan if c.prefill and c.last_of_prompt])  # before sampling
         try:
-            if self.graphs is not None and len(decode) == len(plan):
-                packed = self._graph_step(decode)
+            if self.graphs is not None and not any(c.prefill for c in plan):
+                packed = self._graph_step(sampled)
             else:
-                packed = self._eager_step(plan, decode)
+                packed = self._eager_step(plan, sampled)
         except Exception as exc:
             self._carry = [self._finish(self._streams[c.sid], "error", f"forward failed: {exc!r}")
                            for c in plan if c.sid in self._streams]
@@ -189,17 +192,16 @@ class GpuEngine(Engine):
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
-        init_events = self._start_streams([c for c in plan if c.prefill and c.last_of_prompt])
-        if not decode:
+        if not sampled:
             return None, init_events
-        host = self._host[self._parity][: len(decode)]
+        host = self._host[self._parity][: len(sampled)]
         self._parity ^= 1
         host.copy_(packed, non_blocking=True)
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Launched([c.sid for c in decode], host, done), init_events
+        return _Launched([c.sid for c in sampled], host, done), init_events
 
     def _kv_slot(self, table: list[int], pos: int) -> int:
         ps = self.cache.allocator.page_size
@@ -215,10 +217,10 @@ class GpuEngine(Engine):
             page_tables=tables, kv_lens=[c.end for c in decode],
         )
 
-    def _eager_step(self, plan: list[Chunk], decode: list[Chunk]) -> torch.Tensor | None:
-        """A ragged forward over prompt chunks and decode tokens; samples the decode rows."""
+    def _eager_step(self, plan: list[Chunk], sampled: list[Chunk]) -> torch.Tensor | None:
+        """A ragged forward over prompt chunks and decode tokens; samples the `sampled` chunks' last rows."""
         alloc, k, dev = self.cache.allocator, self.cfg.num_codebooks, self.device
-        ids, codes, is_audio, positions, kv_slots, decode_rows = [], [], [], [], [], []
+        ids, codes, is_audio, positions, kv_slots, decode_rows, out_rows = [], [], [], [], [], [], []
         tables = [alloc.page_table(c.sid) for c in plan]
         row = 0
         for c, table in zip(plan, tables):
@@ -228,19 +230,22 @@ class GpuEngine(Engine):
                 codes.append(p.audio_codes[c.start:c.end])
                 is_audio.append(p.is_audio[c.start:c.end])
             else:
-                ids.append(np.array([self.tokenizer.special.audio_out], np.int64))
+                ids.append(np.array([self.policy.continuation_id], np.int64))
                 codes.append(np.zeros((1, k), np.int64))  # replaced by the device's last column
                 is_audio.append(np.ones(1, bool))
                 decode_rows.append(row)
+            if self._wants_audio(c):
+                out_rows.append(row + c.num_tokens - 1)
             positions.append(np.arange(c.start, c.end, dtype=np.int64))
             kv_slots.append(np.array([self._kv_slot(table, p) for p in range(c.start, c.end)], np.int64))
             row += c.num_tokens
         audio = np.concatenate(is_audio)
         codes_dev = torch.from_numpy(np.concatenate(codes)).to(dev)  # [N, K]
-        slots = torch.tensor([self._slot[c.sid] for c in decode], dtype=torch.long, device=dev)
-        rows = torch.tensor(decode_rows, dtype=torch.long, device=dev)
-        if decode:
-            codes_dev[rows] = self.state.last_col[slots]
+        if decode_rows:  # decode tokens feed back the device's last column
+            fed = torch.tensor([self._slot[c.sid] for c in plan if not c.prefill], dtype=torch.long, device=dev)
+            codes_dev[torch.tensor(decode_rows, dtype=torch.long, device=dev)] = self.state.last_col[fed]
+        slots = torch.tensor([self._slot[c.sid] for c in sampled], dtype=torch.long, device=dev)
+        rows = torch.tensor(out_rows, dtype=torch.long, device=dev)
         all_audio = bool(audio.all())
         inp = FastInputs(
             text_ids=None if all_audio else torch.from_numpy(np.concatenate(ids)).to(dev),
@@ -255,11 +260,11 @@ class GpuEngine(Engine):
             self._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, alloc.page_size, dev))
         else:
             self._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, alloc.page_size), decode=max(qo_lens) == 1)
-        if not decode:  # prompt chunks only: K/V written, no logits needed
+        if not sampled:  # prompt chunks only: K/V written, no logits needed
             self.fast.hidden(replace(inp, out_rows=inp.out_rows[:0]), self._attn, self.cache.pool.k, self.cache.pool.v)
             return None
-        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [D, K, V]
-        return self.state.sample_and_advance(logits, slots, torch.ones(len(decode), dtype=torch.bool, device=dev))
+        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [S, K, V]
+        return self.state.sample_and_advance(logits, slots, torch.ones(len(sampled), dtype=torch.bool, device=dev))
 
     def _start_streams(self, chunks: list[Chunk]) -> list[StepEvent]:
         """AUDIO_INIT: give each stream a device slot and emit its all-BOS column."""
@@ -291,6 +296,9 @@ class GpuEngine(Engine):
                 events.append(StepEvent(sid, column, finished=False))
             else:
                 self._release(s, STATUS_REASON[status])
+                if self.state.closing_column is not None:  # v3: the last row, then the all-EOC column
+                    events.append(StepEvent(sid, column, finished=False))
+                    column = self.state.closing_column.copy()
                 events.append(StepEvent(sid, column, finished=True, reason=s.reason))
         return events
 
@@ -300,3 +308,16 @@ class GpuEngine(Engine):
             self.state.release(slot)
             self._free_slots.append(slot)
         super()._release(s, reason, error)
+
+
+def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                config: EngineConfig | None = None, cuda_graphs: bool = True) -> Engine:
+    """The engine `serve` and `synth` run: on CUDA the fast path (`GpuEngine`: Triton + FlashInfer
+    kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`), bf16 unless
+    `dtype` says otherwise; elsewhere the plain `Engine` in fp32 (or `dtype`)."""
+    if torch.device(device).type == "cuda":
+        return GpuEngine.from_pretrained(model, device=device, dtype=dtype or torch.bfloat16, config=config,
+                                         gpu=GpuEngineConfig(cuda_graphs=cuda_graphs))
+    if not cuda_graphs:
+        log.info("--no-cuda-graphs has no effect on %s", device)
+    return Engine.from_pretrained(model, device=device, dtype=dtype or torch.float32, config=config)

@@ -13,12 +13,18 @@ raw logits), but the noise is counter-based (kernels/sampling_noise.py): row b's
 on (seed, column index), so a stream's codes do not depend on what shares its batch. Sampled codes
 therefore differ from the CPU engine's generator stream; greedy codes are the same function of the
 logits. Slots >= `num_slots` are scratch rows for padded batch entries.
+
+`family="v3"` applies Higgs Audio v3's row rules instead (generation_v3.RowState: ramp-up with
+BOC, the stream ends K - 2 rows after codebook 0 emits EOC from row K on, or after max_frames +
+K - 1 rows; no RAS; `advance_v3`). Columns are counted as V3Segment counts them: the all-BOC
+column of AUDIO_INIT is column 0 and row r is column r + 1; the closing all-EOC column V3Segment
+appends to a finished stream is `closing_column`, for the host to emit after the last row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -44,8 +50,14 @@ class StreamStart:
 
 class DeviceStreamState:
     def __init__(self, num_slots: int, scratch_slots: int, num_codebooks: int, codebook_size: int,
-                 device: torch.device, ras_window_max: int = 16, fast_noise: bool | None = None) -> None:
+                 device: torch.device, ras_window_max: int = 16, fast_noise: bool | None = None,
+                 family: str = "v2") -> None:
+        if family not in ("v2", "v3"):
+            raise ValueError(f"family must be 'v2' or 'v3', got {family!r}")
         s, k = num_slots + scratch_slots, num_codebooks
+        self.family = family
+        # v3: the all-EOC column that follows a finished stream's last row (the host emits it)
+        self.closing_column = np.full(k, codebook_size + 1, np.int64) if family == "v3" else None
         self.num_slots, self.k, self.v = num_slots, k, codebook_size + 2
         self.bos, self.eos = codebook_size, codebook_size + 1
         self.w = ras_window_max
@@ -80,6 +92,8 @@ class DeviceStreamState:
         """Reset the slots of streams that reach AUDIO_INIT: their all-BOS column is emitted now."""
         if not starts:
             return
+        if self.family == "v3":  # no RAS in v3: no window, whatever the request says
+            starts = [replace(st, params=replace(st.params, ras_window=0)) for st in starts]
         for st in starts:
             assert 0 <= st.slot < self.num_slots, f"slot {st.slot} outside [0, {self.num_slots})"
             if st.params.ras_window > self.w:
@@ -114,6 +128,8 @@ class DeviceStreamState:
         self.num_remaining[slots] = -1
         self.stop_reason[slots] = STOP
         self.done[slots] = False
+        if self.family == "v3":  # the frame cap in rows: max_frames + K - 1 (RowState.max_rows)
+            self.cap_column[slots] = torch.tensor([st.max_frames + k - 1 for st in starts], device=self.device)
 
     def release(self, slot: int) -> None:
         self.done[slot] = True
@@ -142,6 +158,8 @@ class DeviceStreamState:
         probs = warp_logits(clean, st).softmax(dim=-1)
         sampled = (probs / noise[:, 0]).argmax(dim=-1)  # [B, K]
         tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)
+        if self.family == "v3":
+            return self.advance_v3(tokens, slots, live, finite)
         candidate = (clean.softmax(dim=-1) / noise[:, 1]).argmax(dim=-1)  # [B, K]
 
         # RAS over the last min(ras_window, fill) columns of the ring buffer
@@ -190,4 +208,30 @@ class DeviceStreamState:
         self.window.index_copy_(0, slots, torch.where(at[:, :, None], tokens[:, None, :], window))
         self.win_pos.index_copy_(0, slots, torch.where(advance, (pos + 1) % self.w, pos))
         self.win_fill.index_copy_(0, slots, torch.where(advance, torch.clamp(fill + 1, max=self.w), fill))
+        return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]
+
+    def advance_v3(self, tokens: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
+                   finite: torch.Tensor) -> torch.Tensor:
+        """v3's row rules (RowState.advance, same order) on sampled tokens [B, K] -> packed [B, K + 1]."""
+        k, bos, eos = self.k, self.bos, self.eos
+        ncols, delay, remaining = self.ncols[slots], self.num_delay[slots], self.num_remaining[slots]
+        ramp = delay < k  # row `delay` of the ramp-up: codebooks > delay are not started yet
+        tokens = torch.where(ramp[:, None] & (self._codebook > delay[:, None]), bos, tokens)
+        counting = ~ramp & (remaining >= 0)
+        remaining = torch.where(counting, remaining - 1, remaining)
+        stop = counting & (remaining <= 0)
+        starts = ~ramp & ~counting & (tokens[:, 0] == eos)
+        remaining = torch.where(starts, k - 2, remaining)
+        length = ~stop & (ncols >= self.cap_column[slots])  # rows after this one == ncols
+        finished = stop | length
+
+        status = torch.where(finished, torch.where(stop, STOP, LENGTH), RUNNING)
+        status = torch.where(finite, status, ERROR)
+        status = torch.where(live, status, IGNORED)
+        keep = ~(live & finite)  # rows that do not advance keep their state
+        self.last_col.index_copy_(0, slots, torch.where(keep[:, None], self.last_col[slots], tokens))
+        self.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
+        self.num_delay.index_copy_(0, slots, torch.where(keep | ~ramp, delay, delay + 1))
+        self.num_remaining.index_copy_(0, slots, torch.where(keep, self.num_remaining[slots], remaining))
+        self.done.index_copy_(0, slots, self.done[slots] | (live & (finished | ~finite)))
         return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]

@@ -11,12 +11,18 @@ family's `GenerationPolicy` (`policy_for`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from higgs_stream.engine.checkpoint import CONFIG_FILE, MODEL_TYPES, find_codec_dir, load_talker, resolve_model_dir
+from higgs_stream.engine.checkpoint import (
+    CONFIG_FILE,
+    MODEL_TYPES,
+    find_codec_dir,
+    load_talker,
+    read_config_json,
+    resolve_model_dir,
+)
 from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.config_v3 import MODEL_TYPE_V3, TalkerV3Config
 from higgs_stream.engine.errors import CheckpointError, ConfigError
@@ -34,13 +40,9 @@ def model_arch(model: str | Path) -> str:
 
 
 def _arch_of(root: Path) -> str:
-    file = root / CONFIG_FILE
-    try:
-        model_type = json.loads(file.read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError, AttributeError) as e:
-        raise CheckpointError(f"cannot read model_type from {file}: {e}") from e
+    model_type = read_config_json(root).get("model_type")
     if model_type not in ARCHS:
-        raise CheckpointError(f"{file}: unknown model_type {model_type!r}; expected one of {sorted(ARCHS)}")
+        raise CheckpointError(f"{root / CONFIG_FILE}: unknown model_type {model_type!r}; expected one of {sorted(ARCHS)}")
     return ARCHS[model_type]
 
 
@@ -75,10 +77,15 @@ def load_codec_for(model: str | Path, codec: str | Path | None = None, device: s
     return load_codec(codec if codec is not None else find_codec_dir(root), device=device)
 
 
+def family_of(cfg: TalkerConfig | TalkerV3Config) -> str:
+    """"v2" or "v3" for a talker config; ConfigError for anything else."""
+    if isinstance(cfg, TalkerV3Config):
+        return "v3"
+    if isinstance(cfg, TalkerConfig):
+        return "v2"
+    raise ConfigError(f"no model family for a {type(cfg).__name__}")
+
+
 def policy_for(cfg: TalkerConfig | TalkerV3Config, tokenizer: TextTokenizer) -> GenerationPolicy:
     """The engine's generation policy for a talker config of either family."""
-    if isinstance(cfg, TalkerV3Config):
-        return V3Policy(cfg, tokenizer)
-    if isinstance(cfg, TalkerConfig):
-        return V2Policy(cfg, tokenizer)
-    raise ConfigError(f"no generation policy for a {type(cfg).__name__}")
+    return V3Policy(cfg, tokenizer) if family_of(cfg) == "v3" else V2Policy(cfg, tokenizer)

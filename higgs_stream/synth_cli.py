@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-frames", type=int, default=None, help="hard cap on generated audio frames (25/s)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (fp32 engine) or cuda (the GPU fast path, bf16)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="debug: on cuda, run decode steps eagerly")
     p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
     p.add_argument("--codes-out", default=None, help="write the delay-pattern columns [8, L] as .npy")
 
@@ -29,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from higgs_stream.engine.codec import load_reference_audio
-    from higgs_stream.engine.engine import Engine
     from higgs_stream.engine.errors import InvalidInputError
+    from higgs_stream.engine.gpu_engine import load_engine
     from higgs_stream.engine.model_registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
     codec = load_codec_for(args.model, args.codec, device=args.device)
-    engine = Engine.from_pretrained(args.model, device=args.device)
+    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs)
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))

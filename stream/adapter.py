@@ -11,6 +11,13 @@ Two ways to drive it:
 - `feed(column)` / `close()` / `take_job()` + `decode_jobs(decoder, jobs)` let the pipeline serve
   every stream that is due in one step with as few codec calls as possible (one when the
   windows allow it). At most one job per stream is due after each column.
+- `feed_columns(adapters, columns, finals)` feeds one step's columns of many streams with one
+  validation for all of them (the pipeline's hot path); `jobs_to_s16le` turns a decode call's
+  chunks into s16le bytes with one conversion.
+
+Per column the adapter works on plain Python ints (the delay revert and the stray fill of
+`engine.delay.ColumnReverter`, re-stated without numpy): a serving step touches every stream, and
+small numpy calls cost more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from higgs_stream.engine.delay import STREAM_BOS, STREAM_EOS, ColumnReverter
+from higgs_stream.engine.delay import STRAY_FALLBACK_CODE, STREAM_BOS, STREAM_EOS
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.stream.chunking import NUM_CODEBOOKS, AdapterConfig, ChunkPlanner, Window
 
@@ -51,16 +58,19 @@ class Decoder:
             return Decoder(decoder)
         raise ConfigError(f"decoder must be a Codec or a decode callable, got {type(decoder).__name__}")
 
-    def __call__(self, codes: np.ndarray) -> np.ndarray:
-        """codes [B, 8, F] int64 -> pcm [B, F * hop] float32 (numpy, CPU)."""
+    def __call__(self, codes: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """codes [B, 8, F] int64 -> pcm [rows, F * hop] float32 (numpy, CPU); rows: the first
+        `rows` results only (padding rows stay on the device)."""
         batch, _, frames = codes.shape
         out = self.fn(torch.from_numpy(np.ascontiguousarray(codes)))  # [B, F * hop]
-        pcm = out.detach().to("cpu", torch.float32).numpy()
-        pcm = pcm.reshape(batch, -1)
-        assert pcm.shape == (batch, frames * self.hop), (
-            f"decoder returned {tuple(out.shape)} for codes {codes.shape}, expected {(batch, frames * self.hop)}"
+        shape = tuple(out.shape)
+        out = out.reshape(batch, -1)
+        assert tuple(out.shape) == (batch, frames * self.hop), (
+            f"decoder returned {shape} for codes {codes.shape}, expected {(batch, frames * self.hop)}"
         )
-        return pcm
+        if rows is not None:
+            out = out[:rows]
+        return out.detach().to("cpu", torch.float32).numpy()
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,8 @@ class DecodeJob:
         return self.codes.shape[1]
 
 
-def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
+def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob], batch_buckets: Sequence[int] | None = None,
+                length_quantum: int = 1) -> list[np.ndarray]:
     """Decode many streams' windows in as few codec calls as possible; returns each job's chunk.
 
     Jobs are batched by window length. Zero-padding a window changes the non-causal edge samples,
@@ -88,29 +99,123 @@ def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
     exact default every window is <= 45 frames and only final windows are unpaddable, so a step
     costs one call plus one per distinct final-window length. Results equal per-job decodes up to
     fp32 rounding (conv kernels round differently for other batch shapes).
+
+    Shape buckets (for a GPU codec, whose first call at each new shape is slow): the padded batch's
+    length is rounded up to a multiple of `length_quantum`, and with `batch_buckets` every call's
+    batch is padded with code-0 rows up to the smallest bucket that holds it (a larger group is
+    split into calls of the largest bucket). Padding rows are decoded and dropped.
     """
     dec = Decoder.of(decoder)
+    assert length_quantum >= 1, f"length_quantum must be >= 1, got {length_quantum}"
     groups: dict[int, list[int]] = {}  # window length -> job indices
     for i, job in enumerate(jobs):
         if not job.pad_ok:
             groups.setdefault(job.frames, []).append(i)
     padded = [i for i, job in enumerate(jobs) if job.pad_ok]
+    if padded:
+        longest = max(jobs[j].frames for j in padded)
+        longest = -(-longest // length_quantum) * length_quantum
     for i in sorted(padded, key=lambda i: jobs[i].frames):
         fits = [length for length in groups if length >= jobs[i].frames]
         if fits:
             groups[min(fits)].append(i)
-        else:  # longer than every batch so far: open one at this length, shorter pads follow
-            groups.setdefault(max(jobs[j].frames for j in padded), []).append(i)
-    chunks: dict[int, np.ndarray] = {}
+        else:  # longer than every batch so far: open one at the (rounded) longest, shorter pads follow
+            groups.setdefault(longest, []).append(i)
+    chunks: list[np.ndarray | None] = [None] * len(jobs)
+    largest = max(batch_buckets) if batch_buckets else None
     for length, members in groups.items():
-        batch = np.zeros((len(members), NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W], pad = code 0
-        for row, i in enumerate(members):
-            batch[row, :, : jobs[i].frames] = jobs[i].codes
-        pcm = dec(batch)  # [B, W * hop]
-        for row, i in enumerate(members):
-            job = jobs[i]
-            chunks[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
-    return [chunks[i] for i in range(len(jobs))]
+        parts = [members] if largest is None else [members[a : a + largest] for a in range(0, len(members), largest)]
+        for part in parts:
+            rows = len(part) if largest is None else min(b for b in batch_buckets if b >= len(part))
+            batch = np.zeros((rows, NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W], pad = code 0
+            for row, i in enumerate(part):
+                batch[row, :, : jobs[i].frames] = jobs[i].codes
+            pcm = dec(batch, rows=len(part))  # [len(part), W * hop]
+            for row, i in enumerate(part):
+                job = jobs[i]
+                chunks[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
+    return chunks
+
+
+def feed_columns(adapters: Sequence[Code2WavAdapter], columns: np.ndarray,
+                 finals: Sequence[bool]) -> list[InvalidInputError | None]:
+    """Feed column i ([B, 8] ints) to adapters[i] (final=finals[i]) with one range check for the
+    whole step. Raises InvalidInputError before any adapter changed when the step's array is bad
+    (then `feed()` each column to find the bad stream); returns, per adapter, the error that
+    adapter alone refused its column with (a first column that is not all BOS, a column after
+    the end), or None."""
+    col = np.asarray(columns)
+    if col.ndim != 2 or col.shape != (len(adapters), NUM_CODEBOOKS) or not np.issubdtype(col.dtype, np.integer):
+        raise InvalidInputError(f"a step's columns are [{len(adapters)}, {NUM_CODEBOOKS}] integer codes, "
+                                f"got {col.dtype} {col.shape}")
+    rows = col.tolist()  # plain ints from here: small numpy calls would release and re-take the GIL
+    if rows and (min(map(min, rows)) < 0 or max(map(max, rows)) > STREAM_EOS):
+        raise InvalidInputError(f"column codes must be in 0..{STREAM_EOS}")
+    errors: list[InvalidInputError | None] = []
+    for adapter, values, final in zip(adapters, rows, finals):
+        try:
+            adapter._feed_values(values, final)
+            errors.append(None)
+        except InvalidInputError as exc:
+            errors.append(exc)
+    return errors
+
+
+def jobs_to_s16le(chunks: Sequence[np.ndarray]) -> list[bytes | None]:
+    """`to_s16le` of many float chunks with one conversion: the same bytes per chunk, or None for a
+    chunk holding NaN or infinity (its stream has failed; the others are unaffected)."""
+    if not chunks:
+        return []
+    for c in chunks:
+        if c.ndim != 1:
+            raise InvalidInputError(f"pcm must be one channel [S], got shape {c.shape}")
+    sizes = [c.size for c in chunks]
+    x = np.concatenate(chunks).astype(np.float64)
+    finite = np.isfinite(x)
+    bad: set[int] = set()
+    if not finite.all():
+        ends = np.cumsum(sizes)
+        bad = set(np.searchsorted(ends, np.flatnonzero(~finite), side="right").tolist())
+        x[~finite] = 0.0
+    data = np.rint(np.clip(x, -1.0, 1.0) * S16_SCALE).astype("<i2").tobytes()
+    out: list[bytes | None] = []
+    at = 0
+    for i, n in enumerate(sizes):
+        out.append(None if i in bad else data[2 * at : 2 * (at + n)])
+        at += n
+    return out
+
+
+class _FrameReverter:
+    """`engine.delay.ColumnReverter` on Python ints: columns [K] in, complete frames [K] out.
+
+    Frame f takes codebook j from column f + j and is complete once column f + K - 1 arrives;
+    frame 0 (stream BOS) and the frame completed by a final column (EOS) are dropped. Stray ids
+    (outside 0..codebook_size-1) take the codebook's last valid code (`StrayFill`'s causal rule).
+    """
+
+    def __init__(self, num_codebooks: int, codebook_size: int = STREAM_BOS) -> None:
+        self.k, self.codebook_size = num_codebooks, codebook_size
+        self._ring: list[list[int]] = [[0] * num_codebooks for _ in range(num_codebooks)]  # column c at c % K
+        self._count = 0
+        self._last_valid = [STRAY_FALLBACK_CODE] * num_codebooks
+        self.num_replaced = 0
+
+    def push(self, column: list[int], final: bool = False) -> list[int] | None:
+        k = self.k
+        self._ring[self._count % k] = column
+        self._count += 1
+        f = self._count - k  # frame completed by this column (if >= 0)
+        if f < 1 or final:  # not complete yet, the BOS frame, or the EOS frame
+            return None
+        ring, size, last = self._ring, self.codebook_size, self._last_valid
+        frame = [ring[(f + j) % k][j] for j in range(k)]
+        for j, v in enumerate(frame):
+            if v < 0 or v >= size:
+                frame[j] = last[j]
+                self.num_replaced += 1
+        self._last_valid = frame
+        return frame
 
 
 class Code2WavAdapter:
@@ -119,8 +224,8 @@ class Code2WavAdapter:
     `Code2WavAdapter(codec_or_decode_fn, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
     left_context=..., holdback=..., ramp_holdbacks=...)`.
 
-    Columns are reverted incrementally by `engine.delay.ColumnReverter` (the same stray-BOS/EOS
-    rule as the offline `columns_to_frames`). Two ways to end a segment:
+    Columns are reverted incrementally (`_FrameReverter`: the same stray-BOS/EOS rule as the
+    offline `columns_to_frames`). Two ways to end a segment:
     - `push(column, final=True)` with the last column of the EOS ramp-out (StepEvent.finished):
       its EOS frame is dropped and the tail is flushed — the frames of `columns_to_frames(cols)`;
     - `finish()` when the segment stops without one (cut short): every complete frame is kept —
@@ -141,8 +246,8 @@ class Code2WavAdapter:
         self.config = config
         self.planner = ChunkPlanner(config)
         self.num_columns = 0
-        self._reverter = ColumnReverter(NUM_CODEBOOKS)
-        self._frames: list[np.ndarray] = []  # known frames [frame_base, available), each [8] int64
+        self._reverter = _FrameReverter(NUM_CODEBOOKS)
+        self._frames: list[list[int]] = []  # known frames [frame_base, available), each 8 ints
         self._frame_base = 0
 
     # ---- bookkeeping (no codec calls) ----
@@ -158,20 +263,24 @@ class Code2WavAdapter:
 
     def feed(self, column: np.ndarray, final: bool = False) -> None:
         """Append one delay-pattern column (int [8]); final=True marks the segment's last column."""
-        if self.planner.finished:
-            raise InvalidInputError("column pushed after the segment ended")
         col = np.asarray(column)
         if col.shape != (NUM_CODEBOOKS,) or not np.issubdtype(col.dtype, np.integer):
             raise InvalidInputError(f"a column is {NUM_CODEBOOKS} integer codes, got {col.dtype} {col.shape}")
         if col.min() < 0 or col.max() > STREAM_EOS:
             raise InvalidInputError(f"column codes must be in 0..{STREAM_EOS}, got {col.tolist()}")
-        if self.num_columns == 0 and not (col == STREAM_BOS).all():
-            raise InvalidInputError(f"column 0 must be all BOS ({STREAM_BOS}), got {col.tolist()}")
-        new = self._reverter.push(col.astype(np.int64), final=final)  # [8, 0 or 1]
+        self._feed_values(col.tolist(), final)
+
+    def _feed_values(self, values: list[int], final: bool) -> None:
+        """`feed` of a column already checked to be 8 ints in 0..EOS."""
+        if self.planner.finished:
+            raise InvalidInputError("column pushed after the segment ended")
+        if self.num_columns == 0 and values.count(STREAM_BOS) != NUM_CODEBOOKS:
+            raise InvalidInputError(f"column 0 must be all BOS ({STREAM_BOS}), got {values}")
+        frame = self._reverter.push(values, final=final)
         self.num_columns += 1
-        for f in range(new.shape[1]):
-            self._frames.append(new[:, f])
-        self.planner.available += new.shape[1]
+        if frame is not None:
+            self._frames.append(frame)
+            self.planner.available += 1
         if final:
             self.planner.finished = True
 
@@ -181,6 +290,8 @@ class Code2WavAdapter:
 
     def take_job(self) -> DecodeJob | None:
         """The due decode window (marked emitted), or None. Decode it with `decode_jobs`."""
+        if not self.planner.due():
+            return None
         window = self.planner.next_window()
         if window is None:
             return None
@@ -189,7 +300,7 @@ class Code2WavAdapter:
             f"window [{window.start}, {window.stop}) outside the kept frames "
             f"[{self._frame_base}, {self._frame_base + len(self._frames)})"
         )
-        codes = np.stack(self._frames[lo:hi], axis=1)  # [8, W]
+        codes = np.array(self._frames[lo:hi], dtype=np.int64).T  # [8, W]
         self.planner.advance(window)
         self._trim()
         pad_ok = not window.final and window.right >= self.decoder.receptive_field

@@ -155,6 +155,13 @@ class ChunkPlanner:
         self.emitted = 0  # audio frames already emitted
         self.chunk_index = 0  # index of the next chunk in the schedule
         self.finished = False
+        self._due_at = cfg.chunk_size(0) + cfg.holdback_for(0)  # `available` that makes chunk_index due
+
+    def due(self) -> bool:
+        """Whether `next_window()` would return a window (a cheap check for every column)."""
+        if self.finished:
+            return self.available > self.emitted
+        return self.available >= self._due_at
 
     def next_window(self) -> Window | None:
         """The next decode window, or None when nothing is due.
@@ -184,3 +191,5 @@ class ChunkPlanner:
         assert window.new > 0, f"a window must emit at least one frame: {window}"
         self.chunk_index += window.chunks
         self.emitted += window.new
+        k = self.chunk_index
+        self._due_at = self.emitted + self.cfg.chunk_size(k) + self.cfg.holdback_for(k)

@@ -1,12 +1,22 @@
 """The asyncio pipeline: one engine thread steps every stream, one adapter per segment turns its
-columns into PCM, and each stream's audio waits in a bounded queue for its transport.
+columns into decode windows, one codec thread decodes them, and each stream's audio waits in a
+bounded queue for its transport.
 
-    event loop                          engine thread (one)
-    ----------                          -------------------
-    Pipeline.open() -> StreamHandle     loop: engine.step()          (one AR step for all streams)
-    handle.say(text) -> engine.add()          route columns -> adapters, one batched codec decode
-    handle.cancel()  -> engine.cancel()       s16le chunks -> loop.call_soon_threadsafe(_deliver)
-    _deliver(): bounded queue per handle
+    event loop                          engine thread (one)                codec thread (one)
+    ----------                          -------------------                ------------------
+    Pipeline.open() -> StreamHandle     loop: engine.step()                loop: take rounds
+    handle.say(text) -> engine.add()          route columns -> adapters          one batched decode
+    handle.cancel()  -> engine.cancel()       a Round of DecodeJobs + ends       s16le for all chunks
+    _deliver(): bounded queue per handle      -> bounded round queue ------>     call_soon_threadsafe
+
+The engine thread never waits for codec work unless `CODEC_QUEUE_ROUNDS` rounds are already
+queued (back-pressure when the codec is the bottleneck). The codec thread takes every queued round
+at once (up to `CODEC_MAX_WINDOWS` windows) into one batched decode call and hands the audio and
+segment ends to the event loop in one call, in round order, so each stream's chunks and its end
+keep their order. On CUDA the talker steps on a high-priority stream and the codec decodes on its
+own stream, so the two overlap on the device and a codec call never delays a talker step's
+kernels for long; codec calls use bucketed shapes (the first call at a new shape is slow), warmed
+up by `Pipeline.start()`.
 
 A StreamHandle is one context (or one HTTP request): its text segments are generated one after
 another with one voice. Segments of a context without a reference voice are conditioned on the
@@ -18,7 +28,9 @@ audio of the context's previous segments (bounded history). Admission is decided
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -26,10 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from higgs_stream.engine.delay import columns_to_frames
-from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError
+from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.stream.adapter import Code2WavAdapter, DecodeJob, decode_jobs, to_s16le
+from higgs_stream.stream.adapter import Code2WavAdapter, DecodeJob, decode_jobs, feed_columns, jobs_to_s16le
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import SlowClientError
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
@@ -42,6 +55,13 @@ IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on e
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
 ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes too)
 STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
+CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
+CODEC_MAX_WINDOWS = 64  # windows the codec thread merges into one call from several queued rounds
+# GPU codec shape buckets: calls are padded to these batch sizes and padded windows to a multiple
+# of CODEC_LENGTH_QUANTUM frames (the exact default's 45-frame windows decode at 48).
+CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+CODEC_LENGTH_QUANTUM = 8
+CODEC_WARM_LENGTHS = (16, 24, 32, 40, 48)  # padded window lengths warmed up at start (GPU)
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,16 @@ class End:
 
 
 Event = Audio | End
+
+
+@dataclass
+class _Round:
+    """One engine step's output for the codec thread: windows to decode (jobs[i] belongs to
+    owners[i]) and the segment ends that must follow their audio."""
+
+    jobs: list[DecodeJob]
+    owners: list[_Segment]
+    ends: list[tuple]  # ("end", seg, reason, error, frames)
 
 
 @dataclass(eq=False)
@@ -274,7 +304,7 @@ class StreamHandle:
 
 
 class Pipeline:
-    def __init__(self, engine, codec, cfg: ServerConfig, metrics: Metrics | None = None):
+    def __init__(self, engine, codec, cfg: ServerConfig, metrics: Metrics | None = None, warm_codec: bool = True):
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
@@ -284,17 +314,32 @@ class Pipeline:
         self._stopping = False
         self._stop_by = 0.0
         self._thread: threading.Thread | None = None
+        self._codec_thread: threading.Thread | None = None
+        self._rounds: queue.Queue[_Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="higgs-encode")
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
+        self.codec_calls = 0
+        self.engine_device = _cuda_device(getattr(engine, "device", None))
+        self.codec_device = _cuda_device(getattr(codec, "device", None))
+        self._warm_codec = warm_codec and self.codec_device is not None
+        # GPU codec: bucketed call shapes (a CPU codec decodes the exact shapes, bit for bit as before)
+        self._codec_shapes = ({"batch_buckets": CODEC_BATCH_BUCKETS, "length_quantum": CODEC_LENGTH_QUANTUM}
+                              if self.codec_device is not None else {})
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
         assert self._thread is None, "pipeline already started"
         self._loop = asyncio.get_running_loop()
+        if self._warm_codec:
+            t0 = time.perf_counter()
+            shapes = await asyncio.to_thread(self._warm_up_codec)
+            log.info("codec warmed up at %d shapes in %.1f s", shapes, time.perf_counter() - t0)
+        self._codec_thread = threading.Thread(target=self._codec_run, name="higgs-codec", daemon=True)
+        self._codec_thread.start()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
@@ -307,11 +352,15 @@ class Pipeline:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        if self._codec_thread is not None:
+            await asyncio.to_thread(self._rounds.put, None)
+            await asyncio.to_thread(self._codec_thread.join)
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
     @property
     def healthy(self) -> bool:
         return (self._thread is not None and self._thread.is_alive() and not self._stopping
+                and self._codec_thread is not None and self._codec_thread.is_alive()
                 and self._failures < MAX_STEP_FAILURES)
 
     @property
@@ -371,6 +420,10 @@ class Pipeline:
     # ---- engine thread ----
 
     def _run(self) -> None:
+        with _device_stream(self.engine_device, priority=-1):  # talker kernels go first on the device
+            self._engine_loop()
+
+    def _engine_loop(self) -> None:
         while True:
             self._wake.clear()
             if not self.engine.has_work():
@@ -390,24 +443,32 @@ class Pipeline:
                 log.exception("engine step failed (%d in a row)", self._failures)
                 time.sleep(min(1.0, 0.05 * self._failures))  # no hot loop on a broken device
                 continue  # the failed streams' error events come with the next step
-            items = self._route(events)
+            rnd = self._route(events)
             self.steps += 1
             self.metrics.steps.inc()
             self.metrics.step_time.observe(time.perf_counter() - t0)
-            if items:
-                self._loop.call_soon_threadsafe(self._deliver, items)
+            if rnd.jobs or rnd.ends:
+                self._rounds.put(rnd)  # blocks only while CODEC_QUEUE_ROUNDS rounds wait
 
-    def _route(self, events) -> list[tuple]:
-        """Columns -> adapters -> one batched decode. Returns ("audio", seg, pcm) and
-        ("end", seg, reason, error, frames) items, each segment's audio before its end."""
-        jobs: list[DecodeJob] = []
-        owners: list[_Segment] = []
-        ends: list[tuple] = []
-        for ev in events:
-            with self._lock:
-                seg = self._segments.get(ev.stream_id)
+    def _route(self, events) -> _Round:
+        """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
+        audio: the codec thread delivers a round's audio before its ends)."""
+        rnd = _Round([], [], [])
+        with self._lock:  # one acquisition per step
+            segs = [self._segments.get(ev.stream_id) for ev in events]
+            for ev, seg in zip(events, segs):
                 if seg is not None and ev.finished:
                     del self._segments[ev.stream_id]
+        fed = [i for i, (ev, seg) in enumerate(zip(events, segs)) if seg is not None and ev.column is not None]
+        refused: dict[int, InvalidInputError | None] | None = None  # event index -> its adapter's refusal
+        if fed:  # one range check for the whole step; a bad array is fed (and found) per stream below
+            finals = [events[i].finished and events[i].reason in ("stop", "length") for i in fed]
+            try:
+                errors = feed_columns([segs[i].adapter for i in fed], np.stack([events[i].column for i in fed]), finals)
+                refused = dict(zip(fed, errors))
+            except (InvalidInputError, ValueError):
+                refused = None
+        for i, (ev, seg) in enumerate(zip(events, segs)):
             if seg is None:
                 continue  # a stream driven by someone else (engine.generate in the same process)
             try:
@@ -415,36 +476,107 @@ class Pipeline:
                 if ev.column is not None:
                     if seg.keep_columns:
                         seg.columns.append(ev.column)
-                    seg.adapter.feed(ev.column, final=ended)
+                    if refused is None:
+                        seg.adapter.feed(ev.column, final=ended)
+                    elif refused[i] is not None:
+                        raise refused[i]
                     while (job := seg.adapter.take_job()) is not None:
-                        jobs.append(job)
-                        owners.append(seg)
+                        rnd.jobs.append(job)
+                        rnd.owners.append(seg)
                 if ended:
                     assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
                     frames = None
                     if seg.keep_columns:
                         frames = columns_to_frames(np.stack(seg.columns, axis=1), codebook_size=self.engine.cfg.codebook_size)
-                    ends.append(("end", seg, ev.reason, None, frames))
+                    rnd.ends.append(("end", seg, ev.reason, None, frames))
                 elif ev.finished:
-                    ends.append(("end", seg, ev.reason, ev.error, None))
+                    rnd.ends.append(("end", seg, ev.reason, ev.error, None))
             except Exception as exc:
                 log.exception("routing stream %d failed", ev.stream_id)
                 if not ev.finished:
                     self.engine.cancel(ev.stream_id)
-                ends.append(("end", seg, "error", f"adapter failed: {exc!r}", None))
-        items: list[tuple] = []
+                rnd.ends.append(("end", seg, "error", f"adapter failed: {exc!r}", None))
+        return rnd
+
+    # ---- codec thread ----
+
+    def _codec_run(self) -> None:
+        with _device_stream(self.codec_device, priority=0):
+            while True:
+                rounds = [self._rounds.get()]
+                windows = len(rounds[0].jobs) if rounds[0] is not None else 0
+                while rounds[-1] is not None:  # merge what else is queued, up to CODEC_MAX_WINDOWS
+                    try:
+                        nxt = self._rounds.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is not None and windows + len(nxt.jobs) > CODEC_MAX_WINDOWS:
+                        self._decode_rounds(rounds)
+                        rounds, windows = [], 0
+                    rounds.append(nxt)
+                    windows += len(nxt.jobs) if nxt is not None else 0
+                stop = rounds[-1] is None
+                rounds = [r for r in rounds if r is not None]
+                if rounds:
+                    self._decode_rounds(rounds)
+                if stop:
+                    return
+
+    def _decode_rounds(self, rounds: list[_Round]) -> None:
+        """One batched codec call for all windows of `rounds`; hands audio and ends to the event
+        loop in round order. A codec failure ends the affected segments; the thread lives on."""
+        jobs = [j for r in rounds for j in r.jobs]
+        pcm: list[bytes | None] = []
+        failed: dict[int, str] = {}  # id(segment) -> error
         if jobs:
             try:
-                chunks = decode_jobs(self.codec, jobs)
-                items = [("audio", seg, to_s16le(chunk)) for seg, chunk in zip(owners, chunks)]
+                pcm = jobs_to_s16le(decode_jobs(self.codec, jobs, **self._codec_shapes))
+                self.codec_calls += 1
             except Exception as exc:
                 log.exception("codec decode of %d windows failed", len(jobs))
-                failed = {id(s): s for s in owners}
-                ends = [e for e in ends if id(e[1]) not in failed]
-                for seg in failed.values():
-                    self.engine.cancel(seg.sid)
-                    ends.append(("end", seg, "error", f"codec decode failed: {exc!r}", None))
-        return items + ends
+                pcm = [None] * len(jobs)
+                failed = {id(seg): f"codec decode failed: {exc!r}" for r in rounds for seg in r.owners}
+        items: list[tuple] = []
+        at = 0
+        for r in rounds:
+            for seg, chunk in zip(r.owners, pcm[at : at + len(r.jobs)]):
+                if chunk is None:
+                    failed.setdefault(id(seg), "codec output is not finite")
+                if id(seg) not in failed:
+                    items.append(("audio", seg, chunk))
+            at += len(r.jobs)
+            items += [e for e in r.ends if id(e[1]) not in failed]
+        if failed:
+            segs = {id(seg): seg for r in rounds for seg in r.owners if id(seg) in failed}
+            for key, seg in segs.items():
+                self.engine.cancel(seg.sid)
+                items.append(("end", seg, "error", failed[key], None))
+        if items:
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                log.warning("event loop closed; dropped %d audio/end items", len(items))
+
+    def _warm_up_codec(self) -> int:
+        """Decode each bucketed shape once (GPU): the first call at a new shape builds its kernels."""
+        from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner
+
+        lengths = {b: set(CODEC_WARM_LENGTHS) for b in CODEC_BATCH_BUCKETS}
+        ll = ChunkPlanner(AdapterConfig(mode="low_latency"))  # its ramp windows cannot be padded
+        for _ in range(200):
+            ll.available += 1
+            if (w := ll.next_window()) is not None:
+                ll.advance(w)
+                if w.right < ll.cfg.receptive_field:
+                    for b in CODEC_BATCH_BUCKETS[:6]:
+                        lengths[b].add(w.stop - w.start)
+        count = 0
+        with _device_stream(self.codec_device, priority=0), torch.no_grad():
+            for b, ws in lengths.items():
+                for w in sorted(ws):
+                    self.codec.decode(torch.zeros((b, 8, w), dtype=torch.long)).cpu()
+                    count += 1
+        return count
 
     # ---- back on the event loop ----
 
@@ -459,3 +591,23 @@ class Pipeline:
                 handle._audio(seg, item[2], now)
             else:
                 handle._segment_end(seg, item[2], item[3], item[4])
+
+
+def _cuda_device(device) -> torch.device | None:
+    """`device` when it is a CUDA device, else None."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def _device_stream(device: torch.device | None, priority: int):
+    """Run this thread's device work on its own CUDA stream (after all work queued so far)."""
+    if device is None:
+        yield
+        return
+    stream = torch.cuda.Stream(device=device, priority=priority)
+    stream.wait_stream(torch.cuda.default_stream(device))
+    with torch.cuda.stream(stream):
+        yield

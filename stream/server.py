@@ -400,6 +400,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-frames", type=int, default=d.max_frames, help="frames per segment (25/s)")
     parser.add_argument("--mode", choices=("exact", "low_latency"), default=d.default_mode)
     parser.add_argument("--kv-pages", type=int, default=None, help="KV cache pages (engine default if unset)")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="debug: on cuda, run decode steps eagerly instead of replaying CUDA graphs")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
                         help="require this bearer token (default: $HIGGS_STREAM_TOKEN; unset = no auth)")
 
@@ -414,8 +416,9 @@ def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint import resolve_model_dir
     from higgs_stream.engine.model_registry import load_codec_for
-    from higgs_stream.engine.engine import Engine, EngineConfig
+    from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.engine.gpu_engine import load_engine
 
     aliases = {}
     for item in args.voice_alias:
@@ -431,7 +434,9 @@ def build_state(args: argparse.Namespace) -> ServerState:
                                                             else torch.float32)
     model_dir = resolve_model_dir(args.model)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
-    engine = Engine.from_pretrained(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg)
+    # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
+    engine = load_engine(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg,
+                         cuda_graphs=not args.no_cuda_graphs)
     codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)

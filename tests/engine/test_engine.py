@@ -20,13 +20,6 @@ from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigErr
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.talker import StepBatch, StepOutput
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 class Instrumented(torch.nn.Module):
     """Test double around the talker: records batch shapes, optionally NaNs one stream's logits."""

@@ -27,15 +27,6 @@ from higgs_stream.stream.adapter import Code2WavAdapter
 
 BOC, EOC, K = 1024, 1025, 8
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation cost on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 
 @pytest.fixture(scope="module")
 def ckpt(tiny_v3_ckpt) -> Path:

@@ -22,14 +22,6 @@ from higgs_stream.engine.sampling import SamplingTensors, sample_columns
 NO_RAS = {"ras_window": 0}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def run(seg: SegmentState, samples: list[list[int]], candidates: list[list[int]] | None = None) -> np.ndarray:
     """start() then advance() with each sample until the segment finishes; [8, L] columns."""
     seg.start()

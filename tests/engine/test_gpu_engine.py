@@ -22,14 +22,6 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 REF = GpuEngineConfig(kernels="ref", cuda_graphs=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def engines(ckpt, **config) -> tuple[Engine, GpuEngine]:
     cfg = EngineConfig(**{"kv_pages": 256, "max_batch": 8, **config})
     cpu = Engine.from_pretrained(str(ckpt), config=cfg)

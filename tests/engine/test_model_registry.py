@@ -19,7 +19,7 @@ from higgs_stream.engine.errors import CheckpointError, ConfigError
 from higgs_stream.engine.generation import V2Policy, V2Segment
 from higgs_stream.engine.generation_v3 import V3Policy, V3Segment
 from higgs_stream.engine.make_checkpoint import write_checkpoint
-from higgs_stream.engine.model_registry import load_codec_for, model_arch, policy_for
+from higgs_stream.engine.model_registry import family_of, load_codec_for, model_arch, policy_for
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.talker import Talker
 from higgs_stream.engine.talker_v3 import TalkerV3
@@ -61,9 +61,10 @@ def test_from_pretrained_dispatches_on_model_type(tiny_ckpt, tiny_v3_ckpt):
     assert bf16.talker.audio.embedding.weight.dtype == torch.float32  # the fused matrix keeps its stored dtype
 
 
-def test_policy_for_rejects_other_configs(tiny_ckpt):
+def test_family_and_policy_reject_other_configs(tiny_ckpt):
     engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_batch=2, kv_pages=8))
-    with pytest.raises(ConfigError, match="no generation policy for a dict"):
+    assert (family_of(TalkerConfig.tiny()), family_of(TalkerV3Config.tiny())) == ("v2", "v3")
+    with pytest.raises(ConfigError, match="no model family for a dict"):
         policy_for({}, engine.tokenizer)  # type: ignore[arg-type]
 
 

@@ -12,14 +12,6 @@ from higgs_stream.engine.sampling import SamplingTensors, draw_noise, sample_col
 V = 1026
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def hf_warp(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """REF's processor list (transformers order: temperature, top-k, top-p) on one stream's [8, V]."""
     out = logits

@@ -13,14 +13,6 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 from higgs_stream.engine.synth import synthesize
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def codec(tiny_ckpt):
     return load_codec(tiny_ckpt / "audio_tokenizer")

@@ -22,15 +22,6 @@ from higgs_stream.engine.talker_v3 import TalkerV3
 TOL = 1e-5
 K, V = 8, 1026
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation cost on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).abs().max() / ref.abs().max()).item()

@@ -375,3 +375,102 @@ def test_s16le_values():
     for bad in (np.array([np.nan], np.float32), np.array([np.inf]), np.zeros((2, 3), np.float32)):
         with pytest.raises(InvalidInputError):
             to_s16le(bad)
+
+
+# ---------------------------------------------------------------- the pipeline's batched helpers
+
+
+def test_frame_reverter_equals_column_reverter():
+    from higgs_stream.engine.delay import ColumnReverter
+    from higgs_stream.stream.adapter import _FrameReverter
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 3, 40):
+        cols = segment_columns(rng, n, stray=0.1)
+        ref, ours = ColumnReverter(8), _FrameReverter(8)
+        for i, col in enumerate(cols.T):
+            final = i == cols.shape[1] - 1
+            want = ref.push(col, final=final)
+            got = ours.push(col.tolist(), final=final)
+            assert (got is None) == (want.shape[1] == 0)
+            if got is not None:
+                assert got == want[:, 0].tolist()
+        assert ours.num_replaced == ref.num_replaced
+
+
+def test_feed_columns_equals_feed_and_isolates_a_bad_stream(codec):
+    from higgs_stream.stream.adapter import feed_columns
+
+    rng = np.random.default_rng(6)
+    cols = [segment_columns(rng, n) for n in (30, 12, 30)]
+    one = [Code2WavAdapter(codec) for _ in cols]
+    many = [Code2WavAdapter(codec) for _ in cols]
+    for i in range(30 + 9):
+        live = [s for s, c in enumerate(cols) if i < c.shape[1]]
+        finals = [i == cols[s].shape[1] - 1 for s in live]
+        for s, final in zip(live, finals):
+            one[s].feed(cols[s][:, i], final=final)
+        assert feed_columns([many[s] for s in live], np.stack([cols[s][:, i] for s in live]), finals) == [None] * len(live)
+        for s in live:
+            a, b = one[s].take_job(), many[s].take_job()
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert np.array_equal(a.codes, b.codes) and (a.left, a.new, a.pad_ok) == (b.left, b.new, b.pad_ok)
+    # a stream whose first column is not all BOS is refused alone; a bad array is refused before any change
+    fresh = [Code2WavAdapter(codec), Code2WavAdapter(codec)]
+    errors = feed_columns(fresh, np.stack([np.full(8, BOS), np.zeros(8, np.int64)]), [False, False])
+    assert errors[0] is None and isinstance(errors[1], InvalidInputError)
+    assert fresh[0].num_columns == 1 and fresh[1].num_columns == 0
+    with pytest.raises(InvalidInputError):
+        feed_columns(fresh, np.stack([np.full(8, BOS), np.full(8, EOS + 1)]), [False, False])
+    assert fresh[0].num_columns == 1
+
+
+def test_jobs_to_s16le_equals_to_s16le():
+    from higgs_stream.stream.adapter import jobs_to_s16le
+
+    rng = np.random.default_rng(7)
+    chunks = [rng.normal(0, 0.6, n).astype(np.float32) for n in (960, 0, 2880, 17)]
+    assert jobs_to_s16le(chunks) == [to_s16le(c) for c in chunks]
+    chunks[2][5] = np.nan
+    got = jobs_to_s16le(chunks)
+    assert got[2] is None and got[:2] == [to_s16le(c) for c in chunks[:2]] and got[3] == to_s16le(chunks[3])
+    assert jobs_to_s16le([]) == []
+
+
+def test_bucketed_decode_is_bit_exact_with_native_convs(counting_codec, codec):
+    """GPU call shapes: batches padded to buckets, padded windows to a multiple of 8 frames."""
+    rng = np.random.default_rng(8)
+    specs = [(60, 0, AdapterConfig()), (45, 0, AdapterConfig()), (9, 2, AdapterConfig()),
+             (50, 0, AdapterConfig(mode="low_latency")), (70, 0, AdapterConfig())]
+    cols = [segment_columns(rng, n, stray=0.02) for n, _, _ in specs]
+    adapters = [Code2WavAdapter(counting_codec, cfg) for _, _, cfg in specs]
+    plain = [Code2WavAdapter(codec, cfg) for _, _, cfg in specs]
+    outs = [[] for _ in specs]
+    buckets, windows = (1, 2, 4), 0
+    with conv_backend("native"):
+        for step in range(max(st + c.shape[1] for (_, st, _), c in zip(specs, cols))):
+            jobs, owners, ref_jobs = [], [], []
+            for s, ((_, st, _), c) in enumerate(zip(specs, cols)):
+                i = step - st
+                if 0 <= i < c.shape[1]:
+                    for a in (adapters[s], plain[s]):
+                        a.feed(c[:, i], final=i == c.shape[1] - 1)
+                    if (job := adapters[s].take_job()) is not None:
+                        jobs.append(job)
+                        owners.append(s)
+                        ref_jobs.append(plain[s].take_job())
+            before = len(counting_codec.calls)
+            got = decode_jobs(counting_codec, jobs, batch_buckets=buckets, length_quantum=8)
+            windows += len(jobs)
+            for shape in counting_codec.calls[before:]:
+                assert shape[0] in buckets
+            padded_lengths = {shape[2] for shape in counting_codec.calls[before:]} - {j.frames for j in jobs if not j.pad_ok}
+            assert all(w % 8 == 0 for w in padded_lengths)
+            for s, pcm, want in zip(owners, got, decode_jobs(codec, ref_jobs)):
+                assert np.array_equal(pcm, want)
+                outs[s].append(pcm)
+    assert sum(shape[0] for shape in counting_codec.calls) > windows  # some batches were padded
+    for (n, _, cfg), c, out in zip(specs, cols, outs):
+        if cfg.mode == "exact":
+            assert np.array_equal(np.concatenate(out), one_shot(codec, c)), n

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import queue
+import threading
 
 import numpy as np
 import pytest
@@ -231,3 +233,106 @@ async def test_engine_failure_ends_only_the_affected_stream(make_pipeline, engin
     h2.close()
     pcm2, end2 = await collect(h2)
     assert end2 == End("completed") and len(pcm2) > 0 and p.healthy
+
+
+# ---------------------------------------------------------------- the codec thread (fake engine and codec)
+
+
+def fake_pcm(engine, sid: int) -> bytes:
+    """What the frame-local FakeCodec makes of stream `sid`'s frames: code 0 / 2048, held for a frame."""
+    frames = columns_to_frames(engine.columns[sid])  # [8, F]
+    return to_s16le(np.repeat(frames[0].astype(np.float32) / np.float32(2048.0), 960))
+
+
+class GatedCodec:
+    """FakeCodec whose calls wait for `gate`; `fail_call`: the call (1-based) that raises."""
+
+    def __init__(self, fail_call: int | None = None):
+        from higgs_stream.bench_pipeline import FakeCodec
+
+        self.inner, self.fail_call = FakeCodec(), fail_call
+        self.hop, self.receptive_field = 960, 10
+        self.gate = threading.Event()
+        self.shapes = []
+
+    def decode(self, codes):
+        self.gate.wait(30)
+        self.shapes.append(tuple(codes.shape))
+        if len(self.shapes) == self.fail_call:
+            raise RuntimeError("codec fell over")
+        return self.inner.decode(codes)
+
+
+async def fake_pipeline(codec, **cfg):
+    from higgs_stream.bench_pipeline import FakeEngine
+
+    engine = FakeEngine(step_s=0.001)
+    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0, **cfg))
+    await p.start()
+    return engine, p
+
+
+async def test_engine_steps_while_the_codec_works_and_streams_keep_their_order():
+    codec = GatedCodec()
+    engine, p = await fake_pipeline(codec)
+    try:
+        handles = [p.open(ContextOptions(voice=default_voice(), seed=i)) for i in range(3)]
+        for h in handles:
+            h.say("Hello.")
+            h.close()
+        async with asyncio.timeout(10):  # the codec is stuck in its first call; generation goes on
+            while engine.steps < 40:
+                await asyncio.sleep(0.005)
+        assert all(h.samples == 0 for h in handles) and len(codec.shapes) == 0
+        codec.gate.set()
+        for sid, h in enumerate(handles):
+            pcm, end = await collect(h, timeout=10)
+            assert end == End("completed") and pcm == fake_pcm(engine, sid)
+        # rounds queued while the codec was busy were decoded together: fewer calls than rounds
+        assert p.codec_calls == len(codec.shapes) < 3 * 7
+    finally:
+        await p.stop()
+
+
+async def test_full_codec_queue_holds_the_engine_back():
+    codec = GatedCodec()
+    engine, p = await fake_pipeline(codec)
+    try:
+        p._rounds = queue.Queue(maxsize=1)  # before any round: the codec thread reads p._rounds
+        h = p.open(ContextOptions(voice=default_voice(), seed=1))
+        h.say("Hello.")
+        h.close()
+        async with asyncio.timeout(10):
+            while True:  # one round in the codec, one queued, the engine waits on the third
+                steps = engine.steps
+                await asyncio.sleep(0.1)
+                if engine.steps == steps:
+                    break
+        assert engine.has_work() and steps < 60
+        codec.gate.set()
+        pcm, end = await collect(h, timeout=10)
+        assert end == End("completed") and pcm == fake_pcm(engine, 0)
+    finally:
+        await p.stop()
+
+
+async def test_codec_failure_ends_only_the_streams_in_that_call():
+    codec = GatedCodec(fail_call=1)
+    engine, p = await fake_pipeline(codec)
+    codec.gate.set()
+    try:
+        a = p.open(ContextOptions(voice=default_voice(), seed=1))
+        a.say("Hello.")
+        a.close()
+        pcm, end = await collect(a, timeout=10)
+        assert pcm == b"" and end.reason == "error" and "codec fell over" in str(end.error)
+        b = p.open(ContextOptions(voice=default_voice(), seed=2))
+        b.say("Hello.")
+        b.close()
+        pcm, end = await collect(b, timeout=10)
+        assert end == End("completed") and pcm == fake_pcm(engine, 1) and p.healthy
+        async with asyncio.timeout(5):
+            while engine.has_work():  # the failed stream was cancelled in the engine
+                await asyncio.sleep(0.01)
+    finally:
+        await p.stop()
