@@ -13,6 +13,9 @@ buffers (one copy) and re-plans FlashInfer into the bucket's fixed index buffers
 does not fit (batch above the largest bucket, more pages than the buffers hold) raises
 `GraphShapeError`: nothing falls back silently. `DecodeGraphs(enabled=False)` runs the same body
 eagerly (for debugging) with the same padding.
+
+`PrefillGraphs` does the same for the first chunk of an all-text prompt (one sequence per replay,
+padded to a length bucket), so a stream's prefill costs a replay instead of ~600 eager launches.
 """
 
 from __future__ import annotations
@@ -112,10 +115,20 @@ class DecodeGraphs:
     def run(self, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
             page_tables: list[list[int]], kv_lens: list[int]) -> torch.Tensor:
         """One decode step for len(slots) streams -> packed [B, K + 1] long on the device."""
+        return self.replay(self.stage(positions, kv_slots, slots, page_tables, kv_lens), len(slots))
+
+    def stage(self, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
+              page_tables: list[list[int]], kv_lens: list[int]) -> int:
+        """Fill the static inputs and plan attention for len(slots) streams; returns the bucket.
+        The host buffers it used may be refilled once the device has run what it queued."""
         n = len(slots)
         assert n >= 1 and len(positions) == len(kv_slots) == n == len(page_tables) == len(kv_lens), "one entry per stream"
         b = self.bucket_for(n)
         self._stage(b, positions, kv_slots, slots, page_tables, kv_lens)
+        return b
+
+    def replay(self, b: int, n: int) -> torch.Tensor:
+        """Run the staged step in bucket b -> packed [n, K + 1]."""
         if not self.enabled:
             self._last = self._body(b)
         elif b not in self._graphs:
@@ -129,3 +142,118 @@ class DecodeGraphs:
         """The audio logits [n, K, V] fp32 of the last run (valid until the next run)."""
         assert self._last is not None, "no step has run"
         return self._last[1][:n]
+
+
+PREFILL_BUCKETS = (32, 64, 128, 256, 512)
+
+
+class ChunkAttention:
+    """Causal attention of a prompt's first chunk over itself, from the pool rows it just wrote:
+    gathers K/V at the chunk's slots and runs SDPA. Fixed shapes (the chunk is padded to its
+    bucket; padded rows come last, so causality keeps them out of the real rows)."""
+
+    def __init__(self, kv_slots: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.kv_slots = kv_slots  # [L] long, static
+        self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [L, Hq, D], pools [P, page, Hkv, D] -> [L, Hq, D]."""
+        group = self.hq // self.hkv
+        k = k_cache.view(-1, self.hkv, self.d)[self.kv_slots]  # [L, Hkv, D]
+        v = v_cache.view(-1, self.hkv, self.d)[self.kv_slots]
+        k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1)[None] for t in (k, v))  # [1, Hq, L, D]
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, is_causal=True,
+                                                             scale=self.d**-0.5)  # [1, Hq, L, D]
+        return o[0].transpose(0, 1).contiguous()
+
+
+class PrefillGraphs:
+    """A prompt's first chunk when it is all text (the whole prompt of a v2 request without a
+    reference or history), one sequence at a time, replayed from a CUDA graph per length bucket.
+
+    The chunk is padded to the smallest bucket >= its length: padded rows are text id 0 at the
+    following positions, their K/V go to the scratch page, their outputs are dropped. The body is
+    `FastTalker.hidden` with every row on the text branch and `ChunkAttention`; it returns the
+    audio logits of the chunk's last row (v3 samples there; v2 ignores them). `enabled=False`
+    runs the same padded body eagerly, so an engine without graphs computes the same numbers.
+    """
+
+    def __init__(self, fast: FastTalker, k_pool: torch.Tensor, v_pool: torch.Tensor, scratch_page: int,
+                 page_size: int, buckets: Sequence[int] = PREFILL_BUCKETS, enabled: bool = True) -> None:
+        self.fast, self.k_pool, self.v_pool = fast, k_pool, v_pool
+        self.buckets = tuple(sorted(set(b for b in buckets if b <= fast.max_positions)))
+        assert self.buckets, "no prefill bucket fits the position table"
+        self.scratch_page, self.page_size, self.enabled = scratch_page, page_size, enabled
+        dev, top = fast.device, self.buckets[-1]
+        self._ids = torch.zeros(top, dtype=torch.long, device=dev)
+        self._pos = torch.arange(top, device=dev)
+        self._slots = torch.zeros(top, dtype=torch.long, device=dev)
+        self._last = torch.zeros(1, dtype=torch.long, device=dev)
+        self._codes = torch.zeros((top, fast.cfg.num_codebooks), dtype=torch.long, device=dev)
+        self._select = torch.zeros(top, dtype=torch.int32, device=dev)
+        self._no_rows = torch.zeros(0, dtype=torch.long, device=dev)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._pool = None
+
+    @property
+    def max_len(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise GraphShapeError(f"prompt chunk of {n} tokens exceeds the largest prefill bucket {self.max_len}")
+
+    def _body(self, b: int) -> torch.Tensor:
+        hq, hkv, d = self.fast.heads
+        inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b], positions=self._pos[:b],
+                         kv_slots=self._slots[:b], out_rows=self._last, audio_rows=self._no_rows,
+                         text_rows=self._pos[:b], select=self._select[:b])
+        hidden = self.fast.hidden(inp, ChunkAttention(self._slots[:b], hq, hkv, d), self.k_pool, self.v_pool)
+        return self.fast.audio_logits(hidden)  # [1, K, V] fp32
+
+    def capture(self) -> None:
+        """Capture every bucket (largest first, one memory pool)."""
+        if not self.enabled:
+            return
+        self._pool = torch.cuda.graph_pool_handle()
+        for b in sorted(self.buckets, reverse=True):
+            self._stage(b, np.zeros(1, np.int64), [self.scratch_page * self.page_size])
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._body(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._outputs[b] = self._body(b)
+            self._graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def _stage(self, b: int, text_ids: np.ndarray, kv_slots: Sequence[int]) -> None:
+        """Fill the static inputs: one copy from fresh pageable memory (several prompts may be
+        staged in one step, so no staging buffer is reused while a copy may be pending)."""
+        n, ps = len(text_ids), self.page_size
+        st = np.zeros((3, b), np.int64)
+        st[0, :n], st[1, :n] = text_ids, kv_slots
+        st[1, n:b] = self.scratch_page * ps + np.arange(b - n) % ps
+        st[2, 0] = n - 1
+        src = torch.from_numpy(st).to(self._ids.device)  # [3, b]
+        self._ids[:b].copy_(src[0])
+        self._slots[:b].copy_(src[1])
+        self._last.copy_(src[2, :1])
+
+    def run(self, text_ids: np.ndarray, kv_slots: Sequence[int]) -> torch.Tensor:
+        """Prefill positions 0..n-1 (all text) of one sequence -> logits [1, K, V] of row n - 1
+        (valid until the next run)."""
+        n = len(text_ids)
+        assert n >= 1 and len(kv_slots) == n, "one slot per token"
+        b = self.bucket_for(n)
+        self._stage(b, text_ids, kv_slots)
+        if not self.enabled:
+            return self._body(b)
+        self._graphs[b].replay()
+        return self._outputs[b]

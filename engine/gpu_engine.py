@@ -10,10 +10,20 @@ t-1's columns (already copied to pinned memory while step t ran) and turns them 
 stream that finished at t-1 is therefore scheduled once more at t; the device ignores that row
 (and the scheduler's KV commitment has one position of slack for it).
 
-Decode-only steps replay a CUDA graph per batch bucket (engine/cuda_graph.py); steps with prompt
-chunks run eagerly with FlashInfer's paged prefill. `GpuEngineConfig(kernels="ref",
-cuda_graphs=False)` runs the identical step logic with the plain-torch kernels on any device: on
-the CPU, in fp32, it reproduces the CPU engine's greedy codes (tests/engine/test_gpu_engine.py).
+Decode rows replay a CUDA graph per batch bucket (engine/cuda_graph.py), also in steps that
+prefill other streams. Prompts are prefilled one sequence per forward, cut at multiples of
+`GpuEngineConfig.prefill_chunk` tokens whatever else is running (`PrefillScheduler`), so a
+stream's K/V and logits do not depend on what shares its steps: with batch-invariant decode
+steps, greedy codes of streams served together equal each stream served alone. An all-text first
+chunk (a v2 prompt without reference or history) replays a prefill graph per length bucket
+(`PrefillGraphs`); other chunks run eagerly with FlashInfer's paged prefill.
+v2's AUDIO_INIT step is folded into the prompt's last step: the forced all-BOS column is emitted
+when the prompt's last chunk runs, and the first decode token (that column, at the position after
+the prompt) joins the same step's decode rows, after the prefill on the device. The first sampled
+column so comes one step earlier; the codes are the same function of the same inputs.
+`GpuEngineConfig(kernels="ref", cuda_graphs=False)` runs the identical step logic with the
+plain-torch kernels on any device: on the CPU, in fp32, it reproduces the CPU engine's greedy
+codes (tests/engine/test_gpu_engine.py).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import torch
 
 from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.config_v3 import TalkerV3Config
-from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs
+from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
@@ -36,7 +46,7 @@ from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_registry import family_of, load_model
 from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
-from higgs_stream.engine.scheduler import Chunk, Scheduler
+from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
@@ -53,6 +63,7 @@ class GpuEngineConfig:
     cuda_graphs: bool = True  # replay decode-only steps from captured graphs (needs kernels="fast")
     graph_buckets: tuple[int, ...] = DEFAULT_BUCKETS
     ras_window_max: int = 16  # longest RAS window a request may ask for
+    prefill_chunk: int = 512  # prompt tokens per prefill forward (capped by token_budget - max_batch)
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -63,13 +74,65 @@ class GpuEngineConfig:
             raise ConfigError(f"graph_buckets must be positive, got {self.graph_buckets}")
         if self.ras_window_max < 1:
             raise ConfigError(f"ras_window_max must be >= 1, got {self.ras_window_max}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+
+class PrefillScheduler(Scheduler):
+    """`Scheduler` whose prompt chunks depend on the prompt alone: a prompt is cut at multiples of
+    `chunk` tokens, and a chunk waits for a step whose budget holds it whole (never split by the
+    budget other streams left). With chunk < token_budget - max_batch the oldest unfinished
+    prompt always fits, so prefill cannot starve. `fold_first_decode`: a prompt's last chunk
+    brings the stream's first decode token into the same plan (v2's AUDIO_INIT column)."""
+
+    def __init__(self, config: SchedulerConfig, chunk: int, fold_first_decode: bool = False) -> None:
+        super().__init__(config)
+        if not 1 <= chunk < config.token_budget - config.max_batch:
+            raise ConfigError(f"prefill chunk {chunk} must be in 1..token_budget - max_batch - 1 "
+                              f"({config.token_budget} - {config.max_batch} - 1)")
+        self.chunk, self.fold = chunk, fold_first_decode
+
+    def schedule(self) -> list[Chunk]:
+        budget = self.config.token_budget
+        plan: list[Chunk] = []
+        for e in self._running.values():  # 1. decode tokens
+            if e.decoding:
+                assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
+                plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
+                e.computed += 1
+                budget -= 1
+        for e in self._running.values():  # 2. unfinished prompts, oldest first
+            if not e.decoding:
+                if min(e.prompt_len - e.computed, self.chunk) > budget:
+                    break
+                budget -= self._chunk_of(e, plan)
+        while self._waiting and len(self._running) < self.config.max_batch:  # 3. admit, queue head first
+            head = self._waiting[0]
+            if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
+                break
+            self._waiting.popleft()
+            self._running[head.sid] = head
+            self.committed_pages += head.pages
+            budget -= self._chunk_of(head, plan)
+        return plan
+
+    def _chunk_of(self, e, plan: list[Chunk]) -> int:
+        n = min(e.prompt_len - e.computed, self.chunk)
+        last = e.computed + n == e.prompt_len
+        plan.append(Chunk(e.sid, e.computed, n, prefill=True, last_of_prompt=last))
+        e.computed += n
+        if last and self.fold:
+            plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
+            e.computed += 1
+            n += 1
+        return n
 
 
 @dataclass
 class _Launched:
     """A step whose decode rows are still on their way to the host."""
 
-    sids: list[int]  # decode rows, in packed-row order
+    sids: list[int]  # sampled rows (decode tokens, then prompt ends), in packed-row order
     host: torch.Tensor  # [B, K + 1] pinned view being filled
     done: torch.cuda.Event | None
 
@@ -91,7 +154,10 @@ class GpuEngine(Engine):
         alloc.reserve(SCRATCH_SEQ, 1)
         self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]
         # the scratch page is not the scheduler's to commit
-        self.scheduler = Scheduler(replace(self.scheduler.config, num_pages=alloc.num_pages - 1))
+        sched = replace(self.scheduler.config, num_pages=alloc.num_pages - 1)
+        # v2: the AUDIO_INIT column's decode token runs in the prompt's last step (v3 samples there)
+        self.scheduler = PrefillScheduler(sched, min(self.gpu.prefill_chunk, sched.token_budget - sched.max_batch - 1),
+                                          fold_first_decode=not self.policy.sample_at_prompt_end)
         max_bucket = max(self.gpu.graph_buckets) if self.gpu.cuda_graphs else 0
         if self.gpu.cuda_graphs and max_bucket < self.config.max_batch:
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({self.config.max_batch})")
@@ -108,6 +174,12 @@ class GpuEngine(Engine):
                                        alloc.page_size, min(max_pages, alloc.num_pages), self.gpu.graph_buckets)
             with torch.no_grad():
                 self.graphs.capture()
+        self.prefill_graphs: PrefillGraphs | None = None
+        if self.gpu.kernels == "fast":  # the same padded body, replayed or (no graphs) run eagerly
+            self.prefill_graphs = PrefillGraphs(self.fast, cache.pool.k, cache.pool.v, self.scratch_page,
+                                                alloc.page_size, enabled=self.gpu.cuda_graphs)
+            with torch.no_grad():
+                self.prefill_graphs.capture()
         k = cfg.num_codebooks
         pin = dev.type == "cuda"
         self._host = [torch.zeros((self.config.max_batch, k + 1), dtype=torch.long, pin_memory=pin) for _ in range(2)]
@@ -171,100 +243,140 @@ class GpuEngine(Engine):
         return events
 
     def _launch(self, plan: list[Chunk]) -> tuple[_Launched | None, list[StepEvent]]:
-        """Stage, run and start copying back one step; returns it and its AUDIO_INIT events."""
+        """Stage, run and start copying back one step; returns it and its AUDIO_INIT events.
+
+        Device order: each prompt chunk in its own forward (v3: one sample-and-advance for the
+        prompts that end), then the decode rows (one graph replay, or one eager forward), which
+        include v2's first decode token of the prompts that end."""
         if self._staged is not None:  # host staging buffers of the previous step are free again
             self._staged.synchronize()
         alloc = self.cache.allocator
         for c in plan:
             alloc.reserve(c.sid, c.end)  # within the scheduler's commitment
             self._holds_pages.add(c.sid)
-        sampled = [c for c in plan if self._wants_audio(c)]  # decode tokens, and v3's prompt ends
-        init_events = self._start_streams([c for c in plan if c.prefill and c.last_of_prompt])  # before sampling
+        decode = [c for c in plan if not c.prefill]
+        prefill = [c for c in plan if c.prefill]
+        ends = [c for c in prefill if self._wants_audio(c)]  # v3's prompt ends
+        init_events = self._start_streams([c for c in prefill if c.last_of_prompt])  # slots before any sampling
+        parts: list[torch.Tensor] = []
+        staged = None
         try:
-            if self.graphs is not None and not any(c.prefill for c in plan):
-                packed = self._graph_step(sampled)
-            else:
-                packed = self._eager_step(plan, sampled)
+            if prefill:
+                first = self._prefill(prefill)
+                if first is not None:
+                    parts.append(first)
+            if decode and self.graphs is not None:
+                b = self._graph_stage(decode)
+                staged = self._record_staged()  # before the replay: the next step stages while this one runs
+                parts.append(self.graphs.replay(b, len(decode)))
+            elif decode:
+                parts.append(self._eager_decode(decode))
         except Exception as exc:
             self._carry = [self._finish(self._streams[c.sid], "error", f"forward failed: {exc!r}")
                            for c in plan if c.sid in self._streams]
             raise
-        if self.device.type == "cuda":
-            self._staged = torch.cuda.Event()
-            self._staged.record()
-        if not sampled:
+        self._staged = staged or self._record_staged()
+        if not parts:
             return None, init_events
-        host = self._host[self._parity][: len(sampled)]
+        packed = parts[0] if len(parts) == 1 else torch.cat(parts)  # [S, K + 1]
+        host = self._host[self._parity][: packed.shape[0]]
         self._parity ^= 1
         host.copy_(packed, non_blocking=True)
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Launched([c.sid for c in sampled], host, done), init_events
+        return _Launched([c.sid for c in ends + decode], host, done), init_events
 
     def _kv_slot(self, table: list[int], pos: int) -> int:
         ps = self.cache.allocator.page_size
         return table[pos // ps] * ps + pos % ps
 
-    def _graph_step(self, decode: list[Chunk]) -> torch.Tensor:
+    def _graph_stage(self, decode: list[Chunk]) -> int:
         alloc = self.cache.allocator
         tables = [alloc.page_table(c.sid) for c in decode]
-        return self.graphs.run(
+        return self.graphs.stage(
             positions=[c.start for c in decode],
             kv_slots=[self._kv_slot(t, c.start) for t, c in zip(tables, decode)],
             slots=[self._slot[c.sid] for c in decode],
             page_tables=tables, kv_lens=[c.end for c in decode],
         )
 
-    def _eager_step(self, plan: list[Chunk], sampled: list[Chunk]) -> torch.Tensor | None:
-        """A ragged forward over prompt chunks and decode tokens; samples the `sampled` chunks' last rows."""
-        alloc, k, dev = self.cache.allocator, self.cfg.num_codebooks, self.device
-        ids, codes, is_audio, positions, kv_slots, decode_rows, out_rows = [], [], [], [], [], [], []
-        tables = [alloc.page_table(c.sid) for c in plan]
-        row = 0
-        for c, table in zip(plan, tables):
-            if c.prefill:
-                p = self._streams[c.sid].prompt
-                ids.append(p.input_ids[c.start:c.end])
-                codes.append(p.audio_codes[c.start:c.end])
-                is_audio.append(p.is_audio[c.start:c.end])
+    def _record_staged(self) -> torch.cuda.Event | None:
+        """An event after this step's host->device input copies (the host buffers are then free)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _plan_attention(self, tables: list[list[int]], kv_lens: list[int], qo_lens: list[int]) -> None:
+        ps = self.cache.allocator.page_size
+        if isinstance(self._attn, RefAttention):
+            self._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, ps, self.device))
+        else:
+            self._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
+
+    def _eager_decode(self, decode: list[Chunk]) -> torch.Tensor:
+        """The graph's body, eagerly, for exactly these rows: one all-audio forward + sampling."""
+        alloc, dev = self.cache.allocator, self.device
+        tables = [alloc.page_table(c.sid) for c in decode]
+        t = lambda a: torch.tensor(a, dtype=torch.long, device=dev)
+        slots = t([self._slot[c.sid] for c in decode])
+        inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=t([c.start for c in decode]),
+                         kv_slots=t([self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)]),
+                         out_rows=t(list(range(len(decode)))))
+        self._plan_attention(tables, [c.end for c in decode], [1] * len(decode))
+        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [D, K, V]
+        return self.state.sample_and_advance(logits, slots, torch.ones(len(decode), dtype=torch.bool, device=dev))
+
+    def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
+        """Each prompt chunk in its own forward: an all-text first chunk through `PrefillGraphs`,
+        others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (v3's
+        prompt ends), else None."""
+        alloc, dev = self.cache.allocator, self.device
+        logits, slots = [], []
+        for c in chunks:
+            p = self._streams[c.sid].prompt
+            table = alloc.page_table(c.sid)
+            ids, codes, audio = p.input_ids[c.start:c.end], p.audio_codes[c.start:c.end], p.is_audio[c.start:c.end]
+            kv_slots = [self._kv_slot(table, q) for q in range(c.start, c.end)]
+            sampled = self._wants_audio(c)
+            pg = self.prefill_graphs
+            if pg is not None and c.start == 0 and c.num_tokens <= pg.max_len and not audio.any():
+                out = pg.run(ids, kv_slots)  # [1, K, V], the graph's buffer
+                if sampled:
+                    logits.append(out.clone())
             else:
-                ids.append(np.array([self.policy.continuation_id], np.int64))
-                codes.append(np.zeros((1, k), np.int64))  # replaced by the device's last column
-                is_audio.append(np.ones(1, bool))
-                decode_rows.append(row)
-            if self._wants_audio(c):
-                out_rows.append(row + c.num_tokens - 1)
-            positions.append(np.arange(c.start, c.end, dtype=np.int64))
-            kv_slots.append(np.array([self._kv_slot(table, p) for p in range(c.start, c.end)], np.int64))
-            row += c.num_tokens
-        audio = np.concatenate(is_audio)
-        codes_dev = torch.from_numpy(np.concatenate(codes)).to(dev)  # [N, K]
-        if decode_rows:  # decode tokens feed back the device's last column
-            fed = torch.tensor([self._slot[c.sid] for c in plan if not c.prefill], dtype=torch.long, device=dev)
-            codes_dev[torch.tensor(decode_rows, dtype=torch.long, device=dev)] = self.state.last_col[fed]
-        slots = torch.tensor([self._slot[c.sid] for c in sampled], dtype=torch.long, device=dev)
-        rows = torch.tensor(out_rows, dtype=torch.long, device=dev)
+                out = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)
+                if sampled:
+                    logits.append(out)
+            if sampled:
+                slots.append(self._slot[c.sid])
+        if not logits:
+            return None
+        sl = torch.tensor(slots, dtype=torch.long, device=dev)
+        return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev))
+
+    def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
+                     kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
+        """One prompt chunk of one sequence, eagerly: K/V, and the last row's logits when sampled."""
+        dev = self.device
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
         all_audio = bool(audio.all())
         inp = FastInputs(
-            text_ids=None if all_audio else torch.from_numpy(np.concatenate(ids)).to(dev),
-            codes=codes_dev, positions=torch.from_numpy(np.concatenate(positions)).to(dev),
-            kv_slots=torch.from_numpy(np.concatenate(kv_slots)).to(dev), out_rows=rows,
-            audio_rows=None if all_audio else torch.from_numpy(np.flatnonzero(audio)).to(dev),
-            text_rows=None if all_audio else torch.from_numpy(np.flatnonzero(~audio)).to(dev),
-            select=None if all_audio else torch.from_numpy(audio.astype(np.int32)).to(dev),
+            text_ids=None if all_audio else t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
+            kv_slots=t(np.array(kv_slots, np.int64)),
+            out_rows=t(np.array([c.num_tokens - 1] if sampled else [], np.int64)),
+            audio_rows=None if all_audio else t(np.flatnonzero(audio)),
+            text_rows=None if all_audio else t(np.flatnonzero(~audio)),
+            select=None if all_audio else t(audio.astype(np.int32)),
         )
-        qo_lens, kv_lens = [c.num_tokens for c in plan], [c.end for c in plan]
-        if isinstance(self._attn, RefAttention):
-            self._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, alloc.page_size, dev))
-        else:
-            self._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, alloc.page_size), decode=max(qo_lens) == 1)
-        if not sampled:  # prompt chunks only: K/V written, no logits needed
-            self.fast.hidden(replace(inp, out_rows=inp.out_rows[:0]), self._attn, self.cache.pool.k, self.cache.pool.v)
-            return None
-        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [S, K, V]
-        return self.state.sample_and_advance(logits, slots, torch.ones(len(sampled), dtype=torch.bool, device=dev))
+        self._plan_attention([table], [c.end], [c.num_tokens])
+        if sampled:
+            return self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [1, K, V]
+        self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)
+        return None
 
     def _start_streams(self, chunks: list[Chunk]) -> list[StepEvent]:
         """AUDIO_INIT: give each stream a device slot and emit its all-BOS column."""

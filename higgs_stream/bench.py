@@ -218,12 +218,49 @@ def codec_timings(codec: Any, shapes: list[tuple[int, int]]) -> list[dict]:
     return out
 
 
+@torch.inference_mode()
+def codec_variants(codec: Any, shape: tuple[int, int] = (32, 48)) -> dict:
+    """Codec decode ms at one steady-state shape: as served (fp32, cuDNN heuristics), with cuDNN
+    autotuning (still fp32), and with TF32 (not exact); max |d| of each against the served one."""
+    b, f = shape
+    codes = torch.randint(0, 1024, (b, 8, f), generator=torch.Generator().manual_seed(0))
+    out: dict[str, Any] = {"batch": b, "frames": f}
+
+    def timed() -> tuple[float, torch.Tensor]:
+        ref = codec.decode(codes)
+        codec.decode(codes)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            y = codec.decode(codes)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / 5 * 1e3, ref
+
+    out["fp32_ms"], base = timed()
+    bench_flag = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        out["fp32_autotuned_ms"], y = timed()
+        out["fp32_autotuned_max_abs_diff"] = float((y - base).abs().max())
+    finally:
+        torch.backends.cudnn.benchmark = bench_flag
+    try:
+        codec.allow_tf32 = True
+        out["tf32_ms"], y = timed()
+        out["tf32_max_abs_diff"] = float((y - base).abs().max())
+    finally:
+        codec.allow_tf32 = False
+    out["peak_abs"] = float(base.abs().max())
+    return out
+
+
 class _Timer:
     """Wraps a callable on an instance and adds up its wall time."""
 
     def __init__(self, obj: Any, name: str) -> None:
         self.obj, self.name, self.fn = obj, name, getattr(obj, name)
         self.total, self.calls = 0.0, 0
+        self.first: list[float] = []  # durations of the first calls since the last take()
         setattr(obj, name, self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -231,12 +268,15 @@ class _Timer:
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.total += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.total += dt
             self.calls += 1
+            if len(self.first) < 4:
+                self.first.append(dt)
 
     def take(self) -> tuple[float, int]:
         out = (self.total, self.calls)
-        self.total, self.calls = 0.0, 0
+        self.total, self.calls, self.first = 0.0, 0, []
         return out
 
 
@@ -273,14 +313,20 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
     if timers:
         for t in timers:
             t.take()
-    steps0 = pipeline.steps
+    steps0, loop0 = pipeline.steps, pipeline.metrics.step_time.sum
     t_start = loop.time()
     rows = await asyncio.gather(*(one(i) for i in range(n)))
     loop_stats = {}
     if timers:
+        first_steps, first_codec = [x * 1e3 for x in timers[0].first], [x * 1e3 for x in timers[1].first]
         (step_s, step_n), (codec_s, codec_n) = (t.take() for t in timers)
-        loop_stats = {"engine_steps": pipeline.steps - steps0, "engine_step_s": step_s, "codec_calls": codec_n,
-                      "codec_s": codec_s, "mean_step_ms": step_s / max(step_n, 1) * 1e3}
+        steps = pipeline.steps - steps0
+        loop_s = pipeline.metrics.step_time.sum - loop0  # engine.step + routing, per engine-thread iteration
+        loop_stats = {"engine_steps": steps, "engine_step_s": step_s, "codec_calls": codec_n,
+                      "codec_s": codec_s, "mean_step_ms": step_s / max(step_n, 1) * 1e3,
+                      "loop_ms": loop_s / max(steps, 1) * 1e3,
+                      "route_ms": (loop_s - step_s) / max(steps, 1) * 1e3,
+                      "first_steps_ms": first_steps, "first_codec_ms": first_codec}
     wall = max(r["end"] for r in rows) - t_start
     ttfa = np.array([r["ttfa"] for r in rows if r["ttfa"] is not None])
     rtf = np.array([(r["end"] - r["start"]) / r["audio_s"] for r in rows if r["audio_s"] > 0])
@@ -295,16 +341,36 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
             "full_length": int(sum(r["audio_s"] >= FRAMES * 0.04 - 1e-6 for r in rows)), **loop_stats}
 
 
-async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]]) -> list[dict]:
+class _CodecStats:
+    """The pipeline's own codec counters, read like a _Timer."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline, self.first = pipeline, []
+        self._at = (0.0, 0)
+
+    def take(self) -> tuple[float, int]:
+        p = self.pipeline
+        now = (p.codec_busy_s, p.codec_calls)
+        out = (now[0] - self._at[0], now[1] - self._at[1])
+        self._at = now
+        return out
+
+
+async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]],
+                       codec_stream: str = "separate") -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.pipeline import Pipeline
 
     n_max = max(n for n, _, _ in runs)
     cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0)
-    pipeline = Pipeline(engine, codec, cfg)
-    timers = (_Timer(engine, "step"), _Timer(codec, "decode"))
-    await pipeline.start()
+    pipeline = Pipeline(engine, codec, cfg, codec_stream=codec_stream)
+    t0 = time.perf_counter()
+    await pipeline.start()  # warms the codec up at its bucketed shapes, captures the small ones
+    log(f"pipeline started in {time.perf_counter() - t0:.1f} s (codec warm-up, codec stream {codec_stream}, "
+        f"graph shapes {len(getattr(pipeline.decoder, 'shapes', ()))}, graph check "
+        f"{getattr(pipeline.decoder, 'check_max_abs_diff', None)})")
+    timers = (_Timer(engine, "step"), _CodecStats(pipeline))
     out = []
     try:
         for mode in ("exact", "low_latency"):  # warm-up (codec shapes, allocator)
@@ -313,13 +379,17 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
             for r in range(repeats):
                 res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r, timers)
                 res["repeat"] = r
+                res["codec_stream"] = codec_stream
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
                     f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']}, {res['audio_s_per_s']:.1f} audio-s/s, "
-                    f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms), "
-                    f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s")
+                    f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms, "
+                    f"loop {res.get('loop_ms', 0):.2f} ms), "
+                    f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s"
+                    + (f"; first steps {[round(x, 2) for x in res['first_steps_ms']]} ms" if n == 1 else ""))
     finally:
         await pipeline.stop()
+        del engine.step  # drop the _Timer (an instance attribute) for the next pipeline
     return out
 
 
@@ -348,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--no-graphs", action="store_true", help="debug: run decode steps eagerly")
+    ap.add_argument("--compare-codec-stream", action="store_true",
+                    help="also run N > 1 with the codec on the talker's CUDA stream")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
@@ -433,11 +505,17 @@ def main(argv: list[str] | None = None) -> int:
         codec = gpu_codec()
         result["codec"] = codec_timings(codec, [(1, 1), (1, 11), (1, 21), (1, 45), (8, 45), (32, 45), (64, 45)])
         log(f"codec: {result['codec']}")
+        result["codec_variants"] = codec_variants(codec)
+        log(f"codec variants (not used by the pipeline): {result['codec_variants']}")
         ns = [int(n) for n in args.streams.split(",")]
         runs = [(1, "low_latency", 5), (1, "exact", 5)] + [(n, "exact", 1) for n in ns if n > 1]
         runs += [(n, "low_latency", 1) for n in ns if n in (16, 128)]
         result["stream"] = asyncio.run(stream_bench(engine, codec, runs))
         save()
+        other = [(n, "exact", 1) for n in ns if n > 1]
+        if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine"))
+            save()
     summarize(result)
     save()
     return 0
@@ -467,12 +545,13 @@ def summarize(r: dict) -> None:
         if "speedup_vs_transformers_batch1" in r:
             print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
     if "stream" in r:
-        print(f"{'N':>4} {'mode':>11} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} {'audio-s/s':>9} "
-              f"{'step ms':>8} {'codec s':>8} {'wall s':>7}")
+        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
+              f"{'audio-s/s':>9} {'step ms':>8} {'loop ms':>8} {'codec s':>8} {'wall s':>7}")
         for s in r["stream"]:
-            print(f"{s['n']:>4} {s['mode']:>11} {s['ttfa_p50_ms']:>9.1f} {s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
+            print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {s['ttfa_p50_ms']:>9.1f} "
+                  f"{s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
                   f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f} {s.get('mean_step_ms', 0):>8.2f} "
-                  f"{s.get('codec_s', 0):>8.2f} {s['wall_s']:>7.2f}")
+                  f"{s.get('loop_ms', 0):>8.2f} {s.get('codec_s', 0):>8.2f} {s['wall_s']:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import torch

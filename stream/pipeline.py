@@ -11,12 +11,13 @@ bounded queue for its transport.
 
 The engine thread never waits for codec work unless `CODEC_QUEUE_ROUNDS` rounds are already
 queued (back-pressure when the codec is the bottleneck). The codec thread takes every queued round
-at once (up to `CODEC_MAX_WINDOWS` windows) into one batched decode call and hands the audio and
+at once (up to `codec_max_windows` windows) into one batched decode call and hands the audio and
 segment ends to the event loop in one call, in round order, so each stream's chunks and its end
-keep their order. On CUDA the talker steps on a high-priority stream and the codec decodes on its
-own stream, so the two overlap on the device and a codec call never delays a talker step's
-kernels for long; codec calls use bucketed shapes (the first call at a new shape is slow), warmed
-up by `Pipeline.start()`.
+keep their order. On CUDA the talker steps on a high-priority stream; the codec decodes on its own
+low-priority stream (`codec_stream="separate"`) or on the talker's (`"engine"`: the device then
+runs them back to back, only the host work overlaps). Codec calls use bucketed shapes (the first
+call at a new shape is slow), warmed up by `Pipeline.start()`, and small ones replay from CUDA
+graphs (stream/codec_graphs.py).
 
 A StreamHandle is one context (or one HTTP request): its text segments are generated one after
 another with one voice. Segments of a context without a reference voice are conditioned on the
@@ -31,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from higgs_stream.engine.delay import columns_to_frames
-from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.stream.adapter import Code2WavAdapter, DecodeJob, decode_jobs, feed_columns, jobs_to_s16le
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
@@ -62,6 +64,11 @@ CODEC_MAX_WINDOWS = 64  # windows the codec thread merges into one call from sev
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 CODEC_LENGTH_QUANTUM = 8
 CODEC_WARM_LENGTHS = (16, 24, 32, 40, 48)  # padded window lengths warmed up at start (GPU)
+CODEC_GRAPH_MAX_BATCH = 16  # warmed shapes up to this batch replay from CUDA graphs (launch-bound)
+CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
+# Three threads share the GIL (event loop, engine, codec); a thread that wants it back after a
+# device wait must not sit out CPython's default 5 ms switch interval behind pure-Python work.
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -304,8 +311,19 @@ class StreamHandle:
 
 
 class Pipeline:
-    def __init__(self, engine, codec, cfg: ServerConfig, metrics: Metrics | None = None, warm_codec: bool = True):
+    def __init__(self, engine, codec, cfg: ServerConfig, metrics: Metrics | None = None, warm_codec: bool = True,
+                 codec_graphs: bool = True, codec_stream: str = "separate",
+                 codec_max_windows: int = CODEC_MAX_WINDOWS):
+        """GPU codec: `warm_codec` decodes every bucketed shape once at start, `codec_graphs` then
+        captures those up to CODEC_GRAPH_MAX_BATCH windows; `codec_stream` "separate" decodes on a
+        low-priority stream beside the talker, "engine" on the talker's stream (the device runs them
+        one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
+        if codec_stream not in CODEC_STREAMS:
+            raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {codec_stream!r}")
+        if codec_max_windows < 1:
+            raise ConfigError(f"codec_max_windows must be >= 1, got {codec_max_windows}")
         self.engine, self.codec, self.cfg = engine, codec, cfg
+        self.decoder = codec  # what the codec thread decodes with (CodecGraphs after a GPU warm-up)
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
         self._segments: dict[int, _Segment] = {}  # engine stream id -> segment (guarded by _lock)
@@ -322,6 +340,10 @@ class Pipeline:
         self._failures = 0
         self.steps = 0
         self.codec_calls = 0
+        self.codec_busy_s = 0.0  # codec thread time in decode + s16 conversion
+        self.codec_stream_mode, self.codec_max_windows = codec_stream, codec_max_windows
+        self._use_codec_graphs = codec_graphs
+        self._engine_stream = self._codec_stream = None
         self.engine_device = _cuda_device(getattr(engine, "device", None))
         self.codec_device = _cuda_device(getattr(codec, "device", None))
         self._warm_codec = warm_codec and self.codec_device is not None
@@ -334,10 +356,18 @@ class Pipeline:
     async def start(self) -> None:
         assert self._thread is None, "pipeline already started"
         self._loop = asyncio.get_running_loop()
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # process-wide: this is the serving process
+        if self.engine_device is not None:
+            self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
+        if self.codec_device is not None:
+            self._codec_stream = (self._engine_stream if self.codec_stream_mode == "engine" and self._engine_stream
+                                  is not None else torch.cuda.Stream(self.codec_device, priority=0))
         if self._warm_codec:
             t0 = time.perf_counter()
             shapes = await asyncio.to_thread(self._warm_up_codec)
-            log.info("codec warmed up at %d shapes in %.1f s", shapes, time.perf_counter() - t0)
+            log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
+                     time.perf_counter() - t0, len(getattr(self.decoder, "shapes", ())))
         self._codec_thread = threading.Thread(target=self._codec_run, name="higgs-codec", daemon=True)
         self._codec_thread.start()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
@@ -352,9 +382,12 @@ class Pipeline:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
-        if self._codec_thread is not None:
-            await asyncio.to_thread(self._rounds.put, None)
-            await asyncio.to_thread(self._codec_thread.join)
+        if self._codec_thread is not None and self._codec_thread.is_alive():
+            try:
+                await asyncio.to_thread(self._rounds.put, None, timeout=STOP_GRACE_S)
+                await asyncio.to_thread(self._codec_thread.join, STOP_GRACE_S)
+            except queue.Full:
+                log.error("codec thread stuck at stop; leaving it")
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -420,7 +453,7 @@ class Pipeline:
     # ---- engine thread ----
 
     def _run(self) -> None:
-        with _device_stream(self.engine_device, priority=-1):  # talker kernels go first on the device
+        with _on_stream(self._engine_stream):
             self._engine_loop()
 
     def _engine_loop(self) -> None:
@@ -447,8 +480,20 @@ class Pipeline:
             self.steps += 1
             self.metrics.steps.inc()
             self.metrics.step_time.observe(time.perf_counter() - t0)
-            if rnd.jobs or rnd.ends:
-                self._rounds.put(rnd)  # blocks only while CODEC_QUEUE_ROUNDS rounds wait
+            if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
+                return
+
+    def _queue_round(self, rnd: _Round) -> bool:
+        """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued
+        (back-pressure). False when stop() gave up waiting for a stuck codec."""
+        while True:
+            try:
+                self._rounds.put(rnd, timeout=IDLE_WAIT_S)
+                return True
+            except queue.Full:
+                if self._stopping and time.monotonic() > self._stop_by:
+                    log.error("codec still busy %.0f s after stop; leaving it", STOP_GRACE_S)
+                    return False
 
     def _route(self, events) -> _Round:
         """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
@@ -501,7 +546,7 @@ class Pipeline:
     # ---- codec thread ----
 
     def _codec_run(self) -> None:
-        with _device_stream(self.codec_device, priority=0):
+        with _on_stream(self._codec_stream):
             while True:
                 rounds = [self._rounds.get()]
                 windows = len(rounds[0].jobs) if rounds[0] is not None else 0
@@ -510,7 +555,7 @@ class Pipeline:
                         nxt = self._rounds.get_nowait()
                     except queue.Empty:
                         break
-                    if nxt is not None and windows + len(nxt.jobs) > CODEC_MAX_WINDOWS:
+                    if nxt is not None and windows + len(nxt.jobs) > self.codec_max_windows:
                         self._decode_rounds(rounds)
                         rounds, windows = [], 0
                     rounds.append(nxt)
@@ -529,9 +574,11 @@ class Pipeline:
         pcm: list[bytes | None] = []
         failed: dict[int, str] = {}  # id(segment) -> error
         if jobs:
+            t0 = time.perf_counter()
             try:
-                pcm = jobs_to_s16le(decode_jobs(self.codec, jobs, **self._codec_shapes))
+                pcm = jobs_to_s16le(decode_jobs(self.decoder, jobs, **self._codec_shapes))
                 self.codec_calls += 1
+                self.codec_busy_s += time.perf_counter() - t0
             except Exception as exc:
                 log.exception("codec decode of %d windows failed", len(jobs))
                 pcm = [None] * len(jobs)
@@ -571,11 +618,21 @@ class Pipeline:
                     for b in CODEC_BATCH_BUCKETS[:6]:
                         lengths[b].add(w.stop - w.start)
         count = 0
-        with _device_stream(self.codec_device, priority=0), torch.no_grad():
+        with _on_stream(self._codec_stream), torch.no_grad():
             for b, ws in lengths.items():
                 for w in sorted(ws):
                     self.codec.decode(torch.zeros((b, 8, w), dtype=torch.long)).cpu()
                     count += 1
+            if self._use_codec_graphs:
+                from higgs_stream.stream.codec_graphs import CodecGraphs
+
+                graphs = CodecGraphs(self.codec, [(b, w) for b, ws in lengths.items() if b <= CODEC_GRAPH_MAX_BATCH
+                                                  for w in ws])
+                diff = graphs.capture()
+                if diff == 0.0:
+                    self.decoder = graphs
+                else:  # never trade exactness for speed: decode eagerly
+                    log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count
 
     # ---- back on the event loop ----
@@ -602,12 +659,11 @@ def _cuda_device(device) -> torch.device | None:
 
 
 @contextlib.contextmanager
-def _device_stream(device: torch.device | None, priority: int):
-    """Run this thread's device work on its own CUDA stream (after all work queued so far)."""
-    if device is None:
+def _on_stream(stream: torch.cuda.Stream | None):
+    """Run this thread's device work on `stream` (after all work queued so far on the default one)."""
+    if stream is None:
         yield
         return
-    stream = torch.cuda.Stream(device=device, priority=priority)
-    stream.wait_stream(torch.cuda.default_stream(device))
+    stream.wait_stream(torch.cuda.default_stream(stream.device))
     with torch.cuda.stream(stream):
         yield

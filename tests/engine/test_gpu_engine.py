@@ -176,3 +176,51 @@ def test_logprob_parity_harness_fp32_cpu():
     assert res["mean_abs_delta_nat"] < 1e-5 and res["argmax_agreement"] == 1.0, res
     assert res["ref_logit_std"] > 0.3  # logits far from uniform: the comparison means something
     assert eng.cache.allocator.num_free == 63 and len(eng._free_slots) == 2  # harness cleaned up
+
+
+def test_prefill_chunks_do_not_depend_on_other_streams():
+    """PrefillScheduler: a prompt is cut at multiples of `chunk` whatever else runs; a chunk waits
+    for a budget that holds it whole; decode tokens first; the oldest prompt never starves."""
+    from higgs_stream.engine.gpu_engine import PrefillScheduler
+    from higgs_stream.engine.scheduler import SchedulerConfig
+
+    def cuts(sched, sid):
+        return [(c.start, c.end) for c in sched.plans if c.sid == sid and c.prefill]
+
+    class Recording(PrefillScheduler):
+        plans: list = []
+
+        def schedule(self):
+            plan = super().schedule()
+            self.plans += plan
+            return plan
+
+    with pytest.raises(ConfigError):
+        PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=20, num_pages=64), 16)
+    for others in ((), (37, 5), (60, 61, 2)):
+        sched = Recording(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16)
+        sched.plans = []
+        for j, n in enumerate(others):
+            sched.add(100 + j, n, n + 200)
+        sched.schedule()  # the others start first and take budget
+        sched.add(7, 45, 200)
+        for _ in range(30):
+            plan = sched.schedule()
+            assert sum(c.num_tokens for c in plan) <= 21
+            kinds = [c.prefill for c in plan]
+            assert kinds == sorted(kinds)  # decode tokens first
+        assert cuts(sched, 7) == [(0, 16), (16, 32), (32, 45)], others
+    # v2: the prompt's last chunk brings the first decode token (position 45) into its plan
+    sched = PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16,
+                             fold_first_decode=True)
+    sched.add(7, 45, 200)
+    plans = [sched.schedule() for _ in range(4)]
+    assert [(c.start, c.num_tokens, c.prefill) for c in plans[2]] == [(32, 13, True), (45, 1, False)]
+    assert [(c.start, c.prefill) for c in plans[3]] == [(46, False)]
+
+
+def test_load_engine_picks_the_plain_engine_on_cpu(tiny_ckpt):
+    from higgs_stream.engine.gpu_engine import load_engine
+
+    eng = load_engine(str(tiny_ckpt), device="cpu", cuda_graphs=False)
+    assert type(eng) is Engine and eng.talker.dtype == torch.float32

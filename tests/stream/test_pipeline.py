@@ -263,11 +263,13 @@ class GatedCodec:
         return self.inner.decode(codes)
 
 
-async def fake_pipeline(codec, **cfg):
+async def fake_pipeline(codec, rounds: int | None = None):
     from higgs_stream.bench_pipeline import FakeEngine
 
     engine = FakeEngine(step_s=0.001)
-    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0, **cfg))
+    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0))
+    if rounds is not None:
+        p._rounds = queue.Queue(maxsize=rounds)
     await p.start()
     return engine, p
 
@@ -296,9 +298,8 @@ async def test_engine_steps_while_the_codec_works_and_streams_keep_their_order()
 
 async def test_full_codec_queue_holds_the_engine_back():
     codec = GatedCodec()
-    engine, p = await fake_pipeline(codec)
+    engine, p = await fake_pipeline(codec, rounds=1)
     try:
-        p._rounds = queue.Queue(maxsize=1)  # before any round: the codec thread reads p._rounds
         h = p.open(ContextOptions(voice=default_voice(), seed=1))
         h.say("Hello.")
         h.close()
