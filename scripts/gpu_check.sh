@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call: every GPU test (v2 and v3), then `synth --device cuda` end to end on tiny v2/v3
+# checkpoints. Usage (device tool, carry .whl): bash scripts/gpu_check.sh   -> $OUT/gpu_tests.log
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
+  mkdir -p /tmp/shim/higgs_stream
+  for d in engine kernels stream clients; do ln -sfn "$PWD/$d" /tmp/shim/higgs_stream/$d; done
+  for f in higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim/higgs_stream/; done
+  export PYTHONPATH=/tmp/shim:$PYTHONPATH
+fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels tests/engine tests/stream/test_codec_graphs.py \
+  2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+rc=$?
+for arch in v2 v3; do
+  python3 -m higgs_stream.cli make-checkpoint /tmp/tiny-$arch --arch $arch --preset tiny --seed 0 >/dev/null 2>&1
+  python3 -m higgs_stream.cli synth --model /tmp/tiny-$arch --text "Hello there." --seed 1 --max-frames 50 \
+    --device cuda --out "$OUT/synth-$arch.wav" 2>&1 | tail -2 || rc=1
+done
+exit $rc
