@@ -423,13 +423,14 @@ class GpuEngine(Engine):
 
 
 def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                config: EngineConfig | None = None, cuda_graphs: bool = True) -> Engine:
+                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast") -> Engine:
     """The engine `serve` and `synth` run: on CUDA the fast path (`GpuEngine`: Triton + FlashInfer
     kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`), bf16 unless
     `dtype` says otherwise; elsewhere the plain `Engine` in fp32 (or `dtype`)."""
     if torch.device(device).type == "cuda":
         return GpuEngine.from_pretrained(model, device=device, dtype=dtype or torch.bfloat16, config=config,
-                                         gpu=GpuEngineConfig(cuda_graphs=cuda_graphs))
+                                         gpu=GpuEngineConfig(cuda_graphs=cuda_graphs and kernels == "fast",
+                                                             kernels=kernels))
     if not cuda_graphs:
         log.info("--no-cuda-graphs has no effect on %s", device)
     return Engine.from_pretrained(model, device=device, dtype=dtype or torch.float32, config=config)

@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-frames", type=int, default=None, help="hard cap on generated audio frames (25/s)")
     p.add_argument("--device", default="cpu", help="cpu (fp32 engine) or cuda (the GPU fast path, bf16)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="debug: on cuda, run decode steps eagerly")
+    p.add_argument("--kernels", choices=("fast", "ref"), default="fast",
+                   help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
     p.add_argument("--codes-out", default=None, help="write the delay-pattern columns [8, L] as .npy")
 
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
     codec = load_codec_for(args.model, args.codec, device=args.device)
-    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs)
+    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))

@@ -41,6 +41,16 @@ def flashinfer_module() -> Any:
     return flashinfer
 
 
+FLASHINFER_HEAD_DIMS = (64, 128, 256)  # what the bundled FlashInfer kernels are built for
+
+
+def check_head_dim(head_dim: int) -> None:
+    """Refuse loudly (not mid-step) a head size FlashInfer has no kernel for, e.g. the tiny test presets."""
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        raise KernelUnavailableError(f"FlashInfer attention supports head_dim {FLASHINFER_HEAD_DIMS}, this model has "
+                                     f"{head_dim}: run the reference kernels instead (--kernels ref)")
+
+
 @dataclass(frozen=True)
 class HostCSR:
     """FlashInfer's CSR page layout as host int32 tensors (planning reads them on the CPU)."""
@@ -101,6 +111,7 @@ class FlashInferAttention:
         fi = flashinfer_module()
         if torch.device(device).type != "cuda":
             raise KernelUnavailableError(f"FlashInfer attention needs a CUDA device, got {device}")
+        check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.page_size, self.dtype = page_size, dtype
         self.workspace = workspace if workspace is not None else torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -142,6 +153,7 @@ class GraphDecodeAttention:
                  dtype: torch.dtype = torch.bfloat16) -> None:
         fi = flashinfer_module()
         self.batch_size, self.max_pages = batch_size, max_pages
+        check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.page_size, self.dtype = page_size, dtype
         self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)

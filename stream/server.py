@@ -402,6 +402,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-pages", type=int, default=None, help="KV cache pages (engine default if unset)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="debug: on cuda, run decode steps eagerly instead of replaying CUDA graphs")
+    parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
+                        help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
                         help="require this bearer token (default: $HIGGS_STREAM_TOKEN; unset = no auth)")
 
@@ -436,7 +438,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
     engine = load_engine(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg,
-                         cuda_graphs=not args.no_cuda_graphs)
+                         cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
     codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)

@@ -63,3 +63,4 @@ def test_graph_decode_replay_matches_ref():
     graph.replay()
     want = paged_attention_ref(q2, k, v, layout2, D**-0.5)
     assert rel(out[:3], want) < 1e-2
+
