@@ -232,7 +232,7 @@ def codec_variants(codec: Any, shape: tuple[int, int] = (32, 48)) -> dict:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(5):
-            y = codec.decode(codes)
+            codec.decode(codes)
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / 5 * 1e3, ref
 

@@ -10,14 +10,12 @@ bounded queue for its transport.
     _deliver(): bounded queue per handle      -> bounded round queue ------>     call_soon_threadsafe
 
 The engine thread never waits for codec work unless `CODEC_QUEUE_ROUNDS` rounds are already
-queued (back-pressure when the codec is the bottleneck). The codec thread takes every queued round
-at once (up to `codec_max_windows` windows) into one batched decode call and hands the audio and
-segment ends to the event loop in one call, in round order, so each stream's chunks and its end
-keep their order. On CUDA the talker steps on a high-priority stream; the codec decodes on its own
-low-priority stream (`codec_stream="separate"`) or on the talker's (`"engine"`: the device then
-runs them back to back, only the host work overlaps). Codec calls use bucketed shapes (the first
-call at a new shape is slow), warmed up by `Pipeline.start()`, and small ones replay from CUDA
-graphs (stream/codec_graphs.py).
+queued (back-pressure when the codec is the bottleneck). The codec thread (stream/codec_worker.py)
+merges queued rounds into one batched decode call and hands the audio and segment ends to the
+event loop in one call, in round order, so each stream's chunks and its end keep their order. On
+CUDA the talker steps on a high-priority stream; the codec decodes on its own low-priority stream
+(`codec_stream="separate"`) or on the talker's (`"engine"`). Codec calls use bucketed shapes,
+warmed up by `Pipeline.start()`.
 
 A StreamHandle is one context (or one HTTP request): its text segments are generated one after
 another with one voice. Segments of a context without a reference voice are conditioned on the
@@ -29,7 +27,6 @@ audio of the context's previous segments (bounded history). Admission is decided
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import sys
@@ -42,9 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from higgs_stream.engine.delay import columns_to_frames
-from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.stream.adapter import Code2WavAdapter, DecodeJob, decode_jobs, feed_columns, jobs_to_s16le
+from higgs_stream.stream.adapter import Code2WavAdapter, feed_columns
+from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS, CodecWorker, Round, cuda_device, on_stream
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import SlowClientError
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
@@ -57,15 +55,6 @@ IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on e
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
 ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes too)
 STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
-CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
-CODEC_MAX_WINDOWS = 64  # windows the codec thread merges into one call from several queued rounds
-# GPU codec shape buckets: calls are padded to these batch sizes and padded windows to a multiple
-# of CODEC_LENGTH_QUANTUM frames (the exact default's 45-frame windows decode at 48).
-CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-CODEC_LENGTH_QUANTUM = 8
-CODEC_WARM_LENGTHS = (16, 24, 32, 40, 48)  # padded window lengths warmed up at start (GPU)
-CODEC_GRAPH_MAX_BATCH = 16  # warmed shapes up to this batch replay from CUDA graphs (launch-bound)
-CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 # Three threads share the GIL (event loop, engine, codec); a thread that wants it back after a
 # device wait must not sit out CPython's default 5 ms switch interval behind pure-Python work.
 GIL_SWITCH_INTERVAL_S = 0.001
@@ -83,16 +72,6 @@ class End:
 
 
 Event = Audio | End
-
-
-@dataclass
-class _Round:
-    """One engine step's output for the codec thread: windows to decode (jobs[i] belongs to
-    owners[i]) and the segment ends that must follow their audio."""
-
-    jobs: list[DecodeJob]
-    owners: list[_Segment]
-    ends: list[tuple]  # ("end", seg, reason, error, frames)
 
 
 @dataclass(eq=False)
@@ -318,12 +297,10 @@ class Pipeline:
         captures those up to CODEC_GRAPH_MAX_BATCH windows; `codec_stream` "separate" decodes on a
         low-priority stream beside the talker, "engine" on the talker's stream (the device runs them
         one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
-        if codec_stream not in CODEC_STREAMS:
-            raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {codec_stream!r}")
-        if codec_max_windows < 1:
-            raise ConfigError(f"codec_max_windows must be >= 1, got {codec_max_windows}")
+        self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
+                                        warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
+                                        max_windows=codec_max_windows)
         self.engine, self.codec, self.cfg = engine, codec, cfg
-        self.decoder = codec  # what the codec thread decodes with (CodecGraphs after a GPU warm-up)
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
         self._segments: dict[int, _Segment] = {}  # engine stream id -> segment (guarded by _lock)
@@ -332,24 +309,37 @@ class Pipeline:
         self._stopping = False
         self._stop_by = 0.0
         self._thread: threading.Thread | None = None
-        self._codec_thread: threading.Thread | None = None
-        self._rounds: queue.Queue[_Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="higgs-encode")
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
-        self.codec_calls = 0
-        self.codec_busy_s = 0.0  # codec thread time in decode + s16 conversion
-        self.codec_stream_mode, self.codec_max_windows = codec_stream, codec_max_windows
-        self._use_codec_graphs = codec_graphs
-        self._engine_stream = self._codec_stream = None
-        self.engine_device = _cuda_device(getattr(engine, "device", None))
-        self.codec_device = _cuda_device(getattr(codec, "device", None))
-        self._warm_codec = warm_codec and self.codec_device is not None
-        # GPU codec: bucketed call shapes (a CPU codec decodes the exact shapes, bit for bit as before)
-        self._codec_shapes = ({"batch_buckets": CODEC_BATCH_BUCKETS, "length_quantum": CODEC_LENGTH_QUANTUM}
-                              if self.codec_device is not None else {})
+        self._engine_stream = None
+        self.engine_device = cuda_device(getattr(engine, "device", None))
+
+    # ---- the codec worker's state, read by benches and tests ----
+
+    @property
+    def decoder(self):
+        """What the codec thread decodes with (CodecGraphs after a GPU warm-up)."""
+        return self.codec_worker.decoder
+
+    @property
+    def codec_calls(self) -> int:
+        return self.codec_worker.calls
+
+    @property
+    def codec_busy_s(self) -> float:
+        """Codec thread time in decode + s16 conversion."""
+        return self.codec_worker.busy_s
+
+    @property
+    def _rounds(self) -> queue.Queue:
+        return self.codec_worker.rounds
+
+    @_rounds.setter
+    def _rounds(self, rounds: queue.Queue) -> None:  # before start(): tests shrink the round queue
+        self.codec_worker.rounds = rounds
 
     # ---- lifecycle ----
 
@@ -360,16 +350,7 @@ class Pipeline:
             sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # process-wide: this is the serving process
         if self.engine_device is not None:
             self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
-        if self.codec_device is not None:
-            self._codec_stream = (self._engine_stream if self.codec_stream_mode == "engine" and self._engine_stream
-                                  is not None else torch.cuda.Stream(self.codec_device, priority=0))
-        if self._warm_codec:
-            t0 = time.perf_counter()
-            shapes = await asyncio.to_thread(self._warm_up_codec)
-            log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
-                     time.perf_counter() - t0, len(getattr(self.decoder, "shapes", ())))
-        self._codec_thread = threading.Thread(target=self._codec_run, name="higgs-codec", daemon=True)
-        self._codec_thread.start()
+        await self.codec_worker.start(self._engine_stream)
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
@@ -382,18 +363,13 @@ class Pipeline:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
-        if self._codec_thread is not None and self._codec_thread.is_alive():
-            try:
-                await asyncio.to_thread(self._rounds.put, None, timeout=STOP_GRACE_S)
-                await asyncio.to_thread(self._codec_thread.join, STOP_GRACE_S)
-            except queue.Full:
-                log.error("codec thread stuck at stop; leaving it")
+        await self.codec_worker.stop(STOP_GRACE_S)
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
     @property
     def healthy(self) -> bool:
         return (self._thread is not None and self._thread.is_alive() and not self._stopping
-                and self._codec_thread is not None and self._codec_thread.is_alive()
+                and self.codec_worker.alive
                 and self._failures < MAX_STEP_FAILURES)
 
     @property
@@ -453,7 +429,7 @@ class Pipeline:
     # ---- engine thread ----
 
     def _run(self) -> None:
-        with _on_stream(self._engine_stream):
+        with on_stream(self._engine_stream):
             self._engine_loop()
 
     def _engine_loop(self) -> None:
@@ -483,22 +459,19 @@ class Pipeline:
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
 
-    def _queue_round(self, rnd: _Round) -> bool:
+    def _queue_round(self, rnd: Round) -> bool:
         """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued
         (back-pressure). False when stop() gave up waiting for a stuck codec."""
-        while True:
-            try:
-                self._rounds.put(rnd, timeout=IDLE_WAIT_S)
-                return True
-            except queue.Full:
-                if self._stopping and time.monotonic() > self._stop_by:
-                    log.error("codec still busy %.0f s after stop; leaving it", STOP_GRACE_S)
-                    return False
+        while not self.codec_worker.submit(rnd, timeout=IDLE_WAIT_S):
+            if self._stopping and time.monotonic() > self._stop_by:
+                log.error("codec still busy %.0f s after stop; leaving it", STOP_GRACE_S)
+                return False
+        return True
 
-    def _route(self, events) -> _Round:
+    def _route(self, events) -> Round:
         """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
-        rnd = _Round([], [], [])
+        rnd = Round([], [], [])
         with self._lock:  # one acquisition per step
             segs = [self._segments.get(ev.stream_id) for ev in events]
             for ev, seg in zip(events, segs):
@@ -543,98 +516,6 @@ class Pipeline:
                 rnd.ends.append(("end", seg, "error", f"adapter failed: {exc!r}", None))
         return rnd
 
-    # ---- codec thread ----
-
-    def _codec_run(self) -> None:
-        with _on_stream(self._codec_stream):
-            while True:
-                rounds = [self._rounds.get()]
-                windows = len(rounds[0].jobs) if rounds[0] is not None else 0
-                while rounds[-1] is not None:  # merge what else is queued, up to CODEC_MAX_WINDOWS
-                    try:
-                        nxt = self._rounds.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is not None and windows + len(nxt.jobs) > self.codec_max_windows:
-                        self._decode_rounds(rounds)
-                        rounds, windows = [], 0
-                    rounds.append(nxt)
-                    windows += len(nxt.jobs) if nxt is not None else 0
-                stop = rounds[-1] is None
-                rounds = [r for r in rounds if r is not None]
-                if rounds:
-                    self._decode_rounds(rounds)
-                if stop:
-                    return
-
-    def _decode_rounds(self, rounds: list[_Round]) -> None:
-        """One batched codec call for all windows of `rounds`; hands audio and ends to the event
-        loop in round order. A codec failure ends the affected segments; the thread lives on."""
-        jobs = [j for r in rounds for j in r.jobs]
-        pcm: list[bytes | None] = []
-        failed: dict[int, str] = {}  # id(segment) -> error
-        if jobs:
-            t0 = time.perf_counter()
-            try:
-                pcm = jobs_to_s16le(decode_jobs(self.decoder, jobs, **self._codec_shapes))
-                self.codec_calls += 1
-                self.codec_busy_s += time.perf_counter() - t0
-            except Exception as exc:
-                log.exception("codec decode of %d windows failed", len(jobs))
-                pcm = [None] * len(jobs)
-                failed = {id(seg): f"codec decode failed: {exc!r}" for r in rounds for seg in r.owners}
-        items: list[tuple] = []
-        at = 0
-        for r in rounds:
-            for seg, chunk in zip(r.owners, pcm[at : at + len(r.jobs)]):
-                if chunk is None:
-                    failed.setdefault(id(seg), "codec output is not finite")
-                if id(seg) not in failed:
-                    items.append(("audio", seg, chunk))
-            at += len(r.jobs)
-            items += [e for e in r.ends if id(e[1]) not in failed]
-        if failed:
-            segs = {id(seg): seg for r in rounds for seg in r.owners if id(seg) in failed}
-            for key, seg in segs.items():
-                self.engine.cancel(seg.sid)
-                items.append(("end", seg, "error", failed[key], None))
-        if items:
-            try:
-                self._loop.call_soon_threadsafe(self._deliver, items)
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                log.warning("event loop closed; dropped %d audio/end items", len(items))
-
-    def _warm_up_codec(self) -> int:
-        """Decode each bucketed shape once (GPU): the first call at a new shape builds its kernels."""
-        from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner
-
-        lengths = {b: set(CODEC_WARM_LENGTHS) for b in CODEC_BATCH_BUCKETS}
-        ll = ChunkPlanner(AdapterConfig(mode="low_latency"))  # its ramp windows cannot be padded
-        for _ in range(200):
-            ll.available += 1
-            if (w := ll.next_window()) is not None:
-                ll.advance(w)
-                if w.right < ll.cfg.receptive_field:
-                    for b in CODEC_BATCH_BUCKETS[:6]:
-                        lengths[b].add(w.stop - w.start)
-        count = 0
-        with _on_stream(self._codec_stream), torch.no_grad():
-            for b, ws in lengths.items():
-                for w in sorted(ws):
-                    self.codec.decode(torch.zeros((b, 8, w), dtype=torch.long)).cpu()
-                    count += 1
-            if self._use_codec_graphs:
-                from higgs_stream.stream.codec_graphs import CodecGraphs
-
-                graphs = CodecGraphs(self.codec, [(b, w) for b, ws in lengths.items() if b <= CODEC_GRAPH_MAX_BATCH
-                                                  for w in ws])
-                diff = graphs.capture()
-                if diff == 0.0:
-                    self.decoder = graphs
-                else:  # never trade exactness for speed: decode eagerly
-                    log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
-        return count
-
     # ---- back on the event loop ----
 
     def _deliver(self, items: list[tuple]) -> None:
@@ -648,22 +529,3 @@ class Pipeline:
                 handle._audio(seg, item[2], now)
             else:
                 handle._segment_end(seg, item[2], item[3], item[4])
-
-
-def _cuda_device(device) -> torch.device | None:
-    """`device` when it is a CUDA device, else None."""
-    if device is None:
-        return None
-    device = torch.device(device)
-    return device if device.type == "cuda" else None
-
-
-@contextlib.contextmanager
-def _on_stream(stream: torch.cuda.Stream | None):
-    """Run this thread's device work on `stream` (after all work queued so far on the default one)."""
-    if stream is None:
-        yield
-        return
-    stream.wait_stream(torch.cuda.default_stream(stream.device))
-    with torch.cuda.stream(stream):
-        yield
