@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from higgs_stream.kernels.snake import snake, snake_ref
+
 
 class Snake1d(nn.Module):
     """Snake activation x + sin²(αx)/(α + 1e-9), one learned α per channel."""
@@ -18,7 +20,9 @@ class Snake1d(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C, T]
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        if x.is_cuda and x.dtype == torch.float32:
+            return snake(x, self.alpha)  # one fused pass (Triton); CPU keeps the plain-torch definition
+        return snake_ref(x, self.alpha)
 
 
 class ResidualUnit(nn.Module):
