@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import sys
 import threading
 import time
@@ -332,14 +331,6 @@ class Pipeline:
     def codec_busy_s(self) -> float:
         """Codec thread time in decode + s16 conversion."""
         return self.codec_worker.busy_s
-
-    @property
-    def _rounds(self) -> queue.Queue:
-        return self.codec_worker.rounds
-
-    @_rounds.setter
-    def _rounds(self, rounds: queue.Queue) -> None:  # before start(): tests shrink the round queue
-        self.codec_worker.rounds = rounds
 
     # ---- lifecycle ----
 

@@ -269,7 +269,7 @@ async def fake_pipeline(codec, rounds: int | None = None):
     engine = FakeEngine(step_s=0.001)
     p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0))
     if rounds is not None:
-        p._rounds = queue.Queue(maxsize=rounds)
+        p.codec_worker.rounds = queue.Queue(maxsize=rounds)  # before start(): a shorter codec queue
     await p.start()
     return engine, p
 
