@@ -28,6 +28,7 @@ import torch
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.gpu_sampling import DeviceStreamState
+from higgs_stream.engine.graph_capture import capture_buckets
 from higgs_stream.kernels.flashinfer_attention import GraphDecodeAttention, HostCSR
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
@@ -59,7 +60,6 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (packed, logits)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._pool = None
 
     # ------------------------------------------------------------------ capture
     def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,20 +90,8 @@ class DecodeGraphs:
         """Capture every bucket (largest first, sharing one memory pool)."""
         if not self.enabled:
             return
-        self._pool = torch.cuda.graph_pool_handle()
-        for b in sorted(self.buckets, reverse=True):
-            self._stage(b, [], [], [], [], [])
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._body(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._outputs[b] = self._body(b)
-            self._graphs[b] = graph
-        torch.cuda.synchronize()
+        self._graphs, self._outputs = capture_buckets(
+            self.buckets, lambda b: self._stage(b, [], [], [], [], []), self._body)
 
     # ------------------------------------------------------------------ replay
     def bucket_for(self, n: int) -> int:
@@ -194,7 +182,6 @@ class PrefillGraphs:
         self._no_rows = torch.zeros(0, dtype=torch.long, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
-        self._pool = None
 
     @property
     def max_len(self) -> int:
@@ -218,20 +205,9 @@ class PrefillGraphs:
         """Capture every bucket (largest first, one memory pool)."""
         if not self.enabled:
             return
-        self._pool = torch.cuda.graph_pool_handle()
-        for b in sorted(self.buckets, reverse=True):
-            self._stage(b, np.zeros(1, np.int64), [self.scratch_page * self.page_size])
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._body(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._outputs[b] = self._body(b)
-            self._graphs[b] = graph
-        torch.cuda.synchronize()
+        self._graphs, self._outputs = capture_buckets(
+            self.buckets, lambda b: self._stage(b, np.zeros(1, np.int64), [self.scratch_page * self.page_size]),
+            self._body)
 
     def _stage(self, b: int, text_ids: np.ndarray, kv_slots: Sequence[int]) -> None:
         """Fill the static inputs: one copy from fresh pageable memory (several prompts may be

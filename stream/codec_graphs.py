@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.graph_capture import capture_buckets
 
 
 class CodecGraphs:
@@ -41,21 +42,15 @@ class CodecGraphs:
         """Capture every shape (largest first, one memory pool), then compare one replay with the
         eager decode on random codes; returns the max |difference| (0.0 expected). A caller that
         gets anything else must not use the graphs."""
-        pool = torch.cuda.graph_pool_handle()
         k = self.codec.num_codebooks
+
+        def stage(shape: tuple[int, int]) -> None:
+            b, f = shape
+            self._inputs[shape] = torch.zeros((b, k, f), dtype=torch.long, device=self.device)
+
         with torch.no_grad():
-            for b, f in sorted(self.shapes, reverse=True):
-                codes = torch.zeros((b, k, f), dtype=torch.long, device=self.device)
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        self.codec.decode_codes(codes)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.codec.decode_codes(codes)
-                self._inputs[(b, f)], self._outputs[(b, f)], self._graphs[(b, f)] = codes, out, graph
+            self._graphs, self._outputs = capture_buckets(
+                self.shapes, stage, lambda shape: self.codec.decode_codes(self._inputs[shape]), self.device)
             if self.shapes:
                 b, f = self.shapes[0]
                 probe = torch.randint(0, self.codebook_size, (b, k, f), generator=torch.Generator().manual_seed(0))
