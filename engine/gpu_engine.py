@@ -95,12 +95,7 @@ class PrefillScheduler(Scheduler):
     def schedule(self) -> list[Chunk]:
         budget = self.config.token_budget
         plan: list[Chunk] = []
-        for e in self._running.values():  # 1. decode tokens
-            if e.decoding:
-                assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
-                plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
-                e.computed += 1
-                budget -= 1
+        budget -= self._plan_decodes(plan)  # 1. decode tokens
         for e in self._running.values():  # 2. unfinished prompts, oldest first
             if not e.decoding:
                 if min(e.prompt_len - e.computed, self.chunk) > budget:
@@ -110,10 +105,7 @@ class PrefillScheduler(Scheduler):
             head = self._waiting[0]
             if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
                 break
-            self._waiting.popleft()
-            self._running[head.sid] = head
-            self.committed_pages += head.pages
-            budget -= self._chunk_of(head, plan)
+            budget -= self._chunk_of(self._admit_head(), plan)
         return plan
 
     def _chunk_of(self, e, plan: list[Chunk]) -> int:

@@ -109,12 +109,7 @@ class Scheduler:
         """Plan the next forward and advance each planned stream's position."""
         budget = self.config.token_budget
         plan: list[Chunk] = []
-        for e in self._running.values():  # 1. decode tokens
-            if e.decoding:
-                assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
-                plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
-                e.computed += 1
-                budget -= 1
+        budget -= self._plan_decodes(plan)  # 1. decode tokens
         for e in self._running.values():  # 2. unfinished prompts
             if budget == 0:
                 break
@@ -124,11 +119,26 @@ class Scheduler:
             head = self._waiting[0]
             if self.committed_pages + head.pages > self.config.num_pages:
                 break
-            self._waiting.popleft()
-            self._running[head.sid] = head
-            self.committed_pages += head.pages
-            budget -= self._plan_prefill(head, budget, plan)
+            budget -= self._plan_prefill(self._admit_head(), budget, plan)
         return plan
+
+    def _plan_decodes(self, plan: list[Chunk]) -> int:
+        """One decode token for every running stream whose prompt is done; returns how many."""
+        n = 0
+        for e in self._running.values():
+            if e.decoding:
+                assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
+                plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
+                e.computed += 1
+                n += 1
+        return n
+
+    def _admit_head(self) -> _Entry:
+        """Move the queue head to running and commit its pages."""
+        head = self._waiting.popleft()
+        self._running[head.sid] = head
+        self.committed_pages += head.pages
+        return head
 
     @staticmethod
     def _plan_prefill(e: _Entry, budget: int, plan: list[Chunk]) -> int:
