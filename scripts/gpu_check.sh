@@ -3,16 +3,7 @@
 # checkpoints (tiny head_dim 16 has no FlashInfer kernel: the fast path must refuse it with a clear
 # error, and `--kernels ref` must run). Usage (device tool, carry .whl): bash scripts/gpu_check.sh   -> $OUT/gpu_tests.log
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
-  mkdir -p /tmp/shim/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/$d" /tmp/shim/higgs_stream/$d; done
-  for f in higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim/higgs_stream/; done
-  export PYTHONPATH=/tmp/shim:$PYTHONPATH
-fi
+. "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/*_gpu.py tests/engine/*gpu*.py tests/stream/test_codec_graphs.py \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -15
