@@ -62,40 +62,19 @@ REQUESTS = [
 ]
 
 
-def run_batched(engine: Engine, requests, admit_at: list[int]) -> tuple[list[np.ndarray], list[str]]:
-    """Add request i at step admit_at[i]; step until all finish; columns and reasons per request."""
-    sids: dict[int, int] = {}
-    cols: dict[int, list[np.ndarray]] = {}
-    reasons: dict[int, str] = {}
-    step = 0
-    while len(reasons) < len(requests):
-        for i, at in enumerate(admit_at):
-            if at == step:
-                sids[engine.add(requests[i])] = i
-        for ev in engine.step():
-            i = sids[ev.stream_id]
-            if ev.column is not None:
-                cols.setdefault(i, []).append(ev.column)
-            if ev.finished:
-                reasons[i] = ev.reason
-        step += 1
-        assert step < 1000
-    return [np.stack(cols[i], axis=1) for i in range(len(requests))], [reasons[i] for i in range(len(requests))]
-
-
 @pytest.fixture(scope="module")
-def alone(tiny_ckpt):
+def alone(tiny_ckpt, run_staggered):
     """Each request run by itself, one after another, in one engine with a generous budget."""
     engine = make_engine(tiny_ckpt, token_budget=512)
-    out = [run_batched(engine, [r], [0]) for r in REQUESTS]
+    out = [run_staggered(engine, [r], [0], max_steps=1000) for r in REQUESTS]
     assert engine.cache.allocator.num_used == 0 and not engine.has_work()
     return [c[0] for c, _ in out], [r[0] for _, r in out]
 
 
-def test_batched_equals_alone(tiny_ckpt, alone):
+def test_batched_equals_alone(tiny_ckpt, alone, run_staggered):
     alone_cols, alone_reasons = alone
     engine = make_engine(tiny_ckpt, token_budget=16)  # prompts of 40..150 positions get chunked
-    cols, reasons = run_batched(engine, REQUESTS, admit_at=[0, 2, 3, 7])
+    cols, reasons = run_staggered(engine, REQUESTS, admit_at=[0, 2, 3, 7], max_steps=1000)
     for i in range(len(REQUESTS)):
         np.testing.assert_array_equal(cols[i], alone_cols[i], err_msg=f"request {i}")
     assert reasons == alone_reasons

@@ -49,26 +49,6 @@ GREEDY = [
 ]
 
 
-def run_all(engine, requests, admit_at) -> tuple[list[np.ndarray], list[str]]:
-    sids, cols, reasons, step = {}, {}, {}, 0
-    while len(reasons) < len(requests):
-        for i, at in enumerate(admit_at):
-            if at == step:
-                sids[engine.add(requests[i])] = i
-        for ev in engine.step():
-            i = sids[ev.stream_id]
-            if ev.column is not None:
-                cols.setdefault(i, []).append(ev.column)
-            if ev.finished:
-                reasons[i] = ev.reason
-        step += 1
-        assert step < 500, "engine did not finish"
-    while engine.has_work():  # the GPU engine collects one step late: the last step yields nothing
-        assert engine.step() == []
-    assert not engine.has_work()
-    return [np.stack(cols[i], axis=1) for i in range(len(requests))], [reasons[i] for i in range(len(requests))]
-
-
 def test_fused_talker_logits_equal_talker(tiny_ckpt):
     """FastTalker (fused q/k/v and gate/up, fp32 residual, ref kernels) == Talker.forward on a mixed step."""
     from higgs_stream.engine.kv_cache import KVCache
@@ -106,11 +86,11 @@ def test_fused_talker_logits_equal_talker(tiny_ckpt):
     assert set(talker.state_dict()) == set(base.talker.state_dict())  # re-packing kept every key
 
 
-def test_greedy_codes_equal_cpu_engine(tiny_ckpt):
+def test_greedy_codes_equal_cpu_engine(tiny_ckpt, run_staggered):
     """Four greedy streams (frame caps, a reference, history) admitted at different steps."""
     cpu, gpu = engines(tiny_ckpt, token_budget=24)
-    want, want_reasons = run_all(cpu, GREEDY, [0, 0, 3, 7])
-    got, got_reasons = run_all(gpu, GREEDY, [0, 0, 3, 7])
+    want, want_reasons = run_staggered(cpu, GREEDY, [0, 0, 3, 7])
+    got, got_reasons = run_staggered(gpu, GREEDY, [0, 0, 3, 7])
     assert got_reasons == want_reasons
     for g, w in zip(got, want):
         assert g.shape == w.shape and np.array_equal(g, w)
@@ -118,13 +98,13 @@ def test_greedy_codes_equal_cpu_engine(tiny_ckpt):
     assert sum(g.shape[1] for g in got) > 60
 
 
-def test_sampled_codes_depend_only_on_seed(tiny_ckpt):
+def test_sampled_codes_depend_only_on_seed(tiny_ckpt, run_staggered):
     req = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=5, temperature=1.0, top_k=40, top_p=0.9),
                             max_frames=20)
     other = GenerationRequest(text="Something else entirely.", sampling=SamplingParams(seed=9), max_frames=30)
     _, gpu = engines(tiny_ckpt)
     alone = gpu.generate(req)
-    (together, _), _ = run_all(gpu, [req, other], [2, 0])
+    (together, _), _ = run_staggered(gpu, [req, other], [2, 0])
     assert np.array_equal(alone, together)
     again = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=6, temperature=1.0, top_k=40, top_p=0.9),
                               max_frames=20)

@@ -42,25 +42,6 @@ REQUESTS = [
 ]
 
 
-def run_all(engine, requests, admit_at) -> tuple[list[np.ndarray], list[str]]:
-    sids, cols, reasons, step = {}, {}, {}, 0
-    while len(reasons) < len(requests):
-        for i, at in enumerate(admit_at):
-            if at == step:
-                sids[engine.add(requests[i])] = i
-        for ev in engine.step():
-            i = sids[ev.stream_id]
-            if ev.column is not None:
-                cols.setdefault(i, []).append(ev.column)
-            if ev.finished:
-                reasons[i] = ev.reason
-        step += 1
-        assert step < 500, "engine did not finish"
-    while engine.has_work():
-        assert engine.step() == []
-    return [np.stack(cols[i], axis=1) for i in range(len(requests))], [reasons[i] for i in range(len(requests))]
-
-
 def stop_on(engine: Engine, code: int) -> None:
     """Make codebook 0 emit EOC wherever it would emit `code` (the tied EOC row := 1.05 x that code's row)."""
     w = engine.talker.audio.embedding.weight  # [K * 1026, H], codebook 0 first
@@ -84,14 +65,14 @@ def test_from_pretrained_dispatches_to_v3(tiny_v3_ckpt):
 
 
 @pytest.mark.parametrize("admit_at", [[0, 0, 3, 7], [0, 1, 1, 2]])
-def test_greedy_columns_equal_cpu_engine(tiny_v3_ckpt, stop_code, admit_at):
+def test_greedy_columns_equal_cpu_engine(tiny_v3_ckpt, stop_code, admit_at, run_staggered):
     cpu = Engine.from_pretrained(str(tiny_v3_ckpt), config=CONFIG)
     other = Engine.from_pretrained(str(tiny_v3_ckpt), config=CONFIG)
     for e in (cpu, other):
         stop_on(e, stop_code)
     gpu = GpuEngine(other.talker, other.cfg, other.tokenizer, other.cache, CONFIG, REF)
-    want, want_reasons = run_all(cpu, REQUESTS, admit_at)
-    got, got_reasons = run_all(gpu, REQUESTS, admit_at)
+    want, want_reasons = run_staggered(cpu, REQUESTS, admit_at)
+    got, got_reasons = run_staggered(gpu, REQUESTS, admit_at)
     assert got_reasons == want_reasons
     for g, w in zip(got, want):
         assert g.shape == w.shape and np.array_equal(g, w)
