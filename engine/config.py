@@ -57,6 +57,10 @@ _LLAMA3_HIGGS_IDS: dict[str, int] = {
     "scene_desc_end": 128019,
 }
 
+# The released model's RoPE scaling in the original spelling (the transformers port writes the same
+# frequencies as 0.125 / 0.5 / 1024; research/higgs_v2_reference.md §1.1).
+LLAMA3_ROPE_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}
 _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -335,8 +339,7 @@ class TalkerConfig(BackboneConfig):
         base: dict[str, Any] = dict(
             vocab_size=300, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
-            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            rope_scaling=dict(LLAMA3_ROPE_SCALING),
             max_position_embeddings=131072, special=SpecialTokens.consecutive(256),
         )
         base.update(overrides)
@@ -348,8 +351,7 @@ class TalkerConfig(BackboneConfig):
         base: dict[str, Any] = dict(
             vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
             num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-            rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            rope_scaling=dict(LLAMA3_ROPE_SCALING),
             max_position_embeddings=131072, special=SpecialTokens.llama3_layout(),
         )
         base.update(overrides)

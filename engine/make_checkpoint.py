@@ -39,7 +39,7 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from higgs_stream.engine.checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_WEIGHTS_FILE, to_layout_key
-from higgs_stream.engine.config import SPECIAL_TOKEN_STRINGS, SpecialTokens, TalkerConfig
+from higgs_stream.engine.config import LLAMA3_ROPE_SCALING, SPECIAL_TOKEN_STRINGS, SpecialTokens, TalkerConfig
 from higgs_stream.engine.errors import ConfigError
 
 ARCHS = ("v2", "v3")
@@ -75,8 +75,7 @@ _PRESETS = {
 _ROPE_THETA = 500000.0
 _HF_ROPE = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 0.5, "low_freq_factor": 0.125,
             "original_max_position_embeddings": 1024}
-_ORIGINAL_ROPE = {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                  "original_max_position_embeddings": 8192}
+_ORIGINAL_ROPE = LLAMA3_ROPE_SCALING
 _HF_MAX_POSITIONS = 2048  # HiggsAudioV2Config default, what the conversion script wrote
 _ORIGINAL_MAX_POSITIONS = 131072  # Llama-3.2 text_config of the released model
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
