@@ -79,7 +79,7 @@ class CodecWorker:
         self._stream: torch.cuda.Stream | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # GPU codec: bucketed call shapes (a CPU codec decodes the exact shapes, bit for bit as before)
+        # GPU codec: bucketed call shapes (a CPU codec decodes the exact shapes)
         self._shapes = ({"batch_buckets": CODEC_BATCH_BUCKETS, "length_quantum": CODEC_LENGTH_QUANTUM}
                         if self.device is not None else {})
 

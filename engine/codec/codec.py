@@ -116,9 +116,10 @@ class Codec(nn.Module):
         """Window-invariant fp32 convolutions, so a sliding-window decode reproduces a one-shot decode.
 
         CUDA: cuDNN defaults to TF32 for fp32 convs, which measured 8.5e-4 max relative error on the
-        full decoder (H200) against 1.6e-6 without. CPU: oneDNN picks blocking by input length, so
-        windows and one-shot differ in the last bits (an s16 LSB now and then); PyTorch's native
-        convolution is bit-identical across windows and measured only ~20% slower on the full decoder.
+        full decoder (H200) against 1.6e-6 without. CPU: PyTorch's native convolution (oneDNN off;
+        ~20% slower on the full decoder). Neither is bit-identical across window lengths on every
+        CPU (the native conv's sgemm picks kernels by shape and vendor: 1.2e-6 of peak on AMD EPYC):
+        exactness is the bound in `higgs_stream.testing`, never bit equality.
         `allow_tf32=True` opts out of both for speed.
         """
         if self.allow_tf32:

@@ -1,11 +1,11 @@
 """Code2Wav streaming adapter: streamed == one-shot, TTFA, low-latency SNR, playback continuity,
 batched decode, s16le conversion.
 
-Bit-exactness, measured on CPU fp32 with the tiny codec: with PyTorch's native CPU convolutions
-(oneDNN off) exact-mode streaming, batched and right-padded windows are all bit-identical to the
-one-shot decode. With oneDNN on (the default) they are not — its kernels round differently for
-other lengths and batch sizes — and differ by at most ~3e-6 of the peak (~30 ulp); a window that
-covers the whole utterance is then the same codec call and bit-identical.
+Exactness is a stated bound, never bit equality (`higgs_stream.testing`): streamed, batched and
+right-padded windows equal the one-shot decode to max |Δ| <= 1e-5 of the peak on CPU fp32 with
+either conv backend (oneDNN, or PyTorch's native convs whose sgemm picks kernels by shape and CPU
+vendor: ~1e-6 measured on AMD EPYC, 0 on some Intel parts). A window missing one frame of its
+left context breaks that bound by orders of magnitude (`test_bound_catches_a_real_seam`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from higgs_stream.stream.adapter import (
     to_s16le,
 )
 from higgs_stream.stream.chunking import LOW_LATENCY_RAMP, AdapterConfig, first_chunk_columns, max_step_ratio
+from higgs_stream.testing import EXACT_REL_TO_PEAK, assert_audio_close, rel_to_peak
 
 BOS, EOS = 1024, 1025
-EXACT_REL_TOL = 2e-5  # of the one-shot peak; measured <= ~2e-6
+EXACT_REL_TOL = EXACT_REL_TO_PEAK  # of the one-shot peak; measured <= ~2e-6
 LOW_LATENCY_SNR_FLOOR_DB = 20.0  # whole utterance; measured ~30 dB on the random tiny codec
 LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB = 6.0  # 1-frame first chunk with 4 frames of holdback; measured ~12 dB
 
@@ -70,11 +71,6 @@ def stream(adapter: Code2WavAdapter, cols: np.ndarray, final: bool = True) -> li
 
 def joined(chunks: list[tuple[int, np.ndarray]]) -> np.ndarray:
     return np.concatenate([c for _, c in chunks]) if chunks else np.zeros(0, np.float32)
-
-
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    return float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-12)) if ref.size else 0.0
 
 
 def snr_db(out: np.ndarray, ref: np.ndarray) -> float:
@@ -122,13 +118,29 @@ def test_exact_stream_equals_one_shot_for_random_schedules_and_lengths(codec, ba
             assert out.dtype == np.float32 and out.shape == (n * HOP,), (n, cfg)
             assert all(c.size % HOP == 0 and c.size > 0 for _, c in chunks)
             assert adapter.done and adapter.frames_emitted == n
-            err = rel_err(out, ref)
-            worst = max(worst, err)
-            if backend == "native" or (n and n <= cfg.chunk_size(0) + cfg.holdback_for(0)):
-                assert np.array_equal(out, ref), (backend, n, cfg, err)  # bit-identical
-            else:
-                assert err <= EXACT_REL_TOL, (n, cfg, err)
+            worst = max(worst, assert_audio_close(out, ref, what=f"{backend} n={n} {cfg}"))
     print(f"exact streaming ({backend}): max |streamed - one-shot| / peak = {worst:.2e}")
+
+
+def test_bound_catches_a_real_seam(codec):
+    """The exactness bound is tight: one window whose left context is wrong (its first frame's codes
+    changed, 3 frames before the first emitted one) fails it by orders of magnitude."""
+    rng = np.random.default_rng(2)
+    cols = segment_columns(rng, 60)
+    calls = []
+
+    def corrupt_third_window(codes: torch.Tensor) -> torch.Tensor:
+        calls.append(codes.shape)
+        if len(calls) == 3:  # frames 0..2 are left context, 3..6 new (schedule 1, 2, 4)
+            codes = codes.clone()
+            codes[:, :, 0] = (codes[:, :, 0] + 1) % 1024
+        return codec.decode(codes)
+
+    out = joined(stream(Code2WavAdapter(Decoder(corrupt_third_window)), cols))
+    ref = one_shot(codec, cols)
+    assert rel_to_peak(out, ref) > 100 * EXACT_REL_TO_PEAK
+    assert rel_to_peak(out[7 * HOP :], ref[7 * HOP :]) <= EXACT_REL_TO_PEAK  # only that window's samples
+    assert rel_to_peak(out[: 3 * HOP], ref[: 3 * HOP]) <= EXACT_REL_TO_PEAK
 
 
 def test_cut_short_segment_keeps_every_complete_frame(codec):
@@ -139,7 +151,7 @@ def test_cut_short_segment_keeps_every_complete_frame(codec):
     out = joined(stream(adapter, cols, final=False))
     ref = one_shot(codec, cols, ended=False)
     assert out.shape == ref.shape == (22 * HOP,)
-    assert rel_err(out, ref) <= EXACT_REL_TOL
+    assert rel_to_peak(out, ref) <= EXACT_REL_TOL
     assert adapter.finish() == []  # idempotent
 
 
@@ -149,10 +161,10 @@ def test_context_below_the_receptive_field_is_not_exact(codec):
     cols = segment_columns(rng, 80)
     ref = one_shot(codec, cols)
     exact = joined(stream(Code2WavAdapter(codec, AdapterConfig(schedule=(5,))), cols))
-    assert rel_err(exact, ref) <= EXACT_REL_TOL
+    assert rel_to_peak(exact, ref) <= EXACT_REL_TOL
     for lc, hb in ((9, 10), (10, 9)):
         cfg = AdapterConfig(mode="low_latency", schedule=(5,), left_context=lc, holdback=hb, ramp_holdbacks=())
-        err = rel_err(joined(stream(Code2WavAdapter(codec, cfg), cols)), ref)
+        err = rel_to_peak(joined(stream(Code2WavAdapter(codec, cfg), cols)), ref)
         assert err > 10 * EXACT_REL_TOL, (lc, hb, err)  # measured ~5e-4: small (the reach ends mid-frame) but real
 
 
@@ -165,7 +177,7 @@ def test_reference_decoder_as_bare_decode_fn(reference_model, codec):
 
     cols = segment_columns(np.random.default_rng(3), 60, stray=0.05)
     out = joined(stream(Code2WavAdapter(decode_fn), cols))
-    assert rel_err(out, one_shot(codec, cols)) <= EXACT_REL_TOL
+    assert rel_to_peak(out, one_shot(codec, cols)) <= EXACT_REL_TOL
 
 
 # ---------------------------------------------------------------- latency and schedule
@@ -257,7 +269,7 @@ def test_low_latency_snr(codec):
         totals.append(snr_db(out, ref))
         firsts.append(snr_db(chunks[0], ref[: chunks[0].size]))
         ramp_end = sum(c.size for c in chunks[: len(LOW_LATENCY_RAMP) + 1])  # +1: its right edge
-        assert rel_err(out[ramp_end:], ref[ramp_end:]) <= EXACT_REL_TOL  # holdback 10 from here on
+        assert rel_to_peak(out[ramp_end:], ref[ramp_end:]) <= EXACT_REL_TOL  # holdback 10 from here on
     print(f"low-latency SNR: whole {np.mean(totals):.1f} dB, first chunk {np.mean(firsts):.1f} dB")
     assert min(totals) >= LOW_LATENCY_SNR_FLOOR_DB, totals
     assert min(firsts) >= LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB, firsts
@@ -318,10 +330,7 @@ def test_batched_decode_serves_all_streams_in_few_calls(counting_codec, codec, b
             assert a.done
             # exact: the one-shot decode; low-latency: the same windows decoded for this stream alone
             ref = one_shot(codec, c) if cfg.mode == "exact" else joined(stream(Code2WavAdapter(codec, cfg), c))
-            if backend == "native":  # batching and right-padding are bit-exact with native convs
-                assert np.array_equal(out, ref), n
-            else:
-                assert rel_err(out, ref) <= EXACT_REL_TOL, n
+            assert_audio_close(out, ref, what=f"{backend} n={n}")
 
 
 # ---------------------------------------------------------------- validation and PCM
@@ -438,7 +447,7 @@ def test_jobs_to_s16le_equals_to_s16le():
     assert jobs_to_s16le([]) == []
 
 
-def test_bucketed_decode_is_bit_exact_with_native_convs(counting_codec, codec):
+def test_bucketed_decode_equals_plain_decode_with_native_convs(counting_codec, codec):
     """GPU call shapes: batches padded to buckets, padded windows to a multiple of 8 frames."""
     rng = np.random.default_rng(8)
     specs = [(60, 0, AdapterConfig()), (45, 0, AdapterConfig()), (9, 2, AdapterConfig()),
@@ -468,9 +477,9 @@ def test_bucketed_decode_is_bit_exact_with_native_convs(counting_codec, codec):
             padded_lengths = {shape[2] for shape in counting_codec.calls[before:]} - {j.frames for j in jobs if not j.pad_ok}
             assert all(w % 8 == 0 for w in padded_lengths)
             for s, pcm, want in zip(owners, got, decode_jobs(codec, ref_jobs)):
-                assert np.array_equal(pcm, want)
+                assert_audio_close(pcm, want, what=f"stream {s} step {step}")  # batch/pad change rounding only
                 outs[s].append(pcm)
     assert sum(shape[0] for shape in counting_codec.calls) > windows  # some batches were padded
     for (n, _, cfg), c, out in zip(specs, cols, outs):
         if cfg.mode == "exact":
-            assert np.array_equal(np.concatenate(out), one_shot(codec, c)), n
+            assert_audio_close(np.concatenate(out), one_shot(codec, c), what=f"n={n}")

@@ -1,5 +1,5 @@
 """End to end over real sockets on loopback (tiny random checkpoint, CPU): WebSocket and HTTP audio
-equal offline synthesis byte for byte; concurrent contexts are independent; cancel/disconnect free
+equal offline synthesis (s16 within 1 LSB); concurrent contexts are independent; cancel/disconnect free
 KV pages; bad input gets typed errors and the connection and server stay up."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.server import ServerState, bound_port, serve, wav_header
 from higgs_stream.stream.voices import VoiceLibrary
+from higgs_stream.testing import assert_pcm_close
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -149,27 +150,29 @@ async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
         kinds = [e["type"] for e in lis.events]
         assert kinds == ["ready", "audio_start", "done"]
         assert lis.done["a"] == {"type": "done", "context_id": "a", "reason": "completed", "samples": len(expected) // 2}
-        assert bytes(lis.pcm["a"]) == expected  # byte for byte
+        assert_pcm_close(bytes(lis.pcm["a"]), expected, what="ws binary")
     async with connect(f"ws://{host}/v1/tts/stream?audio=base64") as ws:
         lis = Listener(ws)
         await speak(ws, "b", "Hello there.", 3)
         await lis.until(lambda: "b" in lis.done)
-        assert lis.events[0]["audio"] == "base64" and bytes(lis.pcm["b"]) == expected
+        assert lis.events[0]["audio"] == "base64"
+        assert_pcm_close(bytes(lis.pcm["b"]), expected, what="ws base64")
     body = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "seed": 3}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"http://{host}/v1/audio/speech", json={**body, "response_format": "pcm"}) as r:
             assert r.status == 200 and r.headers["Content-Type"] == "audio/pcm;rate=24000;channels=1"
-            assert await r.read() == expected
+            assert_pcm_close(await r.read(), expected, what="http pcm")
         async with http.post(f"http://{host}/v1/audio/speech", json={**body, "response_format": "wav"}) as r:
             data = await r.read()
-            assert r.headers["Content-Type"] == "audio/wav" and data[:44] == wav_header() and data[44:] == expected
+            assert r.headers["Content-Type"] == "audio/wav" and data[:44] == wav_header()
+            assert_pcm_close(data[44:], expected, what="http wav")
             wav, sr = sf.read(io.BytesIO(data), dtype="int16")
-            assert sr == 24000 and wav.tobytes() == expected
+            assert sr == 24000 and wav.tobytes() == data[44:]
         async with http.post(f"http://{host}/v1/audio/speech", json={**body, "stream_format": "sse"}) as r:
             assert r.headers["Content-Type"] == "text/event-stream"
             events = [json.loads(block[6:]) for block in (await r.text()).split("\n\n") if block]
         assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
-        assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == expected
+        assert_pcm_close(b"".join(base64.b64decode(e["audio"]) for e in events[:-1]), expected, what="sse")
         usage = events[-1]["usage"]
         assert events[-1]["type"] == "speech.audio.done" and usage["output_tokens"] == len(expected) // 2 // 960
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["input_tokens"] > 0
@@ -202,7 +205,7 @@ async def test_eight_contexts_on_four_connections(start_server, reference, engin
         got = {cid: bytes(pcm) for cid, pcm in lis.pcm.items()}
         for cid in (f"c{i}-0", f"c{i}-1"):
             assert lis.done[cid]["reason"] == "completed"
-            assert got.get(cid, b"") == expected[cid], f"{cid}: audio differs from its offline synthesis"
+            assert_pcm_close(got.get(cid, b""), expected[cid], what=f"{cid} vs its offline synthesis")
             assert lis.max_gap.get(cid, 0.0) < 2.0, f"{cid} stalled {lis.max_gap[cid]:.2f} s"
         # FIFO: the first context's bracket closes before the second one opens
         starts = [c for t, c in order if t == "audio_start"]
@@ -229,12 +232,13 @@ async def test_cancel_and_disconnect_only_affect_their_context(start_server, ref
         assert time.monotonic() - t0 < 0.5 and la.done["long"]["reason"] == "cancelled"
         assert state.pipeline.steps - steps <= 2  # answered within a step
         await lb.until(lambda: "b" in lb.done)
-        assert bytes(lb.pcm["b"]) == expected_b and lb.done["b"]["reason"] == "completed"
+        assert lb.done["b"]["reason"] == "completed"
+        assert_pcm_close(bytes(lb.pcm["b"]), expected_b)
         await pages_freed(engine)
         # the cancelled connection is still usable
         await speak(wa, "again", "Hello there.", 3)
         await la.until(lambda: "again" in la.done)
-        assert bytes(la.pcm["again"]) == expected_b
+        assert_pcm_close(bytes(la.pcm["again"]), expected_b)
     # abrupt disconnect mid-stream (no close handshake)
     ws = await connect(f"ws://{host}/v1/tts/stream")
     lis = Listener(ws)
@@ -277,7 +281,7 @@ async def test_bad_input_gets_typed_errors_and_connection_survives(start_server,
         assert lis.done == {} and not lis.pcm  # nothing was created
         await speak(ws, "ok", "Hello there.", 3)
         await lis.until(lambda: "ok" in lis.done)
-        assert bytes(lis.pcm["ok"]) == reference("Hello there.", 3)
+        assert_pcm_close(bytes(lis.pcm["ok"]), reference("Hello there.", 3))
     # over the hard limit (2x) the transport closes with 1009; the server stays up
     async with connect(f"ws://{host}/v1/tts/stream", max_size=None) as ws:
         await ws.send(json.dumps({"type": "text", "context_id": "a", "text": "y" * 9000}))
@@ -301,7 +305,8 @@ async def test_bad_input_gets_typed_errors_and_connection_survives(start_server,
                 err = (await r.json())["error"]
                 assert err["code"] == code and err["message"] and err["type"] == "invalid_request_error"
         async with http.post(url, json={"input": "Hello there.", "seed": 3}) as r:
-            assert r.status == 200 and await r.read() == reference("Hello there.", 3)
+            assert r.status == 200
+            assert_pcm_close(await r.read(), reference("Hello there.", 3))
     assert state.metrics.errors.value(code="not_found") == 4
 
 
@@ -404,7 +409,7 @@ async def test_idle_text_is_spoken_after_the_buffer_delay(start_server, referenc
         assert "t" not in lis.done
         await ws.send(json.dumps({"type": "end", "context_id": "t"}))
         await lis.until(lambda: "t" in lis.done)
-        assert bytes(lis.pcm["t"]) == reference("Hello there.", 3)
+        assert_pcm_close(bytes(lis.pcm["t"]), reference("Hello there.", 3))
         assert [e["type"] for e in lis.events][:2] == ["ready", "ready"]
 
 
@@ -424,12 +429,12 @@ async def test_idle_connection_is_closed_with_a_typed_error(start_server, refere
         await speak(ws, "c1", "Hello there.", seed=1)
         await listener.until(lambda: "c1" in listener.done)
         assert listener.done["c1"]["reason"] == "completed" and not listener.errors
-        assert bytes(listener.pcm["c1"]) == reference("Hello there.", 1)
+        assert_pcm_close(bytes(listener.pcm["c1"]), reference("Hello there.", 1))
     assert 'higgs_errors_total{code="idle_timeout"} 1' in state.metrics.render()
 
 
 async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
-    """The same service serves Higgs Audio v3: WebSocket and HTTP PCM equal `synthesize`, byte for byte."""
+    """The same service serves Higgs Audio v3: WebSocket and HTTP PCM equal `synthesize` within 1 LSB."""
     from higgs_stream.engine.model_registry import load_codec_for
 
     codec = load_codec_for(tiny_v3_ckpt)
@@ -448,11 +453,13 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
             lis = Listener(ws)
             await speak(ws, "v3", "Hello there.", 5)
             await lis.until(lambda: "v3" in lis.done)
-            assert lis.done["v3"]["reason"] == "completed" and bytes(lis.pcm["v3"]) == expected
+            assert lis.done["v3"]["reason"] == "completed"
+                assert_pcm_close(bytes(lis.pcm["v3"]), expected, what="v3 ws")
         async with aiohttp.ClientSession() as http:
             body = {"input": "Hello there.", "seed": 5, "response_format": "pcm"}
             async with http.post(f"http://{host}/v1/audio/speech", json=body) as r:
-                assert r.status == 200 and await r.read() == expected
+                assert r.status == 200
+                    assert_pcm_close(await r.read(), expected, what="v3 http")
     finally:
         await runner.cleanup()
     assert engine.cache.allocator.num_used == 0
