@@ -454,12 +454,12 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
             await speak(ws, "v3", "Hello there.", 5)
             await lis.until(lambda: "v3" in lis.done)
             assert lis.done["v3"]["reason"] == "completed"
-                assert_pcm_close(bytes(lis.pcm["v3"]), expected, what="v3 ws")
+            assert_pcm_close(bytes(lis.pcm["v3"]), expected, what="v3 ws")
         async with aiohttp.ClientSession() as http:
             body = {"input": "Hello there.", "seed": 5, "response_format": "pcm"}
             async with http.post(f"http://{host}/v1/audio/speech", json=body) as r:
                 assert r.status == 200
-                    assert_pcm_close(await r.read(), expected, what="v3 http")
+                assert_pcm_close(await r.read(), expected, what="v3 http")
     finally:
         await runner.cleanup()
     assert engine.cache.allocator.num_used == 0
