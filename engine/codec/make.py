@@ -25,6 +25,11 @@ from torch import nn
 Preset = Literal["tiny", "full"]
 
 
+# Gain of the random decoder's last conv: random weights otherwise give a waveform ~35x full scale,
+# clipped to a square wave at s16, where "within 1 LSB" comparisons and SNRs mean little.
+OUTPUT_GAIN = 0.02
+
+
 def preset_config(preset: Preset) -> CodecConfig:
     if preset == "tiny":
         return CodecConfig.tiny()
@@ -61,7 +66,12 @@ def build_reference_model(cfg: CodecConfig, seed: int = 0) -> nn.Module:
             fan_in = module.weight[0].numel()
             # second conv of a residual unit is scaled down so 15 stacked residuals stay O(1)
             gain = 0.3 if name.endswith(("res_unit1.conv2", "res_unit2.conv2", "res_unit3.conv2")) else 1.0
+            if name == "acoustic_decoder.conv2":  # the waveform: speech-like level (peak ~0.5, not ~35 and clipped)
+                gain = OUTPUT_GAIN
             normal_(module.weight, gain / math.sqrt(fan_in))
+            if module.bias is not None:
+                normal_(module.bias, 0.1 * gain)
+            continue
         else:
             if isinstance(getattr(module, "alpha", None), nn.Parameter):  # Snake1d (not ELU's float alpha)
                 module.alpha.copy_(0.5 + torch.rand(module.alpha.shape, generator=gen))
