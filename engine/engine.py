@@ -152,7 +152,15 @@ class Engine:
         """
         self._cancels.append(stream_id)
 
+    def pause(self, stream_id: int) -> None:
+        """Skip a decoding stream in the next steps (it keeps its KV pages and state); `resume` it later."""
+        self.scheduler.pause(stream_id)
+
+    def resume(self, stream_id: int) -> None:
+        self.scheduler.resume(stream_id)
+
     def has_work(self) -> bool:
+        """Something for `step()` to do (paused streams alone are not)."""
         return bool(self._pending or self._cancels or self._carry or self.scheduler.has_work())
 
     @property

@@ -9,6 +9,9 @@ Every step the scheduler plans one forward:
 3. waiting streams are admitted first-come first-served while a batch slot, budget and KV room
    remain; the queue head is never skipped (no starvation).
 
+A decoding stream can be paused (`pause`/`resume`): it keeps its pages and position and is left
+out of the plan until resumed (the serving layer pauses streams far ahead of their listener).
+
 KV room is committed at admission for the stream's worst case (prompt + every column it may feed
 back, `max_kv_tokens`), so a running stream can never run out of pages mid-utterance and nothing
 is ever preempted. Pages themselves are reserved lazily, step by step, inside that commitment.
@@ -78,6 +81,7 @@ class Scheduler:
         self.config = config
         self._waiting: deque[_Entry] = deque()
         self._running: dict[int, _Entry] = {}  # admission order (dicts keep insertion order)
+        self._paused: set[int] = set()  # running streams left out of decode plans
         self.committed_pages = 0
 
     # ----- queue management -----
@@ -95,6 +99,7 @@ class Scheduler:
     def finish(self, sid: int) -> None:
         """Forget a stream (finished, cancelled or failed) and release its KV commitment."""
         entry = self._running.pop(sid, None)
+        self._paused.discard(sid)
         if entry is not None:
             self.committed_pages -= entry.pages
             return
@@ -103,6 +108,14 @@ class Scheduler:
                 self._waiting.remove(entry)
                 return
         raise NotFoundError(f"scheduler knows no stream {sid}")
+
+    def pause(self, sid: int) -> None:
+        """Leave a running stream out of the next plans (no-op for one that is not running)."""
+        if sid in self._running:
+            self._paused.add(sid)
+
+    def resume(self, sid: int) -> None:
+        self._paused.discard(sid)
 
     # ----- planning -----
     def schedule(self) -> list[Chunk]:
@@ -125,8 +138,9 @@ class Scheduler:
     def _plan_decodes(self, plan: list[Chunk]) -> int:
         """One decode token for every running stream whose prompt is done; returns how many."""
         n = 0
+        paused = self._paused
         for e in self._running.values():
-            if e.decoding:
+            if e.decoding and e.sid not in paused:
                 assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
                 plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
                 e.computed += 1
@@ -156,8 +170,13 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self._running)
 
+    @property
+    def num_paused(self) -> int:
+        return len(self._paused)
+
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        """Something to plan: a waiting stream, or a running one that is not paused."""
+        return bool(self._waiting) or len(self._running) > len(self._paused)
 
     def is_running(self, sid: int) -> bool:
         return sid in self._running

@@ -25,7 +25,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.codec.streaming import StepAudio
 from higgs_stream.engine.delay import delayed_prompt_audio
+from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.engine import StepEvent
 from higgs_stream.engine.request import GenerationRequest
 
@@ -89,11 +92,17 @@ class FakeEngine:
 
 
 class FakeCodec:
-    """Decoder geometry of the Higgs codec (hop 960, receptive field 10) with a cheap waveform."""
+    """A frame-local codec (hop 960, 8 x 1024 codes, 24 kHz) with a cheap waveform: frame f's samples
+    depend on frame f only, so it is causal and its stateful decoder is a plain decode per push."""
 
     hop = 960
-    receptive_field = 10
+    receptive_field = 0
     sample_rate = 24000
+    geometry = CodecGeometry(num_codebooks=8, codebook_size=1024, hop=960, sample_rate=24000,
+                             receptive_field=0, lookahead_samples=0, causal=True)
+
+    def streaming_decoder(self, max_slots: int) -> FrameLocalStreaming:
+        return FrameLocalStreaming(self.decode, self.geometry, max_slots)
 
     def __init__(self, call_s: float = 0.0) -> None:
         self.call_s = call_s
@@ -111,6 +120,28 @@ class FakeCodec:
         self.windows += codes.shape[0]
         self.busy_s += time.perf_counter() - t0
         return out
+
+
+class FrameLocalStreaming:
+    """`StreamingDecoder`'s interface over a frame-local decode function (no state to keep)."""
+
+    def __init__(self, decode, geometry: CodecGeometry, max_slots: int) -> None:
+        self.decode, self.geometry, self.max_slots = decode, geometry, max_slots
+        self.open_slots: set[int] = set()
+
+    def open(self) -> int:
+        free = next((s for s in range(self.max_slots) if s not in self.open_slots), None)
+        if free is None:
+            raise CapacityError(f"all {self.max_slots} codec stream slots are taken")
+        self.open_slots.add(free)
+        return free
+
+    def close(self, slot: int) -> None:
+        self.open_slots.discard(slot)
+
+    def step(self, slots, codes: torch.Tensor, valid, final) -> StepAudio:
+        audio = self.decode(codes)  # [B, C * hop]
+        return StepAudio(audio, [0] * len(slots), [int(v) * self.geometry.hop for v in valid])
 
 
 @dataclass

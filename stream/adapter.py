@@ -1,19 +1,19 @@
-"""Sliding-window Code2Wav streaming adapter: delay-pattern columns in, PCM chunks out.
+"""Code2Wav streaming adapter: delay-pattern columns in, PCM chunks out, exact by default.
 
-The Higgs v2 codec decoder is non-causal with a receptive field of ±10 frames, so a window
-[left context | new frames | right holdback] with 10 frames on both sides reproduces the one-shot
-decode of the whole utterance for the new frames (exact mode). The chunk schedule and the window
-arithmetic live in `stream/chunking.py`; this module owns the column buffer, the codec calls and
-the PCM conversion.
+Per segment, `Code2WavAdapter` reverts the delay pattern incrementally and plans its chunks over the
+codec's declared geometry (`stream/chunking.py`): exact chunks are `PushJob`s, frames pushed once
+into the codec's stateful `StreamingDecoder` (every frame through every layer once; output equal
+to the one-shot decode to fp32 rounding); low-latency ramp chunks are `WindowJob`s, windows
+decoded one-shot with a short holdback (approximate, sooner). `Code2Wav` runs the jobs of many
+segments: all windows of a call in few batched decodes, all pushes in one batched stateful step.
 
 Two ways to drive it:
-- `push(column)` / `finish()` decode at once, one codec call per due window;
-- `feed(column)` / `close()` / `take_job()` + `decode_jobs(decoder, jobs)` let the pipeline serve
-  every stream that is due in one step with as few codec calls as possible (one when the
-  windows allow it). At most one job per stream is due after each column.
+- `push(column)` / `finish()` on an adapter built over a Codec decode at once (tests, offline use);
+- `feed(column)` / `close()` / `take_jobs()`, then `Code2Wav.run(owners, jobs)` serve every stream
+  that is due in one step with one stateful call (the pipeline's codec worker).
 - `feed_columns(adapters, columns, finals)` feeds one step's columns of many streams with one
-  validation for all of them (the pipeline's hot path); `jobs_to_s16le` turns a decode call's
-  chunks into s16le bytes with one conversion.
+  validation for all of them (the pipeline's hot path); `jobs_to_s16le` turns a call's chunks into
+  s16le bytes with one conversion.
 
 Per column the adapter works on plain Python ints (the delay revert and the stray fill of
 `engine.delay.ColumnReverter`, re-stated without numpy): a serving step touches every stream, and
@@ -22,135 +22,158 @@ small numpy calls cost more than the arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from higgs_stream.engine.delay import STRAY_FALLBACK_CODE, STREAM_BOS, STREAM_EOS
+from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.delay import STRAY_FALLBACK_CODE
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.stream.chunking import NUM_CODEBOOKS, AdapterConfig, ChunkPlanner, Window
+from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Push, Window
 
-HOP = 960  # samples per codec frame at 24 kHz
 S16_SCALE = 32767.0
 
-DecodeFn = Callable[[torch.Tensor], torch.Tensor]  # codes [B, 8, F] long -> [B, F * hop] float32
+DecodeFn = Callable[[torch.Tensor], torch.Tensor]  # codes [B, Q, F] long -> [B, F * hop] float32
 
 
 @dataclass(frozen=True)
-class Decoder:
-    """A codec decode function with the geometry the adapter needs."""
+class WindowJob:
+    """A low-latency ramp chunk: decode `codes` one-shot, keep frames [left, left + new)."""
 
-    fn: DecodeFn
-    hop: int = HOP
-    receptive_field: int = 10
-
-    @staticmethod
-    def of(decoder: Any) -> Decoder:
-        """Wrap a `Codec` (has .decode/.hop/.receptive_field), a `Decoder`, or a bare decode fn."""
-        if isinstance(decoder, Decoder):
-            return decoder
-        if hasattr(decoder, "decode"):
-            return Decoder(decoder.decode, int(decoder.hop), int(decoder.receptive_field))
-        if callable(decoder):
-            return Decoder(decoder)
-        raise ConfigError(f"decoder must be a Codec or a decode callable, got {type(decoder).__name__}")
-
-    def __call__(self, codes: np.ndarray, rows: int | None = None) -> np.ndarray:
-        """codes [B, 8, F] int64 -> pcm [rows, F * hop] float32 (numpy, CPU); rows: the first
-        `rows` results only (padding rows stay on the device)."""
-        batch, _, frames = codes.shape
-        out = self.fn(torch.from_numpy(np.ascontiguousarray(codes)))  # [B, F * hop]
-        shape = tuple(out.shape)
-        out = out.reshape(batch, -1)
-        assert tuple(out.shape) == (batch, frames * self.hop), (
-            f"decoder returned {shape} for codes {codes.shape}, expected {(batch, frames * self.hop)}"
-        )
-        if rows is not None:
-            out = out[:rows]
-        return out.detach().to("cpu", torch.float32).numpy()
-
-
-@dataclass(frozen=True)
-class DecodeJob:
-    """One stream's decode window: decode `codes`, keep frames [left, left + new)."""
-
-    codes: np.ndarray  # [8, W] int64, real codes 0..1023
-    left: int  # frames of left context to drop
-    new: int  # frames to emit
-    pad_ok: bool  # extra frames appended on the right leave the kept samples unchanged
-    window: Window
+    codes: np.ndarray  # [Q, W] int64, real codes
+    left: int
+    new: int
 
     @property
     def frames(self) -> int:
         return self.codes.shape[1]
 
 
-def decode_jobs(decoder: Any, jobs: Sequence[DecodeJob], batch_buckets: Sequence[int] | None = None,
-                length_quantum: int = 1) -> list[np.ndarray]:
-    """Decode many streams' windows in as few codec calls as possible; returns each job's chunk.
+@dataclass(frozen=True)
+class PushJob:
+    """Frames for the stream's stateful decoder (see `chunking.Push` for the sample bookkeeping)."""
 
-    Jobs are batched by window length. Zero-padding a window changes the non-causal edge samples,
-    so only a job with `pad_ok` (right context >= the receptive field, not the utterance end) may
-    be right-padded: it joins the shortest batch at least as long as itself, or else all padded
-    jobs share one batch at the longest of them. Others batch only with equal lengths. With the
-    exact default every window is <= 45 frames and only final windows are unpaddable, so a step
-    costs one call plus one per distinct final-window length. Results equal per-job decodes up to
-    fp32 rounding (conv kernels round differently for other batch shapes).
+    codes: np.ndarray  # [Q, n] int64, real codes
+    push: Push
 
-    Shape buckets (for a GPU codec, whose first call at each new shape is slow): the padded batch's
-    length is rounded up to a multiple of `length_quantum`, and with `batch_buckets` every call's
-    batch is padded with code-0 rows up to the smallest bucket that holds it (a larger group is
-    split into calls of the largest bucket). Padding rows are decoded and dropped.
-    """
-    dec = Decoder.of(decoder)
-    assert length_quantum >= 1, f"length_quantum must be >= 1, got {length_quantum}"
-    groups: dict[int, list[int]] = {}  # window length -> job indices
+
+Job = WindowJob | PushJob
+
+
+def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
+                   batch_buckets: Sequence[int] | None = None) -> list[np.ndarray]:
+    """One-shot decode of ramp windows, one codec call per distinct window length (windows are
+    never padded: zero padding changes a non-causal codec's edge samples). With `batch_buckets`
+    (a GPU codec, whose first call at a new shape is slow) each call's batch is padded with code-0
+    rows up to the smallest bucket that holds it; padding rows are decoded and dropped."""
+    groups: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
-        if not job.pad_ok:
-            groups.setdefault(job.frames, []).append(i)
-    padded = [i for i, job in enumerate(jobs) if job.pad_ok]
-    if padded:
-        longest = max(jobs[j].frames for j in padded)
-        longest = -(-longest // length_quantum) * length_quantum
-    for i in sorted(padded, key=lambda i: jobs[i].frames):
-        fits = [length for length in groups if length >= jobs[i].frames]
-        if fits:
-            groups[min(fits)].append(i)
-        else:  # longer than every batch so far: open one at the (rounded) longest, shorter pads follow
-            groups.setdefault(longest, []).append(i)
+        groups.setdefault(job.frames, []).append(i)
     chunks: list[np.ndarray | None] = [None] * len(jobs)
     largest = max(batch_buckets) if batch_buckets else None
     for length, members in groups.items():
         parts = [members] if largest is None else [members[a : a + largest] for a in range(0, len(members), largest)]
         for part in parts:
             rows = len(part) if largest is None else min(b for b in batch_buckets if b >= len(part))
-            batch = np.zeros((rows, NUM_CODEBOOKS, length), dtype=np.int64)  # [B, 8, W], pad = code 0
+            q = jobs[part[0]].codes.shape[0]
+            batch = np.zeros((rows, q, length), dtype=np.int64)  # [B, Q, W], pad rows = code 0
             for row, i in enumerate(part):
-                batch[row, :, : jobs[i].frames] = jobs[i].codes
-            pcm = dec(batch, rows=len(part))  # [len(part), W * hop]
+                batch[row] = jobs[i].codes
+            out = decode(torch.from_numpy(batch))  # [B, W * hop]
+            assert tuple(out.shape) == (rows, length * hop), f"decoder returned {tuple(out.shape)} for {batch.shape}"
+            pcm = out[: len(part)].detach().to("cpu", torch.float32).numpy()
             for row, i in enumerate(part):
                 job = jobs[i]
-                chunks[i] = pcm[row, job.left * dec.hop : (job.left + job.new) * dec.hop].copy()
+                chunks[i] = pcm[row, job.left * hop : (job.left + job.new) * hop].copy()
     return chunks
+
+
+class Code2Wav:
+    """Runs the decode jobs of many segments on one codec: windows one-shot, pushes through one
+    `StreamingDecoder` (a slot per segment, opened at its first push, closed after its final push
+    or by `release`). `owners` are hashable segment keys; results keep the jobs' order."""
+
+    def __init__(self, codec: Any, max_slots: int, window_decode: DecodeFn | None = None,
+                 window_buckets: Sequence[int] | None = None) -> None:
+        self.codec = codec
+        self.geometry: CodecGeometry = codec.geometry
+        self.streaming = codec.streaming_decoder(max_slots)  # open / close / step, as StreamingDecoder
+        self.window_decode = window_decode or codec.decode
+        self.window_buckets = window_buckets
+        self._slots: dict[Hashable, int] = {}
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._slots)
+
+    def release(self, owner: Hashable) -> None:
+        """Free `owner`'s decoder state (its segment ended without a final push, or failed)."""
+        slot = self._slots.pop(owner, None)
+        if slot is not None:
+            self.streaming.close(slot)
+
+    def run(self, owners: Sequence[Hashable], jobs: Sequence[Job]) -> list[np.ndarray]:
+        """Each job's float32 chunk (possibly empty for a push whose samples the ramp already sent)."""
+        out: list[np.ndarray | None] = [None] * len(jobs)
+        windows = [i for i, j in enumerate(jobs) if isinstance(j, WindowJob)]
+        if windows:
+            pcm = decode_windows(self.window_decode, self.geometry.hop, [jobs[i] for i in windows], self.window_buckets)
+            for i, chunk in zip(windows, pcm):
+                out[i] = chunk
+        rows: dict[Hashable, list[int]] = {}  # owner -> its push jobs, in order (consecutive pushes)
+        for i, (owner, job) in enumerate(zip(owners, jobs)):
+            if isinstance(job, PushJob):
+                rows.setdefault(owner, []).append(i)
+        if rows:
+            self._push(rows, jobs, out)
+        return out  # type: ignore[return-value]
+
+    def _push(self, rows: dict[Hashable, list[int]], jobs: Sequence[Job], out: list) -> None:
+        slots, codes, valid, final = [], [], [], []
+        for owner, members in rows.items():
+            if owner not in self._slots:
+                self._slots[owner] = self.streaming.open()
+            slots.append(self._slots[owner])
+            parts = [jobs[i].codes for i in members]
+            codes.append(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+            valid.append(codes[-1].shape[1])
+            final.append(jobs[members[-1]].push.final)
+        width = max(valid)
+        batch = np.zeros((len(slots), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
+        for b, c in enumerate(codes):
+            batch[b, :, : c.shape[1]] = c
+        step = self.streaming.step(slots, torch.from_numpy(batch), valid, final)
+        audio = step.audio.detach().to("cpu", torch.float32).numpy()  # one copy for every row
+        for b, (owner, members) in enumerate(rows.items()):
+            first = jobs[members[0]].push.out_from
+            got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
+            want = jobs[members[-1]].push.out_to - first
+            assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
+            for i in members:
+                p = jobs[i].push
+                out[i] = got[max(p.out_from, p.emit_from) - first : p.out_to - first].copy()
+            if final[b]:
+                self.release(owner)
 
 
 def feed_columns(adapters: Sequence[Code2WavAdapter], columns: np.ndarray,
                  finals: Sequence[bool]) -> list[InvalidInputError | None]:
-    """Feed column i ([B, 8] ints) to adapters[i] (final=finals[i]) with one range check for the
+    """Feed column i ([B, Q] ints) to adapters[i] (final=finals[i]) with one range check for the
     whole step. Raises InvalidInputError before any adapter changed when the step's array is bad
     (then `feed()` each column to find the bad stream); returns, per adapter, the error that
     adapter alone refused its column with (a first column that is not all BOS, a column after
     the end), or None."""
     col = np.asarray(columns)
-    if col.ndim != 2 or col.shape != (len(adapters), NUM_CODEBOOKS) or not np.issubdtype(col.dtype, np.integer):
-        raise InvalidInputError(f"a step's columns are [{len(adapters)}, {NUM_CODEBOOKS}] integer codes, "
-                                f"got {col.dtype} {col.shape}")
+    k = adapters[0].geometry.num_codebooks if adapters else 0
+    eos = adapters[0].geometry.codebook_size + 1 if adapters else 0
+    if col.ndim != 2 or col.shape != (len(adapters), k) or not np.issubdtype(col.dtype, np.integer):
+        raise InvalidInputError(f"a step's columns are [{len(adapters)}, {k}] integer codes, got {col.dtype} {col.shape}")
     rows = col.tolist()  # plain ints from here: small numpy calls would release and re-take the GIL
-    if rows and (min(map(min, rows)) < 0 or max(map(max, rows)) > STREAM_EOS):
-        raise InvalidInputError(f"column codes must be in 0..{STREAM_EOS}")
+    if rows and (min(map(min, rows)) < 0 or max(map(max, rows)) > eos):
+        raise InvalidInputError(f"column codes must be in 0..{eos}")
     errors: list[InvalidInputError | None] = []
     for adapter, values, final in zip(adapters, rows, finals):
         try:
@@ -194,7 +217,7 @@ class _FrameReverter:
     (outside 0..codebook_size-1) take the codebook's last valid code (`StrayFill`'s causal rule).
     """
 
-    def __init__(self, num_codebooks: int, codebook_size: int = STREAM_BOS) -> None:
+    def __init__(self, num_codebooks: int, codebook_size: int) -> None:
         self.k, self.codebook_size = num_codebooks, codebook_size
         self._ring: list[list[int]] = [[0] * num_codebooks for _ in range(num_codebooks)]  # column c at c % K
         self._count = 0
@@ -219,10 +242,11 @@ class _FrameReverter:
 
 
 class Code2WavAdapter:
-    """Turns one audio segment's delay-pattern columns into float32 PCM chunks.
+    """Turns one audio segment's delay-pattern columns into decode jobs (and, over a Codec, PCM).
 
-    `Code2WavAdapter(codec_or_decode_fn, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
-    left_context=..., holdback=..., ramp_holdbacks=...)`.
+    `Code2WavAdapter(codec_or_geometry, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
+    ramp_holdbacks=...)`. Over a `CodecGeometry` it only plans (`take_jobs`); over a Codec it can
+    also decode at once (`push`/`finish`, with a private one-slot `Code2Wav`).
 
     Columns are reverted incrementally (`_FrameReverter`: the same stray-BOS/EOS rule as the
     offline `columns_to_frames`). Two ways to end a segment:
@@ -233,49 +257,51 @@ class Code2WavAdapter:
     """
 
     def __init__(self, decoder: Any, config: AdapterConfig | None = None, **fields: Any) -> None:
-        self.decoder = Decoder.of(decoder)
         if config is not None and fields:
             raise ConfigError(f"pass either an AdapterConfig or fields, not both ({sorted(fields)})")
-        if config is None:
-            fields.setdefault("receptive_field", self.decoder.receptive_field)
-            config = AdapterConfig(**fields)
-        if config.receptive_field != self.decoder.receptive_field:
-            raise ConfigError(
-                f"config receptive_field {config.receptive_field} != codec's {self.decoder.receptive_field}"
-            )
-        self.config = config
-        self.planner = ChunkPlanner(config)
+        self.config = config if config is not None else AdapterConfig(**fields)
+        if isinstance(decoder, CodecGeometry):
+            self.geometry, self._codec = decoder, None
+        elif hasattr(decoder, "geometry"):
+            self.geometry, self._codec = decoder.geometry, decoder
+        else:
+            raise ConfigError(f"decoder must be a Codec or a CodecGeometry, got {type(decoder).__name__}")
+        self.planner = ChunkPlanner(self.config, self.geometry)
         self.num_columns = 0
-        self._reverter = _FrameReverter(NUM_CODEBOOKS)
-        self._frames: list[list[int]] = []  # known frames [frame_base, available), each 8 ints
+        k = self.geometry.num_codebooks
+        self._bos = self.geometry.codebook_size  # the Higgs stream BOS / EOS ids follow the real codes
+        self._reverter = _FrameReverter(k, self.geometry.codebook_size)
+        self._frames: list[list[int]] = []  # known frames [frame_base, available), each Q ints
         self._frame_base = 0
+        self._runner: Code2Wav | None = None
 
     # ---- bookkeeping (no codec calls) ----
 
     @property
-    def frames_emitted(self) -> int:
+    def samples_emitted(self) -> int:
         return self.planner.emitted
 
     @property
     def done(self) -> bool:
-        """Ended and every audio frame emitted."""
-        return self.planner.finished and self.planner.next_window() is None
+        """Ended and every audio sample planned."""
+        return self.planner.done
 
     def feed(self, column: np.ndarray, final: bool = False) -> None:
-        """Append one delay-pattern column (int [8]); final=True marks the segment's last column."""
+        """Append one delay-pattern column (int [Q]); final=True marks the segment's last column."""
         col = np.asarray(column)
-        if col.shape != (NUM_CODEBOOKS,) or not np.issubdtype(col.dtype, np.integer):
-            raise InvalidInputError(f"a column is {NUM_CODEBOOKS} integer codes, got {col.dtype} {col.shape}")
-        if col.min() < 0 or col.max() > STREAM_EOS:
-            raise InvalidInputError(f"column codes must be in 0..{STREAM_EOS}, got {col.tolist()}")
+        k = self.geometry.num_codebooks
+        if col.shape != (k,) or not np.issubdtype(col.dtype, np.integer):
+            raise InvalidInputError(f"a column is {k} integer codes, got {col.dtype} {col.shape}")
+        if col.min() < 0 or col.max() > self._bos + 1:
+            raise InvalidInputError(f"column codes must be in 0..{self._bos + 1}, got {col.tolist()}")
         self._feed_values(col.tolist(), final)
 
     def _feed_values(self, values: list[int], final: bool) -> None:
-        """`feed` of a column already checked to be 8 ints in 0..EOS."""
+        """`feed` of a column already checked to be Q ints in 0..EOS."""
         if self.planner.finished:
             raise InvalidInputError("column pushed after the segment ended")
-        if self.num_columns == 0 and values.count(STREAM_BOS) != NUM_CODEBOOKS:
-            raise InvalidInputError(f"column 0 must be all BOS ({STREAM_BOS}), got {values}")
+        if self.num_columns == 0 and values.count(self._bos) != len(values):
+            raise InvalidInputError(f"column 0 must be all BOS ({self._bos}), got {values}")
         frame = self._reverter.push(values, final=final)
         self.num_columns += 1
         if frame is not None:
@@ -288,28 +314,30 @@ class Code2WavAdapter:
         """End the segment without a final column; the next job runs to the true end."""
         self.planner.finished = True
 
-    def take_job(self) -> DecodeJob | None:
-        """The due decode window (marked emitted), or None. Decode it with `decode_jobs`."""
-        if not self.planner.due():
-            return None
-        window = self.planner.next_window()
-        if window is None:
-            return None
-        lo, hi = window.start - self._frame_base, window.stop - self._frame_base
-        assert 0 <= lo and hi <= len(self._frames), (
-            f"window [{window.start}, {window.stop}) outside the kept frames "
-            f"[{self._frame_base}, {self._frame_base + len(self._frames)})"
-        )
-        codes = np.array(self._frames[lo:hi], dtype=np.int64).T  # [8, W]
-        self.planner.advance(window)
-        self._trim()
-        pad_ok = not window.final and window.right >= self.decoder.receptive_field
-        return DecodeJob(codes, window.left, window.new, pad_ok, window)
+    def take_jobs(self) -> list[Job]:
+        """The jobs that are due (planned as taken): none, a push, or a ramp window and its push."""
+        jobs: list[Job] = []
+        for plan in self.planner.take():
+            if isinstance(plan, Window):
+                jobs.append(WindowJob(self._codes(plan.start, plan.stop), plan.left, plan.new))
+            else:
+                jobs.append(PushJob(self._codes(plan.start, plan.stop), plan))
+        if jobs:
+            self._trim()
+        return jobs
+
+    def _codes(self, start: int, stop: int) -> np.ndarray:
+        lo, hi = start - self._frame_base, stop - self._frame_base
+        assert 0 <= lo <= hi <= len(self._frames), (
+            f"frames [{start}, {stop}) outside the kept frames [{self._frame_base}, {self._frame_base + len(self._frames)})")
+        if lo == hi:
+            return np.zeros((self.geometry.num_codebooks, 0), dtype=np.int64)
+        return np.array(self._frames[lo:hi], dtype=np.int64).T  # [Q, n]
 
     # ---- one stream on its own ----
 
     def push(self, column: np.ndarray, final: bool = False) -> list[np.ndarray]:
-        """Append a column; returns the float32 PCM chunks that became due (none or one)."""
+        """Append a column; returns the float32 PCM chunks that became due (none or more)."""
         self.feed(column, final)
         return self._decode_due()
 
@@ -319,14 +347,19 @@ class Code2WavAdapter:
         return self._decode_due()
 
     def _decode_due(self) -> list[np.ndarray]:
-        chunks = []
-        while (job := self.take_job()) is not None:
-            chunks.extend(decode_jobs(self.decoder, [job]))
-        return chunks
+        jobs = self.take_jobs()
+        if not jobs:
+            return []
+        if self._codec is None:
+            raise ConfigError("this adapter was built over a geometry: run its jobs with Code2Wav")
+        if self._runner is None:
+            self._runner = Code2Wav(self._codec, max_slots=1)
+        return [c for c in self._runner.run([self] * len(jobs), jobs) if c.size]
 
     def _trim(self) -> None:
-        """Drop frames no future window needs (those before the next left context)."""
-        keep_from = max(0, self.planner.emitted - self.config.left_context)
+        """Drop frames no future job needs (before the next window's left context and the pushed ones)."""
+        hop, rf = self.geometry.hop, self.geometry.receptive_field
+        keep_from = min(self.planner.pushed, max(0, self.planner.emitted // hop - rf))
         drop = keep_from - self._frame_base
         if drop >= 64:
             del self._frames[:drop]

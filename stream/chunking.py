@@ -1,195 +1,236 @@
-"""Chunk schedule for the Code2Wav streaming adapter: configuration and plain-Python planning.
+"""Chunk schedule for the Code2Wav streaming adapter: plain-Python planning over the codec's geometry.
 
-Column space vs frame space. The talker emits one delay-pattern column per AR step; column 0 is the
-all-BOS column. Delay frame t is (col[t][0], col[t+1][1], ..., col[t+7][7]), complete once column
-t+7 has arrived; delay frame 0 is the stream-BOS frame and the frame completed by the final column
-(the end of the EOS ramp-out) is the EOS frame, both dropped (`engine.delay.columns_to_frames`:
-L columns -> L-9 audio frames). Audio frame r is delay frame r+1, known after r+9 columns, so
-N audio frames need N+8 columns. The engine marks the final column when it hands it over, so a
-frame completed by any earlier column is never the EOS frame and can be used at once.
+Nothing here is a Higgs constant: the codec declares its geometry (`engine.codec.geometry.
+CodecGeometry`: hop, one-sided receptive field, look-ahead of its stateful decoder, causal or not)
+and the planner works from it.
 
-Emission rule: chunk k (size `chunk_size(k)`, holdback `holdback_for(k)`) is emitted as soon as
-known frames - emitted >= chunk_size(k) + holdback_for(k). Time to first audio in columns (the BOS
-column included): `first_chunk_columns(cfg) = 8 + chunk_size(0) + holdback_for(0)`, i.e. the BOS
-column + 7 delay columns + the first chunk + its holdback. Exact default: 8 + 1 + 10 = 19 columns
-(the chunk leaves with column index 18); low-latency default: 8 + 1 + 4 = 13.
+Two decode paths, both planned here:
+- stateful (every chunk in exact mode; every chunk after the ramp in low-latency mode): frames are
+  pushed once into the codec's `StreamingDecoder`, which emits each output sample as soon as it is
+  exact: after P frames pushed, samples [0, P*hop - lookahead) exist (all P*hop after the final
+  push). Chunk k (`chunk_size(k)` frames of audio) is due once enough frames are known for the
+  decoder to cover it: P_k = ceil((emitted + size_k*hop + lookahead) / hop).
+- windowed (low-latency ramp only, non-causal codecs): chunk k < len(ramp) decodes a window
+  [receptive_field left | new | ramp holdback < look-ahead] one-shot and keeps the new frames:
+  approximate, sooner. Meanwhile frames are pushed into the stateful decoder only as far as its
+  output stays behind what the windows emitted, so when the ramp ends the stateful path simply
+  continues (exact from there), with no re-decode.
+
+Column vs frame space (the Higgs delay pattern; the engine will hand frames directly, issue #12):
+column 0 is all-BOS and frame f is complete once column f + K - 1 arrives, so audio frame r is
+known after r + K + 1 columns (the BOS frame is dropped). Time to first audio in columns:
+`first_chunk_columns(cfg, geometry)`. Exact default on the Higgs codec: 8 + 11 = 19 columns
+(11 frames: 1 of audio + 9458 samples of look-ahead); low-latency default: 8 + 1 + 4 = 13.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
+from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError
 
-# Output frame f of the Higgs v2 codec decoder depends on latent frames f-10 .. f+10
-# (research/higgs_v2_reference.md §2.5; checked again by tests/stream/test_adapter.py).
-CODEC_RECEPTIVE_FIELD = 10
-NUM_CODEBOOKS = 8
-# Columns before N audio frames are known: N + COLUMNS_BEFORE_FIRST_FRAME (BOS column + 7-column delay).
-COLUMNS_BEFORE_FIRST_FRAME = NUM_CODEBOOKS
-
 MODES = ("exact", "low_latency")
-# Low-latency default: holdbacks of the first chunks, then `holdback` (10). TTFA 13 columns instead
-# of 19, and the default schedule still plays without underrun while the talker (plus codec) runs
-# at <= 0.4375 of real time (see `max_step_ratio`; the exact default allows 0.5).
+# Low-latency default: holdbacks (frames) of the first chunks, decoded as windows. TTFA 13 columns
+# instead of 19 on the Higgs codec; exact (stateful) after these chunks.
 LOW_LATENCY_RAMP = (4, 4, 4, 6, 8)
 
 
 @dataclass(frozen=True)
 class AdapterConfig:
-    """How a stream's frames are cut into decode windows.
+    """How a stream's frames are cut into chunks.
 
-    mode: "exact" (every emitted sample equals the one-shot decode up to fp32 rounding; needs
-        left_context and every holdback >= the codec receptive field) or "low_latency" (smaller
-        holdbacks on the first chunks; approximate there, measured by SNR).
-    schedule: chunk sizes in frames; chunk k >= len(schedule) uses schedule[-1]. Never shrinks.
-    left_context: frames re-decoded before the new frames and dropped.
-    holdback: frames decoded after the new frames and not emitted (later chunks).
-    ramp_holdbacks: holdback of chunk k for k < len(ramp_holdbacks); None = the mode's default
-        (exact: none, low_latency: LOW_LATENCY_RAMP).
-    receptive_field: the codec's one-sided receptive field in frames.
+    mode: "exact" (every emitted sample equals the one-shot decode to fp32 rounding) or
+        "low_latency" (the first chunks are decoded sooner from windows with a short holdback:
+        approximate there, measured by SNR; exact after the ramp).
+    schedule: chunk sizes in frames of audio; chunk k >= len(schedule) uses schedule[-1]. Never
+        shrinks (a shrinking schedule starves a listener that plays chunk 0 at once).
+    ramp_holdbacks: low-latency holdbacks (frames) of the first chunks; None = LOW_LATENCY_RAMP.
+        Each must stay below the codec's look-ahead (a longer one is exact: use exact mode).
     """
 
     mode: str = "exact"
     schedule: tuple[int, ...] = (1, 2, 4, 8, 16, 25)
-    left_context: int = 10
-    holdback: int = 10
     ramp_holdbacks: tuple[int, ...] | None = None
-    receptive_field: int = CODEC_RECEPTIVE_FIELD
-    _ramp: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schedule", tuple(self.schedule))
         if self.mode not in MODES:
             raise ConfigError(f"adapter mode must be one of {MODES}, got {self.mode!r}")
-        if not self.schedule or any(not isinstance(s, int) or s < 1 for s in self.schedule):
+        if not self.schedule or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.schedule):
             raise ConfigError(f"schedule must be positive integers, got {self.schedule}")
         if any(b < a for a, b in zip(self.schedule, self.schedule[1:])):
             raise ConfigError(f"schedule must never shrink, got {self.schedule}")
-        for name in ("left_context", "holdback", "receptive_field"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.ramp_holdbacks is None:
-            ramp = LOW_LATENCY_RAMP if self.mode == "low_latency" else ()
-        else:
+        if self.ramp_holdbacks is not None:
             ramp = tuple(self.ramp_holdbacks)
-        if any(not isinstance(h, int) or h < 0 for h in ramp):
-            raise ConfigError(f"ramp_holdbacks must be non-negative integers, got {ramp}")
-        object.__setattr__(self, "_ramp", ramp)
-        if self.mode == "exact":
-            rf = self.receptive_field
-            if self.left_context < rf:
-                raise ConfigError(f"exact mode needs left_context >= {rf} frames, got {self.left_context}")
-            smallest = min((self.holdback, *ramp))
-            if smallest < rf:
-                raise ConfigError(f"exact mode needs every holdback >= {rf} frames, got {smallest}")
+            if any(not isinstance(h, int) or h < 0 for h in ramp):
+                raise ConfigError(f"ramp_holdbacks must be non-negative integers, got {ramp}")
+            if self.mode == "exact" and ramp:
+                raise ConfigError("ramp_holdbacks belong to low_latency mode (exact mode has no ramp)")
+            object.__setattr__(self, "ramp_holdbacks", ramp)
 
     def chunk_size(self, k: int) -> int:
-        """Frames emitted by chunk k (0-based)."""
+        """Frames of audio in chunk k (0-based)."""
         return self.schedule[min(k, len(self.schedule) - 1)]
 
-    def holdback_for(self, k: int) -> int:
-        """Right holdback (frames decoded, not emitted) of chunk k."""
-        return self._ramp[k] if k < len(self._ramp) else self.holdback
-
-    def exact_chunk(self, k: int) -> bool:
-        """Whether chunk k's samples equal the one-shot decode (before the final flush)."""
-        return self.left_context >= self.receptive_field and self.holdback_for(k) >= self.receptive_field
-
-
-def first_chunk_columns(cfg: AdapterConfig) -> int:
-    """Columns (BOS column included) that must arrive before the first chunk can be emitted."""
-    return COLUMNS_BEFORE_FIRST_FRAME + cfg.chunk_size(0) + cfg.holdback_for(0)
-
-
-def max_step_ratio(cfg: AdapterConfig, horizon: int = 64) -> float:
-    """Largest (seconds per AR step + codec time) / (seconds per frame) that never underruns.
-
-    A listener that starts playing when chunk 0 arrives needs chunk k before chunk 0's start plus
-    E_k frames of audio (E_k = frames in chunks 0..k-1). Chunk k leaves after
-    E_k + s_k + h_k - s_0 - h_0 more columns, so with a steady step ratio rho (1.0 = real time)
-    playback is continuous iff rho * (E_k + s_k + h_k - s_0 - h_0) <= E_k for every k.
-    A growing schedule can therefore never be continuous at exactly real time (rho = 1): the
-    default (1, 2, 4, ...) doubles and needs rho <= 0.5.
-    """
-    s0, h0 = cfg.chunk_size(0), cfg.holdback_for(0)
-    best = float("inf")
-    emitted = 0
-    for k in range(horizon):
-        s, h = cfg.chunk_size(k), cfg.holdback_for(k)
-        if k > 0:
-            wait = emitted + s + h - s0 - h0
-            if wait > 0:
-                best = min(best, emitted / wait)
-        emitted += s
-    return best
+    def ramp(self, geometry: CodecGeometry) -> tuple[int, ...]:
+        """Holdbacks of the windowed ramp chunks on this codec (none in exact mode or on a causal codec)."""
+        if self.mode == "exact" or geometry.lookahead_samples == 0:
+            return ()
+        ramp = LOW_LATENCY_RAMP if self.ramp_holdbacks is None else self.ramp_holdbacks
+        if any(h * geometry.hop >= geometry.lookahead_samples for h in ramp):
+            raise ConfigError(f"ramp holdbacks {ramp} must stay below the codec's look-ahead "
+                              f"({geometry.lookahead_samples} samples = {geometry.lookahead_samples / geometry.hop:.2f} frames)")
+        return ramp
 
 
 @dataclass(frozen=True)
 class Window:
-    """One decode window in audio frames: decode [start, stop), emit [emit_from, emit_from + new)."""
+    """A windowed (ramp) chunk in frames: decode [start, stop) one-shot, emit [emit_from, emit_from + new)."""
 
     start: int
     stop: int
     emit_from: int
     new: int
-    chunks: int  # scheduled chunks this window covers (0 for the final flush)
-    final: bool  # the window runs to the true end of the utterance
+    chunks: int
 
     @property
     def left(self) -> int:
         return self.emit_from - self.start
 
+
+@dataclass(frozen=True)
+class Push:
+    """Frames [start, stop) into the stateful decoder (`final`: the utterance ends with them).
+
+    The decoder returns its output samples [out_from, out_to); samples before `emit_from` were
+    already emitted by ramp windows and are dropped, so the chunk is [max(out_from, emit_from), out_to).
+    """
+
+    start: int
+    stop: int
+    final: bool
+    out_from: int
+    out_to: int
+    emit_from: int
+
     @property
-    def right(self) -> int:
-        return self.stop - self.emit_from - self.new
+    def frames(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def emits(self) -> int:
+        return max(0, self.out_to - max(self.out_from, self.emit_from))
 
 
 class ChunkPlanner:
-    """Plain-Python bookkeeping of one stream: which frames go into the next decode window."""
+    """Plain-Python bookkeeping of one stream: which frames go where, and when."""
 
-    def __init__(self, cfg: AdapterConfig) -> None:
-        self.cfg = cfg
-        self.available = 0  # audio frames known (reverted, never the EOS frame)
-        self.emitted = 0  # audio frames already emitted
-        self.chunk_index = 0  # index of the next chunk in the schedule
-        self.finished = False
-        self._due_at = cfg.chunk_size(0) + cfg.holdback_for(0)  # `available` that makes chunk_index due
+    def __init__(self, cfg: AdapterConfig, geometry: CodecGeometry) -> None:
+        self.cfg, self.geometry = cfg, geometry
+        self.ramp = cfg.ramp(geometry)
+        self.available = 0  # audio frames known
+        self.pushed = 0  # frames pushed into the stateful decoder
+        self.emitted = 0  # samples emitted (windows + stateful)
+        self.chunk_index = 0  # next chunk of the schedule
+        self.finished = False  # no more frames will come
+        self.flushed = False  # the final push was planned
 
-    def due(self) -> bool:
-        """Whether `next_window()` would return a window (a cheap check for every column)."""
+    # ---- arithmetic ----
+    def decoder_out(self, pushed: int, final: bool = False) -> int:
+        """Samples the stateful decoder has emitted after `pushed` frames (all of them once final)."""
+        hop = self.geometry.hop
+        return pushed * hop if final else max(0, pushed * hop - self.geometry.lookahead_samples)
+
+    def frames_for(self, samples: int) -> int:
+        """Frames that must be pushed before the stateful decoder has emitted `samples` samples."""
+        return math.ceil((samples + self.geometry.lookahead_samples) / self.geometry.hop)
+
+    @property
+    def in_ramp(self) -> bool:
+        return self.chunk_index < len(self.ramp)
+
+    @property
+    def done(self) -> bool:
+        return self.finished and (self.flushed or self.available == 0)
+
+    # ---- planning ----
+    def take(self) -> list[Window | Push]:
+        """The jobs that are due now (none, one, or a ramp window with its state push), applied."""
+        if self.done:
+            return []
         if self.finished:
-            return self.available > self.emitted
-        return self.available >= self._due_at
+            return [self._push(self.available, final=True)]
+        if self.in_ramp:
+            return self._take_ramp()
+        k, samples, need = self.chunk_index, self.emitted, None
+        while self.available >= self.frames_for(samples + self.cfg.chunk_size(k) * self.geometry.hop):
+            samples += self.cfg.chunk_size(k) * self.geometry.hop
+            need = self.frames_for(samples)
+            k += 1
+        if need is None:
+            return []
+        self.chunk_index = k
+        return [self._push(need, final=False)]
 
-    def next_window(self) -> Window | None:
-        """The next decode window, or None when nothing is due.
-
-        Several scheduled chunks that are all due (a backlog) merge into one window. After
-        finish, the window runs to the true end of the utterance (holdback 0: the codec sees the
-        same zero padding there as a one-shot decode).
-        """
-        cfg, avail, emitted = self.cfg, self.available, self.emitted
-        start = max(0, emitted - cfg.left_context)
-        if self.finished:
-            if avail <= emitted:
-                return None
-            return Window(start, avail, emitted, avail - emitted, chunks=0, final=True)
-        k, end, stop = self.chunk_index, emitted, None
-        while avail - end >= cfg.chunk_size(k) + cfg.holdback_for(k):
-            end += cfg.chunk_size(k)
-            stop = end + cfg.holdback_for(k)
+    def _take_ramp(self) -> list[Window | Push]:
+        hop, rf = self.geometry.hop, self.geometry.receptive_field
+        assert self.emitted % hop == 0, "ramp windows emit whole frames"
+        first = end = self.emitted // hop
+        k, stop = self.chunk_index, None
+        while k < len(self.ramp) and self.available - end >= self.cfg.chunk_size(k) + self.ramp[k]:
+            end += self.cfg.chunk_size(k)
+            stop = end + self.ramp[k]
             k += 1
         if stop is None:
-            return None
-        return Window(start, stop, emitted, end - emitted, chunks=k - self.chunk_index, final=False)
+            return []
+        window = Window(max(0, first - rf), stop, first, end - first, chunks=k - self.chunk_index)
+        self.chunk_index, self.emitted = k, end * hop
+        jobs: list[Window | Push] = [window]
+        # warm the stateful decoder as far as its output stays within what the windows emitted
+        reach = min(self.available, (self.emitted + self.geometry.lookahead_samples) // hop)
+        if reach > self.pushed:
+            jobs.append(self._push(reach, final=False))
+        return jobs
 
-    def advance(self, window: Window) -> None:
-        """Record that `window` was taken (its frames count as emitted)."""
-        assert window.emit_from == self.emitted, f"stale window {window} (emitted {self.emitted})"
-        assert window.new > 0, f"a window must emit at least one frame: {window}"
-        self.chunk_index += window.chunks
-        self.emitted += window.new
-        k = self.chunk_index
-        self._due_at = self.emitted + self.cfg.chunk_size(k) + self.cfg.holdback_for(k)
+    def _push(self, stop: int, final: bool) -> Push:
+        push = Push(self.pushed, stop, final, self.decoder_out(self.pushed), self.decoder_out(stop, final),
+                    self.emitted)
+        self.pushed = stop
+        self.emitted = max(self.emitted, push.out_to)
+        self.flushed = final
+        return push
+
+
+def first_chunk_columns(cfg: AdapterConfig, geometry: CodecGeometry) -> int:
+    """Columns (BOS column included) that must arrive before the first chunk can be emitted."""
+    ramp = cfg.ramp(geometry)
+    frames = (cfg.chunk_size(0) + ramp[0] if ramp
+              else math.ceil((cfg.chunk_size(0) * geometry.hop + geometry.lookahead_samples) / geometry.hop))
+    return geometry.num_codebooks + frames
+
+
+def max_step_ratio(cfg: AdapterConfig, geometry: CodecGeometry, horizon: int = 64) -> float:
+    """Largest (seconds per AR step + codec time) / (seconds per frame) that never underruns.
+
+    A listener that starts playing when chunk 0 arrives needs chunk k before chunk 0's start plus
+    the audio of chunks 0..k-1. Chunk k leaves once n_k frames are known, chunk 0 at n_0, so with
+    a steady step ratio rho (1.0 = real time) playback is continuous iff
+    rho * (n_k - n_0) * hop <= audio before chunk k, for every k. A growing schedule can therefore
+    never be continuous at exactly real time: the default doubling schedule needs rho <= ~0.5.
+    """
+    planner = ChunkPlanner(cfg, geometry)
+    best, n0, played = float("inf"), None, 0
+    while planner.chunk_index < horizon:
+        planner.available += 1
+        jobs = planner.take()
+        emitted = sum(j.new * geometry.hop if isinstance(j, Window) else j.emits for j in jobs)
+        if not emitted:
+            continue
+        if n0 is None:
+            n0 = planner.available
+        elif planner.available > n0:
+            best = min(best, played / ((planner.available - n0) * geometry.hop))
+        played += emitted
+    return best

@@ -1,18 +1,22 @@
-"""The codec worker: one thread that turns the engine thread's rounds of decode windows into audio.
+"""The codec worker: one thread that turns the engine thread's rounds of decode jobs into audio.
 
 The engine thread hands it one `Round` per step (`submit`, into a bounded queue of
 `CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). The codec thread
-takes every queued round at once (up to `max_windows` windows) into one batched decode call and
-hands the audio and segment ends to the event loop in one `deliver(items)` call, in round order, so
-each stream's chunks and its end keep their order. A failed decode ends only the segments in that
-call (their engine streams are cancelled); the thread lives on.
+takes every queued round at once and runs their jobs through one `Code2Wav` (stream/adapter.py):
+every due stream's new frames in one batched step of the stateful decoder, ramp windows in few
+one-shot calls. When more streams are due than one call takes (`max_windows`), the streams whose
+listeners run dry first (`seg.deadline`) go first. Audio and segment ends reach the event loop in
+one `deliver(items)` call per codec call, each stream's chunks and its end in order. A failed
+decode ends only the segments in that call (their engine streams are cancelled); the thread lives on.
 
 On CUDA it decodes on its own low-priority stream (`stream_mode="separate"`) or on the talker's
-(`"engine"`: the device then runs them back to back, only the host work overlaps). Calls use
-bucketed shapes (the first call at a new shape is slow), warmed up by `start()`, and small ones
-replay from CUDA graphs (stream/codec_graphs.py). A CPU codec decodes the exact shapes.
+(`"engine"`: the device then runs them back to back, only the host work overlaps). The stateful
+steps replay from CUDA graphs captured per (streams, frames) bucket by `start()`; ramp windows use
+bucketed batches (stream/codec_graphs.py replays them). A CPU codec runs eagerly.
 
-Segments are opaque here: the worker only reads `seg.sid` (to cancel a failed one in the engine).
+Segments are opaque here: the worker reads `seg.sid` (to cancel a failed one in the engine) and
+`seg.deadline` (monotonic seconds by which its listener needs more audio), and keys the
+stateful decoder's slots by the segment object.
 """
 
 from __future__ import annotations
@@ -29,18 +33,18 @@ from typing import Any
 
 import torch
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.stream.adapter import DecodeJob, decode_jobs, jobs_to_s16le
+from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
 
 log = logging.getLogger(__name__)
 
 CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
-CODEC_MAX_WINDOWS = 64  # windows the codec thread merges into one call from several queued rounds
-# GPU codec shape buckets: calls are padded to these batch sizes and padded windows to a multiple
-# of CODEC_LENGTH_QUANTUM frames (the exact default's 45-frame windows decode at 48).
-CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-CODEC_LENGTH_QUANTUM = 8
-CODEC_WARM_LENGTHS = (16, 24, 32, 40, 48)  # padded window lengths warmed up at start (GPU)
-CODEC_GRAPH_MAX_BATCH = 16  # warmed shapes up to this batch replay from CUDA graphs (launch-bound)
+CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
+# GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
+# graphs; a step outside them runs eagerly. Frames: a 25-frame chunk (+10 flush frames at the end).
+CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CODEC_FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 48)
+CODEC_WINDOW_BUCKETS = (1, 2, 4, 8, 16)  # low-latency ramp windows: batch buckets (warmed, graphed)
+CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max streams)
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
@@ -49,7 +53,7 @@ class Round:
     """One engine step's output for the codec thread: windows to decode (jobs[i] belongs to
     owners[i]) and the segment ends that must follow their audio."""
 
-    jobs: list[DecodeJob]
+    jobs: list[Job]
     owners: list[Any]  # pipeline segments (opaque here; `.sid` is read on a codec failure)
     ends: list[tuple]  # ("end", seg, reason, error, frames)
 
@@ -61,27 +65,26 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS):
+                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
         self.codec = codec
-        self.decoder = codec  # what the codec thread decodes with (CodecGraphs after a GPU warm-up)
+        self.decoder = codec  # what ramp windows decode with (CodecGraphs after a GPU warm-up)
+        self.device = cuda_device(getattr(codec, "device", None))
+        self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
+                                 window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
         self.stream_mode, self.max_windows = stream_mode, max_windows
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
-        self.device = cuda_device(getattr(codec, "device", None))
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
         self._stream: torch.cuda.Stream | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # GPU codec: bucketed call shapes (a CPU codec decodes the exact shapes)
-        self._shapes = ({"batch_buckets": CODEC_BATCH_BUCKETS, "length_quantum": CODEC_LENGTH_QUANTUM}
-                        if self.device is not None else {})
 
     # ---- lifecycle (event loop) ----
 
@@ -148,36 +151,53 @@ class CodecWorker:
                     return
 
     def _decode_rounds(self, rounds: list[Round]) -> None:
-        """One batched codec call for all windows of `rounds`; hands audio and ends to the event
-        loop in round order. A codec failure ends the affected segments; the thread lives on."""
-        jobs = [j for r in rounds for j in r.jobs]
-        pcm: list[bytes | None] = []
-        failed: dict[int, str] = {}  # id(segment) -> error
-        if jobs:
-            t0 = time.perf_counter()
-            try:
-                pcm = jobs_to_s16le(decode_jobs(self.decoder, jobs, **self._shapes))
-                self.calls += 1
-                self.busy_s += time.perf_counter() - t0
-            except Exception as exc:
-                log.exception("codec decode of %d windows failed", len(jobs))
-                pcm = [None] * len(jobs)
-                failed = {id(seg): f"codec decode failed: {exc!r}" for r in rounds for seg in r.owners}
-        items: list[tuple] = []
-        at = 0
+        """Run the jobs of `rounds` (the most urgent streams first when they exceed one call) and
+        hand audio and ends to the event loop; a codec failure ends the affected segments only."""
+        owners: dict[int, Any] = {}  # id(seg) -> seg
+        jobs: dict[int, list[tuple[Any, Job]]] = {}
         for r in rounds:
-            for seg, chunk in zip(r.owners, pcm[at : at + len(r.jobs)]):
-                if chunk is None:
-                    failed.setdefault(id(seg), "codec output is not finite")
-                if id(seg) not in failed:
-                    items.append(("audio", seg, chunk))
-            at += len(r.jobs)
-            items += [e for e in r.ends if id(e[1]) not in failed]
-        if failed:
-            segs = {id(seg): seg for r in rounds for seg in r.owners if id(seg) in failed}
-            for key, seg in segs.items():
+            for seg, job in zip(r.owners, r.jobs):
+                owners.setdefault(id(seg), seg)
+                jobs.setdefault(id(seg), []).append((seg, job))
+        order = sorted(jobs, key=lambda key: getattr(owners[key], "deadline", 0.0))
+        for at in range(0, len(order), self.max_windows):
+            self._decode_call([pair for key in order[at : at + self.max_windows] for pair in jobs[key]])
+        ends = [e for r in rounds for e in r.ends]
+        for e in ends:  # after all their audio; a segment that ends frees its decoder state
+            self.code2wav.release(e[1])
+        self._send(ends)
+
+    def _decode_call(self, pairs: list[tuple[Any, Job]]) -> None:
+        owners, jobs = [seg for seg, _ in pairs], [job for _, job in pairs]
+        t0 = time.perf_counter()
+        try:
+            pcm = jobs_to_s16le(self.code2wav.run(owners, jobs))
+            self.calls += 1
+        except Exception as exc:
+            log.exception("codec decode of %d jobs failed", len(jobs))
+            failed = {id(seg): seg for seg in owners}
+            for seg in failed.values():
+                self.code2wav.release(seg)
                 self._cancel(seg.sid)
-                items.append(("end", seg, "error", failed[key], None))
+            self._send([("end", seg, "error", f"codec decode failed: {exc!r}", None) for seg in failed.values()])
+            return
+        finally:
+            self.busy_s += time.perf_counter() - t0
+        items: list[tuple] = []
+        bad: set[int] = set()
+        for seg, chunk in zip(owners, pcm):
+            if id(seg) in bad:
+                continue
+            if chunk is None:  # non-finite audio: this segment only
+                bad.add(id(seg))
+                self.code2wav.release(seg)
+                self._cancel(seg.sid)
+                items.append(("end", seg, "error", "codec output is not finite", None))
+            elif chunk:
+                items.append(("audio", seg, chunk))
+        self._send(items)
+
+    def _send(self, items: list[tuple]) -> None:
         if items:
             try:
                 self._loop.call_soon_threadsafe(self._deliver, items)
@@ -185,32 +205,33 @@ class CodecWorker:
                 log.warning("event loop closed; dropped %d audio/end items", len(items))
 
     def warm_up(self) -> int:
-        """Decode each bucketed shape once (GPU): the first call at a new shape builds its kernels."""
-        from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner
+        """GPU: capture the stateful decoder's steps per (streams, frames) bucket, and warm up (and
+        graph) the low-latency ramp windows' shapes. Returns the number of shapes prepared."""
+        from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Window
 
-        lengths = {b: set(CODEC_WARM_LENGTHS) for b in CODEC_BATCH_BUCKETS}
-        ll = ChunkPlanner(AdapterConfig(mode="low_latency"))  # its ramp windows cannot be padded
-        for _ in range(200):
-            ll.available += 1
-            if (w := ll.next_window()) is not None:
-                ll.advance(w)
-                if w.right < ll.cfg.receptive_field:
-                    for b in CODEC_BATCH_BUCKETS[:6]:
-                        lengths[b].add(w.stop - w.start)
-        count = 0
+        dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
-            for b, ws in lengths.items():
-                for w in sorted(ws):
-                    self.codec.decode(torch.zeros((b, 8, w), dtype=torch.long)).cpu()
-                    count += 1
+            diff = dec.capture(CODEC_BATCH_BUCKETS, CODEC_FRAME_BUCKETS, graphs=self._use_graphs)
+            if diff:
+                log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
+            planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
+            lengths: set[int] = set()
+            while planner.in_ramp:
+                planner.available += 1
+                lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
+            k = self.code2wav.geometry.num_codebooks
+            for b in CODEC_WINDOW_BUCKETS:
+                for w in sorted(lengths):
+                    self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
+            count = len(CODEC_BATCH_BUCKETS) * len(CODEC_FRAME_BUCKETS) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
             if self._use_graphs:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 
-                graphs = CodecGraphs(self.codec, [(b, w) for b, ws in lengths.items() if b <= CODEC_GRAPH_MAX_BATCH
-                                                  for w in ws])
+                graphs = CodecGraphs(self.codec, [(b, w) for b in CODEC_WINDOW_BUCKETS for w in lengths])
                 diff = graphs.capture()
                 if diff == 0.0:
                     self.decoder = graphs
+                    self.code2wav.window_decode = graphs.decode
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count

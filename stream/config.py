@@ -53,6 +53,11 @@ class ServerConfig:
     heartbeat_s: float = 20.0  # WebSocket ping interval
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
 
+    # Deadline-aware scheduling (stream/pacing.py).
+    pause_ahead_s: float = 3.0  # GPU saturated: pause a stream this far ahead of its listener ...
+    resume_ahead_s: float = 2.0  # ... and resume it this close
+    admit_step_ratio: float = 0.5  # admit while the predicted engine step stays under this share of a frame
+
     # Voices.
     voices_dir: str | None = None
     voice_aliases: dict[str, str] = field(default_factory=dict)  # extra alias -> preset name
@@ -81,6 +86,8 @@ class ServerConfig:
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
+        need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")
+        need(0 < self.admit_step_ratio <= 1, "admit_step_ratio must be in (0, 1]")
         for alias, target in self.voice_aliases.items():
             need(isinstance(alias, str) and isinstance(target, str) and alias and target,
                  f"bad voice alias {alias!r} -> {target!r}")

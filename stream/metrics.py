@@ -140,10 +140,15 @@ class Metrics:
         self.slow_clients = Counter("higgs_slow_client_total", "Streams ended because the client did not read.")
         self.audio_seconds = Counter("higgs_audio_seconds_total", "Seconds of audio delivered to streams.")
         self.steps = Counter("higgs_steps_total", "Engine steps run.")
+        self.paused_streams = Gauge("higgs_paused_streams",
+                                    "Streams the talker skips: far ahead of their listener while the GPU is saturated.")
+        self.refused = Counter("higgs_refused_saturated_total",
+                               "Streams refused (busy) because one more would slow every stream below the admission ratio.")
 
     def all(self) -> list[_Metric]:
         return [self.active_streams, self.engine_streams, self.connections, self.requests, self.errors,
-                self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps]
+                self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
+                self.paused_streams, self.refused]
 
     def render(self) -> str:
         lines: list[str] = []

@@ -40,16 +40,18 @@ import torch
 from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.stream.adapter import Code2WavAdapter, feed_columns
+from higgs_stream.stream.adapter import Code2WavAdapter, PushJob, WindowJob, feed_columns
 from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS, CodecWorker, Round, cuda_device, on_stream
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import SlowClientError
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
+from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, PlaybackClock
 from higgs_stream.stream.session import ContextOptions
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
 
+PACE_EVERY_S = 0.01  # engine thread: how often the playback clocks are checked (pause/resume)
 IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on every add/cancel)
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
 ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes too)
@@ -88,6 +90,8 @@ class _Segment:
     columns: list[np.ndarray] = field(default_factory=list)
     started: bool = False
     meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
+    deadline: float = 0.0  # engine thread -> codec thread: when its listener runs dry (monotonic s)
 
 
 class StreamHandle:
@@ -192,7 +196,7 @@ class StreamHandle:
             )
             seg = _Segment(
                 handle=self, index=self._index, text=text, request=request,
-                adapter=Code2WavAdapter(self.pipeline.codec, mode=opts.mode),
+                adapter=Code2WavAdapter(self.pipeline.geometry, mode=opts.mode),
                 keep_columns=self._reference is None and cfg.history_segments > 0,
                 submitted_at=self.pipeline.now(),
             )
@@ -298,8 +302,14 @@ class Pipeline:
         one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
-                                        max_windows=codec_max_windows)
+                                        max_windows=codec_max_windows, max_streams=cfg.max_streams)
         self.engine, self.codec, self.cfg = engine, codec, cfg
+        self.geometry = codec.geometry
+        self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
+                                   resume_ahead_s=cfg.resume_ahead_s, admit_ratio=cfg.admit_step_ratio)
+        self.loop_model = LoopModel()  # engine loop seconds per step vs decode rows (engine thread writes)
+        self.pacer = Pacer(self.pacing)
+        self._paced_at = 0.0
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
         self._segments: dict[int, _Segment] = {}  # engine stream id -> segment (guarded by _lock)
@@ -377,6 +387,11 @@ class Pipeline:
             raise HiggsStreamError("the engine is not running")
         if len(self._handles) >= self.cfg.max_streams:
             raise CapacityError(f"server is at its limit of {self.cfg.max_streams} streams")
+        if not self.loop_model.admits(len(self._handles), self.pacing):
+            self.metrics.refused.inc()
+            raise CapacityError(f"server is saturated: one more stream would slow every stream below "
+                                f"{1 / self.pacing.admit_ratio:g}x real time (step "
+                                f"{1e3 * (self.loop_model.predict(len(self._handles) + 1) or 0):.1f} ms predicted)")
         handle = StreamHandle(self, options, transport)
         self._handles.add(handle)
         self.metrics.active_streams.set(len(self._handles))
@@ -426,10 +441,11 @@ class Pipeline:
     def _engine_loop(self) -> None:
         while True:
             self._wake.clear()
+            wake = self._pace()
             if not self.engine.has_work():
                 if self._stopping:
                     return
-                self._wake.wait(IDLE_WAIT_S)
+                self._wake.wait(IDLE_WAIT_S if wake is None else min(IDLE_WAIT_S, max(wake, 0.001)))
                 continue
             if self._stopping and time.monotonic() > self._stop_by:
                 log.error("engine still busy %.0f s after stop; leaving it", STOP_GRACE_S)
@@ -449,6 +465,27 @@ class Pipeline:
             self.metrics.step_time.observe(time.perf_counter() - t0)
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
+            self.loop_model.observe(len(events), time.perf_counter() - t0)
+
+    def _pace(self) -> float | None:
+        """Pause streams far ahead of their listener while the GPU is saturated, resume them in
+        time (every PACE_EVERY_S at most); returns seconds until a paused stream must resume."""
+        now = time.monotonic()
+        if now - self._paced_at < PACE_EVERY_S:
+            return PACE_EVERY_S
+        self._paced_at = now
+        with self._lock:
+            clocks = {sid: seg.clock for sid, seg in self._segments.items()}
+        for sid in list(self.pacer.paused):
+            if sid not in clocks:
+                self.pacer.forget(sid)
+        pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s)
+        for sid in pause:
+            self.engine.pause(sid)
+        for sid in resume:
+            self.engine.resume(sid)
+        self.metrics.paused_streams.set(len(self.pacer.paused))
+        return wake
 
     def _queue_round(self, rnd: Round) -> bool:
         """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued
@@ -463,6 +500,7 @@ class Pipeline:
         """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
         rnd = Round([], [], [])
+        now = time.monotonic()
         with self._lock:  # one acquisition per step
             segs = [self._segments.get(ev.stream_id) for ev in events]
             for ev, seg in zip(events, segs):
@@ -489,9 +527,12 @@ class Pipeline:
                         seg.adapter.feed(ev.column, final=ended)
                     elif refused[i] is not None:
                         raise refused[i]
-                    while (job := seg.adapter.take_job()) is not None:
-                        rnd.jobs.append(job)
-                        rnd.owners.append(seg)
+                    jobs = seg.adapter.take_jobs()
+                    if jobs:
+                        seg.deadline = seg.clock.deadline(now)  # the codec serves the driest first
+                        rnd.jobs += jobs
+                        rnd.owners += [seg] * len(jobs)
+                        seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
                 if ended:
                     assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
                     frames = None
@@ -520,3 +561,8 @@ class Pipeline:
                 handle._audio(seg, item[2], now)
             else:
                 handle._segment_end(seg, item[2], item[3], item[4])
+
+
+def _job_samples(job: PushJob | WindowJob, hop: int) -> int:
+    """Samples of audio a decode job will deliver."""
+    return job.push.emits if isinstance(job, PushJob) else job.new * hop

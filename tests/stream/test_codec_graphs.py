@@ -1,4 +1,5 @@
-"""CodecGraphs on CUDA: replays equal the eager decode bit for bit; other shapes run eagerly."""
+"""CodecGraphs on CUDA (the low-latency ramp windows): replays run the eager decode's kernels at the same
+shapes, so they equal it exactly on one device; other shapes run eagerly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from higgs_stream.engine.codec import Codec, CodecConfig
 from higgs_stream.engine.errors import InvalidInputError
-from higgs_stream.stream.adapter import Code2WavAdapter, decode_jobs
+from higgs_stream.stream.adapter import Code2WavAdapter, WindowJob, decode_windows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -32,17 +33,15 @@ def test_replays_equal_the_eager_decode():
     assert graphs.replays == 3 + 1  # the capture check replays once; (3, 20) ran eagerly
     with pytest.raises(InvalidInputError):
         graphs.decode(torch.full((1, 8, 16), 1024))
-    # through the adapter: a stream's chunks are the same with and without graphs
+    # the low-latency ramp windows (what CodecGraphs serves) are the same with and without graphs
     cols = np.concatenate([np.full((8, 1), 1024), rng.integers(0, 1024, size=(8, 60)), np.full((8, 1), 1025)], axis=1)
     from higgs_stream.engine.delay import build_delay_pattern
 
     cols = build_delay_pattern(cols)
-    out = []
-    for dec in (graphs, codec):
-        a, chunks = Code2WavAdapter(dec), []
-        for i in range(cols.shape[1]):
-            a.feed(cols[:, i], final=i == cols.shape[1] - 1)
-            if (job := a.take_job()) is not None:
-                chunks += decode_jobs(dec, [job], batch_buckets=(1, 2, 4), length_quantum=8)
-        out.append(np.concatenate(chunks))
-    assert np.array_equal(out[0], out[1])
+    a, jobs = Code2WavAdapter(codec.geometry, mode="low_latency"), []
+    for i in range(cols.shape[1]):
+        a.feed(cols[:, i], final=i == cols.shape[1] - 1)
+        jobs += [j for j in a.take_jobs() if isinstance(j, WindowJob)]
+    assert len(jobs) == 5  # the ramp
+    out = [decode_windows(fn, codec.hop, jobs, batch_buckets=(1, 2, 4)) for fn in (graphs.decode, codec.decode)]
+    assert all(np.array_equal(x, y) for x, y in zip(*out))  # same kernels, same shapes

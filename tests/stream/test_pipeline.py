@@ -252,9 +252,14 @@ class GatedCodec:
         from higgs_stream.bench_pipeline import FakeCodec
 
         self.inner, self.fail_call = FakeCodec(), fail_call
-        self.hop, self.receptive_field = 960, 10
+        self.geometry = self.inner.geometry
         self.gate = threading.Event()
         self.shapes = []
+
+    def streaming_decoder(self, max_slots: int):
+        from higgs_stream.bench_pipeline import FrameLocalStreaming
+
+        return FrameLocalStreaming(self.decode, self.geometry, max_slots)
 
     def decode(self, codes):
         self.gate.wait(30)

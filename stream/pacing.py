@@ -1,0 +1,134 @@
+"""Deadline-aware scheduling in plain Python: playback clocks, pausing streams far ahead, admission.
+
+Every stream has a playback clock: its listener starts playing at its first audio and plays in
+real time, so at time t it has `ahead_s = sent_s - (t - first_audio)` seconds of audio left
+(negative: it is starving). Three decisions follow from the clocks and one measured number, the
+engine loop's time per step at a given batch (`LoopModel`):
+
+- the codec serves the streams that run dry first (their `deadline = first_audio + sent_s`; a
+  stream without audio yet is the most urgent): `stream/codec_worker.py` orders by it;
+- while the GPU is saturated (a loop step takes more than `saturated_ratio` of a frame), the
+  talker pauses streams more than `pause_ahead_s` ahead of their listener and resumes them below
+  `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`);
+- admission refuses a new stream (`busy`, Retry-After) when the predicted step time with one more
+  stream would leave any stream below `admit_ratio` x real time (`LoopModel.admits`): the doubling
+  chunk schedule needs about 2x real time while it ramps up (`chunking.max_step_ratio`).
+
+No torch, no asyncio: the pipeline's engine thread calls `Pacer.plan` before each step and
+`LoopModel.observe` after it; the event loop asks `LoopModel.admits` at `open()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from higgs_stream.engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PacingConfig:
+    frame_s: float = 0.04  # seconds of audio per AR step (one frame)
+    pause_ahead_s: float = 3.0  # pause a stream this far ahead of its listener (GPU saturated)
+    resume_ahead_s: float = 2.0  # resume it when its listener is this close
+    saturated_ratio: float = 0.25  # the GPU counts as saturated above this many frames of time per step
+    admit_ratio: float = 0.5  # admit while the predicted step stays under this share of a frame
+
+    def __post_init__(self) -> None:
+        if not self.frame_s > 0:
+            raise ConfigError(f"frame_s must be > 0, got {self.frame_s}")
+        if not 0 <= self.resume_ahead_s < self.pause_ahead_s:
+            raise ConfigError(f"need 0 <= resume_ahead_s ({self.resume_ahead_s}) < pause_ahead_s ({self.pause_ahead_s})")
+        for name in ("saturated_ratio", "admit_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+
+
+class PlaybackClock:
+    """One stream's listener, seen from the server: audio sent vs wall time since its first audio."""
+
+    __slots__ = ("start", "sent_s")
+
+    def __init__(self) -> None:
+        self.start: float | None = None  # when the first audio left (monotonic seconds)
+        self.sent_s = 0.0
+
+    def sent(self, now: float, seconds: float) -> None:
+        if self.start is None:
+            self.start = now
+        self.sent_s += seconds
+
+    def ahead_s(self, now: float) -> float:
+        """Audio the listener still has; -inf before the first audio (it is waiting for it)."""
+        return -math.inf if self.start is None else self.sent_s - (now - self.start)
+
+    def deadline(self, now: float) -> float:
+        """When the listener runs dry of what was sent (now, before the first audio)."""
+        return now if self.start is None else self.start + self.sent_s
+
+
+class LoopModel:
+    """Engine loop seconds per step vs decode rows, as an exponentially weighted linear fit."""
+
+    def __init__(self, decay: float = 0.02) -> None:
+        self.decay = decay
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self.last_s = 0.0  # EMA of the loop time (any batch)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        keep = 1.0 - self.decay
+        self._w = self._w * keep + 1.0
+        self._x = self._x * keep + rows
+        self._y = self._y * keep + seconds
+        self._xx = self._xx * keep + rows * rows
+        self._xy = self._xy * keep + rows * seconds
+        self.last_s = seconds if self._w == 1.0 else self.last_s * keep + seconds * self.decay
+
+    def predict(self, rows: int) -> float | None:
+        """Seconds per step at `rows` decode rows (None before any observation)."""
+        if self._w == 0:
+            return None
+        mx, my = self._x / self._w, self._y / self._w
+        var = self._xx / self._w - mx * mx
+        slope = max(0.0, (self._xy / self._w - mx * my) / var) if var > 1e-9 else 0.0
+        return max(my + slope * (rows - mx), my if rows >= mx else 0.0)
+
+    def admits(self, streams: int, cfg: PacingConfig) -> bool:
+        """Whether one more stream keeps the predicted step under `admit_ratio` of a frame."""
+        t = self.predict(streams + 1)
+        return t is None or t <= cfg.admit_ratio * cfg.frame_s
+
+
+class Pacer:
+    """Which streams the talker skips this step."""
+
+    def __init__(self, cfg: PacingConfig) -> None:
+        self.cfg = cfg
+        self.paused: set[int] = set()
+
+    def saturated(self, loop_s: float) -> bool:
+        return loop_s > self.cfg.saturated_ratio * self.cfg.frame_s
+
+    def plan(self, now: float, clocks: dict[int, PlaybackClock], loop_s: float) -> tuple[list[int], list[int], float | None]:
+        """(stream ids to pause, to resume, seconds until the first paused one must resume)."""
+        cfg = self.cfg
+        saturated = self.saturated(loop_s)
+        pause, resume, wake = [], [], None
+        for sid, clock in clocks.items():
+            ahead = clock.ahead_s(now)
+            if sid in self.paused:
+                if not saturated or ahead <= cfg.resume_ahead_s:
+                    resume.append(sid)
+                else:
+                    left = ahead - cfg.resume_ahead_s
+                    wake = left if wake is None else min(wake, left)
+            elif saturated and ahead > cfg.pause_ahead_s:
+                pause.append(sid)
+                left = ahead - cfg.resume_ahead_s
+                wake = left if wake is None else min(wake, left)
+        self.paused.difference_update(resume)
+        self.paused.update(pause)
+        return pause, resume, wake
+
+    def forget(self, sid: int) -> None:
+        self.paused.discard(sid)
