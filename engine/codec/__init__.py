@@ -1,4 +1,5 @@
-"""Higgs Audio v2 codec ("audio tokenizer"): Code2Wav decode, reference-audio encode, loaders, writers."""
+"""Higgs Audio v2 codec ("audio tokenizer"): Code2Wav decode (one-shot and exact incremental), reference-audio
+encode, loaders, writers."""
 
 from higgs_stream.engine.codec.audio_io import (
                                             load_reference_audio,
@@ -7,6 +8,7 @@ from higgs_stream.engine.codec.audio_io import (
 )
 from higgs_stream.engine.codec.codec import Codec
 from higgs_stream.engine.codec.config import CodecConfig
+from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.load import (
                                             DEFAULT_HUB_ID,
                                             V3_CODEC_PREFIX,
@@ -15,15 +17,24 @@ from higgs_stream.engine.codec.load import (
                                             original_names,
 )
 from higgs_stream.engine.codec.make import write_random_codec
+from higgs_stream.engine.codec.streaming import (
+                                            StepAudio,
+                                            StreamingDecoder,
+                                            lookahead_samples,
+)
 
 __all__ = [
                                             "DEFAULT_HUB_ID",
                                             "V3_CODEC_PREFIX",
                                             "Codec",
                                             "CodecConfig",
+                                            "CodecGeometry",
+                                            "StepAudio",
+                                            "StreamingDecoder",
                                             "codec_from_state_dict",
                                             "load_codec",
                                             "load_reference_audio",
+                                            "lookahead_samples",
                                             "original_names",
                                             "prepare_waveform",
                                             "validate_waveform",

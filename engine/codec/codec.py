@@ -29,7 +29,9 @@ from higgs_stream.engine.codec.encoder import (
     build_hubert,
     semantic_features,
 )
+from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.quantizer import ResidualVectorQuantizer
+from higgs_stream.engine.codec.streaming import lookahead_samples
 from higgs_stream.engine.errors import CheckpointError, InvalidInputError
 from torch import nn
 
@@ -82,6 +84,14 @@ class Codec(nn.Module):
     @property
     def receptive_field(self) -> int:
         return self.cfg.receptive_field
+
+    @property
+    def geometry(self) -> CodecGeometry:
+        """Frame layout and look-ahead, computed from the decoder modules (what streaming needs)."""
+        lookahead = lookahead_samples(self.acoustic_decoder)
+        return CodecGeometry(num_codebooks=self.num_codebooks, codebook_size=self.cfg.codebook_size, hop=self.hop,
+                             sample_rate=self.sample_rate, receptive_field=self.receptive_field,
+                             lookahead_samples=lookahead, causal=lookahead == 0)
 
     @property
     def device(self) -> torch.device:

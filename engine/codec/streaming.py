@@ -1,0 +1,432 @@
+"""Exact incremental Code2Wav: every latent frame goes through every decoder layer once.
+
+The Higgs decoder is non-causal (each layer zero-pads both ends), so a sliding window must re-decode
+10 frames on each side. `StreamingDecoder` instead keeps, per stream and per layer, the few input
+samples the next outputs still need, and emits each output sample as soon as every input it reads
+exists. Its concatenated output equals the one-shot `Codec.decode` of the whole utterance up to fp32
+rounding; it lags the pushed frames by `geometry.lookahead_samples` (9458 samples = 9.85 frames).
+
+Per layer (fp32, the codec's own weights, convolutions WITHOUT padding, Snake via the codec's modules):
+- "same" conv (k, dilation d, padding p = (k-1)d/2): history = the last 2p inputs; buf = [history | new n]
+  gives n outputs, p samples behind the inputs.
+- ConvTranspose1d (k = 2s, stride s, padding p): history = the last input; conv_transpose1d of
+  [prev | new n] with no padding, keep [s, s + n*s): n*s outputs that no later input changes, p behind.
+- ResidualUnit (dilation d): one history of its input (6d samples);
+  output = buf[3d : 3d+n] + conv2(snake(conv1(snake(buf)))), 3d behind.
+Edges: one-shot zero-pads every layer's input, so outputs at positions < 0 (warm-up from the zero
+histories) or >= the layer's true length (once the last frame is known) are set to 0 before they feed
+the next layer, and latent frames >= F are 0. A final push runs `lookahead_frames` masked padding frames
+through the stack so every real sample comes out.
+
+State lives in a slot arena: `states[i]` is [max_slots + 1, C_i, H_i] on the codec's device (the last
+slot is scratch for padding rows). One batched step gathers the rows' histories by slot index, runs the
+stack over a fixed [B, Q, C] shape, and scatters the new histories back; row b advances by its own
+`valid[b] <= C` frames (columns beyond are junk that never reaches a state: the new history is gathered
+at the row's own offset). A stream whose position is 0 reads zeros, so `open()` needs no device work.
+Positions, lengths and slots are plain Python; the device sees four index vectors per step.
+
+API:
+    dec = StreamingDecoder(codec, max_slots)
+    dec.geometry                        CodecGeometry (hop, lookahead_samples, lookahead_frames, ...)
+    slot = dec.open()                   CapacityError when all slots are taken
+    dec.close(slot)
+    dec.free_slots, dec.state_bytes_per_stream
+    dec.push(slots, codes, valid, final) -> list[Tensor]
+        codes [B, Q, >= max(valid)] ints (CPU or device; columns beyond valid[b] ignored); returns per row
+        the NEW samples [n_b] float32 on the device: output positions [emitted, min(frames*hop - lookahead,
+        F*hop)); after final[b] the row's outputs concatenate to `codec.decode(all its frames)`.
+    dec.step(slots, codes, valid, final) -> StepAudio(audio [B', C*hop], offsets, counts)
+        the same step as one device tensor (B' >= B: padding rows follow); row b's new samples are
+        audio[b, offsets[b] : offsets[b] + counts[b]] (convert all rows to s16 in one op, copy once).
+    dec.capture(batch_buckets, frame_buckets, graphs=True) -> float
+        CUDA graphs per (B, C) bucket, checked against the eager step; push/step then pad to the smallest
+        bucket that holds them and replay; other shapes run eagerly. A final push needs valid +
+        lookahead_frames columns, so give frame buckets that hold it. graphs=False: pad, run eagerly.
+The tensors push/step return may be views of a buffer that the next push/step overwrites (a graph's
+output): copy or convert them before the next call. Codes given on the device are range-checked with
+one device reduction (a host sync); CPU codes are checked on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from higgs_stream.engine.codec.decoder import AcousticDecoder
+from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
+from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+from higgs_stream.engine.graph_capture import capture_buckets
+from torch import nn
+
+if TYPE_CHECKING:
+    from higgs_stream.engine.codec.codec import Codec
+
+log = logging.getLogger(__name__)
+
+OPEN_END = 1 << 40  # "length not known yet" (frames); times any rate still fits int64
+CAPTURE_TOLERANCE = 1e-5  # graph replay vs eager step, max |d| / peak (the same kernels run: 0 expected)
+
+
+# ---------------------------------------------------------------------------- the layer plan
+@dataclass(frozen=True)
+class Stage:
+    """One decoder layer as the incremental decoder runs it."""
+
+    kind: Literal["conv", "conv_t", "res"]
+    module: nn.Module  # Conv1d, ConvTranspose1d or ResidualUnit
+    snake: Snake1d | None  # applied to the layer's input first (conv, conv_t)
+    channels: int  # input channels (= history channels)
+    history: int  # input samples kept per stream
+    rate_in: int  # input samples per frame
+    rate_out: int  # output samples per frame
+    lag: int  # output j of a step starting at frame a sits at position a * rate_out - lag + j
+
+
+def _same_pad(m: nn.Conv1d) -> int:
+    k, d, p = m.kernel_size[0], m.dilation[0], m.padding
+    if not (isinstance(p, tuple) and m.stride[0] == 1 and m.groups == 1 and (k - 1) * d == 2 * p[0]):
+        raise ConfigError(f"streaming decode needs stride-1 'same' convs, got {m}")
+    return p[0]
+
+
+def plan(decoder: AcousticDecoder) -> list[Stage]:
+    """The decoder's layers in order, with the history each keeps and the lag it adds."""
+    stages: list[Stage] = []
+    rate, lag = 1, 0
+
+    def add(kind, module, snake, history, stride, pad) -> None:
+        nonlocal rate, lag
+        channels = module.in_channels if kind != "res" else module.conv1.in_channels
+        stages.append(Stage(kind, module, snake, channels, history, rate, rate * stride, lag * stride + pad))
+        rate, lag = rate * stride, lag * stride + pad
+
+    def conv(m: nn.Conv1d, snake: Snake1d | None) -> None:
+        p = _same_pad(m)
+        add("conv", m, snake, 2 * p, 1, p)
+
+    conv(decoder.conv1, None)
+    for block in decoder.block:
+        t = block.conv_t1
+        k, s, p, op = t.kernel_size[0], t.stride[0], t.padding[0], t.output_padding[0]
+        if k != 2 * s or k - s - 2 * p + op != 0 or t.dilation[0] != 1 or t.groups != 1:
+            raise ConfigError(f"streaming decode needs ConvTranspose1d(k=2s) with output length T*s, got {t}")
+        add("conv_t", t, block.snake1, 1, s, p)
+        for ru in (block.res_unit1, block.res_unit2, block.res_unit3):
+            assert isinstance(ru, ResidualUnit), f"expected a ResidualUnit, got {type(ru).__name__}"
+            c2 = ru.conv2
+            if c2.kernel_size[0] != 1 or c2.padding[0] != 0:
+                raise ConfigError(f"streaming decode needs a pointwise second residual conv, got {c2}")
+            p = _same_pad(ru.conv1)
+            add("res", ru, None, 2 * p, 1, p)
+    conv(decoder.conv2, decoder.snake1)
+    return stages
+
+
+def lookahead_samples(decoder: AcousticDecoder) -> int:
+    """Output samples the incremental decoder lags the pushed frames: with P frames pushed, samples
+    t < P*hop - lookahead are final. Each layer adds its right padding, scaled by the upsampling after
+    it; Higgs v2: 3*960 + (4+39)*120 + (3+39)*24 + (2+39)*6 + (1+39)*3 + (2+39) + 3 = 9458."""
+    return plan(decoder)[-1].lag
+
+
+def _advance(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
+    """buf [B, Cin, history + n] (raw inputs) -> the layer's outputs for the n new inputs [B, Cout, n * stride]."""
+    m = stage.module
+    if stage.kind == "conv":
+        x = stage.snake(buf) if stage.snake is not None else buf
+        return F.conv1d(x, m.weight, m.bias, dilation=m.dilation)
+    if stage.kind == "conv_t":
+        s = m.stride[0]
+        x = stage.snake(buf) if stage.snake is not None else buf
+        return F.conv_transpose1d(x, m.weight, m.bias, stride=s)[:, :, s:s + n * s]
+    h = F.conv1d(m.snake1(buf), m.conv1.weight, m.conv1.bias, dilation=m.conv1.dilation)  # [B, C, n]
+    g = F.conv1d(m.snake2(h), m.conv2.weight, m.conv2.bias)
+    half = stage.history // 2
+    return buf[:, :, half:half + n] + g  # the skip: inputs aligned with g's outputs
+
+
+# ---------------------------------------------------------------------------- per-stream bookkeeping
+@dataclass
+class _Stream:
+    frames: int = 0  # real frames pushed
+    advanced: int = 0  # frames through the stack (real + flush padding)
+    total: int | None = None  # frames of the utterance, known at its final push
+    emitted: int = 0  # output samples handed out
+
+
+class StepAudio(NamedTuple):
+    audio: torch.Tensor  # [B', C * hop] float32 on the device (B' >= B; may be a graph's output buffer)
+    offsets: list[int]  # row b's new samples: audio[b, offsets[b] : offsets[b] + counts[b]]
+    counts: list[int]
+
+
+# ---------------------------------------------------------------------------- the decoder
+class StreamingDecoder:
+    def __init__(self, codec: Codec, max_slots: int) -> None:
+        if not isinstance(max_slots, int) or max_slots < 1:
+            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
+        self.codec = codec
+        self.geometry: CodecGeometry = codec.geometry
+        self.stages = plan(codec.acoustic_decoder)
+        assert self.stages[-1].rate_out == self.geometry.hop, \
+            f"decoder upsamples by {self.stages[-1].rate_out}, hop is {self.geometry.hop}"
+        self.max_slots = max_slots
+        self.scratch = max_slots  # padding rows read and write this slot
+        self.device = codec.device
+        # the arena: one [slot, C, H] history tensor per layer
+        self.states = [torch.zeros(max_slots + 1, st.channels, st.history, device=self.device)
+                       for st in self.stages]
+        self._streams: dict[int, _Stream] = {}
+        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out the lowest slot first
+        self._buckets: list[tuple[int, int]] = []  # (B, C) step shapes, set by capture()
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
+        self.replays = 0
+
+    # ---- slots ----
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def state_bytes_per_stream(self) -> int:
+        return sum(s[0].numel() * s.element_size() for s in self.states)
+
+    def open(self) -> int:
+        """A fresh stream's slot (its histories read as zeros until its first frames arrive)."""
+        if not self._free:
+            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
+        slot = self._free.pop()
+        self._streams[slot] = _Stream()
+        return slot
+
+    def close(self, slot: int) -> None:
+        if slot not in self._streams:
+            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+        del self._streams[slot]
+        self._free.append(slot)
+
+    # ---- decode ----
+    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+             final: Sequence[bool]) -> list[torch.Tensor]:
+        """Advance each slot by its valid frames; returns per row the new exact samples (float32, device;
+        views of a buffer the next call overwrites). final[b]: these are the row's last frames."""
+        out = self.step(slots, codes, valid, final)
+        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+
+    def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+             final: Sequence[bool]) -> StepAudio:
+        """`push` as one device tensor plus per-row (offset, count) (see the module docstring)."""
+        codes, streams = self._check(slots, codes, valid, final)
+        hop, lookahead, pad = self.geometry.hop, self.geometry.lookahead_samples, self.geometry.lookahead_frames
+        n = len(streams)
+        # frames each row runs through the stack: its valid frames, plus the flush after a final push
+        adv = [int(v) + (pad if f and s.frames + v > 0 else 0) for s, v, f in zip(streams, valid, final)]
+        width = max(adv, default=0)
+        starts = [s.advanced for s in streams]
+        ends = [s.frames + int(v) if f else OPEN_END for s, v, f in zip(streams, valid, final)]
+        if width == 0:
+            audio = torch.zeros((n, 0), dtype=torch.float32, device=self.device)
+        else:
+            audio = self._run(list(slots), codes, adv, starts, ends, width)
+        offsets, counts = [], []
+        for s, v, f, a in zip(streams, valid, final, adv):
+            base = s.advanced * hop - lookahead  # position of this step's first output sample
+            s.frames += int(v)
+            s.advanced += a
+            stop = s.advanced * hop - lookahead
+            if f:
+                s.total = s.frames
+                stop = min(stop, s.total * hop)
+            offsets.append(s.emitted - base)
+            counts.append(max(0, stop - s.emitted))
+            s.emitted = max(s.emitted, stop)
+        return StepAudio(audio, offsets, counts)
+
+    def _check(self, slots, codes, valid, final) -> tuple[torch.Tensor, list[_Stream]]:
+        n = len(slots)
+        if len(valid) != n or len(final) != n:
+            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
+        codes = torch.as_tensor(codes)
+        q = self.geometry.num_codebooks
+        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
+            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
+        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
+        if len(set(slots)) != n:
+            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
+        streams = []
+        for slot, v in zip(slots, valid):
+            s = self._streams.get(slot)
+            if s is None:
+                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+            if s.total is not None:
+                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
+            if not isinstance(v, (int, np.integer)) or not 0 <= v <= codes.shape[2]:
+                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
+            streams.append(s)
+        w = max((int(v) for v in valid), default=0)
+        if w:
+            part = codes[:, :, :w]
+            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
+            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
+            if bool(bad.any()):
+                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}; "
+                                        f"replace stream BOS/EOS first")
+        return codes, streams
+
+    def _run(self, slots: list[int], codes: torch.Tensor, adv: list[int], starts: list[int], ends: list[int],
+             width: int) -> torch.Tensor:
+        key = self._bucket(len(slots), width)
+        graph = self._graphs.get(key)
+        with torch.no_grad(), self.codec._precision():
+            if graph is None:  # eager, at the bucket's shape (or the exact shape when none holds the step)
+                shape = key or (len(slots), width)
+                inp = torch.empty(self._input_size(shape), dtype=torch.long, device=self.device)
+                self._stage(inp, shape, slots, codes, adv, starts, ends)
+                return self._math(inp, shape)
+            self._stage(self._inputs[key], key, slots, codes, adv, starts, ends)
+            graph.replay()
+            self.replays += 1
+            return self._outputs[key]
+
+    def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
+        """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""
+        fits = [k for k in self._buckets if k[0] >= n and k[1] >= width]
+        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
+
+    def _input_size(self, shape: tuple[int, int]) -> int:
+        b, c = shape
+        return b * self.geometry.num_codebooks * c + 4 * b
+
+    def _stage(self, inp: torch.Tensor, shape: tuple[int, int], slots: list[int], codes: torch.Tensor,
+               adv: list[int], starts: list[int], ends: list[int]) -> None:
+        """Write one step's inputs into `inp` (codes [B, Q, C] then slot/valid/start/end [4, B]): one
+        host-to-device copy from pinned memory when the codes are on the host."""
+        b, c = shape
+        n, q = len(slots), self.geometry.num_codebooks
+        cut = b * q * c
+        host = torch.empty(inp.shape[0], dtype=torch.long, pin_memory=self.device.type == "cuda")
+        meta = host[cut:].view(4, b).numpy()
+        meta[0, :n], meta[1, :n], meta[2, :n], meta[3, :n] = slots, adv, starts, ends
+        meta[0, n:], meta[1:, n:] = self.scratch, 0  # padding rows: scratch slot, nothing valid
+        w = min(codes.shape[2], c)
+        # codes outside [:n, :, :w] stay unwritten: the step masks every column beyond a row's valid frames
+        if codes.device.type == "cpu":
+            host[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
+            inp.copy_(host, non_blocking=True)
+        else:
+            inp[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
+            inp[cut:].copy_(host[cut:], non_blocking=True)
+
+    def _math(self, inp: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        """One batched step from the staged inputs; updates the arena; returns audio [B, C * hop]."""
+        b, c = shape
+        q = self.geometry.num_codebooks
+        cut = b * q * c
+        codes = inp[:cut].view(b, q, c)
+        slots, valid, start, end = inp[cut:].view(4, b)
+        cols = torch.arange(c, device=inp.device)
+        real = start[:, None] + cols < end[:, None]  # [B, C] frames of the utterance (not flush padding)
+        use = (cols < valid[:, None]) & real
+        codes = torch.where(use[:, None, :], codes, 0)  # junk columns -> a valid code
+        quantized = self.codec.quantizer.decode(codes)  # [B, H, C]
+        x = self.codec.fc2(quantized.transpose(1, 2)).transpose(1, 2)  # [B, D, C]
+        x = torch.where(real[:, None, :], x, 0.0)
+        fresh = (start == 0)[:, None, None]
+        for stage, state in zip(self.stages, self.states):
+            hist = torch.where(fresh, 0.0, state.index_select(0, slots))  # [B, Cin, H]
+            buf = torch.cat([hist, x], dim=2)  # [B, Cin, H + n]
+            y = _advance(stage, buf, x.shape[2])  # [B, Cout, n * stride]
+            keep = valid[:, None] * stage.rate_in + torch.arange(stage.history, device=inp.device)  # [B, H]
+            state.index_copy_(0, slots, buf.gather(2, keep[:, None, :].expand(-1, stage.channels, -1)))
+            pos = start[:, None] * stage.rate_out - stage.lag + torch.arange(y.shape[2], device=inp.device)
+            inside = (pos >= 0) & (pos < end[:, None] * stage.rate_out)  # [B, n * stride]
+            x = torch.where(inside[:, None, :], y, 0.0)  # one-shot zero-pads every layer's input
+        return x[:, 0, :]  # [B, C * hop]
+
+    # ---- CUDA graphs ----
+    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True) -> float:
+        """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
+        CUDA graph captured per bucket. Each graph is checked against the eager step on random inputs;
+        returns the largest max |d| / peak (0.0 without graphs). Above CAPTURE_TOLERANCE all graphs and
+        buckets are dropped (logged as an error) and steps run eagerly at their exact shapes.
+        `graphs=False` keeps the padding but runs eagerly (debugging; the only mode on CPU).
+        The arena's contents are preserved."""
+        if graphs and self.device.type != "cuda":
+            raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
+        for b in batch_buckets:
+            if not isinstance(b, int) or not 1 <= b <= self.max_slots:
+                raise ConfigError(f"batch buckets must be ints in 1..max_slots={self.max_slots}, got {b!r}")
+        for c in frame_buckets:
+            if not isinstance(c, int) or c < 1:
+                raise ConfigError(f"frame buckets must be positive ints, got {c!r}")
+        keys = sorted({(b, c) for b in batch_buckets for c in frame_buckets})
+        self._buckets, self._graphs, self._outputs, self._inputs = keys, {}, {}, {}
+        self.capture_check = 0.0
+        if not graphs or not keys:
+            return self.capture_check
+
+        def stage(key: tuple[int, int]) -> None:
+            inp = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
+            inp[-4 * key[0]:-3 * key[0]] = self.scratch  # every row padding: warm-up touches only the scratch slot
+            self._inputs[key] = inp
+
+        with torch.no_grad(), self.codec._precision():
+            captured, outputs = capture_buckets(keys, stage, lambda key: self._math(self._inputs[key], key),
+                                                self.device)
+            saved = [s.clone() for s in self.states]
+            try:
+                checks = [self._check_graph(key, captured[key], outputs[key]) for key in keys]
+            finally:
+                for s, old in zip(self.states, saved):
+                    s.copy_(old)
+        self.capture_check = max(checks)
+        if self.capture_check > CAPTURE_TOLERANCE:
+            log.error("codec streaming graphs differ from the eager step by %.3g of peak; decoding eagerly",
+                      self.capture_check)
+            self._buckets, self._inputs = [], {}
+            return self.capture_check
+        self._graphs, self._outputs = captured, outputs
+        return self.capture_check
+
+    @property
+    def graphed(self) -> bool:
+        """Whether steps replay CUDA graphs (after a successful `capture`)."""
+        return bool(self._graphs)
+
+    def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
+        """One replay vs the eager step from the same arena and inputs (random, some rows mid-stream)."""
+        b, c = key
+        gen = torch.Generator().manual_seed(b * 1000 + c)
+        slots = list(range(b))
+        codes = torch.randint(0, self.geometry.codebook_size, (b, self.geometry.num_codebooks, c), generator=gen)
+        adv = torch.randint(0, c + 1, (b,), generator=gen).tolist()
+        starts = (torch.randint(0, 3, (b,), generator=gen) * torch.randint(1, 40, (b,), generator=gen)).tolist()
+        ends = [s + int(torch.randint(0, a + 1, (), generator=gen)) if i % 2 else OPEN_END
+                for i, (s, a) in enumerate(zip(starts, adv))]
+        adv[0], starts[0] = c, 40  # row 0 mid-stream, all frames valid: real output in every bucket
+        start_states = [torch.randn(s.shape, generator=gen).mul_(0.1).to(self.device) for s in self.states]
+
+        def run(fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            for s, r in zip(self.states, start_states):
+                s.copy_(r)
+            self._stage(self._inputs[key], key, slots, codes, adv, starts, ends)
+            out = fn().clone()
+            return out, [s[:b].clone() for s in self.states]
+
+        want, want_states = run(lambda: self._math(self._inputs[key], key))
+        got, got_states = run(lambda: (graph.replay(), output)[1])
+        peak = max(float(want.abs().max()), 1e-30)
+        diff = max([float((got - want).abs().max()) / peak] +
+                   [float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
+                    for g, w in zip(got_states, want_states)])
+        return diff

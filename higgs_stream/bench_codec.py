@@ -1,0 +1,239 @@
+"""Codec-only GPU benchmark: the exact incremental decoder against today's windowed decode (one command):
+
+    python -m higgs_stream.bench_codec --out codec.json
+
+Full-size Higgs v2 codec, random weights, strict fp32 (no TF32), one GPU, every section in one run:
+  parity     max |d| / peak of the stateful decoder (graph replay and eager) against `codec.decode` of
+             whole utterances; the capture check; state bytes per stream
+  stateful   StreamingDecoder.step with 25-, 5- and 1-frame steps per stream, CUDA-graph replay and eager
+  windowed   today's exact stream decode: windows [10 | 25 | 10] = 45 frames through `codec.decode`
+             (and through stream/codec_graphs.py's graphs), 25 frames kept per window
+  one_shot   whole 250-frame utterances through `codec.decode`: the ceiling (no redundancy, no steps)
+at batch 1, 16 and 128. Throughput is codec frames/s (25 frames = 1 audio second) per wall-clock second,
+codes handed over from the host as the pipeline does. `--tiny --device cpu` is a quick smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from higgs_stream.engine.codec import Codec, CodecConfig, StreamingDecoder
+
+WINDOW_CONTEXT = 10  # frames each side of a window today (the receptive field)
+WINDOW_NEW = 25
+UTTERANCE = 250  # frames (10 s)
+STEP_ITERS = {1: 60, 5: 30, 25: 12}
+
+
+def log(msg: str) -> None:
+    print(f"[bench_codec {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def random_codec(tiny: bool, device: str, seed: int = 0) -> Codec:
+    if not tiny:
+        from higgs_stream.bench import gpu_codec
+
+        return gpu_codec(seed)  # the full-size codec the main benchmark uses
+    from higgs_stream.engine.codec import codec_from_state_dict
+    from higgs_stream.engine.codec.make import build_reference_model
+
+    cfg = CodecConfig.tiny()
+    return codec_from_state_dict(build_reference_model(cfg, seed).state_dict(), cfg, with_encoder=False).to(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], iters: int, device: torch.device, warmup: int = 2) -> float:
+    """Seconds per call: wall clock over `iters` back-to-back calls, the device drained at both ends."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def rate(kind: str, batch: int, frames: int, seconds: float, **extra: Any) -> dict:
+    """frames: codec frames each call delivers per stream."""
+    return {"kind": kind, "batch": batch, "frames_per_call": frames, "ms_per_call": seconds * 1e3,
+            "frames_per_s": batch * frames / seconds, "audio_s_per_s": batch * frames / seconds / 25, **extra}
+
+
+# ---------------------------------------------------------------------------- sections
+def parity(codec: Codec, decs: dict[str, StreamingDecoder], lengths: list[int], step: int = 25) -> dict:
+    """Stream each utterance in `step`-frame pushes (all rows in one batch) and compare with one-shot."""
+    gen = torch.Generator().manual_seed(1)
+    utts = [torch.randint(0, 1024, (8, f), generator=gen) for f in lengths]
+    want = [codec.decode(u[None])[0] for u in utts]
+    out: dict[str, Any] = {"lengths": lengths, "frames_per_push": step}
+    for name, dec in decs.items():
+        slots = [dec.open() for _ in utts]
+        got: list[list[torch.Tensor]] = [[] for _ in utts]
+        try:
+            for pos in range(0, max(lengths), step):
+                rows = [i for i, f in enumerate(lengths) if pos < f]
+                valid = [min(step, lengths[i] - pos) for i in rows]
+                codes = torch.zeros((len(rows), 8, step), dtype=torch.long)
+                for r, i in enumerate(rows):
+                    codes[r, :, :valid[r]] = utts[i][:, pos:pos + valid[r]]
+                final = [pos + v == lengths[i] for v, i in zip(valid, rows)]
+                for r, a in zip(rows, dec.push([slots[i] for i in rows], codes, valid, final)):
+                    got[r].append(a.clone())
+        finally:
+            for s in slots:
+                dec.close(s)
+        errs = [float((torch.cat(g) - w).abs().max() / w.abs().max()) for g, w in zip(got, want)]
+        out[f"{name}_max_rel_err"] = max(errs)
+        out[f"{name}_peak"] = max(float(w.abs().max()) for w in want)
+    return out
+
+
+def stateful(dec: StreamingDecoder, kind: str, batch: int, step: int, device: torch.device) -> dict:
+    slots = [dec.open() for _ in range(batch)]
+    codes = torch.randint(0, 1024, (batch, 8, step))
+    valid, final = [step] * batch, [False] * batch
+    replays = dec.replays
+    try:
+        seconds = timed(lambda: dec.step(slots, codes, valid, final), STEP_ITERS.get(step, 20), device)
+    finally:
+        for s in slots:
+            dec.close(s)
+    return rate(kind, batch, step, seconds, replayed=dec.replays > replays)
+
+
+def windowed(decode: Callable[[torch.Tensor], torch.Tensor], kind: str, batch: int, device: torch.device) -> dict:
+    codes = torch.randint(0, 1024, (batch, 8, 2 * WINDOW_CONTEXT + WINDOW_NEW))
+    hop = 960
+
+    def call() -> torch.Tensor:
+        return decode(codes)[:, WINDOW_CONTEXT * hop:(WINDOW_CONTEXT + WINDOW_NEW) * hop]
+
+    return rate(kind, batch, WINDOW_NEW, timed(call, 10, device))
+
+
+def one_shot(codec: Codec, batch: int, device: torch.device) -> dict:
+    codes = torch.randint(0, 1024, (batch, 8, UTTERANCE))
+    try:
+        return rate("one_shot", batch, UTTERANCE, timed(lambda: codec.decode(codes), 3, device, warmup=1))
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {"kind": "one_shot", "batch": batch, "frames_per_call": UTTERANCE, "error": "out of memory"}
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench_codec", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every section)")
+    ap.add_argument("--batches", default="1,16,128")
+    ap.add_argument("--steps", default="25,5,1", help="frames per stateful step")
+    ap.add_argument("--tiny", action="store_true", help="tiny codec (smoke run; numbers mean nothing)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU (or --tiny --device cpu)"
+        torch.backends.cuda.matmul.allow_tf32 = False  # fc2 in strict fp32 too (cuDNN: codec._precision)
+    batches = [int(b) for b in args.batches.split(",")]
+    steps = [int(s) for s in args.steps.split(",")]
+    result: dict[str, Any] = {"card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                              "torch": torch.__version__, "python": platform.python_version(),
+                              "preset": "tiny" if args.tiny else "full", "batches": batches, "rows": []}
+    out_path = Path(args.out)
+
+    def save() -> None:
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+
+    t0 = time.perf_counter()
+    codec = random_codec(args.tiny, args.device)
+    max_slots = max(*batches, 4)  # the parity section streams 4 utterances at once
+    graphed = StreamingDecoder(codec, max_slots)
+    eager = StreamingDecoder(codec, max_slots)
+    g = graphed.geometry
+    result["geometry"] = {"hop": g.hop, "lookahead_samples": g.lookahead_samples,
+                          "lookahead_frames": g.lookahead_frames, "receptive_field": g.receptive_field}
+    result["state_bytes_per_stream"] = graphed.state_bytes_per_stream
+    if device.type == "cuda":
+        frame_buckets = sorted(set(steps) | {max(steps) + g.lookahead_frames})  # a final push needs the flush
+        t1 = time.perf_counter()
+        result["capture_check_rel"] = graphed.capture(batches, frame_buckets)
+        result["capture_s"] = time.perf_counter() - t1
+        result["graphed"] = graphed.graphed
+        result["frame_buckets"] = frame_buckets
+    decs = {"graphed": graphed, "eager": eager} if graphed.graphed else {"eager": eager}
+    log(f"{result['card']}: codec ready in {time.perf_counter() - t0:.1f} s; state "
+        f"{graphed.state_bytes_per_stream} B/stream; graphs {graphed.graphed} "
+        f"(check {result.get('capture_check_rel')})")
+
+    result["parity"] = parity(codec, decs, [80, 57, 33, 101])
+    log(f"parity: {result['parity']}")
+    save()
+
+    for b in batches:
+        for s in steps:
+            for name, dec in decs.items():
+                result["rows"].append(stateful(dec, f"stateful_{name}", b, s, device))
+                log(str(result["rows"][-1]))
+                save()
+        result["rows"].append(windowed(codec.decode, "windowed_eager", b, device))
+        log(str(result["rows"][-1]))
+        save()
+
+    if device.type == "cuda":  # today's pipeline replays the window decode from graphs (stream/codec_graphs.py)
+        del graphed, decs
+        torch.cuda.empty_cache()
+        from higgs_stream.stream.codec_graphs import CodecGraphs
+
+        window = 2 * WINDOW_CONTEXT + WINDOW_NEW
+        cg = CodecGraphs(codec, [(b, window) for b in batches])
+        result["windowed_graph_check_abs"] = cg.capture()
+        for b in batches:
+            result["rows"].append(windowed(cg.decode, "windowed_graphed", b, device))
+            log(str(result["rows"][-1]))
+            save()
+        del cg
+        torch.cuda.empty_cache()
+
+    for b in batches:
+        result["rows"].append(one_shot(codec, b, device))
+        log(str(result["rows"][-1]))
+        save()
+    if device.type == "cuda":
+        result["max_memory_allocated_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+    save()
+    summarize(result)
+    return 0
+
+
+def summarize(r: dict) -> None:
+    print(f"\n{r['card']} ({r['preset']} codec): frames/s (25 frames = 1 audio s); "
+          f"state {r['state_bytes_per_stream']} B/stream")
+    print(f"{'kind':<18} {'frames/call':>11} " + " ".join(f"{'B=' + str(b):>12}" for b in r["batches"]))
+    keys = sorted({(row["kind"], row["frames_per_call"]) for row in r["rows"]}, key=lambda k: (k[0], -k[1]))
+    for kind, frames in keys:
+        cells = []
+        for b in r["batches"]:
+            row = next((x for x in r["rows"] if (x["kind"], x["frames_per_call"], x["batch"]) == (kind, frames, b)),
+                       None)
+            cells.append("—" if row is None else row.get("error", f"{row['frames_per_s']:.0f}"))
+        print(f"{kind:<18} {frames:>11} " + " ".join(f"{c:>12}" for c in cells))
+    p = r["parity"]
+    print("stateful vs one-shot, max |d| / peak: " +
+          ", ".join(f"{k[:-len('_max_rel_err')]} {v:.2e}" for k, v in p.items() if k.endswith("_max_rel_err")))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""Incremental Code2Wav (engine/codec/streaming.py): streamed == one-shot decode on a tiny codec with the
+real Higgs v2 geometry, for any push schedule, many streams in one batch, slot reuse and errors."""
+
+import math
+
+import pytest
+import torch
+from higgs_stream.engine.codec import (
+    Codec,
+    CodecConfig,
+    CodecGeometry,
+    StreamingDecoder,
+    codec_from_state_dict,
+    lookahead_samples,
+)
+from higgs_stream.engine.codec.decoder import (
+    DILATIONS,
+    AcousticDecoder,
+    influence_interval,
+)
+from higgs_stream.engine.codec.make import build_reference_model
+from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+
+HOP = 960
+LOOKAHEAD = 9458  # samples; research/peers_2026-11.md §2.1: 3*960 + 43*120 + 42*24 + 41*6 + 40*3 + 41 + 3
+BOUND = 1e-5  # max |streamed - one-shot| / peak; fp32 one-shot itself is ~3e-6 of peak from fp64
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    cfg = CodecConfig.tiny()
+    return codec_from_state_dict(build_reference_model(cfg, seed=7).state_dict(), cfg, with_encoder=False)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert got.shape == want.shape, f"streamed {tuple(got.shape)} vs one-shot {tuple(want.shape)}"
+    if want.numel() == 0:
+        return 0.0
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def random_codes(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 1024, (8, frames), generator=torch.Generator().manual_seed(seed))  # [8, F]
+
+
+def schedule(kind: str, frames: int, seed: int) -> list[int]:
+    """Push sizes that add up to `frames` (the final push may carry 0 frames)."""
+    if kind == "ones":
+        return [1] * frames or [0]
+    if kind == "big":
+        return [frames] if frames < 20 else [frames - 1, 1]
+    gen = torch.Generator().manual_seed(seed)
+    sizes, left = [], frames
+    while left:
+        sizes.append(min(left, int(torch.randint(0, 13, (), generator=gen))))
+        left -= sizes[-1]
+    return sizes + [0]  # end with a final push of no frames
+
+
+def stream(dec: StreamingDecoder, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    slot, pos, out = dec.open(), 0, []
+    try:
+        for i, n in enumerate(sizes):
+            out += dec.push([slot], codes[None, :, pos:pos + n], [n], [i == len(sizes) - 1])
+            pos += n
+    finally:
+        dec.close(slot)
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize("cfg", [CodecConfig.tiny(), CodecConfig.full()], ids=["tiny", "full"])
+def test_lookahead_from_the_module_structure(cfg):
+    dec = AcousticDecoder(cfg)  # full size: modules only, nothing is decoded
+    assert lookahead_samples(dec) == LOOKAHEAD
+    for f in (11, 500):  # frame f first reaches output sample f*hop - lookahead
+        lo, _ = influence_interval(cfg, f)
+        assert f * cfg.hop - lo == LOOKAHEAD
+
+
+def test_codec_geometry_and_state_size():
+    codec = Codec(CodecConfig.full(), with_encoder=False)
+    g = codec.geometry
+    assert (g.num_codebooks, g.codebook_size, g.hop, g.sample_rate) == (8, 1024, 960, 24000)
+    assert (g.receptive_field, g.lookahead_samples, g.lookahead_frames, g.causal) == (10, LOOKAHEAD, 10, False)
+    assert g.frame_seconds == 0.04
+    # per stream: conv1 (D x 6) + per block ConvT (C_in x 1) and 3 residual units (C_out x 6d) + final conv (32 x 6)
+    cfg = codec.cfg
+    floats = cfg.acoustic_dim * 6 + 32 * 6
+    for i in range(len(cfg.decoder_ratios)):
+        c_in = cfg.decoder_hidden_size // 2**i
+        floats += c_in + c_in // 2 * 6 * sum(DILATIONS)
+    assert StreamingDecoder(codec, 2).state_bytes_per_stream == 4 * floats == 324352
+
+
+def test_geometry_validation_and_a_causal_codec():
+    qwen = CodecGeometry(num_codebooks=16, codebook_size=2048, hop=1920, sample_rate=24000, receptive_field=25,
+                         lookahead_samples=0, causal=True)
+    assert qwen.lookahead_frames == 0 and qwen.frame_seconds == 0.08
+    ok = {"num_codebooks": 8, "codebook_size": 1024, "hop": 960, "sample_rate": 24000, "receptive_field": 10,
+          "lookahead_samples": LOOKAHEAD, "causal": False}
+    assert CodecGeometry(**ok).lookahead_frames == math.ceil(LOOKAHEAD / HOP) == 10
+    for bad in [{"hop": 0}, {"num_codebooks": -1}, {"sample_rate": 24000.0}, {"receptive_field": -1},
+                {"lookahead_samples": -5}, {"causal": True}, {"lookahead_samples": 0}, {"causal": 1}]:
+        with pytest.raises(ConfigError):
+            CodecGeometry(**{**ok, **bad})
+
+
+# ---------------------------------------------------------------------------- one stream
+@pytest.mark.parametrize("frames", [0, 1, 2, 5, 9, 10, 11, 17, 40, 64])
+def test_streamed_equals_one_shot(codec, frames):
+    codes = random_codes(frames, seed=frames)
+    want = codec.decode(codes[None])[0]  # [F * hop]
+    dec = StreamingDecoder(codec, max_slots=1)
+    kinds = ["ones", "mixed", "big"] if frames <= 17 else ["mixed", "big"]
+    for kind in kinds:
+        got = stream(dec, codes, schedule(kind, frames, seed=frames))
+        assert got.shape == (frames * HOP,) and got.dtype == torch.float32
+        err = rel_err(got, want)
+        assert err <= BOUND, f"{frames} frames, {kind} pushes: max |d| / peak = {err:.3g}"
+
+
+def test_one_frame_pushes_of_a_long_utterance(codec):
+    codes = random_codes(70, seed=70)
+    want = codec.decode(codes[None])[0]
+    err = rel_err(stream(StreamingDecoder(codec, max_slots=1), codes, schedule("ones", 70, 0)), want)
+    assert err <= BOUND, f"max |d| / peak = {err:.3g}"
+
+
+def test_emission_lags_by_the_lookahead(codec):
+    """Non-final pushes return exactly [emitted, frames*hop - lookahead); the final one the rest."""
+    dec = StreamingDecoder(codec, max_slots=1)
+    slot, codes = dec.open(), random_codes(30, seed=1)
+    (out,) = dec.push([slot], codes[None, :, :9], [9], [False])
+    assert out.shape == (0,)  # 9 frames = 8640 samples < 9458 samples of look-ahead
+    for a, b in [(9, 10), (10, 11), (11, 25)]:
+        (out,) = dec.push([slot], codes[None, :, a:b], [b - a], [False])
+        assert out.shape[0] == max(0, b * HOP - LOOKAHEAD) - max(0, a * HOP - LOOKAHEAD)
+    (out,) = dec.push([slot], codes[None, :, 25:], [5], [True])
+    assert out.shape[0] == 30 * HOP - (25 * HOP - LOOKAHEAD)
+
+
+# ---------------------------------------------------------------------------- many streams
+def test_batched_streams_with_different_progress_joining_and_leaving(codec):
+    """4 slots, 7 utterances: each step pushes a random subset with random valid counts in a padded
+    [B, 8, C] tensor whose columns beyond `valid` are junk (out of range); steps are padded to buckets
+    (padding rows on the scratch slot). Each utterance equals its own one-shot decode."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = [23, 0, 41, 1, 12, 30, 7]
+    utts = [random_codes(f, seed=100 + i) for i, f in enumerate(lengths)]
+    dec = StreamingDecoder(codec, max_slots=4)
+    dec.capture([2, 4], [4, 16], graphs=False)  # eager, padded like the graphs would be
+    waiting, live, out = list(range(len(utts))), {}, {i: [] for i in range(len(utts))}
+    slot_of, padded = {}, 0
+    while waiting or live:
+        while waiting and dec.free_slots and torch.rand((), generator=gen) < 0.7:
+            u = waiting.pop(0)
+            slot_of[u] = dec.open()
+            live[u] = 0  # frames pushed
+        rows = [u for u in live if torch.rand((), generator=gen) < 0.8]
+        if not rows:
+            continue
+        width = int(torch.randint(1, 6, (), generator=gen))
+        codes = torch.full((len(rows), 8, width), 5000, dtype=torch.long)  # junk beyond valid
+        valid, final = [], []
+        for r, u in enumerate(rows):
+            v = min(int(torch.randint(0, width + 1, (), generator=gen)), lengths[u] - live[u])
+            codes[r, :, :v] = utts[u][:, live[u]:live[u] + v]
+            live[u] += v
+            valid.append(v)
+            final.append(live[u] == lengths[u] and bool(torch.rand((), generator=gen) < 0.5))
+        step = dec.step([slot_of[u] for u in rows], codes, valid, final)
+        assert step.audio.shape[0] >= len(rows)
+        padded += step.audio.shape[0] > len(rows) and step.audio.shape[1] > max(valid) * HOP
+        for r, u in enumerate(rows):
+            out[u].append(step.audio[r, step.offsets[r]:step.offsets[r] + step.counts[r]].clone())
+            if final[r]:
+                dec.close(slot_of[u])
+                del live[u]
+    assert dec.free_slots == 4 and padded > 0  # some steps had padding rows and padding columns
+    for u, codes in enumerate(utts):
+        want = codec.decode(codes[None])[0]
+        err = rel_err(torch.cat(out[u]), want)
+        assert err <= BOUND, f"utterance {u} ({lengths[u]} frames): max |d| / peak = {err:.3g}"
+
+
+def test_reopened_slot_starts_fresh(codec):
+    dec = StreamingDecoder(codec, max_slots=2)
+    other = dec.open()
+    a = dec.open()
+    dec.push([a, other], random_codes(15, seed=9)[None].repeat(2, 1, 1), [15, 3], [False, False])
+    dec.close(a)  # abandoned mid-utterance: its histories are non-zero
+    assert dec.open() == a
+    codes = random_codes(13, seed=10)
+    outs = dec.push([a], codes[None], [13], [True])
+    assert rel_err(outs[0], codec.decode(codes[None])[0]) <= BOUND
+
+
+def test_the_bound_is_tight_one_corrupted_history(codec):
+    """1e-2 added to one layer's history of one slot breaks that stream only."""
+    dec = StreamingDecoder(codec, max_slots=3)
+    slots = [dec.open() for _ in range(3)]
+    codes = torch.stack([random_codes(30, seed=20 + i) for i in range(3)])  # [3, 8, 30]
+    outs = [[] for _ in slots]
+    for pos in range(0, 30, 6):
+        if pos == 12:
+            layer = next(i for i, st in enumerate(dec.stages) if st.kind == "res" and st.rate_out == 40)  # block 2
+            dec.states[layer][slots[1]] += 1e-2
+        for o, got in zip(outs, dec.push(slots, codes[:, :, pos:pos + 6], [6] * 3, [pos + 6 == 30] * 3)):
+            o.append(got)
+    errs = [rel_err(torch.cat(o), codec.decode(codes[i:i + 1])[0]) for i, o in enumerate(outs)]
+    assert errs[0] <= BOUND and errs[2] <= BOUND, errs
+    assert errs[1] > 10 * BOUND, errs
+
+
+# ---------------------------------------------------------------------------- errors
+def test_errors(codec):
+    dec = StreamingDecoder(codec, max_slots=2)
+    a, b = dec.open(), dec.open()
+    with pytest.raises(CapacityError):
+        dec.open()
+    good = torch.zeros(1, 8, 4, dtype=torch.long)
+    bad_codes = good.clone()
+    bad_codes[0, 3, 2] = 1024
+    dec.push([a], bad_codes, [2], [False])  # the bad code lies beyond `valid`: ignored
+    for args, match in [(([a], bad_codes, [3], [False]), "0..1023"),
+                        (([a], good - 1, [1], [False]), "0..1023"),
+                        (([a], good.float(), [1], [False]), "integers"),
+                        (([a], good[:, :7], [1], [False]), r"\[1, 8, C\]"),
+                        (([a], good, [5], [False]), "valid"),
+                        (([a], good, [-1], [False]), "valid"),
+                        (([a, a], good.repeat(2, 1, 1), [1, 1], [False, False]), "repeat"),
+                        (([a], good, [1, 1], [False]), "length"),
+                        (([7], good, [1], [False]), "not open")]:
+        with pytest.raises(InvalidInputError, match=match):
+            dec.push(*args)
+    dec.close(b)
+    with pytest.raises(InvalidInputError, match="not open"):
+        dec.push([b], good, [1], [False])
+    with pytest.raises(InvalidInputError, match="not open"):
+        dec.close(b)
+    dec.push([a], good, [4], [True])
+    with pytest.raises(InvalidInputError, match="after its final"):
+        dec.push([a], good, [0], [True])
+    with pytest.raises(ConfigError):
+        StreamingDecoder(codec, max_slots=0)
+    with pytest.raises(ConfigError, match="CUDA"):
+        dec.capture([1], [4])
+    with pytest.raises(ConfigError, match="max_slots"):
+        dec.capture([3], [4], graphs=False)
