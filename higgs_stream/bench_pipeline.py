@@ -48,6 +48,7 @@ class FakeEngine:
         self.columns: dict[int, np.ndarray] = {}  # sid -> every column it emits [K, F + 9]
         self.busy_s = 0.0  # time spent in step() (sleep included)
         self.steps = 0
+        self.paused: set[int] = set()  # live streams left out of steps (Engine.pause)
 
     def add(self, request: GenerationRequest) -> int:
         sid = self._next
@@ -60,8 +61,15 @@ class FakeEngine:
     def cancel(self, sid: int) -> None:
         self._cancels.append(sid)
 
+    def pause(self, sid: int) -> None:
+        if sid in self._live:
+            self.paused.add(sid)
+
+    def resume(self, sid: int) -> None:
+        self.paused.discard(sid)
+
     def has_work(self) -> bool:
-        return bool(self._pending or self._cancels or self._live)
+        return bool(self._pending or self._cancels or len(self._live) > len(self.paused))
 
     @property
     def num_active(self) -> int:
@@ -76,8 +84,11 @@ class FakeEngine:
         while self._cancels:
             sid = self._cancels.popleft()
             if self._live.pop(sid, None) is not None:
+                self.paused.discard(sid)
                 events.append(StepEvent(sid, None, True, "cancelled"))
         for sid, entry in list(self._live.items()):
+            if sid in self.paused:
+                continue
             cols, i = entry
             last = i == cols.shape[1] - 1
             events.append(StepEvent(sid, cols[:, i].copy(), last, "length" if last else None))

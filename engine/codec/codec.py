@@ -140,6 +140,12 @@ class Codec(nn.Module):
         return b.flags(enabled=b.enabled, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
                        deterministic=b.deterministic, allow_tf32=False)
 
+    def streaming_decoder(self, max_slots: int):
+        """The exact incremental decoder over this codec (engine/codec/streaming.py), `max_slots` streams."""
+        from higgs_stream.engine.codec.streaming import StreamingDecoder
+
+        return StreamingDecoder(self, max_slots)
+
     # ---- encode ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
         """Reference audio [T] or [C, T] at any rate -> codes int64 [Q, F] (mono, resampled to 24 kHz).

@@ -308,3 +308,25 @@ def test_talker_rejects_positions_beyond_its_context_cap(tiny_ckpt):
     with pytest.raises(InvalidInputError, match=r"positions must lie in \[0, 64\) \(the context cap\)"):
         engine.talker(batch, cache)
     cache.allocator.free(0)
+
+
+def test_pausing_a_stream_does_not_change_its_codes(tiny_ckpt, alone):
+    """A paused stream skips steps (the others go on) and resumes where it stopped: same codes."""
+    engine = make_engine(tiny_ckpt, token_budget=512)
+    sids = [engine.add(r) for r in REQUESTS[:2]]
+    got: dict[int, list[np.ndarray]] = {sid: [] for sid in sids}
+    step = 0
+    while engine.has_work() or engine.scheduler.num_paused:
+        if step == 12:
+            engine.pause(sids[0])
+        if step == 30:
+            engine.resume(sids[0])
+        for ev in engine.step():
+            if ev.column is not None:
+                got[ev.stream_id].append(ev.column)
+        if 12 <= step < 30:
+            assert engine.scheduler.num_paused == 1 or not engine.scheduler.is_running(sids[0])
+        step += 1
+        assert step < 1000
+    for sid, want in zip(sids, alone[0][:2]):
+        assert np.array_equal(np.stack(got[sid], axis=1), want)

@@ -99,3 +99,20 @@ def test_random_traffic_invariants(seed):
                 st["done"] = True
     assert all(st["done"] for st in streams.values()) and next_id == 30
     assert not s.has_work() and s.committed_pages == 0
+
+
+def test_paused_streams_keep_their_place_and_leave_the_plan():
+    s = Scheduler(SchedulerConfig(max_batch=4, token_budget=10, num_pages=100, page_size=4))
+    s.add(0, prompt_len=2, max_tokens=20)
+    s.add(1, prompt_len=2, max_tokens=20)
+    s.schedule()  # both prompts
+    s.pause(0)
+    s.pause(7)  # not running: ignored
+    assert s.num_paused == 1 and s.has_work()
+    assert plan_of(s.schedule()) == [(1, 2, 1, False, False)]
+    s.pause(1)
+    assert not s.has_work() and s.schedule() == []  # everything paused: nothing to plan
+    s.resume(0)
+    assert plan_of(s.schedule()) == [(0, 2, 1, False, False)]  # continues where it stopped
+    s.finish(1)  # finishing a paused stream forgets the pause
+    assert s.num_paused == 0 and s.num_running == 1

@@ -343,3 +343,31 @@ async def test_codec_failure_ends_only_the_streams_in_that_call():
                 await asyncio.sleep(0.01)
     finally:
         await p.stop()
+
+
+async def test_saturated_engine_pauses_streams_far_ahead_and_refuses_new_ones():
+    """Deadline-aware pacing end to end (fake engine at 12 ms a step: 'saturated' above 10 ms):
+    a stream more than 0.3 s ahead of its listener is paused until 0.2 s are left, its audio is
+    unchanged, and with the measured step time above the admission limit a new stream is refused."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    engine = FakeEngine(step_s=0.012)
+    pauses: list[int] = []
+    engine.pause = lambda sid, pause=engine.pause: (pauses.append(sid), pause(sid))[1]
+    cfg = ServerConfig(max_frames=60, history_segments=0, pause_ahead_s=0.3, resume_ahead_s=0.2,
+                       admit_step_ratio=0.25)
+    p = Pipeline(engine, FakeCodec(), cfg)
+    await p.start()
+    try:
+        h = p.open(ContextOptions(voice=default_voice(), seed=1))
+        h.say("Hello.")
+        h.close()
+        pcm, end = await collect(h, timeout=20)
+        assert end == End("completed") and pcm == fake_pcm(engine, 0)
+        assert pauses and set(pauses) == {0} and not engine.paused  # paused, then resumed to the end
+        assert p.loop_model.predict(2) > 0.25 * 0.04  # measured: ~12 ms a step
+        with pytest.raises(CapacityError, match="saturated"):
+            p.open(ContextOptions(voice=default_voice(), seed=2))
+        assert p.metrics.refused.value() == 1
+    finally:
+        await p.stop()

@@ -1,0 +1,70 @@
+"""Deadline-aware scheduling in plain Python: playback clocks, pause/resume with hysteresis,
+the loop-time model behind admission, and the pipeline refusing a stream when saturated."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, PlaybackClock
+
+
+def test_playback_clock_counts_audio_left_at_the_listener():
+    c = PlaybackClock()
+    assert c.ahead_s(5.0) == -math.inf and c.deadline(5.0) == 5.0  # waiting for its first audio: most urgent
+    c.sent(10.0, 1.0)  # first audio at t=10
+    c.sent(10.2, 2.0)
+    assert c.ahead_s(10.5) == pytest.approx(2.5)  # 3 s sent, 0.5 s played
+    assert c.deadline(11.0) == pytest.approx(13.0)  # runs dry at 10 + 3
+    assert c.ahead_s(14.0) == pytest.approx(-1.0)  # starving for a second
+
+
+def clocks(**ahead):
+    """Clocks whose listeners have `ahead` seconds left at t = 100."""
+    out = {}
+    for i, a in enumerate(ahead.values()):
+        c = PlaybackClock()
+        c.sent(90.0, 10.0 + a)
+        out[i] = c
+    return out
+
+
+def test_pacer_pauses_far_ahead_streams_only_while_saturated_with_hysteresis():
+    cfg = PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25)
+    pacer = Pacer(cfg)
+    cs = clocks(a=5.0, b=2.5, c=0.1)
+    assert pacer.plan(100.0, cs, loop_s=0.005) == ([], [], None)  # 5 ms < 10 ms: not saturated, nobody paused
+    pause, resume, wake = pacer.plan(100.0, cs, loop_s=0.02)
+    assert pause == [0] and resume == [] and wake == pytest.approx(3.0)  # resume when 2 s are left
+    assert pacer.plan(100.5, cs, loop_s=0.02) == ([], [], pytest.approx(2.5))  # still 4.5 s ahead: stays paused
+    assert pacer.plan(102.9, cs, loop_s=0.02)[:2] == ([], [])  # 2.1 s ahead: above the resume mark
+    assert pacer.plan(103.0, cs, loop_s=0.02)[:2] == ([], [0])  # 2.0 s: resumed
+    assert pacer.plan(103.0, cs, loop_s=0.02)[:2] == ([], [])  # 2 s < 3 s: not paused again (hysteresis)
+    pacer.plan(100.0, cs, loop_s=0.02)
+    assert pacer.paused == {0}
+    assert pacer.plan(100.0, cs, loop_s=0.001)[:2] == ([], [0])  # load gone: everyone runs
+    assert pacer.paused == set()
+
+
+def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
+    model, cfg = LoopModel(decay=0.05), PacingConfig(admit_ratio=0.5)  # admit while a step <= 20 ms
+    assert model.predict(10) is None and model.admits(10, cfg)  # no data yet: admit
+    for _ in range(200):
+        for rows in (8, 16, 32, 64):
+            model.observe(rows, 0.004 + 0.0002 * rows)  # 4 ms + 0.2 ms per stream
+    assert model.predict(32) == pytest.approx(0.0104, rel=1e-3)
+    assert model.predict(128) == pytest.approx(0.0296, rel=1e-3)  # extrapolated
+    assert model.admits(78, cfg) and not model.admits(80, cfg)  # 79 -> 19.8 ms, 81 -> 20.2 ms
+    flat = LoopModel()
+    for _ in range(50):
+        flat.observe(4, 0.003)
+    assert flat.predict(400) == pytest.approx(0.003)  # one batch size seen: no slope invented
+
+
+def test_pacing_config_validation():
+    for bad in ({"frame_s": 0}, {"pause_ahead_s": 1.0, "resume_ahead_s": 1.0}, {"saturated_ratio": 0},
+                {"admit_ratio": 1.5}):
+        with pytest.raises(ConfigError):
+            PacingConfig(**bad)
