@@ -29,6 +29,7 @@ import torch
 
 from higgs_stream.bench_model import batch_vs_single, logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
 from higgs_stream.engine.engine import EngineConfig
+from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
@@ -292,8 +293,13 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
 
     async def one(i: int) -> dict:
         await asyncio.sleep(arrival_s * i / max(n, 1))
-        h = pipeline.open(ContextOptions(voice=Voice(name="default"), mode=mode, seed=seed + i, top_k=TOP_K), transport="bench")
         t0 = loop.time()
+        try:
+            h = pipeline.open(ContextOptions(voice=Voice(name="default"), mode=mode, seed=seed + i, top_k=TOP_K),
+                              transport="bench")
+        except CapacityError:  # admission control: the server would answer `busy`
+            return {"ttfa": None, "start": t0, "end": t0, "audio_s": 0.0, "underruns": 0, "max_gap_s": 0.0,
+                    "reason": "busy"}
         h.say(TEXT)
         h.close()
         meter, first, samples = UnderrunMeter(SAMPLE_RATE), None, 0
@@ -316,20 +322,24 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
     steps0, loop0 = pipeline.steps, pipeline.metrics.step_time.sum
     t_start = loop.time()
     rows = await asyncio.gather(*(one(i) for i in range(n)))
-    loop_stats = {}
+    refused = sum(r["reason"] == "busy" for r in rows)
+    rows = [r for r in rows if r["reason"] != "busy"] or [{"ttfa": None, "start": t_start, "end": loop.time(),
+                                                           "audio_s": 0.0, "underruns": 0, "max_gap_s": 0.0,
+                                                           "reason": "busy"}]
+    loop_stats = {"refused_busy": refused}
     if timers:
         first_steps, first_codec = [x * 1e3 for x in timers[0].first], [x * 1e3 for x in timers[1].first]
         (step_s, step_n), (codec_s, codec_n) = (t.take() for t in timers)
         steps = pipeline.steps - steps0
         loop_s = pipeline.metrics.step_time.sum - loop0  # engine.step + routing, per engine-thread iteration
-        loop_stats = {"engine_steps": steps, "engine_step_s": step_s, "codec_calls": codec_n,
+        loop_stats |= {"engine_steps": steps, "engine_step_s": step_s, "codec_calls": codec_n,
                       "codec_s": codec_s, "mean_step_ms": step_s / max(step_n, 1) * 1e3,
                       "loop_ms": loop_s / max(steps, 1) * 1e3,
                       "route_ms": (loop_s - step_s) / max(steps, 1) * 1e3,
                       "first_steps_ms": first_steps, "first_codec_ms": first_codec}
     wall = max(r["end"] for r in rows) - t_start
-    ttfa = np.array([r["ttfa"] for r in rows if r["ttfa"] is not None])
-    rtf = np.array([(r["end"] - r["start"]) / r["audio_s"] for r in rows if r["audio_s"] > 0])
+    ttfa = np.array([r["ttfa"] for r in rows if r["ttfa"] is not None] or [np.nan])
+    rtf = np.array([(r["end"] - r["start"]) / r["audio_s"] for r in rows if r["audio_s"] > 0] or [np.nan])
     audio = sum(r["audio_s"] for r in rows)
     return {"n": n, "mode": mode, "arrival_s": arrival_s, "completed": sum(r["reason"] == "completed" for r in rows),
             "ttfa_p50_ms": float(np.percentile(ttfa, 50) * 1e3), "ttfa_p95_ms": float(np.percentile(ttfa, 95) * 1e3),
@@ -382,7 +392,8 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
                 res["codec_stream"] = codec_stream
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
-                    f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']}, {res['audio_s_per_s']:.1f} audio-s/s, "
+                    f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']} in {res['streams_with_underrun']} streams, "
+                    f"refused {res.get('refused_busy', 0)}, {res['audio_s_per_s']:.1f} audio-s/s, "
                     f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms, "
                     f"loop {res.get('loop_ms', 0):.2f} ms), "
                     f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s"

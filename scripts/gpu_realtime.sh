@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for issue #10 (real time at scale): GPU tests of the stateful codec, the codec
+# alone (stateful vs windowed vs one-shot), the in-process streaming benchmark, and the same
+# benchmark of the previous (windowed) pipeline as the baseline on the same card.
+# Usage (device tool, carry .whl and .baseline):  bash scripts/gpu_realtime.sh
+# Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
+# Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip).
+set -uo pipefail
+. "$(dirname "$0")/device_env.sh"
+budget=${BUDGET_S:-580}
+left() { echo $(( budget - SECONDS )); }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/engine/test_codec_streaming_gpu.py \
+  tests/stream/test_codec_graphs.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
+timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
+base=${BASELINE_STREAMS-64,128}
+reserve=$([ -n "$base" ] && echo 170 || echo 0)
+timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-1,16,64,128,256}" \
+  --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -20
+if [ -n "$base" ] && [ -d .baseline ]; then  # the previous pipeline, same card, same call
+  mkdir -p /tmp/shim_base/higgs_stream
+  for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done
+  for f in .baseline/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+  PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -m higgs_stream.bench --sections stream \
+    --streams "$base" --out "$OUT/baseline.json" 2>&1 | tee "$OUT/baseline.log" | grep -E "stream n=|Error" | tail -8
+fi
+echo "done in $SECONDS s"
