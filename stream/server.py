@@ -384,7 +384,11 @@ def bound_port(runner: web.AppRunner) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
-    parser.add_argument("--model", required=True, help="model directory or hub id (talker + tokenizer)")
+    parser.add_argument("--model", required=True,
+                        help="model directory or hub id (talker + tokenizer); random:tiny | random:full = random "
+                             "weights built in memory, EOS suppressed (noise, for benchmarking: higgs_stream/random_model.py)")
+    parser.add_argument("--arch", choices=("v2", "v3"), default=None,
+                        help="with --model random:*: the architecture to build (default v2); checkpoints name their own")
     parser.add_argument("--codec", default=None,
                         help="v2 codec directory or hub id (default: MODEL/audio_tokenizer, else bosonai/higgs-audio-v2-tokenizer; "
                              "v3 checkpoints carry their own)")
@@ -434,8 +438,19 @@ def build_state(args: argparse.Namespace) -> ServerState:
     voices = VoiceLibrary.from_config(cfg)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
-    model_dir = resolve_model_dir(args.model)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+    if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
+        from higgs_stream.random_model import build_random
+
+        if args.codec is not None:
+            raise ConfigError(f"--codec does not apply to --model {args.model} (it builds its own random codec)")
+        engine, codec = build_random(args.model, arch=args.arch or "v2", device=args.device, dtype=dtype, config=engine_cfg,
+                                     cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
+        metrics_ = Metrics()
+        return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
+    if args.arch is not None:
+        raise ConfigError("--arch applies to --model random:* only; a checkpoint's config.json names its architecture")
+    model_dir = resolve_model_dir(args.model)
     # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
     engine = load_engine(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg,
                          cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)

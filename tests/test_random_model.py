@@ -1,0 +1,98 @@
+"""`serve --model random:tiny [--arch v2|v3]`: a random-weight model built in memory whose EOS is
+suppressed, so an utterance runs to exactly --max-frames frames (the same model unsuppressed stops
+early for the same seed); random:full's in-memory builder at tiny size on the CPU (GpuEngine with
+the plain-torch kernels); random:full refuses the CPU; the hook's argument checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import aiohttp
+import pytest
+import torch
+from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.request import GenerationRequest, SamplingParams
+from higgs_stream.stream import server
+
+from higgs_stream.random_model import build_random, in_memory_engine, random_preset
+
+MAX_FRAMES, HOP = 60, 960
+TEXT = "The quick brown fox jumps over the lazy dog"
+SEED = 2  # the unsuppressed tiny models (v2 and v3, seed 0) stop after a few frames with this seed
+
+
+def args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    return parser.parse_args(["--device", "cpu", *argv])
+
+
+def test_model_names():
+    assert (random_preset("random:tiny"), random_preset("random:full"), random_preset("/models/x")) == ("tiny", "full", None)
+    with pytest.raises(ConfigError, match="random:tiny"):
+        random_preset("random:huge")
+    with pytest.raises(ConfigError, match="CUDA only"):
+        build_random("random:full", device="cpu")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "random:tiny", "--codec", "/x"], "--codec"),
+    (["--model", "/no/such/model", "--arch", "v3"], "--arch applies to --model random"),
+])
+def test_serve_argument_checks(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        server.build_state(args(*argv))
+
+
+@pytest.mark.parametrize("arch, fixture", [("v2", "tiny_ckpt"), ("v3", "tiny_v3_ckpt")])
+async def test_random_tiny_serves_exactly_max_frames(arch, fixture, request, caplog):
+    # control: the same weights (make-checkpoint tiny, seed 0) without suppression end early
+    plain = Engine.from_pretrained(str(request.getfixturevalue(fixture)), config=EngineConfig(kv_pages=256))
+    req = GenerationRequest(TEXT, sampling=SamplingParams(seed=SEED), max_frames=MAX_FRAMES)
+    assert plain.generate(req).shape[1] - 9 < MAX_FRAMES  # L columns -> L - 9 frames
+
+    with caplog.at_level("WARNING"):
+        state = server.build_state(args("--model", "random:tiny", "--arch", arch, "--max-frames", str(MAX_FRAMES)))
+    assert "NOISE, NEVER SPEECH" in caplog.text
+    assert state.pipeline.engine.generate(req).shape[1] - 9 == MAX_FRAMES
+
+    runner = await server.serve(state, "127.0.0.1", 0)
+    try:
+        url = f"ws://127.0.0.1:{server.bound_port(runner)}/v1/tts/stream"
+        pcm, done = bytearray(), None
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            await ws.send_str(json.dumps({"type": "text", "context_id": "a", "text": TEXT, "seed": SEED}))
+            await ws.send_str(json.dumps({"type": "end", "context_id": "a"}))
+            for _ in range(10_000):  # bounded: one message per iteration
+                msg = await ws.receive(timeout=60)
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    pcm += msg.data
+                    continue
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                ev = json.loads(msg.data)
+                if ev["type"] == "done":
+                    done = ev
+                    break
+    finally:
+        await runner.cleanup()
+    assert done == {"type": "done", "context_id": "a", "reason": "completed", "samples": MAX_FRAMES * HOP}
+    assert len(pcm) == 2 * MAX_FRAMES * HOP
+
+
+@pytest.mark.parametrize("arch", ["v2", "v3"])
+def test_in_memory_builder_of_random_full_at_tiny_size(arch):
+    """The code path of random:full (talker drawn in memory, GpuEngine, EOS rows zeroed in the fast
+    path's head, top-k capped), at tiny size on the CPU with kernels="ref"."""
+    config = EngineConfig(kv_pages=256, max_batch=4, token_budget=512)
+    engine = in_memory_engine(arch, "tiny", "cpu", torch.float32, config, cuda_graphs=False, kernels="ref")
+    cfg = engine.cfg
+    assert not engine.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id].any()
+    for seed in range(3):
+        req = GenerationRequest(TEXT, sampling=SamplingParams(seed=seed), max_frames=40)
+        assert engine.generate(req).shape[1] - 9 == 40
+    if arch == "v2":  # control: the same weights with EOS reachable stop early for seed 0
+        plain = in_memory_engine(arch, "tiny", "cpu", torch.float32, config, cuda_graphs=False, kernels="ref", eos=True)
+        req = GenerationRequest(TEXT, sampling=SamplingParams(seed=0), max_frames=40)
+        assert plain.generate(req).shape[1] - 9 < 40
