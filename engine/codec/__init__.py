@@ -3,6 +3,7 @@
 from higgs_stream.engine.codec.audio_io import (
                                             load_reference_audio,
                                             prepare_waveform,
+                                            probe_reference_audio,
                                             validate_waveform,
 )
 from higgs_stream.engine.codec.codec import Codec
@@ -26,6 +27,7 @@ __all__ = [
                                             "load_reference_audio",
                                             "original_names",
                                             "prepare_waveform",
+                                            "probe_reference_audio",
                                             "validate_waveform",
                                             "write_random_codec",
 ]
