@@ -191,7 +191,6 @@ class SessionRunner:
             if handle.busy or now - handle.active_at < self.state.config.context_idle_s:
                 self.session.touch(cid, now if handle.busy else handle.active_at)
                 continue
-            self._count_error(IdleTimeoutError.code)
             self._execute(self.session.time_out(cid))
 
     async def _flush(self) -> None:
