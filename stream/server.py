@@ -187,8 +187,8 @@ class SessionRunner:
     def _time_out_idle(self, now: float) -> None:
         """End the open contexts that neither the client nor the pipeline touched for `context_idle_s`."""
         for cid in self.session.idle(now):
-            handle = self.handles[cid]
-            if handle.busy or now - handle.active_at < self.state.config.context_idle_s:
+            handle = self.handles.get(cid)
+            if handle is not None and (handle.busy or now - handle.active_at < self.state.config.context_idle_s):
                 self.session.touch(cid, now if handle.busy else handle.active_at)
                 continue
             self._execute(self.session.time_out(cid))

@@ -224,6 +224,8 @@ class WebRTCPeer:
         try:
             runner = SessionRunner(self.state, self._send_text, self._send_bytes, transport="webrtc")
             await runner.run(self._receive)
+        except Exception:  # its contexts got error{internal} + done; the peer connection closes
+            log.exception("webrtc session of peer %s failed", self.id)
         finally:
             await self.close()
 

@@ -409,7 +409,8 @@ WIRE = st.one_of(MESSAGES.map(lambda m: json.dumps(m)), st.binary(max_size=20),
                  st.text(max_size=20), st.sampled_from(["[" * 999 + "]" * 999, '{"type": "text"' + "," * 3]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,  # the same cases in every CI run
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(WIRE, max_size=12), st.randoms(use_true_random=False))
 def test_any_message_sequence_keeps_rule_1(wire, rnd):
     """Whatever arrives: no exception, every reply a known typed error or a protocol message, and
