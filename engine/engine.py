@@ -79,6 +79,10 @@ class StepEvent:
 
 
 class Engine:
+    # KV positions a stream may use beyond `max_kv_tokens` (GpuEngine: one step of lag). add() and
+    # admission both commit `max_kv_tokens + kv_slack`, so a request add() accepts always fits.
+    kv_slack = 0
+
     def __init__(
         self,
         talker: torch.nn.Module,
@@ -139,7 +143,7 @@ class Engine:
             generator=make_generator(params.seed, self.device),
             segment=self.policy.new_segment(prompt, params, max_frames),
         )
-        pages = self.scheduler.config.pages_for(stream.max_kv_tokens)
+        pages = self.scheduler.config.pages_for(self._kv_commitment(stream))
         if pages > self.scheduler.config.num_pages:
             raise CapacityError(f"stream may need {pages} KV pages, the cache has {self.scheduler.config.num_pages}")
         self._pending.append(stream)
@@ -203,8 +207,8 @@ class Engine:
         events = []
         while self._pending:
             stream = self._pending.popleft()
-            try:  # add() checked the queue bound already; only a race with it can get here
-                self.scheduler.add(stream.sid, stream.prompt_len, stream.max_kv_tokens)
+            try:  # add() checked the queue bound and the pages already; only a race with it can get here
+                self.scheduler.add(stream.sid, stream.prompt_len, self._kv_commitment(stream))
             except CapacityError as exc:
                 events.append(StepEvent(stream.sid, None, True, "error", f"busy: {exc}"))
                 continue
@@ -286,6 +290,10 @@ class Engine:
         return events
 
     # ------------------------------------------------------------------ helpers
+    def _kv_commitment(self, s: Stream) -> int:
+        """KV positions committed for `s` at admission (what add() checks against the cache)."""
+        return s.max_kv_tokens + self.kv_slack
+
     def _wants_audio(self, c: Chunk) -> bool:
         """Whether this chunk's last position is sampled: every decode step, and v3's prompt end."""
         return not c.prefill or (c.last_of_prompt and self.policy.sample_at_prompt_end)

@@ -130,6 +130,8 @@ class _Launched:
 
 
 class GpuEngine(Engine):
+    kv_slack = LAG_SLACK  # a finished stream is scheduled once more (its row is ignored)
+
     def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig | TalkerV3Config, tokenizer: TokenizerLike,
                  cache: KVCache, config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
                  fast: FastTalker | None = None) -> None:
@@ -222,18 +224,6 @@ class GpuEngine(Engine):
         return events
 
     # ------------------------------------------------------------------ stages
-    def _admit_and_cancel(self) -> list[StepEvent]:
-        while self._pending:
-            stream = self._pending.popleft()
-            self.scheduler.add(stream.sid, stream.prompt_len, stream.max_kv_tokens + LAG_SLACK)
-            self._streams[stream.sid] = stream
-        events = []
-        while self._cancels:
-            sid = self._cancels.popleft()
-            if sid in self._streams:
-                events.append(self._finish(self._streams[sid], "cancelled"))
-        return events
-
     def _launch(self, plan: list[Chunk]) -> tuple[_Launched | None, list[StepEvent]]:
         """Stage, run and start copying back one step; returns it and its AUDIO_INIT events.
 

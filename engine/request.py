@@ -106,6 +106,8 @@ class GenerationRequest:
             raise InvalidInputError(f"reference must be a Reference, got {type(self.reference).__name__}")
         if self.scene is not None and not isinstance(self.scene, str):
             raise InvalidInputError(f"scene must be a string or None, got {type(self.scene).__name__}")
+        if self.scene is not None:
+            _check_unicode("scene", self.scene)
         if self.system is not None:
             _check_text("system", self.system)
         if not isinstance(self.sampling, SamplingParams):
@@ -129,6 +131,15 @@ def _check_text(name: str, value: object) -> None:
         raise InvalidInputError(f"{name} must be a string, got {type(value).__name__}")
     if not value.strip():
         raise InvalidInputError(f"{name} must not be empty")
+    _check_unicode(name, value)
+
+
+def _check_unicode(name: str, value: str) -> None:
+    """The tokenizer takes valid Unicode only: a lone surrogate ("\\ud800", legal in JSON) is refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(f"{name} is not valid Unicode: {e.reason} at index {e.start}") from e
 
 
 def _is_int(x: object) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from higgs_stream.engine.errors import ConfigError
@@ -16,12 +17,21 @@ OPENAI_VOICES = (
     "marin", "nova", "onyx", "sage", "shimmer", "verse",
 )
 
+# An allowed browser origin: scheme://host[:port], nothing after it (or "*": any origin).
+ORIGIN = re.compile(r"(https?)://([^/?#@\s:]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?")
+# An ICE server URL: stun:HOST[:PORT], or turn[s]:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp].
+ICE_SERVER = re.compile(r"(?P<scheme>stuns?|turns?):(?:(?P<username>[^:@]+):(?P<credential>[^@]+)@)?"
+                        r"(?P<host>[^:@?/\s]+)(?::(?P<port>\d{1,5}))?(?:\?transport=(?P<transport>udp|tcp))?")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     token: str | None = None  # None: no auth
+    # Browser origins allowed besides the server's own (WebSocket and POST routes); "*" = any.
+    # Requests without an Origin header (non-browser clients) are always allowed.
+    allowed_origins: tuple[str, ...] = ()
 
     # Admission.
     max_streams: int = 32  # contexts + HTTP requests in flight, server-wide
@@ -32,7 +42,7 @@ class ServerConfig:
     max_text_chars: int = 4096  # per `text` message and per HTTP `input`
     max_context_chars: int = 65536  # all text of one context
     max_reference_bytes: int = 6 << 20  # decoded reference audio file
-    max_reference_s: float = 30.0
+    max_reference_s: float = 30.0  # checked from the file's header before it is decoded
     max_transcript_chars: int = 2000
     max_scene_chars: int = 1000
 
@@ -52,6 +62,11 @@ class ServerConfig:
     max_send_ms: int = 1000  # largest merged audio frame after the first
     heartbeat_s: float = 20.0  # WebSocket ping interval
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
+    context_idle_s: float = 60.0  # an open context with no message and no audio for this long ends (idle_timeout)
+    http_body_timeout_s: float = 30.0  # an HTTP request body must arrive within this (timeout, 408)
+
+    # WebRTC: ICE servers the server's peer connections use (none: host candidates only).
+    ice_servers: tuple[str, ...] = ()
 
     # Deadline-aware scheduling (stream/pacing.py).
     pause_ahead_s: float = 3.0  # GPU saturated: pause a stream this far ahead of its listener ...
@@ -88,6 +103,21 @@ class ServerConfig:
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
         need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")
         need(0 < self.admit_step_ratio <= 1, "admit_step_ratio must be in (0, 1]")
+        need(self.context_idle_s > 0, "context_idle_s must be > 0")
+        need(self.http_body_timeout_s > 0, "http_body_timeout_s must be > 0")
+        need(isinstance(self.allowed_origins, tuple), "allowed_origins must be a tuple")
+        for origin in self.allowed_origins:
+            need(origin == "*" or (isinstance(origin, str) and ORIGIN.fullmatch(origin) is not None),
+                 f"allowed origin {origin!r} must be '*' or scheme://host[:port] (http or https, no path)")
+        need(isinstance(self.ice_servers, tuple), "ice_servers must be a tuple")
+        for url in self.ice_servers:
+            m = ICE_SERVER.fullmatch(url) if isinstance(url, str) else None
+            need(m is not None, f"ICE server {url!r} must be stun:HOST[:PORT] or "
+                                f"turn[s]:USER:CREDENTIAL@HOST[:PORT][?transport=udp|tcp]")
+            need(m["scheme"].startswith("turn") == (m["username"] is not None),
+                 f"ICE server {url!r}: TURN needs USER:CREDENTIAL@, STUN takes none")
+            need(m["transport"] is None or m["scheme"].startswith("turn"),
+                 f"ICE server {url!r}: only TURN takes a transport")
         for alias, target in self.voice_aliases.items():
             need(isinstance(alias, str) and isinstance(target, str) and alias and target,
                  f"bad voice alias {alias!r} -> {target!r}")

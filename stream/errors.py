@@ -1,5 +1,7 @@
 """Typed errors of the streaming service (codes listed in stream/PROTOCOL.md §3)."""
 
+import reprlib
+
 from higgs_stream.engine.errors import HiggsStreamError, InvalidInputError
 
 
@@ -17,8 +19,20 @@ class TooLargeError(InvalidInputError):
     code = "too_large"
 
 
+class UnsupportedMediaTypeError(InvalidInputError):
+    """An HTTP body that is not `application/json` (a cross-site form or `text/plain` post)."""
+
+    code = "unsupported_media_type"
+
+
 class UnauthorizedError(HiggsStreamError):
     code = "unauthorized"
+
+
+class ForbiddenOriginError(HiggsStreamError):
+    """A browser request from an origin that is neither the server's own nor an allowed one."""
+
+    code = "forbidden_origin"
 
 
 class SlowClientError(HiggsStreamError):
@@ -28,6 +42,22 @@ class SlowClientError(HiggsStreamError):
 
 
 class IdleTimeoutError(HiggsStreamError):
-    """A connection sent nothing and had no open context for `idle_timeout_s`; it is closed."""
+    """A connection sent nothing and had no open context for `idle_timeout_s` (it is closed), or an
+    open context got no message and no audio for `context_idle_s` (it ends)."""
 
     code = "idle_timeout"
+
+
+class RequestTimeoutError(HiggsStreamError):
+    """An HTTP request body did not arrive within `http_body_timeout_s`."""
+
+    code = "timeout"
+
+
+_brief = reprlib.Repr()
+_brief.maxlevel, _brief.maxstring, _brief.maxother, _brief.maxlong = 2, 60, 60, 40
+
+
+def brief(value: object) -> str:
+    """A client-sent value for an error message: its repr, bounded in length and depth."""
+    return _brief.repr(value)

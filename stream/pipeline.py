@@ -115,6 +115,7 @@ class StreamHandle:
         self._encoding = False
         self._waker = None
         self._ready = asyncio.Event()
+        self.active_at = pipeline.now()  # last text, audio or segment end (transports' idle clocks)
 
     # ---- control (event loop) ----
 
@@ -123,6 +124,7 @@ class StreamHandle:
         if self.finished:
             return
         self._texts.append(text)
+        self.active_at = self.pipeline.now()
         self._pump()
 
     def close(self) -> None:
@@ -137,6 +139,11 @@ class StreamHandle:
         self._queue.clear()
         self._buffered = 0
         self._finish(End("cancelled"))
+
+    @property
+    def busy(self) -> bool:
+        """The pipeline has work for this context: a segment generating, text or a reference waiting."""
+        return not self.finished and (self._segment is not None or bool(self._texts) or self._encoding)
 
     def set_waker(self, waker) -> None:
         """`waker()` is called whenever an event is queued."""
@@ -204,6 +211,10 @@ class StreamHandle:
         except HiggsStreamError as e:
             self._fail(e)
             return
+        except Exception as e:  # a bug: this context ends with `internal`, the others go on
+            log.exception("submitting segment %d failed", self._index)
+            self._fail(HiggsStreamError(f"internal error: {type(e).__name__}"))
+            return
         self._segment = seg
         self._index += 1
 
@@ -233,6 +244,7 @@ class StreamHandle:
         self._queue.append(Audio(pcm))
         self._buffered += samples
         self.samples += samples
+        self.active_at = now
         if self._buffered > self.pipeline.cfg.stream_buffer_samples:
             metrics.slow_clients.inc()
             self._fail(SlowClientError(
@@ -243,6 +255,7 @@ class StreamHandle:
 
     def _segment_end(self, seg: _Segment, reason: str, error: str | None, frames: np.ndarray | None) -> None:
         self._segment = None
+        self.active_at = self.pipeline.now()
         self.pipeline.metrics.engine_streams.dec()
         if reason in ("stop", "length"):
             if seg.keep_columns and frames is not None and frames.shape[1] > 0:
@@ -352,6 +365,7 @@ class Pipeline:
         if self.engine_device is not None:
             self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
         await self.codec_worker.start(self._engine_stream)
+        self._count_pages()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
@@ -429,7 +443,9 @@ class Pipeline:
             self._encodes.pop(key, None)  # do not remember failures
 
     def _encode_sync(self, voice: Voice) -> Reference:
-        codes = self.codec.encode(voice.wav, voice.sample_rate, max_seconds=self.cfg.max_reference_s)
+        """Decode the reference file (its header was checked on the event loop) and encode it."""
+        wav, sr = voice.decode()  # [T] at 24 kHz
+        codes = self.codec.encode(wav, sr, max_seconds=self.cfg.max_reference_s)
         return Reference(codes=codes, transcript=voice.transcript)  # [8, T]
 
     # ---- engine thread ----
@@ -462,6 +478,7 @@ class Pipeline:
             rnd = self._route(events)
             self.steps += 1
             self.metrics.steps.inc()
+            self._count_pages()
             self.metrics.step_time.observe(time.perf_counter() - t0)
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
@@ -486,6 +503,12 @@ class Pipeline:
             self.engine.resume(sid)
         self.metrics.paused_streams.set(len(self.pacer.paused))
         return wake
+
+    def _count_pages(self) -> None:
+        cache = getattr(self.engine, "cache", None)
+        if cache is not None:
+            self.metrics.kv_pages_used.set(cache.allocator.num_used)
+            self.metrics.kv_pages_free.set(cache.allocator.num_free)
 
     def _queue_round(self, rnd: Round) -> bool:
         """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued

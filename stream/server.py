@@ -5,7 +5,9 @@ Transports are thin drivers over the sans-I/O `Session` (stream/session.py) and 
 reader task beside its writer; HTTP handlers are cancelled by aiohttp when the connection drops,
 which needs `handler_cancellation=True`, as `serve()` sets), and every stream it opens is
 cancelled in `finally`, so a dropped client frees its engine pages within one step.
-Wire format: stream/PROTOCOL.md.
+Every accepted context ends with `done` or `error`: a failing message fails alone, a context left
+open and idle times out, and should the session itself fail, its contexts end with `internal`
+and the socket closes with 1011. Wire format: stream/PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -27,17 +29,25 @@ from pathlib import Path
 from aiohttp import WSCloseCode, WSMsgType, web
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.errors import IdleTimeoutError, TooLargeError, UnauthorizedError
+from higgs_stream.stream.errors import (
+    ForbiddenOriginError,
+    IdleTimeoutError,
+    RequestTimeoutError,
+    TooLargeError,
+    UnauthorizedError,
+    UnsupportedMediaTypeError,
+)
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Audio, End, Pipeline, StreamHandle
-from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, parse_speech
+from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, SpeechRequest, parse_speech
 from higgs_stream.stream.text import TextBuffer
 from higgs_stream.stream.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
 
 HTTP_STATUS = {"bad_json": 400, "unknown_type": 400, "invalid_input": 400, "bad_config": 400, "not_found": 400,
-               "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401}
+               "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401, "forbidden_origin": 403,
+               "unsupported_media_type": 415, "timeout": 408}
 PCM_CONTENT_TYPE = f"audio/pcm;rate={SAMPLE_RATE};channels=1"
 
 
@@ -77,8 +87,11 @@ class SessionRunner:
         self.state.metrics.errors.inc(code=code)
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes | None]]) -> None:
+        """Until the peer goes or the session fails. A failure (a server bug) ends every live context
+        with `error{internal}` + `done` (sent as far as the channel still takes them), then raises."""
         reader = asyncio.create_task(self._read(receive), name="session-reader")
         writer = asyncio.create_task(self._write(), name="session-writer")
+        failure = None
         try:
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -88,10 +101,20 @@ class SessionRunner:
             for handle in self.handles.values():
                 handle.cancel()
             self.handles.clear()
-        for result in results:
-            if isinstance(result, (ConnectionError, asyncio.CancelledError)) or result is None:
-                continue  # the peer went away while we wrote: a normal end
-            raise result
+            failure = next((r for r in results if isinstance(r, BaseException)
+                            and not isinstance(r, (ConnectionError, asyncio.CancelledError))), None)
+            if failure is not None:
+                self.session.fail_all(HiggsStreamError("internal error: the session failed"))
+                await self._flush_quietly()
+        if failure is not None:
+            raise failure
+
+    async def _flush_quietly(self) -> None:
+        try:
+            async with asyncio.timeout(1.0):
+                await self._flush()
+        except Exception as e:  # the channel is failing too; the transport closes it next
+            log.info("could not send the final errors: %r", e)
 
     async def _read(self, receive) -> None:
         idle_s = self.state.config.idle_timeout_s
@@ -113,7 +136,10 @@ class SessionRunner:
             if isinstance(cmd, Open):
                 try:
                     handle = self.state.pipeline.open(cmd.options, transport=self.transport)
-                except HiggsStreamError as e:
+                except Exception as e:
+                    if not isinstance(e, HiggsStreamError):
+                        log.exception("opening context %r failed", cmd.context_id)
+                        e = HiggsStreamError(f"internal error: {type(e).__name__}")
                     self.session.reject(cmd.context_id, e)
                     continue
                 handle.set_waker(self._wake.set)
@@ -134,13 +160,16 @@ class SessionRunner:
         max_bytes = self.state.config.max_send_bytes
         while True:
             self._wake.clear()
-            self._execute(self.session.tick(self._loop.time()))
+            now = self._loop.time()
+            self._execute(self.session.tick(now))
+            self._time_out_idle(now)
             await self._flush()
             head = self.session.head
             if head is not None:
                 handle = self.handles[head]
                 events = handle.take(max_bytes, first_alone=not self.session.audio_started(head))
                 if events:
+                    self.session.touch(head, self._loop.time())
                     for ev in events:
                         if isinstance(ev, Audio):
                             self.session.audio(head, ev.pcm)
@@ -154,6 +183,15 @@ class SessionRunner:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
+
+    def _time_out_idle(self, now: float) -> None:
+        """End the open contexts that neither the client nor the pipeline touched for `context_idle_s`."""
+        for cid in self.session.idle(now):
+            handle = self.handles.get(cid)
+            if handle is not None and (handle.busy or now - handle.active_at < self.state.config.context_idle_s):
+                self.session.touch(cid, now if handle.busy else handle.active_at)
+                continue
+            self._execute(self.session.time_out(cid))
 
     async def _flush(self) -> None:
         for frame in self.session.outgoing():
@@ -170,9 +208,47 @@ def authorized(request: web.Request, token: str | None) -> bool:
         return True
     header = request.headers.get("Authorization", "")
     candidates = [header[7:].strip()] if header[:7].lower() == "bearer " else []
-    if "token" in request.query:
-        candidates.append(request.query["token"])
-    return any(hmac.compare_digest(c.encode(), token.encode()) for c in candidates)
+    candidates += request.query.getall("token", [])
+    # Header bytes that are not UTF-8 arrive as surrogates; "surrogatepass" encodes any string, and
+    # never to the bytes of a real (UTF-8) token.
+    want = token.encode()
+    return any(hmac.compare_digest(c.encode("utf-8", "surrogatepass"), want) for c in candidates)
+
+
+def origin_allowed(request: web.Request, allowed: tuple[str, ...]) -> bool:
+    """Requests without an Origin header (not from a browser) pass; a browser's must come from the
+    server's own origin (the Origin's host[:port] is the Host header) or an allowed one."""
+    origin = request.headers.get("Origin")
+    if origin is None or "*" in allowed:
+        return True
+    origin = origin.strip().lower()
+    if origin in (o.lower() for o in allowed):
+        return True
+    scheme, sep, authority = origin.partition("://")
+    return bool(sep) and scheme in ("http", "https") and authority == (request.host or "").lower()
+
+
+def check_request(request: web.Request, cfg: ServerConfig, json_body: bool = False) -> None:
+    """Origin, token and (for POST routes) the JSON content type; raises the typed error."""
+    if not origin_allowed(request, cfg.allowed_origins):
+        raise ForbiddenOriginError(f"origin {request.headers.get('Origin', '')[:200]!r} is not allowed "
+                                   f"(see --allow-origin)")
+    if not authorized(request, cfg.token):
+        raise UnauthorizedError("wrong or missing token")
+    if json_body and request.content_type != "application/json":
+        # A cross-site page can post text/plain or a form without asking first; not JSON.
+        raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {request.content_type!r}")
+
+
+async def read_body(request: web.Request, cfg: ServerConfig) -> bytes:
+    """The request body, within `http_body_timeout_s` and `hard_message_bytes`."""
+    try:
+        async with asyncio.timeout(cfg.http_body_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeoutError(f"request body not received within {cfg.http_body_timeout_s:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise TooLargeError(f"request body over {cfg.hard_message_bytes} bytes") from None
 
 
 def error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
@@ -186,9 +262,12 @@ def error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
     return web.json_response(body, status=status, headers=headers)
 
 
-async def ws_stream(request: web.Request) -> web.WebSocketResponse:
+async def ws_stream(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
+    if not origin_allowed(request, cfg.allowed_origins):  # cross-site WebSocket hijacking: no upgrade
+        return error_response(ForbiddenOriginError(f"origin {request.headers.get('Origin', '')[:200]!r} is not "
+                                                   f"allowed (see --allow-origin)"), state.metrics)
     ws = web.WebSocketResponse(heartbeat=cfg.heartbeat_s, max_msg_size=cfg.hard_message_bytes, compress=False)
     await ws.prepare(request)
     state.sockets.add(ws)
@@ -210,7 +289,11 @@ async def ws_stream(request: web.Request) -> web.WebSocketResponse:
 
         query = {k: v for k, v in request.query.items()}
         runner = SessionRunner(state, ws.send_str, ws.send_bytes, query)
-        await runner.run(receive)
+        try:
+            await runner.run(receive)
+        except Exception:
+            log.exception("websocket session failed")
+            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
     finally:
         state.metrics.connections.dec()
         state.sockets.discard(ws)
@@ -235,13 +318,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
     try:
-        if not authorized(request, cfg.token):
-            raise UnauthorizedError("wrong or missing token")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge as e:
-            raise TooLargeError(f"request body over {cfg.hard_message_bytes} bytes") from e
-        req = parse_speech(body, cfg, state.voices)
+        check_request(request, cfg, json_body=True)
+        req = parse_speech(await read_body(request, cfg), cfg, state.voices)
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:
         return error_response(e, state.metrics)
@@ -260,36 +338,54 @@ async def speech(request: web.Request) -> web.StreamResponse:
                                         "audio/wav" if req.response_format == "wav" else PCM_CONTENT_TYPE)
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(request)
-        if req.response_format == "wav":
-            await resp.write(wav_header())
-        samples = 0
-        while True:
-            for ev in events:
-                if isinstance(ev, Audio):
-                    samples += len(ev.pcm) // 2
-                    await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
-                                     if sse else ev.pcm)
-                    continue
-                if ev.reason == "completed":
-                    if sse:
-                        tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
-                        frames = samples // (SAMPLE_RATE // 25)
-                        await resp.write(_sse({"type": "speech.audio.done", "usage": {
-                            "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
-                    await resp.write_eof()
-                    return resp
-                error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
-                state.metrics.errors.inc(code=error.code)
-                log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
-                if sse:
-                    await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
-                    await resp.write_eof()
-                    return resp
-                request.transport.close()  # no final chunk: the client sees a truncated body
-                return resp
-            events = await handle.next(cfg.max_send_bytes)
+        try:
+            await _speech_body(request, resp, handle, req, events)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:  # headers are out: no JSON error possible; the client sees a truncated body
+            log.exception("speech stream failed after its headers were sent")
+            state.metrics.errors.inc(code="internal")
+            if request.transport is not None:
+                request.transport.close()
+        return resp
     finally:
         handle.cancel()  # no-op when it completed; frees the engine stream when the client left
+
+
+async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
+                       events: list) -> None:
+    """Write a speech response's audio (its headers are sent) until the stream ends."""
+    state = request.app[STATE]
+    cfg = state.config
+    sse = req.stream_format == "sse"
+    if req.response_format == "wav":
+        await resp.write(wav_header())
+    samples = 0
+    while True:
+        for ev in events:
+            if isinstance(ev, Audio):
+                samples += len(ev.pcm) // 2
+                await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
+                                 if sse else ev.pcm)
+                continue
+            if ev.reason == "completed":
+                if sse:
+                    tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
+                    frames = samples // (SAMPLE_RATE // 25)
+                    await resp.write(_sse({"type": "speech.audio.done", "usage": {
+                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
+                await resp.write_eof()
+                return
+            error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
+            state.metrics.errors.inc(code=error.code)
+            log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
+            if sse:
+                await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
+                await resp.write_eof()
+                return
+            request.transport.close()  # no final chunk: the client sees a truncated body
+            return
+        events = await handle.next(cfg.max_send_bytes)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -308,8 +404,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def voices(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if not authorized(request, state.config.token):
-        return error_response(UnauthorizedError("wrong or missing token"), state.metrics)
+    try:
+        check_request(request, state.config)
+    except HiggsStreamError as e:
+        return error_response(e, state.metrics)
     return web.json_response(state.voices.describe())
 
 
@@ -321,9 +419,22 @@ def web_dir() -> Path | None:
 
 # ---------------------------------------------------------------- app
 
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """A handler's unexpected failure is logged with its traceback and answered as a JSON
+    `internal` error (500), never aiohttp's text/plain page."""
+    try:
+        return await handler(request)
+    except (web.HTTPException, ConnectionError):
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(HiggsStreamError("internal server error"), request.app[STATE].metrics)
+
+
 def make_app(state: ServerState) -> web.Application:
     """The app on one port. Run it with `handler_cancellation=True` (see `serve`)."""
-    app = web.Application(client_max_size=state.config.hard_message_bytes)
+    app = web.Application(client_max_size=state.config.hard_message_bytes, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_get("/v1/tts/stream", ws_stream)
     app.router.add_post("/v1/audio/speech", speech)
@@ -410,6 +521,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
                         help="require this bearer token (default: $HIGGS_STREAM_TOKEN; unset = no auth)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser origin (scheme://host[:port]) allowed besides the server's own; '*' = any; "
+                             "repeatable. Requests without an Origin header are always allowed")
+    parser.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                        help="WebRTC ICE server: stun:HOST[:PORT] or turn[s]:USER:CREDENTIAL@HOST[:PORT]"
+                             "[?transport=udp|tcp]; repeatable (default: none, host candidates only)")
+    parser.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, metavar="S",
+                        help="close a connection with no open context and no message for S seconds")
+    parser.add_argument("--context-idle-timeout", type=float, default=d.context_idle_s, metavar="S",
+                        help="end an open context (no `end` yet) with no message and no audio for S seconds")
+    parser.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s, metavar="S",
+                        help="answer 408 when an HTTP request body has not arrived within S seconds")
+    parser.add_argument("--max-reference-s", type=float, default=d.max_reference_s, metavar="S",
+                        help="longest reference audio, checked from the file header before decoding")
 
 
 def _cuda() -> bool:
@@ -418,13 +543,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def build_state(args: argparse.Namespace) -> ServerState:
-    import torch
-    from higgs_stream.engine.checkpoint import resolve_model_dir
-    from higgs_stream.engine.model_registry import load_codec_for
-    from higgs_stream.engine.engine import EngineConfig
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of `higgs-stream serve`'s flags (ConfigError when one is invalid)."""
     from higgs_stream.engine.errors import ConfigError
-    from higgs_stream.engine.gpu_engine import load_engine
 
     aliases = {}
     for item in args.voice_alias:
@@ -432,9 +553,22 @@ def build_state(args: argparse.Namespace) -> ServerState:
         if not sep:
             raise ConfigError(f"--voice-alias {item!r}: expected ALIAS=PRESET")
         aliases[alias] = target
-    cfg = ServerConfig(host=args.host, port=args.port, token=args.token, max_streams=args.max_streams,
-                       max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
-                       voice_aliases=aliases)
+    return ServerConfig(host=args.host, port=args.port, token=args.token, max_streams=args.max_streams,
+                        max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
+                        voice_aliases=aliases, allowed_origins=tuple(args.allow_origin),
+                        ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
+                        context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
+                        max_reference_s=args.max_reference_s)
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    import torch
+    from higgs_stream.engine.checkpoint import resolve_model_dir
+    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.engine import EngineConfig
+    from higgs_stream.engine.gpu_engine import load_engine
+
+    cfg = config_from_args(args)
     voices = VoiceLibrary.from_config(cfg)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)

@@ -3,8 +3,9 @@
 A preset is `DIR/NAME.wav` (or .flac/.ogg) plus `DIR/NAME.txt` holding its transcript. `default`
 is the preset of that name if present, else the model's own voice (no reference). OpenAI's voice
 names resolve to a preset of the same name, else to a configured alias, else to `default`
-(stream/PROTOCOL.md §2.4). Encoding a voice into codec codes is the pipeline's job (cached there
-by `Voice.key`); this module only finds and decodes audio files.
+(stream/PROTOCOL.md §2.4). This module only finds audio files and checks their headers, which is
+cheap enough for the event loop; decoding (`Voice.decode`) and encoding into codec codes are the
+pipeline's job, on its encode thread (cached there by `Voice.key`).
 """
 
 from __future__ import annotations
@@ -13,46 +14,39 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from higgs_stream.engine.codec import load_reference_audio, probe_reference_audio
 from higgs_stream.engine.errors import AudioInputError, ConfigError, InvalidInputError, NotFoundError
 from higgs_stream.stream.config import OPENAI_VOICES, ServerConfig
-from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.errors import TooLargeError, brief
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT = "default"
 
-# (file bytes, max_seconds) -> (wav float32 [T] or [C, T], sr); AudioInputError when undecodable/too long
-LoadAudio = Callable[[bytes, float], tuple[np.ndarray, int]]
-
-
-def _codec_loader(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
-    from higgs_stream.engine.codec import load_reference_audio
-
-    return load_reference_audio(data, max_seconds=max_seconds)  # mono [T] at 24 kHz
-
-
 @dataclass(frozen=True, eq=False)
 class Voice:
-    """A resolved voice. `wav is None` means the model's own voice (no reference)."""
+    """A resolved voice. `audio is None` means the model's own voice (no reference)."""
 
     name: str
-    wav: np.ndarray | None = None  # float32 [T] or [C, T]
-    sample_rate: int = 0
+    audio: bytes | None = None  # the reference file (WAV/FLAC/OGG) as sent, header checked
     transcript: str | None = None
     key: str = ""  # identifies the audio + transcript (cache key for encoded codes); "" = none
+    duration_s: float = 0.0  # as the file's header announces it
+    max_seconds: float = 30.0
 
     @property
     def has_reference(self) -> bool:
-        return self.wav is not None
+        return self.audio is not None
 
-    @property
-    def duration_s(self) -> float:
-        return 0.0 if self.wav is None else self.wav.shape[-1] / self.sample_rate
+    def decode(self) -> tuple[np.ndarray, int]:
+        """(mono float32 [T] at 24 kHz, 24000); AudioInputError when the audio is bad (undecodable,
+        silent, too short or long). CPU work proportional to the file: not on the event loop."""
+        assert self.audio is not None, f"voice {self.name!r} has no reference audio"
+        return load_reference_audio(self.audio, max_seconds=self.max_seconds)
 
 
 def _content_key(audio: bytes, transcript: str) -> str:
@@ -64,11 +58,10 @@ def _content_key(audio: bytes, transcript: str) -> str:
 class VoiceLibrary:
     def __init__(self, voices_dir: str | Path | None = None, aliases: dict[str, str] | None = None,
                  *, max_reference_bytes: int = 6 << 20, max_reference_s: float = 30.0,
-                 max_transcript_chars: int = 2000, load_audio: LoadAudio | None = None):
+                 max_transcript_chars: int = 2000):
         self.max_reference_bytes = max_reference_bytes
         self.max_reference_s = max_reference_s
         self.max_transcript_chars = max_transcript_chars
-        self._load = load_audio or _codec_loader
         self.presets: dict[str, Voice] = {}
         if voices_dir is not None:
             self.presets = self._load_presets(Path(voices_dir))
@@ -82,10 +75,9 @@ class VoiceLibrary:
             self.aliases[alias] = target
 
     @classmethod
-    def from_config(cls, cfg: ServerConfig, load_audio: LoadAudio | None = None) -> VoiceLibrary:
+    def from_config(cls, cfg: ServerConfig) -> VoiceLibrary:
         return cls(cfg.voices_dir, cfg.voice_aliases, max_reference_bytes=cfg.max_reference_bytes,
-                   max_reference_s=cfg.max_reference_s, max_transcript_chars=cfg.max_transcript_chars,
-                   load_audio=load_audio)
+                   max_reference_s=cfg.max_reference_s, max_transcript_chars=cfg.max_transcript_chars)
 
     def _load_presets(self, folder: Path) -> dict[str, Voice]:
         if not folder.is_dir():
@@ -107,7 +99,8 @@ class VoiceLibrary:
                 raise ConfigError(f"voice preset {name!r}: transcript {txt} is empty")
             data = path.read_bytes()
             try:
-                presets[name] = self._decoded(name, data, transcript)
+                presets[name] = self._checked(name, data, transcript)
+                presets[name].decode()  # a bad preset fails at startup, not on first use
             except (AudioInputError, InvalidInputError) as e:
                 raise ConfigError(f"voice preset {path}: {e}") from e
         return presets
@@ -125,10 +118,11 @@ class VoiceLibrary:
             return self.default
         if name in self.aliases:
             return self.resolve(self.aliases[name])
-        raise NotFoundError(f"unknown voice {name!r}; known: {', '.join(self.names())}")
+        raise NotFoundError(f"unknown voice {brief(name)}; known: {', '.join(self.names())}")
 
     def inline(self, audio_b64: str, transcript: str) -> Voice:
-        """A reference sent with the request: base64 audio file (a data: URL is fine) + transcript."""
+        """A reference sent with the request: base64 audio file (a data: URL is fine) + transcript.
+        Only the file's header is read here; the audio is decoded later, by `Voice.decode`."""
         if not isinstance(audio_b64, str) or not audio_b64:
             raise InvalidInputError("reference audio must be a non-empty base64 string")
         if not isinstance(transcript, str) or not transcript.strip():
@@ -146,16 +140,14 @@ class VoiceLibrary:
         if len(data) > self.max_reference_bytes:
             raise TooLargeError(f"reference audio has {len(data)} bytes, limit {self.max_reference_bytes}")
         key = _content_key(data, transcript.strip())
-        return self._decoded(f"inline:{key[:12]}", data, transcript.strip(), key)
+        return self._checked(f"inline:{key[:12]}", data, transcript.strip(), key)
 
-    def _decoded(self, name: str, data: bytes, transcript: str, key: str | None = None) -> Voice:
+    def _checked(self, name: str, data: bytes, transcript: str, key: str | None = None) -> Voice:
         if not data:
             raise AudioInputError("reference audio is empty")
-        wav, sr = self._load(data, self.max_reference_s)
-        wav = np.asarray(wav, dtype=np.float32)
-        assert wav.shape[-1] > 0 and np.isfinite(wav).all(), "the audio loader must reject empty or non-finite audio"
-        return Voice(name=name, wav=wav, sample_rate=int(sr), transcript=transcript,
-                     key=key or _content_key(data, transcript))
+        seconds = probe_reference_audio(data, max_seconds=self.max_reference_s)  # the header only
+        return Voice(name=name, audio=data, transcript=transcript, key=key or _content_key(data, transcript),
+                     duration_s=seconds, max_seconds=self.max_reference_s)
 
     def describe(self) -> dict:
         """The body of GET /v1/voices."""

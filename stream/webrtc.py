@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
-from higgs_stream.engine.errors import CapacityError, InvalidInputError
-from higgs_stream.stream.config import SAMPLE_RATE
-from higgs_stream.stream.server import STATE, ServerState, SessionRunner, authorized, error_response
-from higgs_stream.stream.errors import UnauthorizedError
+from higgs_stream.engine.errors import CapacityError, HiggsStreamError, InvalidInputError
+from higgs_stream.stream.config import ICE_SERVER, SAMPLE_RATE
+from higgs_stream.stream.server import STATE, ServerState, SessionRunner, check_request, error_response, read_body
+from higgs_stream.stream.session import check_unicode, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class WebRTCPeer:
         try:
             runner = SessionRunner(self.state, self._send_text, self._send_bytes, transport="webrtc")
             await runner.run(self._receive)
+        except Exception:  # its contexts got error{internal} + done; the peer connection closes
+            log.exception("webrtc session of peer %s failed", self.id)
         finally:
             await self.close()
 
@@ -236,9 +238,9 @@ class WebRTCPeer:
     def _intercept_cancel(self, raw: str) -> None:
         """A client `cancel` silences the context at once (the session then ends it as usual)."""
         try:
-            msg = json.loads(raw)
-        except ValueError:
-            return  # the session answers bad_json
+            msg = parse_json(raw, self.state.config.max_message_bytes)
+        except HiggsStreamError:
+            return  # the session answers it
         if not isinstance(msg, dict) or msg.get("type") != "cancel" or not isinstance(msg.get("context_id"), str):
             return
         cid = msg["context_id"]
@@ -312,40 +314,41 @@ class WebRTCPeer:
 PEERS = web.AppKey("higgs_webrtc_peers", dict)
 
 
-def _parse_offer(body: bytes) -> RTCSessionDescription:
-    try:
-        msg = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidInputError(f"offer must be JSON {{sdp, type}}: {e}") from e
-    if not isinstance(msg, dict) or not isinstance(msg.get("sdp"), str) or msg.get("type") != "offer":
+def _parse_offer(body: bytes, limit: int) -> RTCSessionDescription:
+    msg = parse_json(body, limit)
+    check_unicode(msg, body)
+    if not isinstance(msg.get("sdp"), str) or msg.get("type") != "offer":
         raise InvalidInputError('offer must be {"sdp": str, "type": "offer"}')
     return RTCSessionDescription(sdp=msg["sdp"], type="offer")
+
+
+def ice_configuration(urls: tuple[str, ...]) -> RTCConfiguration:
+    """Peer connection configuration from `ServerConfig.ice_servers` (validated there). An empty
+    list means host candidates only: aiortc's default would ask a public STUN server each offer."""
+    servers = []
+    for url in urls:
+        m = ICE_SERVER.fullmatch(url)
+        plain = f"{m['scheme']}:{m['host']}" + (f":{m['port']}" if m["port"] else "") + (
+            f"?transport={m['transport']}" if m["transport"] else "")
+        servers.append(RTCIceServer(plain, username=m["username"], credential=m["credential"]))
+    return RTCConfiguration(iceServers=servers)
 
 
 async def offer(request: web.Request) -> web.Response:
     """POST /v1/webrtc/offer {sdp, type:"offer"} -> {sdp, type:"answer", pc_id} (non-trickle ICE)."""
     state = request.app[STATE]
+    cfg = state.config
     peers: dict[str, WebRTCPeer] = request.app[PEERS]
     try:
-        if not authorized(request, state.config.token):
-            raise UnauthorizedError("wrong or missing token")
-        description = _parse_offer(await request.read())
-        if len(peers) >= state.config.max_streams:
-            raise CapacityError(f"server holds its limit of {state.config.max_streams} WebRTC peers")
-    except (InvalidInputError, UnauthorizedError, CapacityError) as e:
+        check_request(request, cfg, json_body=True)
+        description = _parse_offer(await read_body(request, cfg), cfg.max_message_bytes)
+        if len(peers) >= cfg.max_streams:
+            raise CapacityError(f"server holds its limit of {cfg.max_streams} WebRTC peers")
+    except HiggsStreamError as e:
         return error_response(e, state.metrics)
 
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(ice_configuration(cfg.ice_servers))
     peer = WebRTCPeer(state, pc)
-    try:
-        await pc.setRemoteDescription(description)
-    except ValueError as e:  # aiortc's SDP parser rejects it
-        await pc.close()
-        return error_response(InvalidInputError(f"bad offer SDP: {e}"), state.metrics)
-    if not any(t.kind == "audio" for t in pc.getTransceivers()):
-        await pc.close()
-        return error_response(InvalidInputError("the offer has no audio transceiver"), state.metrics)
-    peers[peer.id] = peer
     pc.on("datachannel", peer.attach)
 
     @pc.on("connectionstatechange")
@@ -354,6 +357,27 @@ async def offer(request: web.Request) -> web.Response:
             peer.connected.set()
         elif pc.connectionState in ("failed", "closed"):
             await peer.close()
+
+    try:
+        try:
+            await pc.setRemoteDescription(description)
+        except Exception as e:  # aiortc's SDP parser: ValueError, IndexError, KeyError, AssertionError, ...
+            raise InvalidInputError(f"bad offer SDP: {type(e).__name__}: {e}") from e
+        if not any(t.kind == "audio" for t in pc.getTransceivers()):
+            raise InvalidInputError("the offer has no audio transceiver")
+        pc.addTrack(peer.track)
+        try:
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as e:  # an offer aiortc parsed but cannot answer (no common codec, ...)
+            log.info("cannot answer an offer", exc_info=True)
+            raise InvalidInputError(f"cannot answer this offer: {type(e).__name__}: {e}") from e
+    except HiggsStreamError as e:
+        await peer.close()  # the peer connection is never left open
+        return error_response(e, state.metrics)
+    except BaseException:
+        await peer.close()
+        raise
+    peers[peer.id] = peer
 
     async def watch() -> None:  # forget the peer when it closes; close it if it never connects
         try:
@@ -365,8 +389,6 @@ async def offer(request: web.Request) -> web.Response:
         peers.pop(peer.id, None)
 
     peer.watcher = asyncio.create_task(watch(), name=f"webrtc-watch-{peer.id}")
-    pc.addTrack(peer.track)
-    await pc.setLocalDescription(await pc.createAnswer())
     return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "pc_id": peer.id})
 
 

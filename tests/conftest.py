@@ -8,9 +8,12 @@ Session-scoped and read-only: copy a checkpoint before modifying it.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from higgs_stream.engine.make_checkpoint import make_checkpoint
@@ -38,3 +41,23 @@ def tiny_ckpt_original(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_v3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny Higgs Audio v3 checkpoint (Qwen3 talker, codec bundled under the v3 prefix)."""
     return make_checkpoint_v3(tmp_path_factory.mktemp("ckpt") / "tiny-v3", preset="tiny", seed=0)
+
+
+def _flac_announcing(total_frames: int, sr: int = 48000, channels: int = 2) -> bytes:
+    """0.1 s of FLAC (a 440 Hz tone) whose STREAMINFO header claims `total_frames` (36 bits; 0 =
+    unknown): a decompression bomb as its header shows it (a real 1 h FLAC of near-silence is
+    ~0.7 MB and decodes to 1.3 GB)."""
+    t = np.arange(sr // 10) / sr
+    buf = io.BytesIO()
+    sf.write(buf, np.stack([0.5 * np.sin(2 * np.pi * 440 * t)] * channels, axis=1), sr, format="FLAC", subtype="PCM_16")
+    data = bytearray(buf.getvalue())
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first, its fields from byte 8
+    data[8 + 13] = (data[8 + 13] & 0xF0) | (total_frames >> 32)
+    data[8 + 14 : 8 + 18] = (total_frames & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.fixture(scope="session")
+def flac_announcing():
+    """`flac_announcing(total_frames, sr=48000, channels=2)` -> FLAC bytes whose header lies."""
+    return _flac_announcing

@@ -4,6 +4,7 @@ encode, loaders, writers."""
 from higgs_stream.engine.codec.audio_io import (
                                             load_reference_audio,
                                             prepare_waveform,
+                                            probe_reference_audio,
                                             validate_waveform,
 )
 from higgs_stream.engine.codec.codec import Codec
@@ -37,6 +38,7 @@ __all__ = [
                                             "lookahead_samples",
                                             "original_names",
                                             "prepare_waveform",
+                                            "probe_reference_audio",
                                             "validate_waveform",
                                             "write_random_codec",
 ]

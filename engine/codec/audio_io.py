@@ -66,24 +66,63 @@ def prepare_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_
     return to_codec_rate(validate_waveform(wav, sr, max_seconds), sr, target_sr)
 
 
-def load_reference_audio(source: bytes | bytearray | memoryview | str | Path,
-                         max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
-    """WAV/FLAC/OGG bytes or a file path -> (mono float32 [T] at 24 kHz, 24000)."""
-    import soundfile as sf
-
+def _source(source: bytes | bytearray | memoryview | str | Path) -> tuple[io.BytesIO | str, str]:
     if isinstance(source, (bytes, bytearray, memoryview)):
         if len(source) == 0:
             raise AudioInputError("audio is empty (0 bytes)")
-        handle: io.BytesIO | str = io.BytesIO(bytes(source))
-        name = f"<{len(source)} bytes>"
-    elif isinstance(source, (str, Path)):
+        return io.BytesIO(bytes(source)), f"<{len(source)} bytes>"
+    if isinstance(source, (str, Path)):
         if not Path(source).is_file():
             raise AudioInputError(f"audio file not found: {source}")
-        handle, name = str(source), str(source)
-    else:
-        raise AudioInputError(f"audio must be bytes or a path, got {type(source).__name__}")
+        return str(source), str(source)
+    raise AudioInputError(f"audio must be bytes or a path, got {type(source).__name__}")
+
+
+def _open_checked(source, max_seconds: float):
+    """An open soundfile.SoundFile whose header announces 1 … max_seconds of audio and at most
+    MAX_CHANNELS channels. Reads the header only: a file is refused before any sample is decoded."""
+    import soundfile as sf
+
+    handle, name = _source(source)
     try:
-        data, sr = sf.read(handle, dtype="float32", always_2d=True)  # [T, C]
+        f = sf.SoundFile(handle)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
         raise AudioInputError(f"cannot decode audio {name}: {e}") from e
+    problem = None
+    if f.samplerate <= 0 or f.channels <= 0:
+        problem = f"header has sample rate {f.samplerate} and {f.channels} channels"
+    elif f.channels > MAX_CHANNELS:
+        problem = f"audio has {f.channels} channels, limit {MAX_CHANNELS}"
+    elif f.frames <= 0:
+        problem = "audio is empty"
+    elif f.frames / f.samplerate > max_seconds:  # also a length the header leaves unknown (2**63 - 1)
+        problem = f"audio is too long: the header announces {f.frames / f.samplerate:.2f} s > {max_seconds:g} s"
+    if problem is not None:
+        f.close()
+        raise AudioInputError(problem)
+    return f
+
+
+def probe_reference_audio(source: bytes | bytearray | memoryview | str | Path,
+                          max_seconds: float = DEFAULT_MAX_SECONDS) -> float:
+    """Seconds of audio a WAV/FLAC/OGG file announces in its header, checked against `max_seconds`
+    without decoding it (cheap enough for an event loop); AudioInputError when refused."""
+    with _open_checked(source, max_seconds) as f:
+        return f.frames / f.samplerate
+
+
+def load_reference_audio(source: bytes | bytearray | memoryview | str | Path,
+                         max_seconds: float = DEFAULT_MAX_SECONDS) -> tuple[np.ndarray, int]:
+    """WAV/FLAC/OGG bytes or a file path -> (mono float32 [T] at 24 kHz, 24000).
+
+    The header is checked first (`probe_reference_audio`) and no more frames than it announces are
+    decoded, so a small compressed file cannot expand to hours of audio."""
+    import soundfile as sf
+
+    with _open_checked(source, max_seconds) as f:
+        try:
+            data = f.read(dtype="float32", always_2d=True)  # [T, C], T <= the announced frames
+        except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+            raise AudioInputError(f"cannot decode audio: {e}") from e
+        sr = f.samplerate
     return prepare_waveform(data.T, int(sr), max_seconds), CODEC_SAMPLE_RATE

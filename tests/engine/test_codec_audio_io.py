@@ -8,6 +8,7 @@ import soundfile as sf
 from higgs_stream.engine.codec import (
     load_reference_audio,
     prepare_waveform,
+    probe_reference_audio,
     validate_waveform,
 )
 from higgs_stream.engine.errors import AudioInputError
@@ -74,6 +75,20 @@ def test_max_seconds_is_configurable():
     assert load_reference_audio(data, max_seconds=5)[0].shape == (72000,)
     with pytest.raises(AudioInputError, match="too long"):
         load_reference_audio(data, max_seconds=2.5)
+
+
+def test_length_is_checked_from_the_header_before_decoding(monkeypatch, flac_announcing):
+    assert probe_reference_audio(flac_announcing(4800)) == pytest.approx(0.1)
+    assert load_reference_audio(flac_announcing(4800))[0].shape == (2400,)
+    bomb, unknown = flac_announcing(3600 * 48000), flac_announcing(0)  # 1 h; a length left unknown
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *a, **k: pytest.fail("decoded a refused file"))
+    for data, match in ((bomb, "announces 3600.00 s > 30 s"), (unknown, "too long")):
+        with pytest.raises(AudioInputError, match=match):
+            probe_reference_audio(data)
+        with pytest.raises(AudioInputError, match=match):
+            load_reference_audio(data)
+    with pytest.raises(AudioInputError, match="cannot decode"):
+        probe_reference_audio(b"RIFF\x00\x00garbage-not-audio" * 10)
 
 
 def test_validate_waveform_shapes_and_integer_pcm():

@@ -199,6 +199,11 @@ def test_add_refuses_bad_requests(tiny_ckpt):
         engine.add(REQUESTS[1])  # the reference makes the prompt longer than 100 positions
     with pytest.raises(InvalidInputError):
         engine.add("hello")
+    # lone surrogates (legal in JSON) are refused up front: the tokenizer would raise a TypeError
+    for make in (lambda: GenerationRequest("\ud800 hi"), lambda: GenerationRequest("Hi.", scene="\udfff"),
+                 lambda: Reference(np.zeros((8, 2), np.int64), "\ud83d")):
+        with pytest.raises(InvalidInputError, match="Unicode"):
+            make()
     sid = engine.add(REQUESTS[0])
     stream = engine._pending[-1]
     assert stream.max_frames == 100 - stream.prompt_len - 8 < REQUESTS[0].max_frames  # lowered to fit

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.errors import CancelledStream, ConfigError, InvalidInputError
+from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, InvalidInputError
 from higgs_stream.engine.fast_talker import FastTalker, KernelUnavailable
-from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
+from higgs_stream.engine.gpu_engine import LAG_SLACK, GpuEngine, GpuEngineConfig
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
 REF = GpuEngineConfig(kernels="ref", cuda_graphs=False)
@@ -140,6 +140,46 @@ def test_config_and_input_errors(tiny_ckpt):
     _, gpu = engines(tiny_ckpt)
     with pytest.raises(InvalidInputError, match="ras_window"):
         gpu.add(GenerationRequest(text="Hi.", sampling=SamplingParams(ras_window=40)))
+
+
+def test_add_and_admission_commit_the_same_kv_pages(tiny_ckpt):
+    """add() counts the one-step lag slack admission reserves: a request that fills the cache to
+    the last position is served; one position more is refused by add(), not lost inside step()."""
+    cfg = EngineConfig(kv_pages=9, page_size=16, max_batch=2)
+    base = Engine.from_pretrained(str(tiny_ckpt), config=cfg)
+    gpu = GpuEngine(base.talker, base.cfg, base.tokenizer, base.cache, cfg, REF)
+    text, greedy = "Hello world.", SamplingParams(temperature=0.0, ras_window=0)
+    prompt_len = len(gpu.policy.build_prompt(GenerationRequest(text)))
+    room = gpu.scheduler.config.num_pages * 16  # 8 pages: the 9th is the graph rows' scratch page
+    fits = room - prompt_len - gpu.cfg.num_codebooks - LAG_SLACK  # max_frames that fill it exactly
+    assert fits > 20
+    with pytest.raises(CapacityError, match="KV pages"):
+        gpu.add(GenerationRequest(text, sampling=greedy, max_frames=fits + 1))
+    assert not gpu.has_work()
+    cols = gpu.generate(GenerationRequest(text, sampling=greedy, max_frames=fits))
+    assert cols.shape[1] >= 2 and gpu.cache.allocator.num_used == 1  # only the scratch page is held
+
+
+def test_refused_admission_ends_the_stream_with_an_error_event(tiny_ckpt, monkeypatch):
+    """Should the scheduler refuse a stream add() accepted, the stream ends (reason "error"), and
+    step() carries on with the others."""
+    _, gpu = engines(tiny_ckpt)
+    ok = gpu.add(GenerationRequest("Hello world.", sampling=SamplingParams(seed=1), max_frames=5))
+    refused = gpu.add(GenerationRequest("Hi there.", sampling=SamplingParams(seed=2), max_frames=5))
+    add = gpu.scheduler.add
+
+    def flaky(sid, prompt_len, max_tokens):
+        if sid == refused:
+            raise CapacityError("no room")
+        add(sid, prompt_len, max_tokens)
+
+    monkeypatch.setattr(gpu.scheduler, "add", flaky)
+    ends = {}
+    while gpu.has_work():
+        ends.update({ev.stream_id: ev for ev in gpu.step() if ev.finished})
+    assert ends[refused].reason == "error" and "busy" in ends[refused].error
+    assert ends[ok].reason in ("stop", "length")
+    assert gpu.cache.allocator.num_used == 1
 
 
 def test_logprob_parity_harness_fp32_cpu():

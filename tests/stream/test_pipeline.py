@@ -140,7 +140,7 @@ async def test_reference_voice_is_encoded_once(make_pipeline, engine, codec, mon
     buf = io.BytesIO()
     sf.write(buf, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000, format="WAV")
     voice = VoiceLibrary().inline(base64.b64encode(buf.getvalue()).decode(), "A short clip.")
-    expected_codes = codec.encode(voice.wav, voice.sample_rate)
+    expected_codes = codec.encode(*voice.decode())
     requests = []
     add = engine.add
     monkeypatch.setattr(engine, "add", lambda req: (requests.append(req), add(req))[1])

@@ -16,6 +16,7 @@ from higgs_stream.engine.errors import AudioInputError, CapacityError, HiggsStre
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import SlowClientError
 from higgs_stream.stream.session import Cancel, Close, Open, Session, Speak, parse_speech
+from higgs_stream.stream.text import TextBuffer
 from higgs_stream.stream.voices import VoiceLibrary
 
 
@@ -270,7 +271,7 @@ def test_inline_reference_in_config_and_text(voices):
     ref = {"audio": base64.b64encode(wav_bytes(0.3)).decode(), "transcript": "a clip"}
     o = send(s, type="text", context_id="a", text="x", reference=ref)[0].options
     assert o.voice.name.startswith("inline:") and o.voice.transcript == "a clip"
-    assert o.voice.sample_rate == 24000 and o.voice.wav.shape == (int(0.3 * 24000),)
+    assert o.voice.duration_s == pytest.approx(0.3) and o.voice.decode()[0].shape == (int(0.3 * 24000),)
     send(s, type="config", reference={**ref, "audio": "data:audio/wav;base64," + ref["audio"]})
     assert msgs(s)[0]["voice"] == o.voice.name  # same content, same key
     assert send(s, type="text", context_id="b", text="y")[0].options.voice.key == o.voice.key
@@ -295,7 +296,7 @@ def test_tick_cuts_idle_text(voices):
     assert s.tick(1.3) == [Speak("b", "Done.")]
     assert s.deadline() == pytest.approx(1.5)
     assert s.tick(1.5) == [Speak("a", "partial")]
-    assert s.deadline() is None
+    assert s.deadline() == 1.0 + s.cfg.context_idle_s  # only the open contexts' idle clocks remain
     # per-session delay from config
     send(s, type="config", max_buffer_delay_ms=0)
     s.outgoing()
@@ -342,8 +343,91 @@ def test_parse_speech_errors(voices, body, code):
 
 
 def test_parse_speech_not_json(voices):
-    with pytest.raises(HiggsStreamError) as e:
-        parse_speech(b"input=hello", ServerConfig(), voices)
-    assert e.value.code == "bad_json"
+    for body, code in [(b"input=hello", "bad_json"), (b"[" * 1000 + b"]" * 1000, "bad_json"),
+                       (b'{"input": "\xff\xfe"}', "bad_json"), (b'{"input": "\\ud800 hi"}', "invalid_input")]:
+        with pytest.raises(HiggsStreamError) as e:
+            parse_speech(body, ServerConfig(), voices)
+        assert e.value.code == code, body
     with pytest.raises(AudioInputError):
         VoiceLibrary().inline(base64.b64encode(wav_bytes(40.0)).decode(), "too long")
+
+
+# ---- hostile input (issue #11): every case a typed error, the session goes on ----
+
+@pytest.mark.parametrize("raw, code, cid", [
+    ("[" * 1000 + "]" * 1000, "bad_json", None),  # RecursionError inside json.loads
+    ('{"type": "text", "context_id": "a", "text": "x", "voice": ' + "[" * 40 + "]" * 40 + "}", "bad_json", None),
+    ('{"type": "text", "context_id": "a", "text": "\\ud800 hi"}', "invalid_input", "a"),  # lone surrogate
+    ('{"type": "text", "context_id": "a", "text": "hi", "scene": "\\udfff"}', "invalid_input", "a"),
+    ('{"type": "text", "context_id": "a", "\\ud800": 1}', "invalid_input", "a"),  # in a key
+    ('{"type": "text", "context_id": "a", "text": "x", "seed": 1' + "0" * 5000 + "}", "bad_json", None),
+    ('{"type": "text", "context_id": "a", "text": "\ud800"}', "bad_json", None),  # a str no UTF-8 peer sends
+    ('{"type": "text", "context_id": "' + "c" * 200 + '", "text": "x"}', "invalid_input", None),  # id not echoed
+])
+def test_hostile_messages_get_typed_errors(voices, raw, code, cid):
+    s, codes = new_session(voices)
+    s.outgoing()
+    assert s.receive(raw, 0.0) == []
+    err = error_of(s)
+    assert err["code"] == code and err.get("context_id") == cid and codes == [code]
+    assert s.live == []
+    assert [type(c) for c in send(s, type="text", context_id="ok", text="fine", flush=True)] == [Open, Speak]
+
+
+def test_error_messages_show_client_values_briefly(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="x", voice="v" * 100_000)
+    err = error_of(s)
+    assert err["code"] == "not_found" and len(err["message"]) < 500
+
+
+def test_a_failing_message_fails_alone(voices, monkeypatch, caplog):
+    """A bug while handling one message: `internal` error for it (traceback logged); a context it
+    created is gone (its Open never reached the driver); the other contexts go on."""
+    s, codes = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="one")
+    monkeypatch.setattr(TextBuffer, "flush", lambda self: 1 / 0)
+    send(s, type="text", context_id="b", text="two", flush=True)
+    assert error_of(s) | {"message": ""} == {"type": "error", "code": "internal", "context_id": "b", "message": ""}
+    assert s.live == ["a"] and codes == ["internal"]
+    assert "ZeroDivisionError" in caplog.text
+    monkeypatch.undo()
+    assert send(s, type="end", context_id="a") == [Speak("a", "one"), Close("a")]
+
+
+def test_open_contexts_time_out_when_idle(voices):
+    s, _ = new_session(voices, context_idle_s=10)
+    s.outgoing()
+    send(s, now=0.0, type="text", context_id="a", text="one")
+    send(s, now=1.0, type="text", context_id="b", text="two")
+    send(s, now=2.0, type="text", context_id="c", text="three")
+    send(s, now=2.0, type="end", context_id="c")  # ended: generation and playout bound it, no idle clock
+    s.outgoing()
+    assert s.idle(9.9) == [] and s.deadline() == pytest.approx(1.0)  # a's text buffer is due first
+    s.tick(3.0)
+    assert s.deadline() == pytest.approx(10.0)
+    s.touch("a", 5.0)  # the pipeline worked on a
+    assert s.idle(11.0) == ["b"] and s.deadline() == pytest.approx(11.0)
+    assert s.time_out("b") == [Cancel("b")]
+    out = msgs(s)
+    assert out[0]["code"] == "idle_timeout" and out[0]["context_id"] == "b"
+    assert out[1] == {"type": "done", "context_id": "b", "reason": "error", "samples": 0}
+    send(s, now=14.0, type="flush", context_id="a")  # a message restarts the clock
+    assert s.idle(23.9) == [] and s.idle(24.0) == ["a"]
+    assert s.live == ["a", "c"]
+
+
+def test_fail_all_ends_every_context_with_an_error(voices):
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="one", flush=True)
+    send(s, type="text", context_id="b", text="two", flush=True)
+    s.audio("a", b"\x00\x00")
+    s.outgoing()
+    s.fail_all(HiggsStreamError("internal error: the session failed"))
+    out = msgs(s)
+    assert [(m["type"], m["context_id"]) for m in out] == [("error", "a"), ("done", "a"), ("error", "b"), ("done", "b")]
+    assert {m.get("code") for m in out if m["type"] == "error"} == {"internal"}
+    assert {m["reason"] for m in out if m["type"] == "done"} == {"error"} and s.live == []

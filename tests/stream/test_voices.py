@@ -37,10 +37,11 @@ def folder(tmp_path):
 def test_presets_and_aliases(folder):
     lib = VoiceLibrary(folder, {"house": "belinda"})
     b = lib.resolve("belinda")
-    assert b.has_reference and b.transcript == "Hello there." and b.sample_rate == 24000
-    assert b.wav.dtype == np.float32 and b.wav.shape == (12000,)
+    assert b.has_reference and b.transcript == "Hello there." and b.duration_s == 0.5
+    wav, sr = b.decode()
+    assert sr == 24000 and wav.dtype == np.float32 and wav.shape == (12000,)
     n = lib.resolve("nova")  # a preset named like an OpenAI voice wins over the alias
-    assert n.name == "nova" and n.wav.shape == (6000,)  # 48 kHz stereo -> 24 kHz mono
+    assert n.name == "nova" and n.decode()[0].shape == (6000,)  # 48 kHz stereo -> 24 kHz mono
     assert lib.resolve("house") is b
     assert lib.resolve("alloy").name == "default" and not lib.resolve("alloy").has_reference
     assert set(OPENAI_VOICES) - {"nova"} <= set(lib.aliases)
@@ -65,6 +66,8 @@ def test_default_preset(folder):
 @pytest.mark.parametrize("setup, match", [
     (lambda d: (d / "x.wav").write_bytes(tone(0.2, 24000)), "no transcript"),
     (lambda d: ((d / "x.wav").write_bytes(b"garbage" * 10), (d / "x.txt").write_text("t")), "cannot decode"),
+    (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 8000)[:44] + bytes(3200)), (d / "x.txt").write_text("t")),
+     "silent"),  # found by decoding: presets are decoded once at startup
     (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 24000)), (d / "x.txt").write_text(" ")), "empty"),
     (lambda d: ((d / "bad name.wav").write_bytes(tone(0.2, 24000)), (d / "bad name.txt").write_text("t")), "name"),
 ])
@@ -84,10 +87,13 @@ def test_bad_config(folder):
 
 
 def test_inline_reference():
+    """inline() reads the file's header only; decoding (and what only decoding finds) comes later."""
     lib = VoiceLibrary.from_config(ServerConfig(max_reference_bytes=100_000, max_reference_s=2.0))
     data = tone(0.5, 16000)
     v = lib.inline(base64.b64encode(data).decode(), " clip text ")
-    assert v.transcript == "clip text" and v.wav.shape == (12000,) and v.sample_rate == 24000
+    assert v.transcript == "clip text" and v.duration_s == 0.5 and v.audio == data
+    wav, sr = v.decode()
+    assert wav.shape == (12000,) and sr == 24000
     assert lib.inline("data:audio/wav;base64," + base64.b64encode(data).decode(), "clip text").key == v.key
     assert lib.inline(base64.b64encode(data).decode(), "other text").key != v.key
     with pytest.raises(AudioInputError, match="base64"):
@@ -96,9 +102,20 @@ def test_inline_reference():
         lib.inline(base64.b64encode(b"RIFF0000WAVEjunk").decode(), "t")
     with pytest.raises(AudioInputError, match="too long"):
         lib.inline(base64.b64encode(tone(2.5, 8000)).decode(), "t")
+    silent = lib.inline(base64.b64encode(tone(0.5, 8000)[:44] + bytes(8000)).decode(), "t")
     with pytest.raises(AudioInputError, match="silent"):
-        lib.inline(base64.b64encode(tone(0.5, 8000)[:44] + bytes(8000)).decode(), "t")
+        silent.decode()
     with pytest.raises(TooLargeError):
         lib.inline(base64.b64encode(bytes(200_000)).decode(), "t")
     with pytest.raises(InvalidInputError, match="transcript"):
         lib.inline(base64.b64encode(data).decode(), "  ")
+
+
+def test_inline_reference_is_not_decoded(monkeypatch, flac_announcing):
+    """A compressed file announcing an hour of audio is refused from its header, before decoding."""
+    lib = VoiceLibrary.from_config(ServerConfig())
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *a, **k: pytest.fail("inline() decoded audio"))
+    v = lib.inline(base64.b64encode(flac_announcing(4800)).decode(), "t")
+    assert v.duration_s == pytest.approx(0.1)
+    with pytest.raises(AudioInputError, match="announces 3600.00 s > 30 s"):
+        lib.inline(base64.b64encode(flac_announcing(3600 * 48000)).decode(), "t")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import aiohttp
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from higgs_stream.stream import server
-from higgs_stream.stream.webrtc import PacedPCMTrack
+from higgs_stream.stream import server, webrtc
+from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -91,7 +91,7 @@ class Client:
     """An aiortc peer playing the browser: recvonly audio first, then a data channel."""
 
     def __init__(self):
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback: no public STUN server
         self.pc.addTransceiver("audio", direction="recvonly")
         self.channel = self.pc.createDataChannel("tts")
         self.events: list[tuple[float, dict]] = []  # (time received, message)
@@ -222,14 +222,74 @@ async def test_offer_errors(live):
     async with aiohttp.ClientSession() as http:
         r = await http.post(f"{base}/v1/webrtc/offer", json={"sdp": "v=0", "type": "offer"})
         assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized"
-        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", data=b"not json")
-        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_input"
+        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", data=b"not json")  # not application/json
+        assert r.status == 415 and (await r.json())["error"]["code"] == "unsupported_media_type"
+        r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", data=b"not json",
+                            headers={"Content-Type": "application/json"})
+        assert r.status == 400 and (await r.json())["error"]["code"] == "bad_json"
         r = await http.post(f"{base}/v1/webrtc/offer?token=t0k", json={"sdp": "v=0", "type": "answer"})
         assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_input"
-        pc = RTCPeerConnection()  # data channel only: no audio to answer with
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # data channel only: no audio to answer with
         pc.createDataChannel("tts")
         await pc.setLocalDescription(await pc.createOffer())
         r = await http.post(f"{base}/v1/webrtc/offer?token=t0k",
                             json={"sdp": pc.localDescription.sdp, "type": "offer"})
         await pc.close()
         assert r.status == 400 and "audio" in (await r.json())["error"]["message"]
+
+
+AUDIO = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+ICE = ("a=ice-ufrag:aaaa\r\na=ice-pwd:bbbbbbbbbbbbbbbbbbbbbbbb\r\na=fingerprint:sha-256 AA\r\n"
+       "a=setup:actpass\r\na=mid:0\r\na=rtcp-mux\r\n")
+# What aiortc's SDP parser raises on each (found by fuzzing the offer route).
+GARBAGE_SDP = [
+    ("m=audio", "AssertionError"),
+    (AUDIO + "a=rtpmap:111\r\n", "ValueError"),
+    (AUDIO + ICE + "a=rtpmap:111 opus\r\n", "IndexError"),
+    (AUDIO + ICE.replace("actpass", "bogus"), "KeyError"),
+    (AUDIO + ICE.replace("a=setup:actpass\r\n", "") + "a=rtpmap:111 opus/48000/2\r\n", "AttributeError"),
+    ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\n" + ICE, "OperationError"),
+]
+
+
+async def test_garbage_offers_get_typed_errors_and_close_their_peer(live, monkeypatch):
+    """Each shape was a 500 with a traceback, and the peer connection made for it stayed open."""
+    state, base = live
+    made: list[tuple[RTCPeerConnection, RTCConfiguration]] = []
+
+    class Recording(RTCPeerConnection):
+        def __init__(self, configuration=None):
+            super().__init__(configuration)
+            made.append((self, configuration))
+
+    monkeypatch.setattr(webrtc, "RTCPeerConnection", Recording)
+    url = f"{base}/v1/webrtc/offer?token=t0k"
+    async with aiohttp.ClientSession() as http:
+        for sdp, raised in GARBAGE_SDP:
+            async with http.post(url, json={"sdp": sdp, "type": "offer"}) as r:
+                err = (await r.json())["error"]
+                assert r.status == 400 and err["code"] == "invalid_input" and raised in err["message"], err
+        for body, status, code in [
+            (b"[" * 1000 + b"]" * 1000, 400, "bad_json"),  # RecursionError in the offer parser
+            (b'{"sdp": "v=0\\ud800", "type": "offer"}', 400, "invalid_input"),
+        ]:
+            async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == status and (await r.json())["error"]["code"] == code
+        async with http.post(url, json={"sdp": "v=0", "type": "offer"}, headers={"Origin": "https://evil.example"}) as r:
+            assert r.status == 403 and (await r.json())["error"]["code"] == "forbidden_origin"
+    assert len(made) == len(GARBAGE_SDP)
+    assert all(pc.connectionState == "closed" and pc.signalingState == "closed" for pc, _ in made)
+    assert all(cfg.iceServers == [] for _, cfg in made)  # no public STUN server unless configured
+    client = Client()  # and the route still works
+    try:
+        await client.connect(base, "t0k")
+    finally:
+        await client.close()
+
+
+def test_ice_servers_come_from_the_config():
+    assert ice_configuration(()).iceServers == []  # aiortc's None would mean stun.l.google.com
+    cfg = ice_configuration(("stun:stun.example.com:3478", "turn:alice:s3cret@turn.example.com?transport=tcp"))
+    stun, turn = cfg.iceServers
+    assert stun.urls == "stun:stun.example.com:3478" and stun.username is None
+    assert (turn.urls, turn.username, turn.credential) == ("turn:turn.example.com?transport=tcp", "alice", "s3cret")

@@ -1,0 +1,51 @@
+"""ServerConfig: the limits added for hostile input are validated fields with `serve` flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.server import add_arguments, config_from_args
+
+
+def test_defaults_are_production_safe():
+    cfg = ServerConfig()
+    assert (cfg.context_idle_s, cfg.http_body_timeout_s, cfg.idle_timeout_s, cfg.max_reference_s) == (60, 30, 300, 30)
+    assert cfg.allowed_origins == () and cfg.ice_servers == ()  # same origin only; no public STUN server
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("context_idle_s", 0, "context_idle_s"),
+    ("http_body_timeout_s", -1, "http_body_timeout_s"),
+    ("max_reference_s", 0, "max_reference_s"),
+    ("allowed_origins", ("https://app.example/",), "scheme://host"),
+    ("allowed_origins", ("app.example",), "scheme://host"),
+    ("allowed_origins", ("ftp://app.example",), "scheme://host"),
+    ("allowed_origins", "https://app.example", "tuple"),
+    ("ice_servers", ("http://stun.example",), "stun:HOST"),
+    ("ice_servers", ("turn:turn.example",), "TURN needs"),
+    ("ice_servers", ("stun:u:p@stun.example",), "STUN takes none"),
+    ("ice_servers", ("stun:stun.example?transport=tcp",), "only TURN"),
+])
+def test_invalid_limits_are_refused(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(**{field: value})
+
+
+def test_serve_flags_set_the_limits():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([
+        "--model", "m", "--allow-origin", "https://app.example", "--allow-origin", "http://localhost:3000",
+        "--ice-server", "stun:stun.example:3478", "--ice-server", "turns:u:p@turn.example:5349?transport=tcp",
+        "--idle-timeout", "100", "--context-idle-timeout", "20", "--http-body-timeout", "5", "--max-reference-s", "12",
+    ])
+    cfg = config_from_args(args)
+    assert cfg.allowed_origins == ("https://app.example", "http://localhost:3000")
+    assert cfg.ice_servers == ("stun:stun.example:3478", "turns:u:p@turn.example:5349?transport=tcp")
+    assert (cfg.idle_timeout_s, cfg.context_idle_s, cfg.http_body_timeout_s, cfg.max_reference_s) == (100, 20, 5, 12)
+    with pytest.raises(ConfigError, match="origin"):
+        config_from_args(parser.parse_args(["--model", "m", "--allow-origin", "evil"]))
+    assert config_from_args(parser.parse_args(["--model", "m"])) == ServerConfig(token=args.token)
