@@ -302,19 +302,20 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
                     "reason": "busy"}
         h.say(TEXT)
         h.close()
-        meter, first, samples = UnderrunMeter(SAMPLE_RATE), None, 0
+        meter, first, samples, late = UnderrunMeter(SAMPLE_RATE), None, 0, []
         while True:
             events = await h.next(1 << 30)
             now = loop.time()
             for ev in events:
                 if isinstance(ev, Audio):
                     first = now if first is None else first
-                    meter.chunk(now, len(ev.pcm) // 2)
+                    if meter.chunk(now, len(ev.pcm) // 2):
+                        late.append(samples / SAMPLE_RATE)  # audio position (s) where the listener ran dry
                     samples += len(ev.pcm) // 2
                 else:
                     return {"ttfa": (first - t0) if first is not None else None, "start": t0, "end": now,
                             "audio_s": samples / SAMPLE_RATE, "underruns": meter.underruns,
-                            "max_gap_s": meter.max_gap_s, "reason": ev.reason}
+                            "max_gap_s": meter.max_gap_s, "reason": ev.reason, "late_at_s": late}
 
     if timers:
         for t in timers:
@@ -348,7 +349,15 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
             "streams_with_underrun": int(sum(r["underruns"] > 0 for r in rows)),
             "audio_s_total": audio, "wall_s": wall, "audio_s_per_s": audio / wall,
             "max_gap_ms": float(max(r["max_gap_s"] for r in rows) * 1e3),
-            "full_length": int(sum(r["audio_s"] >= FRAMES * 0.04 - 1e-6 for r in rows)), **loop_stats}
+            "full_length": int(sum(r["audio_s"] >= FRAMES * 0.04 - 1e-6 for r in rows)),
+            "underruns_by_position_s": _histogram([x for r in rows for x in r.get("late_at_s", ())]),
+            "paused_max": getattr(pipeline, "max_paused", None), **loop_stats}
+
+
+def _histogram(positions: list[float]) -> dict[str, int]:
+    """Underruns by where in the utterance they happened: the ramp-up or later."""
+    edges = ((0.0, 0.5), (0.5, 1.5), (1.5, 4.0), (4.0, float("inf")))
+    return {f"{lo:g}-{hi:g}s": sum(lo <= x < hi for x in positions) for lo, hi in edges}
 
 
 class _CodecStats:
@@ -394,6 +403,7 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
                     f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']} in {res['streams_with_underrun']} streams, "
                     f"refused {res.get('refused_busy', 0)}, {res['audio_s_per_s']:.1f} audio-s/s, "
+                    f"underruns at {res['underruns_by_position_s']}, max gap {res['max_gap_ms']:.0f} ms, "
                     f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms, "
                     f"loop {res.get('loop_ms', 0):.2f} ms), "
                     f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s"

@@ -21,7 +21,10 @@ if [ -n "$base" ] && [ -d .baseline ]; then  # the previous pipeline, same card,
   mkdir -p /tmp/shim_base/higgs_stream
   for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done
   for f in .baseline/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
-  PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -m higgs_stream.bench --sections stream \
-    --streams "$base" --out "$OUT/baseline.json" 2>&1 | tee "$OUT/baseline.log" | grep -E "stream n=|Error" | tail -8
+  # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
+  (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
+    "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \
+from higgs_stream.bench import main; sys.exit(main(['--sections', 'stream', '--streams', '$base', '--out', '$OUT/baseline.json']))" \
+    2>&1 | tee "$OUT/baseline.log" | grep -E "baseline code|stream n=|Error" | tail -9)
 fi
 echo "done in $SECONDS s"

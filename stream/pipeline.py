@@ -323,6 +323,7 @@ class Pipeline:
         self.loop_model = LoopModel()  # engine loop seconds per step vs decode rows (engine thread writes)
         self.pacer = Pacer(self.pacing)
         self._paced_at = 0.0
+        self.max_paused = 0  # most streams paused at once (benchmarks read it)
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
         self._segments: dict[int, _Segment] = {}  # engine stream id -> segment (guarded by _lock)
@@ -502,6 +503,7 @@ class Pipeline:
         for sid in resume:
             self.engine.resume(sid)
         self.metrics.paused_streams.set(len(self.pacer.paused))
+        self.max_paused = max(self.max_paused, len(self.pacer.paused))
         return wake
 
     def _count_pages(self) -> None:

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from aiohttp import WSCloseCode, WSMsgType, web
-from higgs_stream.engine.errors import HiggsStreamError
+from higgs_stream.engine.errors import ConfigError, HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import (
     ForbiddenOriginError,
