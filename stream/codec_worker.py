@@ -4,8 +4,10 @@ The engine thread hands it one `Round` per step (`submit`, into a bounded queue 
 `CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). The codec thread
 takes every queued round at once and runs their jobs through one `Code2Wav` (stream/adapter.py):
 every due stream's new frames in one batched step of the stateful decoder, ramp windows in few
-one-shot calls. When more streams are due than one call takes (`max_windows`), the streams whose
-listeners run dry first (`seg.deadline`) go first. Audio and segment ends reach the event loop in
+one-shot calls. Deadlines decide the batching: while no listener is about to run dry, a call waits
+up to `hold_s` for more streams' jobs (fewer, larger calls beside the talker); a first chunk or a
+listener within CODEC_URGENT_S of running dry is decoded at once; when more streams are due than one
+call takes (`max_windows`), those whose listeners run dry first (`seg.deadline`) go first. Audio and segment ends reach the event loop in
 one `deliver(items)` call per codec call, each stream's chunks and its end in order. A failed
 decode ends only the segments in that call (their engine streams are cancelled); the thread lives on.
 
@@ -45,6 +47,10 @@ CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CODEC_FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 48)
 CODEC_WINDOW_BUCKETS = (1, 2, 4, 8, 16)  # low-latency ramp windows: batch buckets (warmed, graphed)
 CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max streams)
+# Deadline-aware batching: a call waits up to CODEC_HOLD_S for more streams' jobs unless a listener
+# would run dry within CODEC_URGENT_S of audio (first chunks never wait).
+CODEC_HOLD_S = 0.05
+CODEC_URGENT_S = 0.3
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
@@ -65,7 +71,8 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2):
+                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
+                 hold_s: float = CODEC_HOLD_S):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -76,7 +83,7 @@ class CodecWorker:
         self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
-        self.stream_mode, self.max_windows = stream_mode, max_windows
+        self.stream_mode, self.max_windows, self.hold_s = stream_mode, max_windows, hold_s
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
@@ -131,24 +138,42 @@ class CodecWorker:
     def _run(self) -> None:
         with on_stream(self._stream):
             while True:
-                rounds = [self.rounds.get()]
-                windows = len(rounds[0].jobs) if rounds[0] is not None else 0
-                while rounds[-1] is not None:  # merge what else is queued, up to max_windows
-                    try:
-                        nxt = self.rounds.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is not None and windows + len(nxt.jobs) > self.max_windows:
-                        self._decode_rounds(rounds)
-                        rounds, windows = [], 0
-                    rounds.append(nxt)
-                    windows += len(nxt.jobs) if nxt is not None else 0
+                rounds = self._collect()
                 stop = rounds[-1] is None
                 rounds = [r for r in rounds if r is not None]
                 if rounds:
                     self._decode_rounds(rounds)
                 if stop:
                     return
+
+    def _collect(self) -> list[Round | None]:
+        """The rounds of the next call: all that are queued and, while no listener needs audio soon,
+        those that come within `hold_s` (bigger batches: fewer, cheaper calls beside the talker).
+        A job whose listener runs dry within CODEC_URGENT_S (a first chunk: at once) ends the wait."""
+        rounds = [self.rounds.get()]
+        until = time.monotonic() + self.hold_s
+        while rounds[-1] is not None and sum(len(r.jobs) for r in rounds) < self.max_windows:
+            try:
+                nxt = self.rounds.get_nowait()
+            except queue.Empty:
+                wait = self._hold(rounds, until)
+                if wait <= 0:
+                    break
+                try:
+                    nxt = self.rounds.get(timeout=wait)
+                except queue.Empty:
+                    break
+            rounds.append(nxt)
+        return rounds
+
+    def _hold(self, rounds: list[Round | None], until: float) -> float:
+        """Seconds the call may still wait for more rounds (<= 0: decode now)."""
+        now = time.monotonic()
+        owners = [seg for r in rounds if r is not None for seg in r.owners]
+        if not owners:
+            return 0.0  # segment ends only: nothing to batch
+        slack = min(getattr(seg, "deadline", 0.0) for seg in owners) - now
+        return min(until - now, slack - CODEC_URGENT_S)
 
     def _decode_rounds(self, rounds: list[Round]) -> None:
         """Run the jobs of `rounds` (the most urgent streams first when they exceed one call) and

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 
 from higgs_stream.engine.make_checkpoint import make_checkpoint
@@ -47,6 +46,8 @@ def _flac_announcing(total_frames: int, sr: int = 48000, channels: int = 2) -> b
     """0.1 s of FLAC (a 440 Hz tone) whose STREAMINFO header claims `total_frames` (36 bits; 0 =
     unknown): a decompression bomb as its header shows it (a real 1 h FLAC of near-silence is
     ~0.7 MB and decodes to 1.3 GB)."""
+    import soundfile as sf  # here, not at the top: the GPU machine's tests do not need it (nor have it)
+
     t = np.arange(sr // 10) / sr
     buf = io.BytesIO()
     sf.write(buf, np.stack([0.5 * np.sin(2 * np.pi * 440 * t)] * channels, axis=1), sr, format="FLAC", subtype="PCM_16")
