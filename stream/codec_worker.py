@@ -86,6 +86,7 @@ class CodecWorker:
         self.stream_mode, self.max_windows, self.hold_s = stream_mode, max_windows, hold_s
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
+        self.call_s = 0.0  # EMA of one call's wall time
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -207,7 +208,9 @@ class CodecWorker:
             self._send([("end", seg, "error", f"codec decode failed: {exc!r}", None) for seg in failed.values()])
             return
         finally:
-            self.busy_s += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.busy_s += took
+            self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
         items: list[tuple] = []
         bad: set[int] = set()
         for seg, chunk in zip(owners, pcm):

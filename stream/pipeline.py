@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.stream.adapter import Code2WavAdapter, PushJob, WindowJob, feed_columns
+from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS, CodecWorker, Round, cuda_device, on_stream
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import SlowClientError
@@ -51,6 +53,9 @@ from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
+JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
+MAX_FIRST_CHUNK = 8  # frames (TTFA grows by one engine step per frame)
 PACE_EVERY_S = 0.01  # engine thread: how often the playback clocks are checked (pause/resume)
 IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on every add/cancel)
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
@@ -203,7 +208,7 @@ class StreamHandle:
             )
             seg = _Segment(
                 handle=self, index=self._index, text=text, request=request,
-                adapter=Code2WavAdapter(self.pipeline.geometry, mode=opts.mode),
+                adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(opts.mode)),
                 keep_columns=self._reference is None and cfg.history_segments > 0,
                 submitted_at=self.pipeline.now(),
             )
@@ -394,6 +399,20 @@ class Pipeline:
 
     def now(self) -> float:
         return self._loop.time()
+
+    def adapter_config(self, mode: str) -> AdapterConfig:
+        """A new segment's chunk plan. Its first chunk must outlast the delivery jitter of the chunks
+        after it (a listener plays chunk 0 at once), so under load it starts with more frames:
+        first = ceil(JITTER_FACTOR x (engine loop + codec call) / frame), 1 when idle, then doubling
+        to DEFAULT_SCHEDULE's last size. Sizes are fixed per segment: a schedule never shrinks."""
+        jitter = JITTER_FACTOR * (self.loop_model.last_s + self.codec_worker.call_s)
+        first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], math.ceil(jitter / self.geometry.frame_seconds)))
+        if first == DEFAULT_SCHEDULE[0]:
+            return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
+        last, schedule = DEFAULT_SCHEDULE[-1], [first]
+        while schedule[-1] < last:
+            schedule.append(min(last, 2 * schedule[-1]))
+        return AdapterConfig(mode=mode, schedule=tuple(schedule))
 
     # ---- admission (event loop) ----
 

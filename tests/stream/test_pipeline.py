@@ -371,3 +371,18 @@ async def test_saturated_engine_pauses_streams_far_ahead_and_refuses_new_ones():
         assert p.metrics.refused.value() == 1
     finally:
         await p.stop()
+
+
+async def test_first_chunk_grows_with_the_measured_jitter():
+    """Idle: the default schedule (a 1-frame first chunk). Loaded: the first chunk covers three
+    times (engine loop + codec call), then doubles to 25 frames; never more than 8 frames."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())
+    assert p.adapter_config("exact").schedule == (1, 2, 4, 8, 16, 25)  # nothing measured yet
+    p.loop_model.observe(64, 0.010)
+    p.codec_worker.call_s = 0.030  # 3 x 40 ms = 120 ms of jitter = 3 frames
+    cfg = p.adapter_config("low_latency")
+    assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "low_latency"
+    p.codec_worker.call_s = 1.0
+    assert p.adapter_config("exact").schedule[0] == 8
