@@ -67,13 +67,16 @@ class PlaybackClock:
         return now if self.start is None else self.start + self.sent_s
 
 
+RECENT_WEIGHT = 0.2  # LoopModel.last_s: weight of the newest step (reacts within ~10 steps)
+
+
 class LoopModel:
     """Engine loop seconds per step vs decode rows, as an exponentially weighted linear fit."""
 
     def __init__(self, decay: float = 0.02) -> None:
         self.decay = decay
         self._w = self._x = self._y = self._xx = self._xy = 0.0
-        self.last_s = 0.0  # EMA of the loop time (any batch)
+        self.last_s = 0.0  # the recent loop time (a fast EMA, any batch)
 
     def observe(self, rows: int, seconds: float) -> None:
         keep = 1.0 - self.decay
@@ -82,7 +85,7 @@ class LoopModel:
         self._y = self._y * keep + seconds
         self._xx = self._xx * keep + rows * rows
         self._xy = self._xy * keep + rows * seconds
-        self.last_s = seconds if self._w == 1.0 else self.last_s * keep + seconds * self.decay
+        self.last_s = seconds if self._w == 1.0 else self.last_s + RECENT_WEIGHT * (seconds - self.last_s)
 
     def predict(self, rows: int) -> float | None:
         """Seconds per step at `rows` decode rows (None before any observation)."""

@@ -401,11 +401,16 @@ class Pipeline:
         return self._loop.time()
 
     def adapter_config(self, mode: str) -> AdapterConfig:
-        """A new segment's chunk plan. Its first chunk must outlast the delivery jitter of the chunks
-        after it (a listener plays chunk 0 at once), so under load it starts with more frames:
-        first = ceil(JITTER_FACTOR x (engine loop + codec call) / frame), 1 when idle, then doubling
-        to DEFAULT_SCHEDULE's last size. Sizes are fixed per segment: a schedule never shrinks."""
-        jitter = JITTER_FACTOR * (self.loop_model.last_s + self.codec_worker.call_s)
+        """A new segment's chunk plan. In exact mode its first chunk must outlast the delivery jitter
+        of the chunks after it (a listener plays chunk 0 at once), so under load it starts with more
+        frames: first = ceil(JITTER_FACTOR x (engine loop + codec call) / frame), the loop time being
+        the larger of the recent one and the one predicted at the current number of streams (a burst
+        is loaded from its first arrival); 1 when idle, then doubling to DEFAULT_SCHEDULE's last size.
+        Sizes are fixed per segment: a schedule never shrinks."""
+        if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
+            return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
+        loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
+        jitter = JITTER_FACTOR * (loop_s + self.codec_worker.call_s)
         first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], math.ceil(jitter / self.geometry.frame_seconds)))
         if first == DEFAULT_SCHEDULE[0]:
             return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)

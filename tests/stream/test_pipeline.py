@@ -382,7 +382,8 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     assert p.adapter_config("exact").schedule == (1, 2, 4, 8, 16, 25)  # nothing measured yet
     p.loop_model.observe(64, 0.010)
     p.codec_worker.call_s = 0.030  # 3 x 40 ms = 120 ms of jitter = 3 frames
-    cfg = p.adapter_config("low_latency")
-    assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "low_latency"
+    cfg = p.adapter_config("exact")
+    assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "exact"
+    assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
     p.codec_worker.call_s = 1.0
     assert p.adapter_config("exact").schedule[0] == 8
