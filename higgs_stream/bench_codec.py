@@ -73,11 +73,13 @@ def rate(kind: str, batch: int, frames: int, seconds: float, **extra: Any) -> di
 
 
 # ---------------------------------------------------------------------------- sections
-def parity(codec: Codec, decs: dict[str, StreamingDecoder], lengths: list[int], step: int = 25) -> dict:
-    """Stream each utterance in `step`-frame pushes (all rows in one batch) and compare with one-shot."""
+def parity(codec: Codec, decs: dict[str, StreamingDecoder], lengths: list[int], step: int = 25,
+           reference: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict:
+    """Stream each utterance in `step`-frame pushes (all rows in one batch) and compare with one-shot
+    (`reference`, default `codec.decode`)."""
     gen = torch.Generator().manual_seed(1)
     utts = [torch.randint(0, 1024, (8, f), generator=gen) for f in lengths]
-    want = [codec.decode(u[None])[0] for u in utts]
+    want = [(reference or codec.decode)(u[None])[0] for u in utts]
     out: dict[str, Any] = {"lengths": lengths, "frames_per_push": step}
     for name, dec in decs.items():
         slots = [dec.open() for _ in utts]
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="25,5,1", help="frames per stateful step")
     ap.add_argument("--tiny", action="store_true", help="tiny codec (smoke run; numbers mean nothing)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-tf32", action="store_true", help="skip the opt-in TF32 codec section")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -211,11 +214,45 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"].append(one_shot(codec, b, device))
         log(str(result["rows"][-1]))
         save()
+    if device.type == "cuda" and not args.no_tf32:
+        result["tf32"] = tf32_mode(codec, batches, max(steps), device)
+        result["rows"] += result["tf32"].pop("rows")
+        log(f"tf32: {result['tf32']}")
+        save()
     if device.type == "cuda":
         result["max_memory_allocated_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
     save()
     summarize(result)
     return 0
+
+
+def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device) -> dict:
+    """The opt-in TF32 codec (`serve --codec-precision tf32`): stateful and one-shot decode with
+    cuDNN's TF32 convolutions, their error against the exact fp32 one-shot decode, and their speed."""
+
+    def exact(codes: torch.Tensor) -> torch.Tensor:
+        codec.allow_tf32 = False
+        try:
+            return codec.decode(codes)
+        finally:
+            codec.allow_tf32 = True
+
+    codec.allow_tf32 = True
+    try:
+        dec = StreamingDecoder(codec, max(*batches, 4))
+        check = dec.capture(batches, [step, step + dec.geometry.lookahead_frames])
+        out: dict[str, Any] = {"capture_check_rel": check, "graphed": dec.graphed}
+        out["parity_vs_exact"] = parity(codec, {"tf32": dec}, [80, 57, 33, 101], reference=exact)
+        gen = torch.Generator().manual_seed(2)
+        codes = torch.randint(0, 1024, (2, 8, 120), generator=gen)
+        want = exact(codes)
+        out["one_shot_max_rel_err"] = float((codec.decode(codes) - want).abs().max() / want.abs().max())
+        rows = [stateful(dec, "stateful_tf32", b, step, device) for b in batches]
+        rows += [dict(one_shot(codec, b, device), kind="one_shot_tf32") for b in batches]
+        out["rows"] = rows
+        return out
+    finally:
+        codec.allow_tf32 = False
 
 
 def summarize(r: dict) -> None:

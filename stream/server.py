@@ -517,6 +517,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-pages", type=int, default=None, help="KV cache pages (engine default if unset)")
     parser.add_argument("--no-cuda-graphs", action="store_true",
                         help="debug: on cuda, run decode steps eagerly instead of replaying CUDA graphs")
+    parser.add_argument("--codec-precision", choices=("exact", "tf32"), default="exact",
+                        help="exact: fp32 convolutions, streamed audio equals the one-shot decode to fp32 rounding; "
+                             "tf32 (CUDA, opt-in): cuDNN TF32 convolutions, faster, ~1e-3 of peak from exact "
+                             "(docs/PERF.md). No bf16 mode: the decoder's ConvTranspose is unstable in bf16")
+    parser.add_argument("--pause-ahead", type=float, default=d.pause_ahead_s, metavar="S",
+                        help="GPU saturated: pause streams this far ahead of their listener (s)")
+    parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
+                        help="... and resume them this close to it (s)")
+    parser.add_argument("--admit-step-ratio", type=float, default=d.admit_step_ratio, metavar="R",
+                        help="refuse new streams (busy) when the predicted engine step exceeds R x one frame (40 ms)")
     parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
@@ -558,7 +568,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         voice_aliases=aliases, allowed_origins=tuple(args.allow_origin),
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
-                        max_reference_s=args.max_reference_s)
+                        max_reference_s=args.max_reference_s, pause_ahead_s=args.pause_ahead,
+                        resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:
@@ -580,8 +591,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
             raise ConfigError(f"--codec does not apply to --model {args.model} (it builds its own random codec)")
         engine, codec = build_random(args.model, arch=args.arch or "v2", device=args.device, dtype=dtype, config=engine_cfg,
                                      cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
-        metrics_ = Metrics()
-        return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
+        return _state(cfg, engine, codec, voices, args.codec_precision)
     if args.arch is not None:
         raise ConfigError("--arch applies to --model random:* only; a checkpoint's config.json names its architecture")
     model_dir = resolve_model_dir(args.model)
@@ -589,6 +599,14 @@ def build_state(args: argparse.Namespace) -> ServerState:
     engine = load_engine(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg,
                          cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
     codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
+    return _state(cfg, engine, codec, voices, args.codec_precision)
+
+
+def _state(cfg: ServerConfig, engine, codec, voices: VoiceLibrary, precision: str = "exact") -> ServerState:
+    if precision == "tf32":
+        codec.allow_tf32 = True
+        log.warning("--codec-precision tf32: streamed audio is NOT the exact one-shot decode (about 1e-3 of peak "
+                    "off, docs/PERF.md); the default 'exact' mode is")
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 

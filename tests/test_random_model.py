@@ -96,3 +96,13 @@ def test_in_memory_builder_of_random_full_at_tiny_size(arch):
         plain = in_memory_engine(arch, "tiny", "cpu", torch.float32, config, cuda_graphs=False, kernels="ref", eos=True)
         req = GenerationRequest(TEXT, sampling=SamplingParams(seed=0), max_frames=40)
         assert plain.generate(req).shape[1] - 9 < 40
+
+
+def test_serve_flags_reach_the_codec_and_the_pacing_config():
+    """--codec-precision tf32 is an explicit opt-in on the codec; the pacing flags land in ServerConfig."""
+    state = server.build_state(args("--model", "random:tiny", "--codec-precision", "tf32", "--pause-ahead", "4",
+                                    "--resume-ahead", "1.5", "--admit-step-ratio", "0.6"))
+    assert state.pipeline.codec.allow_tf32 is True
+    assert (state.config.pause_ahead_s, state.config.resume_ahead_s, state.config.admit_step_ratio) == (4.0, 1.5, 0.6)
+    default = server.build_state(args("--model", "random:tiny"))
+    assert default.pipeline.codec.allow_tf32 is False  # exact unless asked
