@@ -376,13 +376,14 @@ class _CodecStats:
 
 
 async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]],
-                       codec_stream: str = "separate") -> list[dict]:
+                       codec_stream: str = "separate", pacing: dict | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.pipeline import Pipeline
 
     n_max = max(n for n, _, _ in runs)
-    cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0)
+    cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0,
+                       **(pacing or {}))
     pipeline = Pipeline(engine, codec, cfg, codec_stream=codec_stream)
     t0 = time.perf_counter()
     await pipeline.start()  # warms the codec up at its bucketed shapes, captures the small ones
@@ -439,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--no-graphs", action="store_true", help="debug: run decode steps eagerly")
+    ap.add_argument("--pacing", default=None, metavar="PAUSE,RESUME,SATURATED",
+                    help="also run N > 1 with these pause/resume seconds and saturation ratio (A/B)")
     ap.add_argument("--compare-codec-stream", action="store_true",
                     help="also run N > 1 with the codec on the talker's CUDA stream")
     args = ap.parse_args(argv)
@@ -532,6 +535,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(1, "low_latency", 5), (1, "exact", 5)] + [(n, "exact", 1) for n in ns if n > 1]
         runs += [(n, "low_latency", 1) for n in ns if n in (16, 128)]
         result["stream"] = asyncio.run(stream_bench(engine, codec, runs))
+        if args.pacing:  # the same runs again with other pacing settings (an A/B in one process)
+            pause, resume, saturated = (float(x) for x in args.pacing.split(","))
+            other = {"pause_ahead_s": pause, "resume_ahead_s": resume, "saturated_step_ratio": saturated}
+            for r in asyncio.run(stream_bench(engine, codec, [x for x in runs if x[0] > 1 and x[1] == "exact"],
+                                              pacing=other)):
+                result["stream"].append(dict(r, pacing=other))
         save()
         other = [(n, "exact", 1) for n in ns if n > 1]
         if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device

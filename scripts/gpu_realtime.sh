@@ -16,7 +16,7 @@ timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | t
 base=${BASELINE_STREAMS-64,128}
 reserve=$([ -n "$base" ] && echo 170 || echo 0)
 timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-1,16,64,128,256}" \
-  --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -20
+  ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
 if [ -n "$base" ] && [ -d .baseline ]; then  # the previous pipeline, same card, same call
   mkdir -p /tmp/shim_base/higgs_stream
   for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done

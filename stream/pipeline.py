@@ -324,7 +324,8 @@ class Pipeline:
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
-                                   resume_ahead_s=cfg.resume_ahead_s, admit_ratio=cfg.admit_step_ratio)
+                                   resume_ahead_s=cfg.resume_ahead_s, admit_ratio=cfg.admit_step_ratio,
+                                   saturated_ratio=cfg.saturated_step_ratio)
         self.loop_model = LoopModel()  # engine loop seconds per step vs decode rows (engine thread writes)
         self.pacer = Pacer(self.pacing)
         self._paced_at = 0.0
