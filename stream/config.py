@@ -69,10 +69,10 @@ class ServerConfig:
     ice_servers: tuple[str, ...] = ()
 
     # Deadline-aware scheduling (stream/pacing.py).
-    pause_ahead_s: float = 2.0  # GPU saturated: pause a stream this far ahead of its listener ...
-    resume_ahead_s: float = 1.0  # ... and resume it this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
+    pause_ahead_s: float = 3.0  # GPU saturated: pause a stream this far ahead of its listener ...
+    resume_ahead_s: float = 2.0  # ... and resume it this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
     admit_step_ratio: float = 0.5  # admit while the predicted engine step stays under this share of a frame
-    saturated_step_ratio: float = 0.15  # the GPU counts as saturated (pausing on) above this share of a frame (6 ms)
+    saturated_step_ratio: float = 0.25  # the GPU counts as saturated (pausing on) above this share of a frame (10 ms)
 
     # Voices.
     voices_dir: str | None = None
