@@ -485,14 +485,14 @@ async def test_live_server_fuzz(start_server, reference):
     async with connect(f"ws://{host}/v1/tts/stream", max_size=None) as ws:
         peer = Peer(ws)
         for _ in range(500):
+            n = len(peer.errors)  # before sending: the probe's answer may arrive while send() awaits
             await ws.send(mutate(rnd, rnd.choice(VALID)))
             await ws.send(probe)
-            n = len(peer.errors)
             await peer.until(lambda n=n: any(e.get("context_id") == "probe" for e in peer.errors[n:]), timeout=30)
+        n = len(peer.errors)
         for cid in "abr":
             await ws.send(json.dumps({"type": "cancel", "context_id": cid}))
         await ws.send(probe)
-        n = len(peer.errors)
         await peer.until(lambda: any(e.get("context_id") == "probe" for e in peer.errors[n:]))
     codes = {e["code"] for e in peer.errors}
     assert {"bad_json", "invalid_input", "not_found"} <= codes <= ERROR_CODES
