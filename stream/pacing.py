@@ -32,16 +32,17 @@ class PacingConfig:
     pause_ahead_s: float = 3.0  # pause a stream this far ahead of its listener (GPU saturated)
     resume_ahead_s: float = 2.0  # resume it when its listener is this close
     saturated_ratio: float = 0.25  # the GPU counts as saturated above this many frames of time per step
-    admit_ratio: float = 0.5  # admit while the predicted step stays under this share of a frame
+    admit_ratio: float | None = 0.5  # admit while the predicted step stays under this share of a frame (None: off)
 
     def __post_init__(self) -> None:
         if not self.frame_s > 0:
             raise ConfigError(f"frame_s must be > 0, got {self.frame_s}")
         if not 0 <= self.resume_ahead_s < self.pause_ahead_s:
             raise ConfigError(f"need 0 <= resume_ahead_s ({self.resume_ahead_s}) < pause_ahead_s ({self.pause_ahead_s})")
-        for name in ("saturated_ratio", "admit_ratio"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        if not 0 < self.saturated_ratio <= 1:
+            raise ConfigError(f"saturated_ratio must be in (0, 1], got {self.saturated_ratio}")
+        if self.admit_ratio is not None and not 0 < self.admit_ratio <= 1:
+            raise ConfigError(f"admit_ratio must be in (0, 1] or None, got {self.admit_ratio}")
 
 
 class PlaybackClock:
@@ -97,8 +98,9 @@ class LoopModel:
         return max(my + slope * (rows - mx), my if rows >= mx else 0.0)
 
     def admits(self, streams: int, cfg: PacingConfig) -> bool:
-        """Whether one more stream keeps the predicted step under `admit_ratio` of a frame."""
-        t = self.predict(streams + 1)
+        """Whether one more stream keeps the predicted step under `admit_ratio` of a frame (always,
+        with admission by load off)."""
+        t = None if cfg.admit_ratio is None else self.predict(streams + 1)
         return t is None or t <= cfg.admit_ratio * cfg.frame_s
 
 

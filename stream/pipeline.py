@@ -430,7 +430,7 @@ class Pipeline:
         if not self.loop_model.admits(len(self._handles), self.pacing):
             self.metrics.refused.inc()
             raise CapacityError(f"server is saturated: one more stream would slow every stream below "
-                                f"{1 / self.pacing.admit_ratio:g}x real time (step "
+                                f"{1 / (self.pacing.admit_ratio or 1):g}x real time (step "
                                 f"{1e3 * (self.loop_model.predict(len(self._handles) + 1) or 0):.1f} ms predicted)")
         handle = StreamHandle(self, options, transport)
         self._handles.add(handle)

@@ -526,7 +526,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
     parser.add_argument("--admit-step-ratio", type=float, default=d.admit_step_ratio, metavar="R",
-                        help="refuse new streams (busy) when the predicted engine step exceeds R x one frame (40 ms)")
+                        help="refuse new streams (busy) when the predicted engine step exceeds R x one frame "
+                             "(40 ms); 0 = no admission by load (only --max-streams)")
     parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
@@ -569,7 +570,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, pause_ahead_s=args.pause_ahead,
-                        resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio)
+                        resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio or None)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:

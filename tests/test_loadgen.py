@@ -144,7 +144,7 @@ def tiny():
 
 async def _serve(tiny, **cfg):
     engine, codec = tiny
-    config = ServerConfig(port=0, max_frames=MAX_FRAMES, history_segments=0, **cfg)
+    config = ServerConfig(port=0, max_frames=MAX_FRAMES, history_segments=0, **{"admit_step_ratio": None, **cfg})
     metrics = Metrics()
     state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
     runner = await serve(state, "127.0.0.1", 0)

@@ -63,6 +63,13 @@ def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     assert flat.predict(400) == pytest.approx(0.003)  # one batch size seen: no slope invented
 
 
+def test_admission_by_load_can_be_off():
+    model = LoopModel()
+    model.observe(8, 1.0)  # a second per step: far beyond any ratio
+    assert not model.admits(8, PacingConfig(admit_ratio=0.5))
+    assert model.admits(8, PacingConfig(admit_ratio=None))
+
+
 def test_pacing_config_validation():
     for bad in ({"frame_s": 0}, {"pause_ahead_s": 1.0, "resume_ahead_s": 1.0}, {"saturated_ratio": 0},
                 {"admit_ratio": 1.5}):

@@ -50,7 +50,7 @@ async def make_pipeline(engine, codec):
 
     async def make(**cfg) -> Pipeline:
         cfg.setdefault("max_frames", MAX_FRAMES)
-        p = Pipeline(engine, codec, ServerConfig(**cfg))
+        p = Pipeline(engine, codec, ServerConfig(**{"admit_step_ratio": None, **cfg}))  # load admission: its own tests
         await p.start()
         started.append(p)
         return p

@@ -80,7 +80,7 @@ async def start_server(engine, codec, caplog):
 
     async def start(**cfg):
         cfg.setdefault("max_frames", MAX_FRAMES)
-        config = ServerConfig(port=0, **cfg)
+        config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
         metrics = Metrics()
         state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
         runner = await serve(state, "127.0.0.1", 0)
