@@ -286,7 +286,7 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
                       timers: tuple[_Timer, _Timer] | None = None) -> dict:
     from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.pipeline import Audio
-    from higgs_stream.stream.session import ContextOptions
+    from higgs_stream.stream.messages import ContextOptions
     from higgs_stream.stream.voices import Voice
 
     loop = asyncio.get_running_loop()

@@ -174,7 +174,7 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.pipeline import Audio, Pipeline
-    from higgs_stream.stream.session import ContextOptions
+    from higgs_stream.stream.messages import ContextOptions
     from higgs_stream.stream.voices import Voice
 
     engine, codec = FakeEngine(step_ms / 1e3), FakeCodec(codec_ms / 1e3)

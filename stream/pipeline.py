@@ -39,16 +39,32 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from higgs_stream.engine.delay import columns_to_frames
-from higgs_stream.engine.errors import CancelledStream, CapacityError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.errors import (
+    CancelledStream,
+    CapacityError,
+    HiggsStreamError,
+    InvalidInputError,
+)
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.stream.adapter import Code2WavAdapter, PushJob, WindowJob, feed_columns
+from higgs_stream.stream.adapter import (
+    Code2WavAdapter,
+    PushJob,
+    WindowJob,
+    feed_columns,
+)
 from higgs_stream.stream.chunking import AdapterConfig
-from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS, CodecWorker, Round, cuda_device, on_stream
+from higgs_stream.stream.codec_worker import (
+    CODEC_MAX_WINDOWS,
+    CodecWorker,
+    Round,
+    cuda_device,
+    on_stream,
+)
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.errors import SlowClientError
+from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
 from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, PlaybackClock
-from higgs_stream.stream.session import ContextOptions
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,12 @@
-"""The aiohttp app: WebSocket streaming, OpenAI-compatible HTTP speech, health, metrics, the demo.
+"""The aiohttp app on one port: WebSocket streaming, health, metrics, voices, the demo, and the
+routes of stream/http_speech.py and stream/webrtc.py; the `higgs-stream serve` command.
 
 Transports are thin drivers over the sans-I/O `Session` (stream/session.py) and the `Pipeline`
-(stream/pipeline.py). Every stream handler watches its peer while it writes (the WebSocket runs a
-reader task beside its writer; HTTP handlers are cancelled by aiohttp when the connection drops,
-which needs `handler_cancellation=True`, as `serve()` sets), and every stream it opens is
-cancelled in `finally`, so a dropped client frees its engine pages within one step.
+(stream/pipeline.py); every request passes the checks of stream/guards.py first. Every stream
+handler watches its peer while it writes (the WebSocket runs a reader task beside its writer; HTTP
+handlers are cancelled by aiohttp when the connection drops, which needs
+`handler_cancellation=True`, as `serve()` sets), and every stream it opens is cancelled in
+`finally`, so a dropped client frees its engine pages within one step.
 Every accepted context ends with `done` or `error`: a failing message fails alone, a context left
 open and idle times out, and should the session itself fail, its contexts end with `internal`
 and the socket closes with 1011. Wire format: stream/PROTOCOL.md.
@@ -14,53 +16,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import hmac
 import json
 import logging
 import os
-import struct
-import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from higgs_stream.engine.errors import ConfigError, HiggsStreamError
-from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.errors import (
-    ForbiddenOriginError,
-    IdleTimeoutError,
-    RequestTimeoutError,
-    TooLargeError,
-    UnauthorizedError,
-    UnsupportedMediaTypeError,
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.errors import ForbiddenOriginError, IdleTimeoutError
+from higgs_stream.stream.guards import (
+    authorized,
+    check_origin,
+    check_request,
+    error_response,
+    json_errors,
 )
+from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.pipeline import Audio, End, Pipeline, StreamHandle
-from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak, SpeechRequest, parse_speech
-from higgs_stream.stream.text import TextBuffer
+from higgs_stream.stream.pipeline import Audio, Pipeline, StreamHandle
+from higgs_stream.stream.server_state import STATE, ServerState
+from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak
 from higgs_stream.stream.voices import VoiceLibrary
 
 log = logging.getLogger(__name__)
-
-HTTP_STATUS = {"bad_json": 400, "unknown_type": 400, "invalid_input": 400, "bad_config": 400, "not_found": 400,
-               "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401, "forbidden_origin": 403,
-               "unsupported_media_type": 415, "timeout": 408}
-PCM_CONTENT_TYPE = f"audio/pcm;rate={SAMPLE_RATE};channels=1"
-
-
-@dataclass
-class ServerState:
-    config: ServerConfig
-    pipeline: Pipeline
-    voices: VoiceLibrary
-    metrics: Metrics
-    sockets: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # open WebSockets (closed at shutdown)
-
-
-STATE = web.AppKey("higgs_state", ServerState)
 
 
 # ---------------------------------------------------------------- transport-neutral session driver
@@ -113,7 +94,7 @@ class SessionRunner:
         try:
             async with asyncio.timeout(1.0):
                 await self._flush()
-        except Exception as e:  # the channel is failing too; the transport closes it next
+        except Exception as e:  # noqa: BLE001 -- the channel is failing too; the transport closes it next
             log.info("could not send the final errors: %r", e)
 
     async def _read(self, receive) -> None:
@@ -203,71 +184,13 @@ class SessionRunner:
 
 # ---------------------------------------------------------------- handlers
 
-def authorized(request: web.Request, token: str | None) -> bool:
-    if token is None:
-        return True
-    header = request.headers.get("Authorization", "")
-    candidates = [header[7:].strip()] if header[:7].lower() == "bearer " else []
-    candidates += request.query.getall("token", [])
-    # Header bytes that are not UTF-8 arrive as surrogates; "surrogatepass" encodes any string, and
-    # never to the bytes of a real (UTF-8) token.
-    want = token.encode()
-    return any(hmac.compare_digest(c.encode("utf-8", "surrogatepass"), want) for c in candidates)
-
-
-def origin_allowed(request: web.Request, allowed: tuple[str, ...]) -> bool:
-    """Requests without an Origin header (not from a browser) pass; a browser's must come from the
-    server's own origin (the Origin's host[:port] is the Host header) or an allowed one."""
-    origin = request.headers.get("Origin")
-    if origin is None or "*" in allowed:
-        return True
-    origin = origin.strip().lower()
-    if origin in (o.lower() for o in allowed):
-        return True
-    scheme, sep, authority = origin.partition("://")
-    return bool(sep) and scheme in ("http", "https") and authority == (request.host or "").lower()
-
-
-def check_request(request: web.Request, cfg: ServerConfig, json_body: bool = False) -> None:
-    """Origin, token and (for POST routes) the JSON content type; raises the typed error."""
-    if not origin_allowed(request, cfg.allowed_origins):
-        raise ForbiddenOriginError(f"origin {request.headers.get('Origin', '')[:200]!r} is not allowed "
-                                   f"(see --allow-origin)")
-    if not authorized(request, cfg.token):
-        raise UnauthorizedError("wrong or missing token")
-    if json_body and request.content_type != "application/json":
-        # A cross-site page can post text/plain or a form without asking first; not JSON.
-        raise UnsupportedMediaTypeError(f"Content-Type must be application/json, got {request.content_type!r}")
-
-
-async def read_body(request: web.Request, cfg: ServerConfig) -> bytes:
-    """The request body, within `http_body_timeout_s` and `hard_message_bytes`."""
-    try:
-        async with asyncio.timeout(cfg.http_body_timeout_s):
-            return await request.read()
-    except TimeoutError:
-        raise RequestTimeoutError(f"request body not received within {cfg.http_body_timeout_s:g} s") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise TooLargeError(f"request body over {cfg.hard_message_bytes} bytes") from None
-
-
-def error_response(error: HiggsStreamError, metrics: Metrics) -> web.Response:
-    metrics.errors.inc(code=error.code)
-    status = HTTP_STATUS.get(error.code, 500)
-    body = {"error": {"message": str(error), "type": "invalid_request_error" if status < 500 else "server_error",
-                      "code": error.code, "param": None}}
-    headers = {"Retry-After": "1"} if status == 503 else {}
-    if status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return web.json_response(body, status=status, headers=headers)
-
-
 async def ws_stream(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
-    if not origin_allowed(request, cfg.allowed_origins):  # cross-site WebSocket hijacking: no upgrade
-        return error_response(ForbiddenOriginError(f"origin {request.headers.get('Origin', '')[:200]!r} is not "
-                                                   f"allowed (see --allow-origin)"), state.metrics)
+    try:
+        check_origin(request, cfg)  # cross-site WebSocket hijacking: no upgrade
+    except ForbiddenOriginError as e:
+        return error_response(e, state.metrics)
     ws = web.WebSocketResponse(heartbeat=cfg.heartbeat_s, max_msg_size=cfg.hard_message_bytes, compress=False)
     await ws.prepare(request)
     state.sockets.add(ws)
@@ -302,92 +225,6 @@ async def ws_stream(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A 44-byte PCM s16 mono WAV header with unknown length (RIFF and data sizes 0xFFFFFFFF)."""
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
-
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-async def speech(request: web.Request) -> web.StreamResponse:
-    """POST /v1/audio/speech (PROTOCOL.md §2)."""
-    state = request.app[STATE]
-    cfg = state.config
-    try:
-        check_request(request, cfg, json_body=True)
-        req = parse_speech(await read_body(request, cfg), cfg, state.voices)
-        handle = state.pipeline.open(req.options, transport="http")
-    except HiggsStreamError as e:
-        return error_response(e, state.metrics)
-    try:
-        text = TextBuffer(cfg.max_segment_chars)
-        for segment in text.append(req.input, 0.0) + text.flush():
-            handle.say(segment)
-        handle.close()
-        events = await handle.next(cfg.max_send_bytes, first_alone=True)
-        first = events[0]
-        if isinstance(first, End) and first.error is not None:
-            return error_response(first.error, state.metrics)  # failed before any audio: a plain error
-        sse = req.stream_format == "sse"
-        resp = web.StreamResponse(status=200)
-        resp.headers["Content-Type"] = ("text/event-stream" if sse else
-                                        "audio/wav" if req.response_format == "wav" else PCM_CONTENT_TYPE)
-        resp.headers["Cache-Control"] = "no-cache"
-        await resp.prepare(request)
-        try:
-            await _speech_body(request, resp, handle, req, events)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:  # headers are out: no JSON error possible; the client sees a truncated body
-            log.exception("speech stream failed after its headers were sent")
-            state.metrics.errors.inc(code="internal")
-            if request.transport is not None:
-                request.transport.close()
-        return resp
-    finally:
-        handle.cancel()  # no-op when it completed; frees the engine stream when the client left
-
-
-async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
-                       events: list) -> None:
-    """Write a speech response's audio (its headers are sent) until the stream ends."""
-    state = request.app[STATE]
-    cfg = state.config
-    sse = req.stream_format == "sse"
-    if req.response_format == "wav":
-        await resp.write(wav_header())
-    samples = 0
-    while True:
-        for ev in events:
-            if isinstance(ev, Audio):
-                samples += len(ev.pcm) // 2
-                await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
-                                 if sse else ev.pcm)
-                continue
-            if ev.reason == "completed":
-                if sse:
-                    tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
-                    frames = samples // (SAMPLE_RATE // 25)
-                    await resp.write(_sse({"type": "speech.audio.done", "usage": {
-                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
-                await resp.write_eof()
-                return
-            error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
-            state.metrics.errors.inc(code=error.code)
-            log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
-            if sse:
-                await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
-                await resp.write_eof()
-                return
-            request.transport.close()  # no final chunk: the client sees a truncated body
-            return
-        events = await handle.next(cfg.max_send_bytes)
-
-
 async def healthz(request: web.Request) -> web.Response:
     state = request.app[STATE]
     p = state.pipeline
@@ -418,19 +255,6 @@ def web_dir() -> Path | None:
 
 
 # ---------------------------------------------------------------- app
-
-@web.middleware
-async def json_errors(request: web.Request, handler) -> web.StreamResponse:
-    """A handler's unexpected failure is logged with its traceback and answered as a JSON
-    `internal` error (500), never aiohttp's text/plain page."""
-    try:
-        return await handler(request)
-    except (web.HTTPException, ConnectionError):
-        raise
-    except Exception:
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(HiggsStreamError("internal server error"), request.app[STATE].metrics)
-
 
 def make_app(state: ServerState) -> web.Application:
     """The app on one port. Run it with `handler_cancellation=True` (see `serve`)."""
@@ -556,8 +380,6 @@ def _cuda() -> bool:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The ServerConfig of `higgs-stream serve`'s flags (ConfigError when one is invalid)."""
-    from higgs_stream.engine.errors import ConfigError
-
     aliases = {}
     for item in args.voice_alias:
         alias, sep, target = item.partition("=")
@@ -576,35 +398,31 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint import resolve_model_dir
-    from higgs_stream.engine.model_registry import load_codec_for
     from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.engine.gpu_engine import load_engine
+    from higgs_stream.engine.model_registry import load_codec_for
 
     cfg = config_from_args(args)
     voices = VoiceLibrary.from_config(cfg)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+    engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
+                   "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels}
     if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
         from higgs_stream.random_model import build_random
 
         if args.codec is not None:
             raise ConfigError(f"--codec does not apply to --model {args.model} (it builds its own random codec)")
-        engine, codec = build_random(args.model, arch=args.arch or "v2", device=args.device, dtype=dtype, config=engine_cfg,
-                                     cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
-        return _state(cfg, engine, codec, voices, args.codec_precision)
-    if args.arch is not None:
-        raise ConfigError("--arch applies to --model random:* only; a checkpoint's config.json names its architecture")
-    model_dir = resolve_model_dir(args.model)
-    # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
-    engine = load_engine(str(model_dir), device=args.device, dtype=dtype, config=engine_cfg,
-                         cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
-    codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
-    return _state(cfg, engine, codec, voices, args.codec_precision)
-
-
-def _state(cfg: ServerConfig, engine, codec, voices: VoiceLibrary, precision: str = "exact") -> ServerState:
-    if precision == "tf32":
+        engine, codec = build_random(args.model, arch=args.arch or "v2", **engine_args)
+    else:
+        if args.arch is not None:
+            raise ConfigError("--arch applies to --model random:* only; a checkpoint's config.json names its architecture")
+        model_dir = resolve_model_dir(args.model)
+        # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
+        engine = load_engine(str(model_dir), **engine_args)
+        codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
+    if args.codec_precision == "tf32":
         codec.allow_tf32 = True
         log.warning("--codec-precision tf32: streamed audio is NOT the exact one-shot decode (about 1e-3 of peak "
                     "off, docs/PERF.md); the default 'exact' mode is")

@@ -1,7 +1,7 @@
-"""Sans-I/O protocol core (stream/PROTOCOL.md §1): parses client messages, runs the per-connection
-context state machine and frames audio. No sockets, no asyncio, no clock: the driver feeds it
-messages and pipeline events with `now`, executes the commands it returns, and sends what
-`outgoing()` yields. Also parses the HTTP speech body (§2), which shares the per-context options.
+"""Sans-I/O protocol core (stream/PROTOCOL.md §1): the per-connection context state machine and
+audio framing. No sockets, no asyncio, no clock: the driver feeds it messages and pipeline events
+with `now`, executes the commands it returns, and sends what `outgoing()` yields. What a message
+may hold is checked in stream/messages.py; what it does to the contexts is decided here.
 """
 
 from __future__ import annotations
@@ -9,219 +9,46 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from higgs_stream.engine.errors import CapacityError, HiggsStreamError, InvalidInputError, NotFoundError
-from higgs_stream.stream.config import MODES, PROTOCOL_VERSION, SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.errors import BadJsonError, IdleTimeoutError, TooLargeError, UnknownTypeError, brief
+from higgs_stream.engine.errors import (
+    CapacityError,
+    HiggsStreamError,
+    InvalidInputError,
+    NotFoundError,
+)
+from higgs_stream.stream.config import PROTOCOL_VERSION, SAMPLE_RATE, ServerConfig
+from higgs_stream.stream.errors import (
+    BadJsonError,
+    IdleTimeoutError,
+    TooLargeError,
+    UnknownTypeError,
+    brief,
+)
+from higgs_stream.stream.messages import (
+    AUDIO_FRAMINGS,
+    OPTION_KEYS,
+    ContextOptions,
+    check_audio_format,
+    check_unicode,
+    is_int,
+    parse_config,
+    parse_context_message,
+    parse_json,
+    parse_options,
+    parse_query,
+    parse_text,
+    parse_voice,
+    valid_id,
+)
 from higgs_stream.stream.text import TextBuffer
 from higgs_stream.stream.voices import DEFAULT, Voice, VoiceLibrary
 
 log = logging.getLogger(__name__)
 
-OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene")
-CONFIG_KEYS = (*OPTION_KEYS, "audio", "sample_rate", "encoding", "max_buffer_delay_ms")
-AUDIO_FRAMINGS = ("binary", "base64")
-MAX_CONTEXT_ID = 128
-DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.7, 0.95  # Boson's serve engine defaults (engine/request.py)
 RECENT_DONE = 256  # finished context ids remembered so a late `cancel` is ignored, not an error
-MAX_JSON_DEPTH = 16  # nesting of a client message (the protocol's own messages need 3)
-
-
-# ---- per-context options (WebSocket and HTTP) ----
-
-@dataclass(frozen=True)
-class ContextOptions:
-    voice: Voice
-    mode: str = "exact"
-    seed: int | None = None
-    temperature: float = DEFAULT_TEMPERATURE
-    top_k: int | None = None
-    top_p: float = DEFAULT_TOP_P
-    scene: str | None = None
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def parse_voice(raw: dict, voices: VoiceLibrary) -> Voice | None:
-    """The voice named by `reference` (wins) or `voice` in `raw`; None when neither is given."""
-    ref = raw.get("reference")
-    if ref is not None:
-        if not isinstance(ref, dict) or set(ref) != {"audio", "transcript"}:
-            raise InvalidInputError('reference must be {"audio": base64, "transcript": str}')
-        return voices.inline(ref["audio"], ref["transcript"])
-    name = raw.get("voice")
-    if name is None:
-        return None
-    if isinstance(name, dict) and set(name) == {"id"}:  # OpenAI SDK: voice={"id": ...}
-        name = name["id"]
-    if not isinstance(name, str) or not name:
-        raise InvalidInputError(f"voice must be a non-empty string, got {brief(name)}")
-    return voices.resolve(name)
-
-
-def parse_options(raw: dict, cfg: ServerConfig, voices: VoiceLibrary, voice: Voice | None = None) -> ContextOptions:
-    """Validate option fields (absent or null = default). `voice` is used when `raw` names none."""
-    given = parse_voice(raw, voices)
-    voice = given or voice or voices.resolve(DEFAULT)
-    def value(key: str, default: Any) -> Any:  # absent or null -> default
-        return default if raw.get(key) is None else raw[key]
-
-    mode = value("mode", cfg.default_mode)
-    if mode not in MODES:
-        raise InvalidInputError(f"mode must be one of {MODES}, got {brief(mode)}")
-    seed = raw.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
-        raise InvalidInputError(f"seed must be an int in [0, 2**63) or null, got {brief(seed)}")
-    temperature = value("temperature", DEFAULT_TEMPERATURE)
-    if not _is_number(temperature) or not 0.0 <= temperature <= 2.0:
-        raise InvalidInputError(f"temperature must be a number in [0, 2], got {brief(temperature)}")
-    top_k = raw.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 1):
-        raise InvalidInputError(f"top_k must be an int >= 1 or null, got {brief(top_k)}")
-    top_p = value("top_p", DEFAULT_TOP_P)
-    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
-        raise InvalidInputError(f"top_p must be a number in (0, 1], got {brief(top_p)}")
-    scene = raw.get("scene")
-    if scene is not None:
-        if not isinstance(scene, str):
-            raise InvalidInputError(f"scene must be a string or null, got {type(scene).__name__}")
-        if len(scene) > cfg.max_scene_chars:
-            raise TooLargeError(f"scene has {len(scene)} chars, limit {cfg.max_scene_chars}")
-    return ContextOptions(voice=voice, mode=mode, seed=seed, temperature=float(temperature),
-                          top_k=top_k, top_p=float(top_p), scene=scene)
-
-
-def _valid_id(cid: Any) -> bool:
-    return isinstance(cid, str) and 1 <= len(cid) <= MAX_CONTEXT_ID
-
-
-def _check_fields(msg: dict, allowed: tuple[str, ...], what: str) -> None:
-    unknown = sorted(set(msg) - set(allowed))
-    if unknown:
-        raise InvalidInputError(f"unknown field(s) in {what}: {', '.join(unknown)}")
-
-
-def _check_audio_format(raw: dict) -> None:
-    rate = raw.get("sample_rate")
-    if rate is not None and rate != SAMPLE_RATE:
-        raise InvalidInputError(f"sample_rate {brief(rate)} is not supported; only {SAMPLE_RATE}")
-    encoding = raw.get("encoding")
-    if encoding is not None and encoding != "pcm_s16le":
-        raise InvalidInputError(f"encoding {brief(encoding)} is not supported; only pcm_s16le")
-
-
-def parse_json(message: str | bytes, limit: int) -> dict:
-    """A JSON object from a client message of at most `limit` bytes, nested at most MAX_JSON_DEPTH
-    deep. Whatever a client sends ends here as a typed error: no RecursionError, no ValueError
-    (a 5000-digit number), no UnicodeError (bytes that are not UTF-8, a str with lone surrogates)."""
-    try:
-        size = len(message) if isinstance(message, bytes) else len(message.encode("utf-8"))
-        if size > limit:
-            raise TooLargeError(f"message of {size} bytes over the limit of {limit}")
-        text = message.decode("utf-8") if isinstance(message, bytes) else message
-        msg = json.loads(text)
-    except UnicodeError as e:
-        raise BadJsonError(f"message is not valid UTF-8 text: {e.reason} at {e.start}") from None
-    except ValueError as e:  # JSONDecodeError, or an int of more than 4300 digits
-        raise BadJsonError(f"message is not valid JSON: {e}") from None
-    except RecursionError:
-        raise BadJsonError(f"message is nested over {MAX_JSON_DEPTH} deep") from None
-    if not isinstance(msg, dict):
-        raise BadJsonError(f"message must be a JSON object, got {type(msg).__name__}")
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(msg) > MAX_JSON_DEPTH:
-        raise BadJsonError(f"message is nested over {MAX_JSON_DEPTH} deep")
-    return msg
-
-
-def _depth(obj: Any) -> int:
-    """Nesting depth of a parsed JSON value (iterative: no recursion on hostile input)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack and deepest <= MAX_JSON_DEPTH:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return deepest
-
-
-def check_unicode(msg: dict, raw: str | bytes) -> None:
-    """InvalidInputError when a string of `msg` (parsed from `raw` by `parse_json`) holds a lone
-    surrogate: JSON allows the escape "\\ud800", but no tokenizer or UTF-8 peer takes it."""
-    if ("\\u" if isinstance(raw, str) else b"\\u") not in raw:
-        return  # parse_json refused raw surrogates: only an escape can make one
-    stack: list[Any] = [msg]
-    while stack:
-        node = stack.pop()
-        for x in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
-            if isinstance(x, str):
-                try:
-                    x.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise InvalidInputError(f"strings must be valid Unicode; {brief(x)} holds a lone "
-                                            f"surrogate at index {e.start}") from None
-            elif isinstance(x, (dict, list)):
-                stack.append(x)
-
-
-# ---- HTTP: POST /v1/audio/speech ----
-
-SPEECH_KEYS = ("input", "model", "voice", "response_format", "stream_format", "speed", "instructions",
-               "reference_audio", "reference_text", "seed", "temperature", "top_k", "top_p", "mode",
-               "scene", "sample_rate")
-
-
-@dataclass(frozen=True)
-class SpeechRequest:
-    input: str
-    options: ContextOptions
-    response_format: str = "pcm"  # pcm | wav
-    stream_format: str = "audio"  # audio | sse
-
-
-def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> SpeechRequest:
-    msg = parse_json(body, cfg.max_message_bytes)
-    check_unicode(msg, body)
-    _check_fields(msg, SPEECH_KEYS, "speech request")
-    text = msg.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidInputError("input must be a non-empty string")
-    if len(text) > cfg.max_text_chars:
-        raise TooLargeError(f"input has {len(text)} chars, limit {cfg.max_text_chars}")
-    if msg.get("model") is not None and not isinstance(msg["model"], str):
-        raise InvalidInputError("model must be a string")
-    fmt = msg.get("response_format") or "pcm"
-    if fmt not in ("pcm", "wav"):
-        raise InvalidInputError(f"response_format {brief(fmt)} is not supported; use pcm or wav")
-    stream = msg.get("stream_format") or "audio"
-    if stream not in ("audio", "sse"):
-        raise InvalidInputError(f"stream_format must be audio or sse, got {brief(stream)}")
-    if stream == "sse" and fmt != "pcm":
-        raise InvalidInputError("stream_format sse needs response_format pcm")
-    speed = msg.get("speed")
-    if speed is not None and (not _is_number(speed) or speed != 1.0):
-        raise InvalidInputError(f"speed {brief(speed)} is not supported; only 1.0")
-    _check_audio_format(msg)
-    raw = {k: msg[k] for k in ("voice", "mode", "seed", "temperature", "top_k", "top_p", "scene") if k in msg}
-    if msg.get("instructions") is not None:
-        if msg.get("scene") is not None:
-            raise InvalidInputError("give either instructions or scene, not both")
-        raw["scene"] = msg["instructions"]
-    if msg.get("reference_audio") is not None or msg.get("reference_text") is not None:
-        raw["reference"] = {"audio": msg.get("reference_audio"), "transcript": msg.get("reference_text")}
-        if not isinstance(raw["reference"]["audio"], str) or not isinstance(raw["reference"]["transcript"], str):
-            raise InvalidInputError("reference_audio (base64) and reference_text (str) go together")
-    return SpeechRequest(text, parse_options(raw, cfg, voices), fmt, stream)
 
 
 # ---- commands the session asks the driver to execute ----
@@ -286,7 +113,7 @@ class Session:
         self._out: list[str | bytes] = []
         if query:
             try:
-                self._configure(self._query_config(query))
+                self._configure(parse_query(query))
             except HiggsStreamError as e:
                 self._error(e)
         self._send({"type": "ready", **self._ready_fields()})
@@ -300,7 +127,7 @@ class Session:
             if isinstance(message, bytes):
                 raise BadJsonError("binary messages are not accepted; send JSON text frames")
             msg = parse_json(message, self.cfg.max_message_bytes)
-            if _valid_id(msg.get("context_id")):
+            if valid_id(msg.get("context_id")):
                 context_id = msg["context_id"]
             check_unicode(msg, message)
             kind = msg.get("type")
@@ -415,23 +242,13 @@ class Session:
     # ---- message handlers ----
 
     def _on_config(self, msg: dict, now: float) -> list[Command]:
-        _check_fields(msg, ("type", *CONFIG_KEYS), "config")
-        self._configure({k: v for k, v in msg.items() if k != "type"})
+        self._configure(parse_config(msg))
         self._send({"type": "ready", **self._ready_fields()})
         return []
 
     def _on_text(self, msg: dict, now: float) -> list[Command]:
-        _check_fields(msg, ("type", "context_id", "text", "flush", *OPTION_KEYS), "text")
-        cid = self._context_id(msg)
-        text = msg.get("text")
-        if not isinstance(text, str) or not text:
-            raise InvalidInputError("text must be a non-empty string")
-        if len(text) > self.cfg.max_text_chars:
-            raise TooLargeError(f"text has {len(text)} chars, limit {self.cfg.max_text_chars}")
-        flush = msg.get("flush", False)
-        if not isinstance(flush, bool):
-            raise InvalidInputError("flush must be true or false")
-        given = {k: msg[k] for k in OPTION_KEYS if k in msg}
+        m = parse_text(msg, self.cfg)
+        cid, text, given = m.context_id, m.text, m.given
         cmds: list[Command] = []
         ctx = self._contexts.get(cid)
         if ctx is None:
@@ -456,27 +273,24 @@ class Session:
         ctx.chars += len(text)
         ctx.active_at = now
         cmds.extend(Speak(cid, s) for s in ctx.text.append(text, now))
-        if flush:
+        if m.flush:
             cmds.extend(Speak(cid, s) for s in ctx.text.flush())
         return cmds
 
     def _on_flush(self, msg: dict, now: float) -> list[Command]:
-        _check_fields(msg, ("type", "context_id"), "flush")
-        ctx = self._live(self._context_id(msg))
+        ctx = self._live(parse_context_message(msg))
         ctx.active_at = now
         return [Speak(ctx.id, s) for s in ctx.text.flush()]
 
     def _on_end(self, msg: dict, now: float) -> list[Command]:
-        _check_fields(msg, ("type", "context_id"), "end")
-        ctx = self._live(self._context_id(msg))
+        ctx = self._live(parse_context_message(msg))
         if ctx.ended:
             return []
         ctx.ended = True
         return [*(Speak(ctx.id, s) for s in ctx.text.flush()), Close(ctx.id)]
 
     def _on_cancel(self, msg: dict, now: float) -> list[Command]:
-        _check_fields(msg, ("type", "context_id"), "cancel")
-        cid = self._context_id(msg)
+        cid = parse_context_message(msg)
         if cid not in self._contexts and cid in self._recent:
             return []
         self._live(cid)
@@ -485,42 +299,22 @@ class Session:
 
     # ---- helpers ----
 
-    def _context_id(self, msg: dict) -> str:
-        cid = msg.get("context_id")
-        if not _valid_id(cid):
-            raise InvalidInputError(f"context_id must be a string of 1..{MAX_CONTEXT_ID} chars")
-        return cid
-
     def _live(self, cid: str) -> _Context:
         ctx = self._contexts.get(cid)
         if ctx is None:
             raise NotFoundError(f"no open context {brief(cid)}")
         return ctx
 
-    def _query_config(self, query: dict[str, str]) -> dict:
-        raw: dict = {}
-        for key, value in query.items():
-            if key == "token":
-                continue
-            if key not in ("audio", "voice", "sample_rate", "encoding"):
-                raise InvalidInputError(f"unknown query parameter {brief(key)}")
-            if key == "sample_rate":
-                if not value.isdigit():
-                    raise InvalidInputError(f"sample_rate must be an integer, got {brief(value)}")
-                value = int(value)
-            raw[key] = value
-        return raw
-
     def _configure(self, raw: dict) -> None:
         """Validate a config change completely, then apply it (all or nothing)."""
-        _check_audio_format(raw)
+        check_audio_format(raw)
         framing = raw.get("audio", self.audio_framing) if "audio" in raw else self.audio_framing
         framing = "binary" if framing is None else framing
         if framing not in AUDIO_FRAMINGS:
             raise InvalidInputError(f"audio must be one of {AUDIO_FRAMINGS}, got {brief(framing)}")
         delay = raw.get("max_buffer_delay_ms", self.max_buffer_delay_ms)
         delay = self.cfg.max_buffer_delay_ms if delay is None else delay
-        if not _is_int(delay) or not 0 <= delay <= 10_000:
+        if not is_int(delay) or not 0 <= delay <= 10_000:
             raise InvalidInputError(f"max_buffer_delay_ms must be an int in 0..10000, got {brief(delay)}")
         defaults = dict(self._defaults)
         for key in OPTION_KEYS:

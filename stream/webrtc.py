@@ -32,14 +32,25 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
-
-from higgs_stream.engine.errors import CapacityError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.errors import (
+    CapacityError,
+    HiggsStreamError,
+    InvalidInputError,
+)
 from higgs_stream.stream.config import ICE_SERVER, SAMPLE_RATE
-from higgs_stream.stream.server import STATE, ServerState, SessionRunner, check_request, error_response, read_body
-from higgs_stream.stream.session import check_unicode, parse_json
+from higgs_stream.stream.guards import check_request, error_response, read_body
+from higgs_stream.stream.messages import check_unicode, parse_json
+from higgs_stream.stream.server import SessionRunner
+from higgs_stream.stream.server_state import STATE, ServerState
 
 log = logging.getLogger(__name__)
 

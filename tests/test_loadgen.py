@@ -16,7 +16,8 @@ import pytest
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.server import ServerState, bound_port, serve
+from higgs_stream.stream.server import bound_port, serve
+from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
 from higgs_stream import loadgen

@@ -28,12 +28,13 @@ from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import server as server_mod
+from higgs_stream.stream import http_speech
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.server import ServerState, bound_port, serve
+from higgs_stream.stream.server import bound_port, serve
+from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.session import Open, Session
 from higgs_stream.stream.voices import Voice, VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
@@ -248,7 +249,7 @@ async def test_a_failing_session_ends_its_contexts_and_closes_1011(start_server,
         raise RuntimeError("framing bug")
 
     monkeypatch.setattr(Session, "audio", broken_audio)
-    monkeypatch.setattr(server_mod, "parse_speech", lambda *a: 1 / 0)
+    monkeypatch.setattr(http_speech, "parse_speech", lambda *a: 1 / 0)
     async with connect(f"ws://{host}/v1/tts/stream") as ws:
         peer = Peer(ws)
         await peer.say("a", "Hello there.", 3)

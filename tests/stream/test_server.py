@@ -23,7 +23,9 @@ from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.server import ServerState, bound_port, serve, wav_header
+from higgs_stream.stream.http_speech import wav_header
+from higgs_stream.stream.server import bound_port, serve
+from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
 from websockets.asyncio.client import connect

@@ -1,4 +1,4 @@
-"""The sans-I/O session: message parsing, the context state machine, audio framing, errors.
+"""The sans-I/O session: messages in, the context state machine, audio framing, errors.
 
 No sockets, no engine: messages go in, commands and frames come out (milliseconds).
 """
@@ -6,33 +6,14 @@ No sockets, no engine: messages go in, commands and frames come out (millisecond
 from __future__ import annotations
 
 import base64
-import io
 import json
 
-import numpy as np
 import pytest
-import soundfile as sf
-from higgs_stream.engine.errors import AudioInputError, CapacityError, HiggsStreamError
+from higgs_stream.engine.errors import CapacityError, HiggsStreamError
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import SlowClientError
-from higgs_stream.stream.session import Cancel, Close, Open, Session, Speak, parse_speech
+from higgs_stream.stream.session import Cancel, Close, Open, Session, Speak
 from higgs_stream.stream.text import TextBuffer
-from higgs_stream.stream.voices import VoiceLibrary
-
-
-def wav_bytes(seconds=0.5, sr=16000, freq=220.0) -> bytes:
-    t = np.arange(int(seconds * sr)) / sr
-    buf = io.BytesIO()
-    sf.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), sr, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def voices(tmp_path_factory):
-    d = tmp_path_factory.mktemp("voices")
-    (d / "belinda.wav").write_bytes(wav_bytes(0.5))
-    (d / "belinda.txt").write_text("Hello, I am Belinda.")
-    return VoiceLibrary(d)
 
 
 def new_session(voices, query=None, **cfg) -> tuple[Session, list[str]]:
@@ -265,7 +246,7 @@ def test_config_sets_defaults_for_new_contexts(voices):
     assert send(s, type="text", context_id="n3", text="w")[0].options.voice.name == "belinda"
 
 
-def test_inline_reference_in_config_and_text(voices):
+def test_inline_reference_in_config_and_text(voices, wav_bytes):
     s, _ = new_session(voices)
     s.outgoing()
     ref = {"audio": base64.b64encode(wav_bytes(0.3)).decode(), "transcript": "a clip"}
@@ -302,54 +283,6 @@ def test_tick_cuts_idle_text(voices):
     s.outgoing()
     send(s, now=3.0, type="text", context_id="c", text="now")
     assert s.tick(3.0) == [Speak("c", "now")]
-
-
-# ---- HTTP body ----
-
-def speech(voices, **body):
-    return parse_speech(json.dumps(body).encode(), ServerConfig(), voices)
-
-
-def test_parse_speech_openai_shape(voices):
-    r = speech(voices, model="tts-1", input="Hello.", voice="alloy", response_format="pcm", speed=1.0)
-    assert (r.input, r.response_format, r.stream_format, r.options.voice.name) == ("Hello.", "pcm", "audio", "default")
-    r = speech(voices, input="Hi", voice={"id": "belinda"}, stream_format="sse", instructions="calm", seed=5,
-               temperature=0.3, top_k=50, top_p=0.9, mode="low_latency")
-    o = r.options
-    assert (o.voice.name, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
-        "belinda", "calm", 5, 0.3, 50, 0.9, "low_latency")
-    r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
-    assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
-    assert speech(voices, input="Hi", response_format="wav").response_format == "wav"
-
-
-@pytest.mark.parametrize("body, code", [
-    ({}, "invalid_input"),
-    ({"input": "   "}, "invalid_input"),
-    ({"input": "x" * 5000}, "too_large"),
-    ({"input": "x", "response_format": "mp3"}, "invalid_input"),
-    ({"input": "x", "stream_format": "sse", "response_format": "wav"}, "invalid_input"),
-    ({"input": "x", "speed": 1.5}, "invalid_input"),
-    ({"input": "x", "voice": "nobody"}, "not_found"),
-    ({"input": "x", "reference_audio": "AAAA"}, "invalid_input"),
-    ({"input": "x", "reference_audio": base64.b64encode(b"junk" * 100).decode(), "reference_text": "t"}, "bad_audio"),
-    ({"input": "x", "sample_rate": 16000}, "invalid_input"),
-    ({"input": "x", "colour": "blue"}, "invalid_input"),
-])
-def test_parse_speech_errors(voices, body, code):
-    with pytest.raises(HiggsStreamError) as e:
-        speech(voices, **body)
-    assert e.value.code == code
-
-
-def test_parse_speech_not_json(voices):
-    for body, code in [(b"input=hello", "bad_json"), (b"[" * 1000 + b"]" * 1000, "bad_json"),
-                       (b'{"input": "\xff\xfe"}', "bad_json"), (b'{"input": "\\ud800 hi"}', "invalid_input")]:
-        with pytest.raises(HiggsStreamError) as e:
-            parse_speech(body, ServerConfig(), voices)
-        assert e.value.code == code, body
-    with pytest.raises(AudioInputError):
-        VoiceLibrary().inline(base64.b64encode(wav_bytes(40.0)).decode(), "too long")
 
 
 # ---- hostile input (issue #11): every case a typed error, the session goes on ----

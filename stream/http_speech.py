@@ -1,0 +1,113 @@
+"""`POST /v1/audio/speech`, OpenAI-compatible and streamed (stream/PROTOCOL.md §2): the body is
+parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out as
+raw PCM, WAV (a header of unknown length first) or server-sent events. aiohttp cancels the handler
+when the client leaves (`handler_cancellation=True`), and `finally` cancels the stream, so its
+engine pages are freed within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import struct
+
+from aiohttp import web
+from higgs_stream.engine.errors import HiggsStreamError
+from higgs_stream.stream.config import SAMPLE_RATE
+from higgs_stream.stream.guards import check_request, error_response, read_body
+from higgs_stream.stream.messages import SpeechRequest, parse_speech
+from higgs_stream.stream.pipeline import Audio, End, StreamHandle
+from higgs_stream.stream.server_state import STATE
+from higgs_stream.stream.text import TextBuffer
+
+log = logging.getLogger(__name__)
+
+PCM_CONTENT_TYPE = f"audio/pcm;rate={SAMPLE_RATE};channels=1"
+
+
+def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 44-byte PCM s16 mono WAV header with unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    """POST /v1/audio/speech (PROTOCOL.md §2)."""
+    state = request.app[STATE]
+    cfg = state.config
+    try:
+        check_request(request, cfg, json_body=True)
+        req = parse_speech(await read_body(request, cfg), cfg, state.voices)
+        handle = state.pipeline.open(req.options, transport="http")
+    except HiggsStreamError as e:
+        return error_response(e, state.metrics)
+    try:
+        text = TextBuffer(cfg.max_segment_chars)
+        for segment in text.append(req.input, 0.0) + text.flush():
+            handle.say(segment)
+        handle.close()
+        events = await handle.next(cfg.max_send_bytes, first_alone=True)
+        first = events[0]
+        if isinstance(first, End) and first.error is not None:
+            return error_response(first.error, state.metrics)  # failed before any audio: a plain error
+        sse = req.stream_format == "sse"
+        resp = web.StreamResponse(status=200)
+        resp.headers["Content-Type"] = ("text/event-stream" if sse else
+                                        "audio/wav" if req.response_format == "wav" else PCM_CONTENT_TYPE)
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        try:
+            await _speech_body(request, resp, handle, req, events)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:  # headers are out: no JSON error possible; the client sees a truncated body
+            log.exception("speech stream failed after its headers were sent")
+            state.metrics.errors.inc(code="internal")
+            if request.transport is not None:
+                request.transport.close()
+        return resp
+    finally:
+        handle.cancel()  # no-op when it completed; frees the engine stream when the client left
+
+
+async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
+                       events: list) -> None:
+    """Write a speech response's audio (its headers are sent) until the stream ends."""
+    state = request.app[STATE]
+    cfg = state.config
+    sse = req.stream_format == "sse"
+    if req.response_format == "wav":
+        await resp.write(wav_header())
+    samples = 0
+    while True:
+        for ev in events:
+            if isinstance(ev, Audio):
+                samples += len(ev.pcm) // 2
+                await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
+                                 if sse else ev.pcm)
+                continue
+            if ev.reason == "completed":
+                if sse:
+                    tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
+                    frames = samples // (SAMPLE_RATE // 25)
+                    await resp.write(_sse({"type": "speech.audio.done", "usage": {
+                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
+                await resp.write_eof()
+                return
+            error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
+            state.metrics.errors.inc(code=error.code)
+            log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
+            if sse:
+                await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
+                await resp.write_eof()
+                return
+            request.transport.close()  # no final chunk: the client sees a truncated body
+            return
+        events = await handle.next(cfg.max_send_bytes)

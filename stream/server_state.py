@@ -1,0 +1,25 @@
+"""What the aiohttp app shares between its routes (the WebSocket, HTTP and WebRTC handlers):
+config, pipeline, voices, metrics and the open sockets, under one app key."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.metrics import Metrics
+from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.voices import VoiceLibrary
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    pipeline: Pipeline
+    voices: VoiceLibrary
+    metrics: Metrics
+    sockets: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # open WebSockets (closed at shutdown)
+
+
+STATE = web.AppKey("higgs_state", ServerState)

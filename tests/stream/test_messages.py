@@ -1,0 +1,61 @@
+"""Parsing what a client sends (stream/messages.py): the HTTP speech body (PROTOCOL.md §2).
+
+The WebSocket messages' schema is tested through the session that runs them (test_session.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from higgs_stream.engine.errors import AudioInputError, HiggsStreamError
+from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.messages import parse_speech
+from higgs_stream.stream.voices import VoiceLibrary
+
+
+def speech(voices, **body):
+    return parse_speech(json.dumps(body).encode(), ServerConfig(), voices)
+
+
+def test_parse_speech_openai_shape(voices, wav_bytes):
+    r = speech(voices, model="tts-1", input="Hello.", voice="alloy", response_format="pcm", speed=1.0)
+    assert (r.input, r.response_format, r.stream_format, r.options.voice.name) == ("Hello.", "pcm", "audio", "default")
+    r = speech(voices, input="Hi", voice={"id": "belinda"}, stream_format="sse", instructions="calm", seed=5,
+               temperature=0.3, top_k=50, top_p=0.9, mode="low_latency")
+    o = r.options
+    assert (o.voice.name, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
+        "belinda", "calm", 5, 0.3, 50, 0.9, "low_latency")
+    r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
+    assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
+    assert speech(voices, input="Hi", response_format="wav").response_format == "wav"
+
+
+@pytest.mark.parametrize("body, code", [
+    ({}, "invalid_input"),
+    ({"input": "   "}, "invalid_input"),
+    ({"input": "x" * 5000}, "too_large"),
+    ({"input": "x", "response_format": "mp3"}, "invalid_input"),
+    ({"input": "x", "stream_format": "sse", "response_format": "wav"}, "invalid_input"),
+    ({"input": "x", "speed": 1.5}, "invalid_input"),
+    ({"input": "x", "voice": "nobody"}, "not_found"),
+    ({"input": "x", "reference_audio": "AAAA"}, "invalid_input"),
+    ({"input": "x", "reference_audio": base64.b64encode(b"junk" * 100).decode(), "reference_text": "t"}, "bad_audio"),
+    ({"input": "x", "sample_rate": 16000}, "invalid_input"),
+    ({"input": "x", "colour": "blue"}, "invalid_input"),
+])
+def test_parse_speech_errors(voices, body, code):
+    with pytest.raises(HiggsStreamError) as e:
+        speech(voices, **body)
+    assert e.value.code == code
+
+
+def test_parse_speech_not_json(voices, wav_bytes):
+    for body, code in [(b"input=hello", "bad_json"), (b"[" * 1000 + b"]" * 1000, "bad_json"),
+                       (b'{"input": "\xff\xfe"}', "bad_json"), (b'{"input": "\\ud800 hi"}', "invalid_input")]:
+        with pytest.raises(HiggsStreamError) as e:
+            parse_speech(body, ServerConfig(), voices)
+        assert e.value.code == code, body
+    with pytest.raises(AudioInputError):
+        VoiceLibrary().inline(base64.b64encode(wav_bytes(40.0)).decode(), "too long")
