@@ -28,7 +28,7 @@ from higgs_stream.loadgen import (
     poisson_arrivals,
     summarize,
 )
-from higgs_stream.random_model import build_random
+from higgs_stream.engine.random_weights import build_random
 
 MAX_FRAMES, HOP = 20, 960
 
