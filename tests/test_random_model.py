@@ -13,7 +13,11 @@ import pytest
 import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.engine.random_weights import build_random, in_memory_engine, random_preset
+from higgs_stream.engine.random_weights import (
+    build_random,
+    in_memory_engine,
+    random_preset,
+)
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.stream import server
 
