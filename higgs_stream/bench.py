@@ -27,19 +27,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from higgs_stream.bench_model import batch_vs_single, logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
+from higgs_stream.bench_model import batch_vs_single, logprob_parity
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.prompt import build_prompt
+from higgs_stream.engine.random_weights import (
+    EOS_TOP_K,
+    random_full_codec,
+    random_reference,
+    suppress_eos,
+    talker_from_reference,
+    tokenizer_and_config,
+)
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
         "and she said good morning, how are you today, before the whole sentence had been spoken.")
 FRAMES = 250  # 10 s at 25 frames/s
-TOP_K = 50  # with the EOS rows of the random audio head zeroed, EOS (logit 0) never makes the top 50
+TOP_K = EOS_TOP_K  # with the EOS rows of the random audio head zeroed, EOS (logit 0) never makes the top 50
 SAMPLE_RATE = 24000
 
 
@@ -65,13 +73,6 @@ def copy_bandwidth(gib: float = 2.0, reps: int = 20) -> float:
         times.append(a.elapsed_time(b) / 1e3)
     del src, dst
     return 2 * n * 4 / float(np.median(times))
-
-
-def suppress_eos(engine: GpuEngine) -> None:
-    """Random weights only: zero the audio head's EOS rows (EOS logit 0, never the argmax, never in a
-    top-50) so benchmark streams run to their frame cap as ~10 s utterances would."""
-    cfg = engine.cfg
-    engine.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
 
 
 def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: int = 200, ras_window: int = 0) -> dict:
@@ -415,20 +416,6 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
     return out
 
 
-def gpu_codec(seed: int = 0) -> Any:
-    """The full-size Higgs codec decoder (random weights, fp32) on the GPU."""
-    from higgs_stream.engine.codec.codec import Codec
-    from higgs_stream.engine.codec.config import CodecConfig
-
-    torch.manual_seed(seed)
-    codec = Codec(CodecConfig.full(), with_encoder=False)
-    with torch.no_grad():
-        for name, buf in codec.named_buffers():
-            if name.endswith("codebook.embed"):
-                buf.normal_()
-    return codec.cuda().eval()
-
-
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench", description=__doc__,
@@ -483,13 +470,14 @@ def main(argv: list[str] | None = None) -> int:
         f"-> floor {weight_bytes/bw*1e3:.3f} ms")
     save()
 
-    if "parity" in sections:
+    if "parity" in sections:  # against the reference's whole audio head: before EOS is suppressed
         result["logprob_parity"] = logprob_parity(hf, engine)
         log(f"logprob parity: {result['logprob_parity']}")
+    suppress_eos(engine)  # from here on every stream runs to its frame cap (top-k requests: TOP_K or less)
+    if "parity" in sections:
         small = KVCache.create(cfg, num_pages=600, page_size=16, dtype=torch.bfloat16, device="cuda")
         eager = GpuEngine(talker, cfg, tok, small, EngineConfig(max_batch=1, kv_pages=600, max_seq_len=4096),
                           GpuEngineConfig(cuda_graphs=False), fast=engine.fast)
-        suppress_eos(engine)
         result["greedy_batch_parity"] = greedy_batch_parity(engine, eager, ras_window=0)
         result["greedy_batch_parity_ras"] = greedy_batch_parity(engine, eager, ras_window=7)
         result["batch_vs_single_logits"] = batch_vs_single(engine, eager)
@@ -509,7 +497,6 @@ def main(argv: list[str] | None = None) -> int:
         save()
     del hf
     torch.cuda.empty_cache()
-    suppress_eos(engine)
     if "profile" in sections and engine.graphs is not None:
         result["profile"] = [profile_decode(engine, b) for b in (1, 64)]
         for p in result["profile"]:
@@ -526,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             result["speedup_vs_transformers_batch1"] = b1["frames_per_s"] / base
         save()
     if "stream" in sections:
-        codec = gpu_codec()
+        codec = random_full_codec()
         result["codec"] = codec_timings(codec, [(1, 1), (1, 11), (1, 21), (1, 45), (8, 45), (32, 45), (64, 45)])
         log(f"codec: {result['codec']}")
         result["codec_variants"] = codec_variants(codec)

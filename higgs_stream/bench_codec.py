@@ -39,9 +39,9 @@ def log(msg: str) -> None:
 
 def random_codec(tiny: bool, device: str, seed: int = 0) -> Codec:
     if not tiny:
-        from higgs_stream.bench import gpu_codec
+        from higgs_stream.engine.random_weights import random_full_codec
 
-        return gpu_codec(seed)  # the full-size codec the main benchmark uses
+        return random_full_codec(seed)  # the full-size codec the main benchmark uses
     from higgs_stream.engine.codec import codec_from_state_dict
     from higgs_stream.engine.codec.make import build_reference_model
 

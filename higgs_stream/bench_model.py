@@ -1,9 +1,5 @@
-"""Random-weight models for GPU benchmarks and parity runs (no checkpoint files needed).
-
-The transformers reference `HiggsAudioV2ForConditionalGeneration` is built on the device in fp32
-and given seeded random weights the way `make-checkpoint` draws them (matrices and embeddings
-N(0, 0.02^2), norms 1 + N(0, 0.1^2)); our `Talker` is built empty on the same device and loads
-those tensors in the serving dtype. Same bytes and FLOPs as the released model; never speech.
+"""Parity harnesses for GPU benchmarks, on random-weight models (no checkpoint files needed; the
+models come from `engine/random_weights.py`: `random_reference`, `talker_from_reference`).
 
 `logprob_parity` compares our fast path (prefill through FlashInfer's paged prefill, then decode
 steps replayed from the CUDA graphs) with the reference's full forward on the same tokens.
@@ -11,64 +7,17 @@ steps replayed from the CUDA graphs) with the reference's full forward on the sa
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.fast_talker import FastInputs
 from higgs_stream.engine.gpu_sampling import StreamStart
-from higgs_stream.engine.make_checkpoint import build_text_tokenizer, talker_config
 from higgs_stream.engine.prompt import build_prompt
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.engine.talker import Talker
-from higgs_stream.engine.tokenizer import TextTokenizer
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import HostCSR, RefAttention
-from higgs_stream.kernels.rope import llama3_inv_freq
-
-BPE_VOCAB = {"full": 128000, "tiny": 512}
-
-
-def tokenizer_and_config(preset: str = "full", **dims: Any) -> tuple[TextTokenizer, TalkerConfig]:
-    """A project tokenizer (byte-level BPE + the 256 Higgs special tokens) and its talker config."""
-    cfg = talker_config(preset)
-    if dims:
-        cfg = replace(cfg, **dims)
-    return TextTokenizer(build_text_tokenizer(BPE_VOCAB[preset])), cfg
-
-
-@torch.no_grad()
-def random_reference(cfg: TalkerConfig, device: str | torch.device, seed: int = 0, std: float = 0.02) -> torch.nn.Module:
-    """transformers' HiggsAudioV2ForConditionalGeneration (fp32, eval) with seeded random weights."""
-    from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
-
-    s = cfg.special
-    hf_cfg = HiggsAudioV2Config(**cfg.to_hf_dict(), audio_delay_token_id=s.begin_of_text + 14)
-    with torch.device(device):
-        hf = HiggsAudioV2ForConditionalGeneration(hf_cfg).eval()
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for _, p in sorted(hf.named_parameters()):
-        if p.dim() == 1:
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device))
-        else:
-            p.copy_(std * torch.randn(p.shape, generator=gen, device=device))
-    return hf
-
-
-@torch.no_grad()
-def talker_from_reference(hf: torch.nn.Module, cfg: TalkerConfig, dtype: torch.dtype) -> Talker:
-    """Our Talker (no text head) on the reference's device, holding its weights in `dtype`."""
-    device = next(hf.parameters()).device
-    with torch.device("meta"):
-        talker = Talker(cfg, use_text_head=False)
-    talker = talker.to_empty(device=device).to(dtype)
-    talker.load_state_dict(hf.state_dict(), strict=True)
-    talker.inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
-    talker.model.embed_audio_tokens.offsets.copy_(torch.arange(cfg.num_codebooks, device=device) * cfg.audio_vocab)
-    return talker.eval()
 
 
 def parity_request(frames: int = 40, seed: int = 0) -> GenerationRequest:

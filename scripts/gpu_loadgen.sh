@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: the load generator (higgs_stream/loadgen.py, a real WebSocket client) against
+# One device call: the load generator (higgs_stream/loadgen/, a real WebSocket client) against
 # `serve --model random:full` (random weights, EOS suppressed: every utterance exactly MAX_FRAMES
 # frames), v2 then v3. For each arch the load generator starts the server (--spawn), waits for
 # /healthz (model build + graph capture + codec warm-up, ~1 min), runs the scenarios within its

@@ -321,7 +321,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     parser.add_argument("--model", required=True,
                         help="model directory or hub id (talker + tokenizer); random:tiny | random:full = random "
-                             "weights built in memory, EOS suppressed (noise, for benchmarking: higgs_stream/random_model.py)")
+                             "weights built in memory, EOS suppressed (noise, for benchmarking: engine/random_weights.py)")
     parser.add_argument("--arch", choices=("v2", "v3"), default=None,
                         help="with --model random:*: the architecture to build (default v2); checkpoints name their own")
     parser.add_argument("--codec", default=None,
@@ -410,7 +410,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels}
     if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
-        from higgs_stream.random_model import build_random
+        from higgs_stream.engine.random_weights import build_random
 
         if args.codec is not None:
             raise ConfigError(f"--codec does not apply to --model {args.model} (it builds its own random codec)")

@@ -1,4 +1,4 @@
-"""The load generator (higgs_stream/loadgen.py): the simulated real-time listener on hand-made
+"""The load generator (higgs_stream/loadgen/): the simulated real-time listener on hand-made
 arrival timelines (exact stall counts and durations), the Poisson schedule, the per-scenario
 summary, and end to end against a real in-process `random:tiny` server on loopback (open and
 closed loop, 2 client processes; `busy` refusals counted apart from errors)."""
@@ -13,6 +13,7 @@ import statistics
 import sys
 
 import pytest
+from higgs_stream.engine.random_weights import build_random
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics, UnderrunMeter
 from higgs_stream.stream.pipeline import Pipeline
@@ -20,16 +21,17 @@ from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
-from higgs_stream import loadgen
-from higgs_stream.loadgen import (
+from higgs_stream.loadgen.__main__ import main
+from higgs_stream.loadgen.listener import Playback, listen
+from higgs_stream.loadgen.report import summarize, table
+from higgs_stream.loadgen.runner import run
+from higgs_stream.loadgen.schedule import (
     LoadConfig,
     Scenario,
-    listen,
     parts_for,
     poisson_arrivals,
-    summarize,
 )
-from higgs_stream.random_model import build_random
+from higgs_stream.loadgen.spawn import healthz, spawned_server
 
 MAX_FRAMES, HOP = 20, 960
 
@@ -59,7 +61,7 @@ def test_listener_counts_from_the_resume_point_not_the_start():
 
 
 def test_listener_edge_cases():
-    assert listen([]) == loadgen.Playback(None, 0, (), 0.0)
+    assert listen([]) == Playback(None, 0, (), 0.0)
     assert listen([(1.0, 0), (2.0, 0)]).first is None  # empty frames are not audio
     burst = listen([(0.0, 24000)] + [(0.001 * i, 2400) for i in range(1, 10)])  # everything up front
     assert (burst.underruns, burst.samples) == (0, 24000 + 9 * 2400)
@@ -129,11 +131,11 @@ def test_summary_counts_busy_apart_from_errors():
 def test_time_budget_skips_what_would_not_fit(capsys):
     cfg = LoadConfig(url="ws://127.0.0.1:9/v1/tts/stream", open_rates=(5.0,), closed=(4,), duration_s=30.0, procs=0,
                      warmup=0, time_budget_s=10.0)
-    result = loadgen.run(cfg)  # nothing is sent: port 9 is never asked
+    result = run(cfg)  # nothing is sent: port 9 is never asked
     assert result["scenarios"] == [] and result["skipped"] == ["open@5/s", "closed@4"]
-    assert "skipped (time budget)" in loadgen.table(result)
+    assert "skipped (time budget)" in table(result)
     with pytest.raises(SystemExit):
-        loadgen.main(["--open-rates", "0", "--closed", ""])
+        main(["--open-rates", "0", "--closed", ""])
     assert "open rates must be > 0" in capsys.readouterr().err
 
 
@@ -166,7 +168,7 @@ async def test_open_and_closed_loop_against_a_live_server(tiny, tmp_path):
     try:
         cfg = LoadConfig(url=url, open_rates=(4.0,), closed=(2,), duration_s=1.5, seed=1, procs=2, warmup=1,
                          request_timeout_s=30.0, drain_s=30.0)
-        result = await asyncio.to_thread(loadgen.run, cfg)
+        result = await asyncio.to_thread(run, cfg)
     finally:
         await runner.cleanup()
     engine = tiny[0]
@@ -196,8 +198,8 @@ async def test_open_and_closed_loop_against_a_live_server(tiny, tmp_path):
 
     out = tmp_path / "lg.json"
     out.write_text(json.dumps(result))
-    assert "closed@2" in loadgen.table(result)
-    rc = loadgen.main(["--plot-from", str(out), "--plot", str(tmp_path / "lg.png")])
+    assert "closed@2" in table(result)
+    rc = main(["--plot-from", str(out), "--plot", str(tmp_path / "lg.png")])
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -211,7 +213,7 @@ async def test_busy_refusals_are_counted_apart_from_errors(tiny):
     try:
         cfg = LoadConfig(url=url, open_rates=(), closed=(3,), duration_s=1.0, count=2, procs=0, warmup=0,
                          ramp_s=0.0, busy_backoff_s=0.05, request_timeout_s=30.0, drain_s=30.0)
-        result = await asyncio.to_thread(loadgen.run, cfg)
+        result = await asyncio.to_thread(run, cfg)
     finally:
         await runner.cleanup()
     (s,) = result["scenarios"]
@@ -233,13 +235,13 @@ def test_spawned_server_is_waited_for_and_stopped(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"ws://127.0.0.1:{port}/v1/tts/stream"
-    with loadgen.spawned_server(f"{sys.executable} {tmp_path / 'app.py'} {port}", url, tmp_path / "s.log", 30) as p:
-        assert loadgen.healthz(url) == {"status": "ok"}
-    assert p.returncode is not None and loadgen.healthz(url) is None
+    with spawned_server(f"{sys.executable} {tmp_path / 'app.py'} {port}", url, tmp_path / "s.log", 30) as p:
+        assert healthz(url) == {"status": "ok"}
+    assert p.returncode is not None and healthz(url) is None
 
 
 def test_spawned_server_that_dies_reports_its_log(tmp_path):
     cmd = f"{sys.executable} -c \"print('model not found'); raise SystemExit(3)\""
     with (pytest.raises(RuntimeError, match="exited with 3(.|\n)*model not found"),
-          loadgen.spawned_server(cmd, "ws://127.0.0.1:9/v1/tts/stream", tmp_path / "s.log", 30)):
+          spawned_server(cmd, "ws://127.0.0.1:9/v1/tts/stream", tmp_path / "s.log", 30)):
         pass

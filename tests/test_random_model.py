@@ -13,10 +13,13 @@ import pytest
 import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.random_weights import (
+    build_random,
+    in_memory_engine,
+    random_preset,
+)
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.stream import server
-
-from higgs_stream.random_model import build_random, in_memory_engine, random_preset
 
 MAX_FRAMES, HOP = 60, 960
 TEXT = "The quick brown fox jumps over the lazy dog"

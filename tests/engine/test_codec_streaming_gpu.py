@@ -13,9 +13,9 @@ BOUND = 1e-5  # max |d| / peak
 
 @pytest.fixture(scope="module")
 def codec():
-    from higgs_stream.bench import gpu_codec
+    from higgs_stream.engine.random_weights import random_full_codec
 
-    return gpu_codec(seed=0)
+    return random_full_codec(seed=0)
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -184,8 +184,14 @@ def test_refused_admission_ends_the_stream_with_an_error_event(tiny_ckpt, monkey
 
 def test_logprob_parity_harness_fp32_cpu():
     """The benchmark's parity harness on a tiny model, fp32 plain-torch path vs transformers: ~1e-6 nat."""
-    from higgs_stream.bench_model import logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
     from higgs_stream.engine.kv_cache import KVCache
+    from higgs_stream.engine.random_weights import (
+        random_reference,
+        talker_from_reference,
+        tokenizer_and_config,
+    )
+
+    from higgs_stream.bench_model import logprob_parity
 
     tok, cfg = tokenizer_and_config("tiny")
     hf = random_reference(cfg, "cpu", std=0.1)

@@ -10,13 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from higgs_stream.bench_model import logprob_parity, random_reference, talker_from_reference, tokenizer_and_config
 from higgs_stream.engine.cuda_graph import GraphShapeError
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.random_weights import (
+    random_reference,
+    talker_from_reference,
+    tokenizer_and_config,
+)
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
+
+from higgs_stream.bench_model import logprob_parity
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -1,4 +1,6 @@
-"""Random-weight models to serve for benchmarking: `higgs-stream serve --model random:tiny|random:full [--arch v2|v3]`.
+"""Random-weight models: the released architectures (and the tiny test ones) with seeded random
+weights, for benchmarks, parity runs and `higgs-stream serve --model random:tiny|random:full [--arch v2|v3]`.
+The output is noise, never speech.
 
 Built in memory, no checkpoint written by the caller:
 
@@ -6,15 +8,21 @@ Built in memory, no checkpoint written by the caller:
                  loaded through the normal loaders (`load_engine`, `load_codec_for`) and deleted;
                  CPU (`Engine`) or CUDA (`--kernels ref`: tiny head_dim 16 has no FlashInfer kernel)
     random:full  the released architecture drawn on the GPU (`in_memory_engine`; v2:
-                 bench_model.random_reference -> talker_from_reference; v3: a TalkerV3 filled like
-                 make_checkpoint_v3 draws it) with the full-size codec decoder (bench.gpu_codec, no
+                 random_reference -> talker_from_reference; v3: a TalkerV3 filled like
+                 make_checkpoint_v3 draws it) with the full-size codec decoder (`random_full_codec`, no
                  encoder: no voice cloning); CUDA only (`GpuEngine`)
+
+v2 weights: transformers' reference `HiggsAudioV2ForConditionalGeneration` is built on the device in
+fp32 and given seeded random weights the way `make-checkpoint` draws them (matrices and embeddings
+N(0, 0.02^2), norms 1 + N(0, 0.1^2)) (`random_reference`); our `Talker` is built empty on the same
+device and loads those tensors in the serving dtype (`talker_from_reference`). Same bytes and FLOPs
+as the released model.
 
 Random weights never stop by themselves at a sensible point, so the end-of-stream code is made
 unreachable (`suppress_eos`): the EOS rows of the audio head are zeroed (EOS logit exactly 0, the
 median of a random head's zero-mean logits) and every request's top-k is capped at 50, so EOS is
 never sampled and never the argmax. Every utterance then runs to exactly `--max-frames` frames:
-controlled lengths for load tests. The output is noise, never speech.
+controlled lengths for load tests.
 """
 
 from __future__ import annotations
@@ -29,9 +37,14 @@ from typing import Any
 
 import torch
 
+from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.make_checkpoint import build_text_tokenizer, talker_config
 from higgs_stream.engine.request import GenerationRequest
+from higgs_stream.engine.talker import Talker
+from higgs_stream.engine.tokenizer import TextTokenizer
+from higgs_stream.kernels.rope import llama3_inv_freq
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +52,7 @@ PREFIX = "random:"
 PRESETS = ("tiny", "full")
 ARCHS = ("v2", "v3")
 EOS_TOP_K = 50  # > 50 of 1026 zero-mean logits above 0: EOS (logit 0) never makes the top 50
+BPE_VOCAB = {"full": 128000, "tiny": 512}
 WARNING = ("RANDOM WEIGHTS (%s, arch %s): this server produces NOISE, NEVER SPEECH. For benchmarking only: "
            "EOS is suppressed, so every utterance runs to exactly --max-frames frames.")
 
@@ -99,9 +113,7 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
 
 def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda_graphs: bool, kernels: str,
           seed: int) -> tuple[Engine, Any]:
-    from higgs_stream.bench import gpu_codec
-
-    return in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed), gpu_codec(seed)
+    return in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed), random_full_codec(seed)
 
 
 def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, config: EngineConfig,
@@ -126,13 +138,7 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
 @torch.no_grad()
 def _talker_v2(preset: str, device: Any, dtype: torch.dtype, max_positions: int,
                seed: int) -> tuple[torch.nn.Module, Any, Any]:
-    """The v2 talker with the weights bench_model draws (via transformers' reference, fp32 then `dtype`)."""
-    from higgs_stream.bench_model import (
-        random_reference,
-        talker_from_reference,
-        tokenizer_and_config,
-    )
-
+    """The v2 talker with the weights `random_reference` draws (via transformers' reference, fp32 then `dtype`)."""
     tokenizer, cfg = tokenizer_and_config(preset)
     hf = random_reference(cfg, device, seed=seed)
     talker = talker_from_reference(hf, cfg, dtype)
@@ -141,6 +147,45 @@ def _talker_v2(preset: str, device: Any, dtype: torch.dtype, max_positions: int,
         torch.cuda.empty_cache()
     assert talker.max_positions >= max_positions, f"talker holds {talker.max_positions} positions < {max_positions}"
     return talker, cfg, tokenizer
+
+
+def tokenizer_and_config(preset: str = "full", **dims: Any) -> tuple[TextTokenizer, TalkerConfig]:
+    """A project tokenizer (byte-level BPE + the 256 Higgs special tokens) and its talker config."""
+    cfg = talker_config(preset)
+    if dims:
+        cfg = replace(cfg, **dims)
+    return TextTokenizer(build_text_tokenizer(BPE_VOCAB[preset])), cfg
+
+
+@torch.no_grad()
+def random_reference(cfg: TalkerConfig, device: str | torch.device, seed: int = 0, std: float = 0.02) -> torch.nn.Module:
+    """transformers' HiggsAudioV2ForConditionalGeneration (fp32, eval) with seeded random weights."""
+    from transformers import HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
+
+    s = cfg.special
+    hf_cfg = HiggsAudioV2Config(**cfg.to_hf_dict(), audio_delay_token_id=s.begin_of_text + 14)
+    with torch.device(device):
+        hf = HiggsAudioV2ForConditionalGeneration(hf_cfg).eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for _, p in sorted(hf.named_parameters()):
+        if p.dim() == 1:
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, device=device))
+        else:
+            p.copy_(std * torch.randn(p.shape, generator=gen, device=device))
+    return hf
+
+
+@torch.no_grad()
+def talker_from_reference(hf: torch.nn.Module, cfg: TalkerConfig, dtype: torch.dtype) -> Talker:
+    """Our Talker (no text head) on the reference's device, holding its weights in `dtype`."""
+    device = next(hf.parameters()).device
+    with torch.device("meta"):
+        talker = Talker(cfg, use_text_head=False)
+    talker = talker.to_empty(device=device).to(dtype)
+    talker.load_state_dict(hf.state_dict(), strict=True)
+    talker.inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+    talker.model.embed_audio_tokens.offsets.copy_(torch.arange(cfg.num_codebooks, device=device) * cfg.audio_vocab)
+    return talker.eval()
 
 
 @torch.no_grad()
@@ -170,6 +215,20 @@ def _talker_v3(preset: str, device: Any, dtype: torch.dtype, max_positions: int,
     talker.to(device)  # buffers (RoPE inverse frequencies, codebook offsets)
     talker.requires_grad_(False)
     return talker.eval(), cfg, tokenizer
+
+
+def random_full_codec(seed: int = 0) -> Any:
+    """The full-size Higgs codec decoder (random weights, fp32) on the GPU."""
+    from higgs_stream.engine.codec.codec import Codec
+    from higgs_stream.engine.codec.config import CodecConfig
+
+    torch.manual_seed(seed)
+    codec = Codec(CodecConfig.full(), with_encoder=False)
+    with torch.no_grad():
+        for name, buf in codec.named_buffers():
+            if name.endswith("codebook.embed"):
+                buf.normal_()
+    return codec.cuda().eval()
 
 
 # ---------------------------------------------------------------------------------- EOS
