@@ -286,7 +286,7 @@ class _Timer:
 async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
                       timers: tuple[_Timer, _Timer] | None = None) -> dict:
     from higgs_stream.stream.metrics import UnderrunMeter
-    from higgs_stream.stream.pipeline import Audio
+    from higgs_stream.stream.handle import Audio
     from higgs_stream.stream.messages import ContextOptions
     from higgs_stream.stream.voices import Voice
 

@@ -173,7 +173,8 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
               arrival_s: float = 0.0, mode: str = "exact", profile: bool = False) -> tuple[Result, str]:
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.metrics import UnderrunMeter
-    from higgs_stream.stream.pipeline import Audio, Pipeline
+    from higgs_stream.stream.handle import Audio
+    from higgs_stream.stream.pipeline import Pipeline
     from higgs_stream.stream.messages import ContextOptions
     from higgs_stream.stream.voices import Voice
 

@@ -18,7 +18,7 @@ from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE
 from higgs_stream.stream.guards import check_request, error_response, read_body
 from higgs_stream.stream.messages import SpeechRequest, parse_speech
-from higgs_stream.stream.pipeline import Audio, End, StreamHandle
+from higgs_stream.stream.handle import Audio, End, StreamHandle
 from higgs_stream.stream.server_state import STATE
 from higgs_stream.stream.text import TextBuffer
 

@@ -36,7 +36,8 @@ from higgs_stream.stream.guards import (
 )
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.pipeline import Audio, Pipeline, StreamHandle
+from higgs_stream.stream.handle import Audio, StreamHandle
+from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.server_state import STATE, ServerState
 from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak
 from higgs_stream.stream.voices import VoiceLibrary

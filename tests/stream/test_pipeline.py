@@ -20,7 +20,8 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.pipeline import Audio, End, Pipeline
+from higgs_stream.stream.handle import Audio, End
+from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close

@@ -1,0 +1,278 @@
+"""One context's side of the pipeline, on the event loop: `StreamHandle` takes its text, submits
+its segments to the engine one after another (with the context's voice and, without a reference,
+the audio of its previous segments as history), queues each segment's audio in a bounded queue for
+its transport, and ends with exactly one `End` after all its `Audio`. `_Segment` is one engine
+request: its adapter and playback clock belong to the engine thread once submitted.
+
+The handle only calls its pipeline (`stream/pipeline.py`) through a few methods (`_submit`,
+`_cancel`, `_encode`, `_release`, `adapter_config`) and reads `cfg`, `metrics` and `now()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from higgs_stream.engine.errors import CancelledStream, HiggsStreamError
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+from higgs_stream.stream.adapter import Code2WavAdapter
+from higgs_stream.stream.config import SAMPLE_RATE
+from higgs_stream.stream.errors import SlowClientError
+from higgs_stream.stream.messages import ContextOptions
+from higgs_stream.stream.metrics import UnderrunMeter
+from higgs_stream.stream.pacing import PlaybackClock
+from higgs_stream.stream.voices import Voice
+
+if TYPE_CHECKING:
+    from higgs_stream.stream.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Audio:
+    pcm: bytes  # s16le mono 24 kHz
+
+
+@dataclass(frozen=True)
+class End:
+    reason: str  # completed | cancelled | error
+    error: HiggsStreamError | None = None
+
+
+Event = Audio | End
+
+
+@dataclass(eq=False)
+class _Segment:
+    """One engine request. `columns`/`adapter` belong to the engine thread after submission."""
+
+    handle: StreamHandle
+    index: int
+    text: str
+    request: GenerationRequest
+    adapter: Code2WavAdapter
+    keep_columns: bool
+    submitted_at: float
+    sid: int = -1
+    columns: list[np.ndarray] = field(default_factory=list)
+    started: bool = False
+    meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
+    clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
+    deadline: float = 0.0  # engine thread -> codec thread: when its listener runs dry (monotonic s)
+
+
+class StreamHandle:
+    """One context: say() segments, close() when no more text, cancel() to stop; read with
+    `take()` (non-blocking) or `next()`. Exactly one End is queued, after all its Audio."""
+
+    def __init__(self, pipeline: Pipeline, options: ContextOptions, transport: str):
+        self.pipeline = pipeline
+        self.options = options
+        self.transport = transport
+        self.finished = False  # End queued
+        self.samples = 0  # samples queued so far
+        self._queue: deque[Event] = deque()
+        self._buffered = 0  # samples in the queue
+        self._texts: deque[str] = deque()
+        self._closed = False
+        self._segment: _Segment | None = None
+        self._index = 0
+        self._history: deque[Reference] = deque()
+        self._reference: Reference | None = None
+        self._encoding = False
+        self._waker = None
+        self._ready = asyncio.Event()
+        self.active_at = pipeline.now()  # last text, audio or segment end (transports' idle clocks)
+
+    # ---- control (event loop) ----
+
+    def say(self, text: str) -> None:
+        assert not self._closed, "say() after close()"
+        if self.finished:
+            return
+        self._texts.append(text)
+        self.active_at = self.pipeline.now()
+        self._pump()
+
+    def close(self) -> None:
+        """No more text: End("completed") follows the last segment's audio."""
+        self._closed = True
+        self._pump()
+
+    def cancel(self) -> None:
+        if self.finished:
+            return
+        self._stop_engine()
+        self._queue.clear()
+        self._buffered = 0
+        self._finish(End("cancelled"))
+
+    @property
+    def busy(self) -> bool:
+        """The pipeline has work for this context: a segment generating, text or a reference waiting."""
+        return not self.finished and (self._segment is not None or bool(self._texts) or self._encoding)
+
+    def set_waker(self, waker) -> None:
+        """`waker()` is called whenever an event is queued."""
+        self._waker = waker
+
+    # ---- reading (event loop) ----
+
+    def take(self, max_bytes: int, first_alone: bool = False) -> list[Event]:
+        """Queued events without waiting: consecutive Audio merged up to `max_bytes` (at least one
+        chunk; only one when `first_alone`), then End if it is next."""
+        out: list[Event] = []
+        if self._queue and isinstance(self._queue[0], Audio):
+            parts = [self._queue.popleft().pcm]
+            size = len(parts[0])
+            while (not first_alone and self._queue and isinstance(self._queue[0], Audio)
+                   and size + len(self._queue[0].pcm) <= max_bytes):
+                parts.append(self._queue.popleft().pcm)
+                size += len(parts[-1])
+            self._buffered -= size // 2
+            out.append(Audio(b"".join(parts)))
+        if self._queue and isinstance(self._queue[0], End) and not (out and first_alone):
+            out.append(self._queue.popleft())
+        if not self._queue:
+            self._ready.clear()
+        return out
+
+    async def next(self, max_bytes: int, first_alone: bool = False) -> list[Event]:
+        while not self._queue:
+            await self._ready.wait()
+        return self.take(max_bytes, first_alone)
+
+    # ---- segment flow (event loop) ----
+
+    def _pump(self) -> None:
+        """Submit the next segment when none is in flight; End when all text is spoken."""
+        if self.finished or self._segment is not None:
+            return
+        if not self._texts:
+            if self._closed:
+                self._finish(End("completed"))
+            return
+        voice: Voice = self.options.voice
+        if voice.has_reference and self._reference is None:
+            if not self._encoding:
+                self._encoding = True
+                self.pipeline._encode(voice).add_done_callback(self._encoded)
+            return
+        text = self._texts.popleft()
+        opts, cfg = self.options, self.pipeline.cfg
+        seed = None if opts.seed is None else (opts.seed + self._index) % 2**63
+        try:
+            request = GenerationRequest(
+                text=text, reference=self._reference, scene=opts.scene,
+                history=tuple(self._history) if self._reference is None else (),
+                sampling=SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, seed=seed),
+                max_frames=cfg.max_frames,
+            )
+            seg = _Segment(
+                handle=self, index=self._index, text=text, request=request,
+                adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(opts.mode)),
+                keep_columns=self._reference is None and cfg.history_segments > 0,
+                submitted_at=self.pipeline.now(),
+            )
+            self.pipeline._submit(seg)
+        except HiggsStreamError as e:
+            self._fail(e)
+            return
+        except Exception as e:  # a bug: this context ends with `internal`, the others go on
+            log.exception("submitting segment %d failed", self._index)
+            self._fail(HiggsStreamError(f"internal error: {type(e).__name__}"))
+            return
+        self._segment = seg
+        self._index += 1
+
+    def _encoded(self, fut: asyncio.Future) -> None:
+        self._encoding = False
+        if self.finished:
+            return
+        if fut.cancelled():
+            self._fail(HiggsStreamError("reference encoding was cancelled"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._fail(exc if isinstance(exc, HiggsStreamError) else HiggsStreamError(f"encoding failed: {exc!r}"))
+            return
+        self._reference = fut.result()
+        self._pump()
+
+    def _audio(self, seg: _Segment, pcm: bytes, now: float) -> None:
+        metrics = self.pipeline.metrics
+        if not seg.started:
+            seg.started = True
+            metrics.ttfa.observe(now - seg.submitted_at)
+        samples = len(pcm) // 2
+        if seg.meter.chunk(now, samples):
+            metrics.underruns.inc()
+        metrics.audio_seconds.inc(samples / SAMPLE_RATE)
+        self._queue.append(Audio(pcm))
+        self._buffered += samples
+        self.samples += samples
+        self.active_at = now
+        if self._buffered > self.pipeline.cfg.stream_buffer_samples:
+            metrics.slow_clients.inc()
+            self._fail(SlowClientError(
+                f"client is {self._buffered / SAMPLE_RATE:.1f} s of audio behind "
+                f"(limit {self.pipeline.cfg.stream_buffer_s:g} s)"))
+            return
+        self._notify()
+
+    def _segment_end(self, seg: _Segment, reason: str, error: str | None, frames: np.ndarray | None) -> None:
+        self._segment = None
+        self.active_at = self.pipeline.now()
+        self.pipeline.metrics.engine_streams.dec()
+        if reason in ("stop", "length"):
+            if seg.keep_columns and frames is not None and frames.shape[1] > 0:
+                self._remember(Reference(codes=frames, transcript=seg.text))
+            self._pump()
+        elif reason == "cancelled":  # not by us (we drop stale segments): the engine gave up on it
+            self._fail(CancelledStream(f"segment {seg.index} was cancelled by the engine"))
+        else:
+            self._fail(HiggsStreamError(f"generation failed: {error}"))
+
+    def _remember(self, segment: Reference) -> None:
+        cfg = self.pipeline.cfg
+        self._history.append(segment)
+        while len(self._history) > cfg.history_segments:
+            self._history.popleft()
+        while len(self._history) > 1 and sum(h.num_frames for h in self._history) > cfg.history_max_frames:
+            self._history.popleft()
+
+    # ---- endings ----
+
+    def _fail(self, error: HiggsStreamError) -> None:
+        if self.finished:
+            return
+        if type(error) is HiggsStreamError:
+            log.error("stream failed: %s", error)
+        self._stop_engine()
+        self._queue.clear()
+        self._buffered = 0
+        self._finish(End("error", error))
+
+    def _stop_engine(self) -> None:
+        seg = self._segment
+        if seg is not None:
+            self._segment = None
+            self.pipeline.metrics.engine_streams.dec()
+            self.pipeline._cancel(seg)
+
+    def _finish(self, end: End) -> None:
+        self.finished = True
+        self._queue.append(end)
+        self.pipeline._release(self, end.reason)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._ready.set()
+        if self._waker is not None:
+            self._waker()
