@@ -3,6 +3,8 @@
 # alone (stateful vs windowed vs one-shot), the in-process streaming benchmark, and the same
 # benchmark of the previous (windowed) pipeline as the baseline on the same card.
 # Usage (device tool, carry .whl and .baseline):  bash scripts/gpu_realtime.sh
+# .baseline/ (git-ignored) holds the previous pipeline's sources, made once here with
+#   mkdir -p .baseline && git archive 6fb90ea engine kernels stream clients higgs_stream | tar -x -C .baseline
 # Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
 # Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip).
 set -uo pipefail
