@@ -1,6 +1,7 @@
 """`POST /v1/audio/speech`, OpenAI-compatible and streamed (stream/PROTOCOL.md §2): the body is
-parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out as
-raw PCM, WAV (a header of unknown length first) or server-sent events. aiohttp cancels the handler
+parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out in
+the requested `response_format` (mp3 by default, as OpenAI), encoded chunk by chunk as it arrives
+(stream/encoders.py), as the body or base64 in server-sent events. aiohttp cancels the handler
 when the client leaves (`handler_cancellation=True`), and `finally` cancels the stream, so its
 engine pages are freed within one step.
 """
@@ -11,11 +12,11 @@ import asyncio
 import base64
 import json
 import logging
-import struct
 
 from aiohttp import web
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE
+from higgs_stream.stream.encoders import CONTENT_TYPES, Encoder, make_encoder
 from higgs_stream.stream.guards import check_request, error_response, read_body
 from higgs_stream.stream.messages import SpeechRequest, parse_speech
 from higgs_stream.stream.handle import Audio, End, StreamHandle
@@ -23,15 +24,6 @@ from higgs_stream.stream.server_state import STATE
 from higgs_stream.stream.text import TextBuffer
 
 log = logging.getLogger(__name__)
-
-PCM_CONTENT_TYPE = f"audio/pcm;rate={SAMPLE_RATE};channels=1"
-
-
-def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A 44-byte PCM s16 mono WAV header with unknown length (RIFF and data sizes 0xFFFFFFFF)."""
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
 
 
 def _sse(obj: dict) -> bytes:
@@ -59,8 +51,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
             return error_response(first.error, state.metrics)  # failed before any audio: a plain error
         sse = req.stream_format == "sse"
         resp = web.StreamResponse(status=200)
-        resp.headers["Content-Type"] = ("text/event-stream" if sse else
-                                        "audio/wav" if req.response_format == "wav" else PCM_CONTENT_TYPE)
+        resp.headers["Content-Type"] = "text/event-stream" if sse else CONTENT_TYPES[req.response_format]
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(request)
         try:
@@ -79,21 +70,34 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
 async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
                        events: list) -> None:
-    """Write a speech response's audio (its headers are sent) until the stream ends."""
+    """Encode and write a speech response's audio (its headers are sent) until the stream ends."""
+    encoder = make_encoder(req.response_format)
+    try:
+        await _encode_and_send(request, resp, handle, req, events, encoder)
+    finally:
+        encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
+
+
+async def _encode_and_send(request: web.Request, resp: web.StreamResponse, handle: StreamHandle,
+                           req: SpeechRequest, events: list, encoder: Encoder) -> None:
     state = request.app[STATE]
     cfg = state.config
     sse = req.stream_format == "sse"
-    if req.response_format == "wav":
-        await resp.write(wav_header())
+
+    async def send(data: bytes) -> None:
+        if data:
+            await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                             if sse else data)
+
     samples = 0
     while True:
         for ev in events:
             if isinstance(ev, Audio):
                 samples += len(ev.pcm) // 2
-                await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.pcm).decode()})
-                                 if sse else ev.pcm)
+                await send(encoder.feed(ev.pcm))
                 continue
             if ev.reason == "completed":
+                await send(encoder.flush())
                 if sse:
                     tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
                     frames = samples // (SAMPLE_RATE // 25)

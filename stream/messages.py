@@ -13,6 +13,7 @@ from typing import Any
 
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.stream.config import MODES, SAMPLE_RATE, ServerConfig
+from higgs_stream.stream.encoders import FORMATS
 from higgs_stream.stream.errors import BadJsonError, TooLargeError, brief
 from higgs_stream.stream.voices import DEFAULT, Voice, VoiceLibrary
 
@@ -241,7 +242,7 @@ SPEECH_KEYS = ("input", "model", "voice", "response_format", "stream_format", "s
 class SpeechRequest:
     input: str
     options: ContextOptions
-    response_format: str = "pcm"  # pcm | wav
+    response_format: str = "mp3"  # stream/encoders.py FORMATS
     stream_format: str = "audio"  # audio | sse
 
 
@@ -256,17 +257,17 @@ def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> 
         raise TooLargeError(f"input has {len(text)} chars, limit {cfg.max_text_chars}")
     if msg.get("model") is not None and not isinstance(msg["model"], str):
         raise InvalidInputError("model must be a string")
-    fmt = msg.get("response_format") or "pcm"
-    if fmt not in ("pcm", "wav"):
-        raise InvalidInputError(f"response_format {brief(fmt)} is not supported; use pcm or wav")
+    fmt = msg.get("response_format") or "mp3"  # OpenAI's default
+    if fmt not in FORMATS:
+        raise InvalidInputError(f"response_format {brief(fmt)} is not supported; use one of {', '.join(FORMATS)}")
     stream = msg.get("stream_format") or "audio"
     if stream not in ("audio", "sse"):
         raise InvalidInputError(f"stream_format must be audio or sse, got {brief(stream)}")
-    if stream == "sse" and fmt != "pcm":
-        raise InvalidInputError("stream_format sse needs response_format pcm")
     speed = msg.get("speed")
-    if speed is not None and (not is_number(speed) or speed != 1.0):
-        raise InvalidInputError(f"speed {brief(speed)} is not supported; only 1.0")
+    if speed is not None and (not is_number(speed) or not 0.25 <= speed <= 4.0):
+        raise InvalidInputError(f"speed must be a number from 0.25 to 4.0, got {brief(speed)}")
+    if speed is not None and speed != 1.0:
+        raise InvalidInputError(f"speed {brief(speed)} is not supported: this server speaks at speed 1.0 only")
     check_audio_format(msg)
     raw = {k: msg[k] for k in ("voice", "mode", "seed", "temperature", "top_k", "top_p", "scene") if k in msg}
     if msg.get("instructions") is not None:

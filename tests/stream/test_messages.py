@@ -30,14 +30,26 @@ def test_parse_speech_openai_shape(voices, wav_bytes):
     r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
     assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
     assert speech(voices, input="Hi", response_format="wav").response_format == "wav"
+    # OpenAI's formats, mp3 when none is named (as OpenAI); sse carries any of them
+    assert speech(voices, input="Hi").response_format == "mp3"
+    for fmt in ("mp3", "opus", "aac", "flac", "wav", "pcm"):
+        assert speech(voices, input="Hi", response_format=fmt, stream_format="sse").response_format == fmt
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 1.5, 4.0, 0.1, 5, "fast", True])
+def test_speed_other_than_one_is_a_typed_error_naming_it(voices, speed):
+    with pytest.raises(HiggsStreamError) as e:
+        speech(voices, input="Hi", speed=speed)
+    assert e.value.code == "invalid_input" and "speed" in str(e.value)
+    in_range = isinstance(speed, float) and 0.25 <= speed <= 4.0
+    assert ("1.0 only" in str(e.value)) == in_range, str(e.value)
 
 
 @pytest.mark.parametrize("body, code", [
     ({}, "invalid_input"),
     ({"input": "   "}, "invalid_input"),
     ({"input": "x" * 5000}, "too_large"),
-    ({"input": "x", "response_format": "mp3"}, "invalid_input"),
-    ({"input": "x", "stream_format": "sse", "response_format": "wav"}, "invalid_input"),
+    ({"input": "x", "response_format": "ogg"}, "invalid_input"),
     ({"input": "x", "speed": 1.5}, "invalid_input"),
     ({"input": "x", "voice": "nobody"}, "not_found"),
     ({"input": "x", "reference_audio": "AAAA"}, "invalid_input"),

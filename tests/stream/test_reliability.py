@@ -222,7 +222,7 @@ async def test_deep_json_and_lone_surrogates_fail_alone(start_server, reference)
         for body, code in [(deep.encode(), "bad_json"), (json.dumps({"input": "\ud800 hi"}).encode(), "invalid_input")]:
             async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 400 and (await r.json())["error"]["code"] == code
-        async with http.post(url, json={"input": "Hello there.", "seed": 3}) as r:
+        async with http.post(url, json={"input": "Hello there.", "seed": 3, "response_format": "pcm"}) as r:
             assert r.status == 200
             assert_pcm_close(await r.read(), reference("Hello there.", 3), what="http")
 
@@ -514,7 +514,7 @@ async def test_live_server_fuzz(start_server, reference):
                     continue
                 err = (await r.json())["error"]
                 assert r.status in (400, 413, 503) and err["code"] in ERROR_CODES, (r.status, err)
-        async with http.post(url, json={"input": "Hello there.", "seed": 3}) as r:
+        async with http.post(url, json={"input": "Hello there.", "seed": 3, "response_format": "pcm"}) as r:
             assert_pcm_close(await r.read(), reference("Hello there.", 3, 8), what="http after the fuzz")
 
 
@@ -558,7 +558,8 @@ async def soak(host: str, state, reference, seconds: float, workers: int = 6) ->
     async def normal_http(rnd):
         text, seed = rnd.choice(PHRASES)
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://{host}/v1/audio/speech", json={"input": text, "seed": seed}) as r:
+            async with http.post(f"http://{host}/v1/audio/speech", json={"input": text, "seed": seed,
+                                                                           "response_format": "pcm"}) as r:
                 if r.status == 503:
                     return
                 assert r.status == 200

@@ -11,6 +11,7 @@ import json
 import time
 
 import aiohttp
+import av
 import numpy as np
 import pytest
 import soundfile as sf
@@ -23,7 +24,7 @@ from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.http_speech import wav_header
+from higgs_stream.stream.encoders import wav_header
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
@@ -170,7 +171,8 @@ async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
             assert_pcm_close(data[44:], expected, what="http wav")
             wav, sr = sf.read(io.BytesIO(data), dtype="int16")
             assert sr == 24000 and wav.tobytes() == data[44:]
-        async with http.post(f"http://{host}/v1/audio/speech", json={**body, "stream_format": "sse"}) as r:
+        async with http.post(f"http://{host}/v1/audio/speech",
+                             json={**body, "stream_format": "sse", "response_format": "pcm"}) as r:
             assert r.headers["Content-Type"] == "text/event-stream"
             events = [json.loads(block[6:]) for block in (await r.text()).split("\n\n") if block]
         assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
@@ -178,10 +180,20 @@ async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
         usage = events[-1]["usage"]
         assert events[-1]["type"] == "speech.audio.done" and usage["output_tokens"] == len(expected) // 2 // 960
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] and usage["input_tokens"] > 0
+        # no response_format: mp3, as OpenAI (the SDK's speech.mp3 example); the same audio decoded
+        async with http.post(f"http://{host}/v1/audio/speech", json=body) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "audio/mpeg"
+            mp3 = await r.read()
+        with av.open(io.BytesIO(mp3)) as f:
+            assert f.format.name == "mp3" and f.streams.audio[0].rate == 24000
+            decoded = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
+        # + LAME's 1105 priming samples, + at most one 576-sample frame of padding
+        assert 0 <= len(decoded) - 1105 - len(expected) // 2 < 576, (len(decoded), len(expected) // 2)
+        assert np.abs(decoded).max() > 0.01
     m = state.metrics
     assert m.requests.value(transport="ws", outcome="completed") == 2
-    assert m.requests.value(transport="http", outcome="completed") == 3
-    assert m.ttfa.count == 5 and m.errors.value(code="invalid_input") == 0
+    assert m.requests.value(transport="http", outcome="completed") == 4
+    assert m.ttfa.count == 6 and m.errors.value(code="invalid_input") == 0
 
 
 async def test_eight_contexts_on_four_connections(start_server, reference, engine):
@@ -306,7 +318,7 @@ async def test_bad_input_gets_typed_errors_and_connection_survives(start_server,
                 assert r.status == status, await r.text()
                 err = (await r.json())["error"]
                 assert err["code"] == code and err["message"] and err["type"] == "invalid_request_error"
-        async with http.post(url, json={"input": "Hello there.", "seed": 3}) as r:
+        async with http.post(url, json={"input": "Hello there.", "seed": 3, "response_format": "pcm"}) as r:
             assert r.status == 200
             assert_pcm_close(await r.read(), reference("Hello there.", 3))
     assert state.metrics.errors.value(code="not_found") == 4

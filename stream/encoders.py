@@ -1,0 +1,116 @@
+"""Incremental audio encoders for `POST /v1/audio/speech` (stream/PROTOCOL.md §2.3): one object per
+request, fed 24 kHz mono s16le PCM as it arrives, returning the encoded bytes ready so far;
+`flush()` returns the rest. mp3, opus (in Ogg), aac (ADTS) and flac are encoded by PyAV (FFmpeg's
+libmp3lame, libopus, aac and flac encoders); wav is a header of unknown length and the PCM; pcm
+is the PCM itself. No I/O: the HTTP driver writes what these return.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from higgs_stream.stream.config import SAMPLE_RATE
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "aac": "audio/aac", "flac": "audio/flac",
+                 "wav": "audio/wav", "pcm": f"audio/pcm;rate={SAMPLE_RATE};channels=1"}
+# format -> (FFmpeg muxer, encoder, muxer options). Ogg pages are cut every 20 ms (default 1 s) so
+# opus streams as it is encoded.
+_AV = {"mp3": ("mp3", "libmp3lame", {}), "opus": ("ogg", "libopus", {"page_duration": "20000"}),
+       "aac": ("adts", "aac", {}), "flac": ("flac", "flac", {})}
+
+
+def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 44-byte PCM s16 mono WAV header with unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+class PcmEncoder:
+    """Raw s16le; `wav` puts the streaming WAV header in front."""
+
+    def __init__(self, wav: bool = False):
+        self._head = wav_header() if wav else b""
+
+    def feed(self, pcm: bytes) -> bytes:
+        head, self._head = self._head, b""
+        return head + pcm
+
+    def flush(self) -> bytes:
+        return self.feed(b"")
+
+    def close(self) -> None:
+        pass
+
+
+class _Sink:
+    """The file object PyAV's muxer writes into; the encoder takes what it wrote after each call."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def write(self, data) -> int:
+        self.buf += data
+        return len(data)
+
+    def take(self) -> bytes:
+        data = bytes(self.buf)
+        self.buf.clear()
+        return data
+
+
+class AvEncoder:
+    """mp3 / opus / aac / flac through PyAV. PyAV regroups the fed samples into the codec's frame size."""
+
+    def __init__(self, fmt: str, sample_rate: int = SAMPLE_RATE):
+        import av  # through aiortc; imported here so the PCM paths do not need it
+
+        muxer, codec, options = _AV[fmt]
+        self._av = av
+        self._sink = _Sink()
+        # A small I/O buffer: the muxer's output reaches the client as each packet is written.
+        self._out = av.open(self._sink, "w", format=muxer, options=options, buffer_size=4096)
+        self._stream = self._out.add_stream(codec, rate=sample_rate, layout="mono")
+        self._rate = sample_rate
+        self._pts = 0
+        self._closed = False
+
+    def feed(self, pcm: bytes) -> bytes:
+        assert len(pcm) % 2 == 0, "s16 PCM has an even byte count"
+        assert not self._closed, "feed after flush"
+        if pcm:
+            samples = np.frombuffer(pcm, dtype="<i2").reshape(1, -1)  # [1, S]
+            frame = self._av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+            frame.sample_rate = self._rate
+            frame.pts = self._pts
+            self._pts += frame.samples
+            for packet in self._stream.encode(frame):
+                self._out.mux(packet)
+        return self._sink.take()
+
+    def flush(self) -> bytes:
+        if not self._closed:
+            self._closed = True
+            for packet in self._stream.encode(None):
+                self._out.mux(packet)
+            self._out.close()
+        return self._sink.take()
+
+    def close(self) -> None:
+        """Drop an unfinished encode (the client left); frees the FFmpeg contexts."""
+        if not self._closed:
+            self._closed = True
+            self._out.close()
+
+
+Encoder = PcmEncoder | AvEncoder
+
+
+def make_encoder(fmt: str) -> Encoder:
+    assert fmt in FORMATS, f"unknown response_format {fmt!r}"
+    if fmt in _AV:
+        return AvEncoder(fmt)
+    return PcmEncoder(wav=fmt == "wav")
