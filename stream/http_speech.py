@@ -53,9 +53,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=200)
         resp.headers["Content-Type"] = "text/event-stream" if sse else CONTENT_TYPES[req.response_format]
         resp.headers["Cache-Control"] = "no-cache"
-        await resp.prepare(request)
+        encoder = make_encoder(req.response_format)  # before the headers: a failure here is a JSON 500
         try:
-            await _speech_body(request, resp, handle, req, events)
+            await _speech_body(request, resp, handle, req, events, encoder)
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:  # headers are out: no JSON error possible; the client sees a truncated body
@@ -69,10 +69,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
 
 async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
-                       events: list) -> None:
-    """Encode and write a speech response's audio (its headers are sent) until the stream ends."""
-    encoder = make_encoder(req.response_format)
+                       events: list, encoder: Encoder) -> None:
+    """Send the headers, then encode and write the audio until the stream ends."""
     try:
+        await resp.prepare(request)
         await _encode_and_send(request, resp, handle, req, events, encoder)
     finally:
         encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
