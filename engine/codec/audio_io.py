@@ -7,6 +7,7 @@ AudioInputError with a message saying which.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,15 @@ def _source(source: bytes | bytearray | memoryview | str | Path) -> tuple[io.Byt
     raise AudioInputError(f"audio must be bytes or a path, got {type(source).__name__}")
 
 
+def _decode_problem(e: Exception) -> str:
+    """What a decoder's exception says is wrong with the file, without the Python objects in its
+    text: libsndfile's "Error opening <_io.BytesIO object at 0x7f...>: " prefix is an address, its
+    `error_string` ("Format not recognised.") the reason."""
+    detail = getattr(e, "error_string", None) or str(e)
+    detail = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the file", detail).strip().rstrip(".:")
+    return detail or type(e).__name__
+
+
 def _open_checked(source, max_seconds: float):
     """An open soundfile.SoundFile whose header announces 1 … max_seconds of audio and at most
     MAX_CHANNELS channels. Reads the header only: a file is refused before any sample is decoded."""
@@ -87,7 +97,8 @@ def _open_checked(source, max_seconds: float):
     try:
         f = sf.SoundFile(handle)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioInputError(f"cannot decode audio {name}: {e}") from e
+        raise AudioInputError(f"cannot decode audio {name}: not a WAV, FLAC, OGG or MP3 file that libsndfile "
+                              f"can read ({_decode_problem(e)})") from e
     problem = None
     if f.samplerate <= 0 or f.channels <= 0:
         problem = f"header has sample rate {f.samplerate} and {f.channels} channels"
@@ -123,6 +134,6 @@ def load_reference_audio(source: bytes | bytearray | memoryview | str | Path,
         try:
             data = f.read(dtype="float32", always_2d=True)  # [T, C], T <= the announced frames
         except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-            raise AudioInputError(f"cannot decode audio: {e}") from e
+            raise AudioInputError(f"cannot decode audio: the file is corrupt ({_decode_problem(e)})") from e
         sr = f.samplerate
     return prepare_waveform(data.T, int(sr), max_seconds), CODEC_SAMPLE_RATE

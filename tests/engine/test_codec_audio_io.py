@@ -106,3 +106,13 @@ def test_validate_waveform_shapes_and_integer_pcm():
         validate_waveform(np.ones(2400, np.float32), 0)
     stereo = np.stack([sine(440, 48000, 0.1), -sine(440, 48000, 0.1) + 0.2])
     np.testing.assert_allclose(prepare_waveform(stereo, 48000)[100:-100], 0.1, atol=2e-3)
+
+
+@pytest.mark.parametrize("data", [b"junk" * 50, b"RIFFjunkWAVE" * 9, b"ID3\x04" + bytes(300)])
+def test_undecodable_audio_says_what_is_wrong_without_internals(data):
+    for load in (probe_reference_audio, load_reference_audio):
+        with pytest.raises(AudioInputError) as e:
+            load(data)
+        message = str(e.value)
+        assert "0x" not in message and "BytesIO" not in message and "<_io" not in message, message
+        assert "cannot decode audio" in message and "not a WAV, FLAC, OGG or MP3 file" in message, message

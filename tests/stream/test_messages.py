@@ -71,3 +71,9 @@ def test_parse_speech_not_json(voices, wav_bytes):
         assert e.value.code == code, body
     with pytest.raises(AudioInputError):
         VoiceLibrary().inline(base64.b64encode(wav_bytes(40.0)).decode(), "too long")
+
+
+def test_bad_reference_audio_error_names_the_problem_not_an_address(voices):
+    with pytest.raises(AudioInputError) as e:
+        speech(voices, input="x", reference_audio=base64.b64encode(b"junk" * 100).decode(), reference_text="t")
+    assert e.value.code == "bad_audio" and "0x" not in str(e.value) and "not a WAV, FLAC, OGG or MP3" in str(e.value)
