@@ -32,6 +32,9 @@ class ServerConfig:
     # Browser origins allowed besides the server's own (WebSocket and POST routes); "*" = any.
     # Requests without an Origin header (non-browser clients) are always allowed.
     allowed_origins: tuple[str, ...] = ()
+    # Origins whose pages may call /v1/audio/speech and /v1/voices cross-origin (CORS, preflight
+    # answered); each is also allowed like `allowed_origins` (browser WebSockets too). () = no CORS.
+    cors_origins: tuple[str, ...] = ()
 
     # Admission.
     max_streams: int = 32  # contexts + HTTP requests in flight, server-wide
@@ -111,6 +114,10 @@ class ServerConfig:
         for origin in self.allowed_origins:
             need(origin == "*" or (isinstance(origin, str) and ORIGIN.fullmatch(origin) is not None),
                  f"allowed origin {origin!r} must be '*' or scheme://host[:port] (http or https, no path)")
+        need(isinstance(self.cors_origins, tuple), "cors_origins must be a tuple")
+        for origin in self.cors_origins:
+            need(isinstance(origin, str) and ORIGIN.fullmatch(origin) is not None,
+                 f"CORS origin {origin!r} must be scheme://host[:port] (http or https, no path; no '*')")
         need(isinstance(self.ice_servers, tuple), "ice_servers must be a tuple")
         for url in self.ice_servers:
             m = ICE_SERVER.fullmatch(url) if isinstance(url, str) else None
@@ -123,6 +130,11 @@ class ServerConfig:
         for alias, target in self.voice_aliases.items():
             need(isinstance(alias, str) and isinstance(target, str) and alias and target,
                  f"bad voice alias {alias!r} -> {target!r}")
+
+    @property
+    def browser_origins(self) -> tuple[str, ...]:
+        """Origins a browser request may come from besides the server's own."""
+        return self.allowed_origins + self.cors_origins
 
     @property
     def stream_buffer_samples(self) -> int:

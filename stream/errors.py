@@ -25,6 +25,12 @@ class UnsupportedMediaTypeError(InvalidInputError):
     code = "unsupported_media_type"
 
 
+class MethodNotAllowedError(InvalidInputError):
+    """A route asked with a method it does not serve (HTTP 405)."""
+
+    code = "method_not_allowed"
+
+
 class UnauthorizedError(HiggsStreamError):
     code = "unauthorized"
 

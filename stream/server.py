@@ -28,9 +28,12 @@ from higgs_stream.engine.errors import ConfigError, HiggsStreamError
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import ForbiddenOriginError, IdleTimeoutError
 from higgs_stream.stream.guards import (
+    CORS_ROUTES,
+    add_cors_headers,
     authorized,
     check_origin,
     check_request,
+    cors_preflight,
     error_response,
     json_errors,
 )
@@ -266,14 +269,23 @@ def make_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/voices", voices)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    for path in CORS_ROUTES:
+        app.router.add_route("OPTIONS", path, cors_preflight)
+    app.on_response_prepare.append(add_cors_headers)
     _mount_webrtc(app, state)
     folder = web_dir()
     if folder is not None:
-        async def index(request: web.Request) -> web.FileResponse:
-            return web.FileResponse(folder / "index.html")
+        # One route per file of the (flat) demo folder, so any other path is the JSON 404 of
+        # `json_errors` (aiohttp's static route answers a missing file with an empty 404 itself).
+        def serve_file(path):
+            async def handler(request: web.Request) -> web.FileResponse:
+                return web.FileResponse(path)
+            return handler
 
-        app.router.add_get("/", index)
-        app.router.add_static("/", folder, show_index=False, follow_symlinks=False)
+        app.router.add_get("/", serve_file(folder / "index.html"))
+        for path in sorted(folder.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                app.router.add_get(f"/{path.name}", serve_file(path))
     else:
         log.warning("no browser demo found (higgs_stream.clients/web/index.html); GET / is not served")
 
@@ -360,6 +372,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a browser origin (scheme://host[:port]) allowed besides the server's own; '*' = any; "
                              "repeatable. Requests without an Origin header are always allowed")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a web app origin (scheme://host[:port]) whose pages may call /v1/audio/speech and "
+                             "/v1/voices (CORS) and open the WebSocket; repeatable (default: none, no CORS)")
     parser.add_argument("--ice-server", action="append", default=[], metavar="URL",
                         help="WebRTC ICE server: stun:HOST[:PORT] or turn[s]:USER:CREDENTIAL@HOST[:PORT]"
                              "[?transport=udp|tcp]; repeatable (default: none, host candidates only)")
@@ -390,6 +405,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, token=args.token, max_streams=args.max_streams,
                         max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
                         voice_aliases=aliases, allowed_origins=tuple(args.allow_origin),
+                        cors_origins=tuple(args.cors_origin),
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, pause_ahead_s=args.pause_ahead,

@@ -14,6 +14,7 @@ def test_defaults_are_production_safe():
     cfg = ServerConfig()
     assert (cfg.context_idle_s, cfg.http_body_timeout_s, cfg.idle_timeout_s, cfg.max_reference_s) == (60, 30, 300, 30)
     assert cfg.allowed_origins == () and cfg.ice_servers == ()  # same origin only; no public STUN server
+    assert cfg.cors_origins == ()  # no CORS
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -24,6 +25,9 @@ def test_defaults_are_production_safe():
     ("allowed_origins", ("app.example",), "scheme://host"),
     ("allowed_origins", ("ftp://app.example",), "scheme://host"),
     ("allowed_origins", "https://app.example", "tuple"),
+    ("cors_origins", ("*",), "CORS origin"),
+    ("cors_origins", ("https://app.example/path",), "CORS origin"),
+    ("cors_origins", "https://app.example", "tuple"),
     ("ice_servers", ("http://stun.example",), "stun:HOST"),
     ("ice_servers", ("turn:turn.example",), "TURN needs"),
     ("ice_servers", ("stun:u:p@stun.example",), "STUN takes none"),
@@ -39,11 +43,13 @@ def test_serve_flags_set_the_limits():
     add_arguments(parser)
     args = parser.parse_args([
         "--model", "m", "--allow-origin", "https://app.example", "--allow-origin", "http://localhost:3000",
+        "--cors-origin", "https://web.example", "--cors-origin", "http://localhost:5173",
         "--ice-server", "stun:stun.example:3478", "--ice-server", "turns:u:p@turn.example:5349?transport=tcp",
         "--idle-timeout", "100", "--context-idle-timeout", "20", "--http-body-timeout", "5", "--max-reference-s", "12",
     ])
     cfg = config_from_args(args)
     assert cfg.allowed_origins == ("https://app.example", "http://localhost:3000")
+    assert cfg.cors_origins == ("https://web.example", "http://localhost:5173")
     assert cfg.ice_servers == ("stun:stun.example:3478", "turns:u:p@turn.example:5349?transport=tcp")
     assert (cfg.idle_timeout_s, cfg.context_idle_s, cfg.http_body_timeout_s, cfg.max_reference_s) == (100, 20, 5, 12)
     with pytest.raises(ConfigError, match="origin"):

@@ -354,6 +354,59 @@ async def test_browser_origins_and_content_types(start_server):
                     await r.read()
 
 
+async def test_unknown_paths_and_wrong_methods_get_json_errors(start_server):
+    """aiohttp's default answered an empty octet-stream 404 (also for a wrong method)."""
+    host, state = await start_server()
+    async with aiohttp.ClientSession() as http:
+        for method, path, status, code in [
+            ("GET", "/v1/nope", 404, "not_found"),
+            ("POST", "/v1/voices", 405, "method_not_allowed"),
+            ("GET", "/v1/audio/speech", 405, "method_not_allowed"),
+            ("DELETE", "/healthz", 405, "method_not_allowed"),
+        ]:
+            async with http.request(method, f"http://{host}{path}") as r:
+                assert r.status == status and r.content_type == "application/json", (method, path, r.status)
+                err = (await r.json())["error"]
+                assert err["code"] == code and path in err["message"] and err["type"] == "invalid_request_error"
+                if status == 405:
+                    assert r.headers["Allow"], r.headers
+    assert state.metrics.errors.value(code="method_not_allowed") == 3
+
+
+async def test_cors_for_listed_origins_only(start_server):
+    """A web app on another origin could not call /v1/audio/speech: no preflight, no CORS headers."""
+    host, _ = await start_server(cors_origins=("https://web.example",))
+    speech = f"http://{host}/v1/audio/speech"
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    async with aiohttp.ClientSession() as http:
+        async with http.options(speech, headers={"Origin": "https://web.example", **preflight}) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == "https://web.example"
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert "content-type" in r.headers["Access-Control-Allow-Headers"].lower()
+        async with http.options(speech, headers={"Origin": "https://evil.example", **preflight}) as r:
+            assert r.status == 403 and "Access-Control-Allow-Origin" not in r.headers
+            assert (await r.json())["error"]["code"] == "forbidden_origin"
+        body = {"input": "Hi.", "seed": 1, "response_format": "pcm"}
+        async with http.post(speech, json=body, headers={"Origin": "https://web.example"}) as r:
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://web.example"
+            assert len(await r.read()) > 0
+        async with http.post(speech, json={"input": " "}, headers={"Origin": "https://web.example"}) as r:
+            assert r.status == 400 and r.headers["Access-Control-Allow-Origin"] == "https://web.example"
+        async with http.get(f"http://{host}/v1/voices", headers={"Origin": "https://web.example"}) as r:
+            assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == "https://web.example"
+        async with http.post(speech, json=body, headers={"Origin": "https://evil.example"}) as r:
+            assert r.status == 403 and "Access-Control-Allow-Origin" not in r.headers
+        async with http.get(f"http://{host}/healthz", headers={"Origin": "https://web.example"}) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers  # only the API routes
+    # a CORS-listed origin may open the WebSocket too; others still may not
+    async with connect(f"ws://{host}/v1/tts/stream", origin="https://web.example") as ws:
+        assert json.loads(await ws.recv())["type"] == "ready"
+    with pytest.raises(InvalidStatus):
+        async with connect(f"ws://{host}/v1/tts/stream", origin="https://evil.example"):
+            pass
+
+
 async def test_kv_page_gauges_show_pages_in_use(start_server, engine):
     host, _ = await start_server(max_frames=300)
 
