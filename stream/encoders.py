@@ -1,4 +1,4 @@
-"""Incremental audio encoders for `POST /v1/audio/speech` (stream/PROTOCOL.md §2.3): one object per
+"""Incremental audio encoders for `POST /v1/audio/speech` (stream/PROTOCOL.md §2): one object per
 request, fed 24 kHz mono s16le PCM as it arrives, returning the encoded bytes ready so far;
 `flush()` returns the rest. mp3, opus (in Ogg), aac (ADTS) and flac are encoded by PyAV (FFmpeg's
 libmp3lame, libopus, aac and flac encoders); wav is a header of unknown length and the PCM; pcm
