@@ -3,6 +3,10 @@ request, fed 24 kHz mono s16le PCM as it arrives, returning the encoded bytes re
 `flush()` returns the rest. mp3, opus (in Ogg), aac (ADTS) and flac are encoded by PyAV (FFmpeg's
 libmp3lame, libopus, aac and flac encoders); wav is a header of unknown length and the PCM; pcm
 is the PCM itself. No I/O: the HTTP driver writes what these return.
+
+Cost, measured on the 2-core CPU box (2026-11-26), per second of audio: mp3 10.8 ms, aac 4.4 ms,
+opus 3.6 ms, flac 0.4 ms. The driver calls `feed` on the event loop (a chunk is ≤ 1 s, so one call
+blocks it ≤ ~11 ms); moving it to a thread needs `close` to wait for a running `feed`.
 """
 
 from __future__ import annotations
