@@ -77,6 +77,15 @@ def test_legacy_flat_rope_theta_is_read():
     assert TalkerV3Config.from_hf_dict(d).rope_theta == 5e5
 
 
+def test_null_rope_theta_is_the_qwen3_default():
+    d = TalkerV3Config.tiny(rope_theta=5e5).to_hf_dict()
+    d["text_config"]["rope_parameters"]["rope_theta"] = None
+    assert TalkerV3Config.from_hf_dict(d).rope_theta == 1_000_000.0
+    d["text_config"].pop("rope_parameters")
+    d["text_config"]["rope_theta"] = None
+    assert TalkerV3Config.from_hf_dict(d).rope_theta == 1_000_000.0
+
+
 def test_full_preset_tokenizer_ids():
     """Qwen3 layout: <|endoftext|> 151643, <|audio_end|> 151671 (the ids peers hard-code as stops)."""
     p = preset_v3("full")
