@@ -117,7 +117,7 @@ class SessionRunner:
         for cmd in commands:
             if isinstance(cmd, Open):
                 try:
-                    handle = self.state.pipeline.open(cmd.options, transport=self.transport)
+                    handle = self.state.pipeline.open(cmd.options, transport=self.transport, stream_id=cmd.context_id)
                 except Exception as e:
                     if not isinstance(e, HiggsStreamError):
                         log.exception("opening context %r failed", cmd.context_id)
