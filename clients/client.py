@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import io
 import json
 import os
 import sys
@@ -46,6 +47,12 @@ class ClientConnectionError(HiggsStreamError):
     """The server could not be reached, refused the upgrade, or dropped the connection."""
 
     code = "connection"
+
+
+class OutputError(HiggsStreamError):
+    """`say` could not write its output file."""
+
+    code = "output"
 
 
 class ServerError(HiggsStreamError):
@@ -254,12 +261,41 @@ class WavStreamWriter:
 
 
 async def say(url: str, text: str, out: str | Path, *, token: str | None = None, **options: Any) -> StreamStats:
-    """Stream `text` into the WAV file `out`, writing each chunk as it arrives."""
+    """Stream `text` into the WAV file `out`, writing each chunk as it arrives; `out="-"` writes
+    the WAV to stdout once the utterance is complete (a pipe cannot have its header patched).
+
+    On any failure no WAV is left behind: the partly written file is removed, stdout gets nothing.
+    """
     stats = StreamStats()
-    with WavStreamWriter(out) as wav:
-        async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
-            wav.write(pcm)
+    if str(out) == "-":
+        pcm = b"".join([c async for c in stream_tts(url, text, token=token, stats=stats, **options)])
+        sys.stdout.buffer.write(_wav_bytes(pcm))
+        sys.stdout.buffer.flush()
+        return stats
+    try:
+        wav = WavStreamWriter(out)
+    except OSError as e:
+        raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
+    try:
+        with wav:
+            async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
+                wav.write(pcm)
+    except BaseException:  # also a cancel or Ctrl-C: a truncated WAV would look like a good one
+        if Path(out).is_file():  # never a device such as /dev/null
+            Path(out).unlink()
+        raise
     return stats
+
+
+def _wav_bytes(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A complete mono s16le WAV holding `pcm`."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm)
+    return buf.getvalue()
 
 
 # ---- `higgs-stream say` ----
@@ -267,7 +303,7 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="text to speak")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server WebSocket URL (default {DEFAULT_URL})")
-    parser.add_argument("-o", "--output", required=True, help="WAV file to write (written as audio arrives)")
+    parser.add_argument("-o", "--output", required=True, help="WAV file to write (written as audio arrives; removed on failure); - for stdout")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
                         help="auth token, when the server runs with --token (default: $HIGGS_STREAM_TOKEN)")
     parser.add_argument("--voice", default=None, help="preset voice name (see GET /v1/voices)")
@@ -284,14 +320,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if (args.reference_audio is None) != (args.reference_text is None):
         raise InvalidInputError("--reference-audio and --reference-text go together")
-    reference = (reference_from_file(args.reference_audio, args.reference_text)
-                 if args.reference_audio is not None else None)
+    try:
+        reference = (reference_from_file(args.reference_audio, args.reference_text)
+                     if args.reference_audio is not None else None)
+    except OSError as e:
+        raise InvalidInputError(f"cannot read {args.reference_audio}: {e.strerror or e}") from e
     stats = asyncio.run(say(args.url, args.text, args.output, token=args.token, voice=args.voice,
                             reference=reference, mode=args.mode, seed=args.seed,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             scene=args.scene))
     wall = time.perf_counter() - stats.started
     first = f"{stats.first_audio_s * 1000:.0f} ms" if stats.first_audio_s is not None else "never"
-    print(f"wrote {args.output}: {stats.audio_s:.2f} s of audio in {wall:.2f} s "
+    where = "stdout" if args.output == "-" else args.output
+    print(f"wrote {where}: {stats.audio_s:.2f} s of audio in {wall:.2f} s "
           f"(first audio after {first}, {stats.chunks} chunks)", file=sys.stderr)
     return 0

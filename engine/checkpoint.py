@@ -72,6 +72,12 @@ KEY_PREFIXES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 
+# Tensors a checkpoint may omit. transformers builds HiggsAudioV2ForConditionalGeneration with
+# `use_text_head=False` by default and then saves no text head; generation never reads it (audio
+# steps use `audio_lm_head` only), so the talker gets a text head exactly when the file has one
+# and asking a head-less talker for text logits raises.
+OPTIONAL_KEYS = frozenset({"text_lm_head.weight"})
+
 # Non-weight tensors some writers store; they are recomputed, so they are skipped by name.
 IGNORED_KEYS = re.compile(r"(^|\.)rotary_emb\.(inv_freq|original_inv_freq)$|^audio_codebook_weights$")
 
@@ -318,7 +324,7 @@ def _plan(entries: dict[str, TensorEntry], layout: str, expected: dict[str, tupl
                 f"shape mismatch for {stored}: expected {list(expected[native])}, got {list(entry.shape)}"
             )
         plan[native] = entry
-    missing = [k for k in expected if k not in plan]
+    missing = [k for k in expected if k not in plan and k not in OPTIONAL_KEYS]
     if missing:
         first = to_layout_key(missing[0], layout)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -389,7 +395,7 @@ def load_talker(
     """
     ckpt = open_checkpoint(model)
     with parameters_on_meta():
-        talker = Talker(ckpt.config, max_positions=max_positions)
+        talker = Talker(ckpt.config, use_text_head="text_lm_head.weight" in ckpt.tensors, max_positions=max_positions)
     pending: dict[str, torch.Tensor] = {}
     current: Path | None = None
     for native, tensor in iter_tensors(ckpt, device, dtype):

@@ -195,8 +195,9 @@ def load_talker_v3(
     """(TalkerV3, TalkerV3Config with special ids, tokenizer with V3SpecialTokens) from a v3
     checkpoint dir or hub id.
 
-    The backbone is cast to `dtype` (None: as stored); the fused audio matrix always keeps its
-    stored dtype (sglang-omni: the fused embedding/head match the checkpoint, logits are fp32).
+    Every talker tensor, the fused audio matrix included, is cast to `dtype` (None: as stored), as
+    sglang-omni's loader does: a bf16 matrix beside an fp32 backbone would take the embedding sums
+    and audio logits in bf16. Audio and text logits are fp32 either way.
     The bundled codec's tensors are checked for presence here and loaded by `load_codec_v3`.
     `max_positions` is the talker's context cap.
     """
@@ -209,7 +210,7 @@ def load_talker_v3(
         if not torch.equal(tensors.pop(key), tensors[TIED_COPIES[key]]):
             raise CheckpointError(f"{key} differs from {TIED_COPIES[key]}: untied heads are not supported")
     for key, t in tensors.items():
-        tensors[key] = t.to(device=device, dtype=t.dtype if key == AUDIO_MATRIX or dtype is None else dtype)
+        tensors[key] = t.to(device=device, dtype=dtype or t.dtype)
     result = talker.load_state_dict(tensors, strict=True, assign=True)
     assert not result.missing_keys and not result.unexpected_keys, f"key table out of sync: {result}"
     talker.to(device)  # buffers (RoPE inverse frequencies, codebook offsets)

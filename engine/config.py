@@ -155,16 +155,22 @@ def _normalize_rope_scaling(rope_scaling: Mapping[str, Any] | None) -> dict[str,
     return out
 
 
-def _rope_from_dict(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from either the v5 `rope_parameters` or the v4 keys."""
+def _rope_from_dict(d: Mapping[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from either the v5 `rope_parameters` or the v4 keys.
+
+    Some Higgs text configs carry `rope_theta: null` (sglang-omni's loader notes it): that means
+    the architecture's default, `default_theta`. An absent key is an error.
+    """
     params = d.get("rope_parameters")
     if params is not None:
         if "rope_theta" not in params:
             raise ConfigError(f"rope_parameters lacks rope_theta: {params}")
-        return float(params["rope_theta"]), _normalize_rope_scaling(params)
+        theta = params["rope_theta"]
+        return (default_theta if theta is None else float(theta)), _normalize_rope_scaling(params)
     if "rope_theta" not in d:
         raise ConfigError("config has neither rope_parameters nor rope_theta")
-    return float(d["rope_theta"]), _normalize_rope_scaling(d.get("rope_scaling"))
+    theta = d["rope_theta"]
+    return (default_theta if theta is None else float(theta)), _normalize_rope_scaling(d.get("rope_scaling"))
 
 
 def require_field(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -266,7 +272,7 @@ class TalkerConfig(BackboneConfig):
         hidden = int(require_field(d, "hidden_size", where))
         heads = int(require_field(d, "num_attention_heads", where))
         head_dim = d.get("head_dim") or hidden // heads
-        theta, scaling = _rope_from_dict(d)
+        theta, scaling = _rope_from_dict(d, cls.rope_theta)
         return cls(
             vocab_size=int(require_field(d, "vocab_size", where)),
             hidden_size=hidden,
@@ -313,7 +319,7 @@ class TalkerConfig(BackboneConfig):
         hidden = int(require_field(text, "hidden_size", "original text_config"))
         heads = int(require_field(text, "num_attention_heads", "original text_config"))
         head_dim = text.get("head_dim") or hidden // heads
-        theta, scaling = _rope_from_dict(text)
+        theta, scaling = _rope_from_dict(text, cls.rope_theta)
         codes = int(d.get("audio_codebook_size", 1024))
         return cls(
             vocab_size=int(require_field(text, "vocab_size", "original text_config")),

@@ -162,6 +162,8 @@ class TalkerV3Config(BackboneConfig):
             theta = rope["rope_theta"]
         elif text.get("rope_theta") is not None:
             theta = text["rope_theta"]
+        elif "rope_theta" in text or "rope_theta" in (rope or {}):  # null: Qwen3's default
+            theta = cls.rope_theta
         else:
             raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
         rows = int(require_field(audio, "vocab_size", "v3 audio_encoder_config"))  # ids per codebook (1026)

@@ -179,7 +179,7 @@ class FastTalker:
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> [R, K, 1026] fp32 (bf16 weights, fp32 accumulation and output)."""
         r = hidden.shape[0]
-        hidden = hidden.to(self.audio_head.dtype)  # v3's fused matrix keeps its stored dtype
+        hidden = hidden.to(self.audio_head.dtype)  # the loader casts v3's fused matrix like the backbone; a hand-built talker may differ
         if hidden.is_cuda and hidden.dtype != torch.float32:
             logits = torch.mm(hidden, self.audio_head.t(), out_dtype=torch.float32)
         else:

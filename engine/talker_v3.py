@@ -12,8 +12,8 @@ embedding of `audio_codes` (reference rows in the prompt; the previous sampled r
 steps, whose text id is `<|audio|>`); elsewhere the text embedding of `input_ids`. The audio head
 runs at each sequence's last token; the text head only for sequences with `want_text`.
 
-Numerics (sglang-omni): the fused matrix stays in the checkpoint dtype (the loader does not
-upcast it), the embedding sum is taken in that dtype, audio and text logits are fp32.
+Numerics (sglang-omni): the loader casts the fused matrix to the backbone dtype with everything
+else; the embedding sum is taken in the matrix dtype, audio and text logits are fp32.
 """
 
 from __future__ import annotations

@@ -71,10 +71,13 @@ class StreamHandle:
     """One context: say() segments, close() when no more text, cancel() to stop; read with
     `take()` (non-blocking) or `next()`. Exactly one End is queued, after all its Audio."""
 
-    def __init__(self, pipeline: Pipeline, options: ContextOptions, transport: str):
+    def __init__(self, pipeline: Pipeline, options: ContextOptions, transport: str, stream_id: str):
         self.pipeline = pipeline
         self.options = options
         self.transport = transport
+        self.stream_id = stream_id  # the context id (WS, WebRTC) or a request id (HTTP): for the access log
+        self.said_at: float | None = None  # first text (event loop clock)
+        self.first_audio_at: float | None = None  # first audio queued
         self.finished = False  # End queued
         self.samples = 0  # samples queued so far
         self._queue: deque[Event] = deque()
@@ -98,6 +101,8 @@ class StreamHandle:
             return
         self._texts.append(text)
         self.active_at = self.pipeline.now()
+        if self.said_at is None:
+            self.said_at = self.active_at
         self._pump()
 
     def close(self) -> None:
@@ -214,6 +219,8 @@ class StreamHandle:
         if seg.meter.chunk(now, samples):
             metrics.underruns.inc()
         metrics.audio_seconds.inc(samples / SAMPLE_RATE)
+        if self.first_audio_at is None:
+            self.first_audio_at = now
         self._queue.append(Audio(pcm))
         self._buffered += samples
         self.samples += samples

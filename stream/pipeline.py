@@ -36,6 +36,7 @@ import math
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -67,6 +68,8 @@ from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
+# One INFO line per finished stream: transport, id, reason, samples generated, ms from first text to first audio.
+access_log = logging.getLogger("higgs_stream.access")
 
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
 JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
@@ -196,7 +199,9 @@ class Pipeline:
 
     # ---- admission (event loop) ----
 
-    def open(self, options: ContextOptions, transport: str = "ws") -> StreamHandle:
+    def open(self, options: ContextOptions, transport: str = "ws", stream_id: str | None = None) -> StreamHandle:
+        """Admit one stream; `stream_id` (the context id; a fresh request id when None) names it in
+        the access log."""
         if not self.healthy:
             raise HiggsStreamError("the engine is not running")
         if len(self._handles) >= self.cfg.max_streams:
@@ -206,7 +211,7 @@ class Pipeline:
             raise CapacityError(f"server is saturated: one more stream would slow every stream below "
                                 f"{1 / (self.pacing.admit_ratio or 1):g}x real time (step "
                                 f"{1e3 * (self.loop_model.predict(len(self._handles) + 1) or 0):.1f} ms predicted)")
-        handle = StreamHandle(self, options, transport)
+        handle = StreamHandle(self, options, transport, stream_id or uuid.uuid4().hex[:16])
         self._handles.add(handle)
         self.metrics.active_streams.set(len(self._handles))
         return handle
@@ -215,6 +220,9 @@ class Pipeline:
         self._handles.discard(handle)
         self.metrics.active_streams.set(len(self._handles))
         self.metrics.requests.inc(transport=handle.transport, outcome=reason)
+        ttfa = handle.first_audio_at - handle.said_at if None not in (handle.first_audio_at, handle.said_at) else None
+        access_log.info("%s id=%s reason=%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
+                        handle.samples, "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
 
     def _submit(self, seg: _Segment) -> None:
         with self._lock:  # the engine thread must not see this stream's events before it is mapped

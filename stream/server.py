@@ -120,7 +120,7 @@ class SessionRunner:
         for cmd in commands:
             if isinstance(cmd, Open):
                 try:
-                    handle = self.state.pipeline.open(cmd.options, transport=self.transport)
+                    handle = self.state.pipeline.open(cmd.options, transport=self.transport, stream_id=cmd.context_id)
                 except Exception as e:
                     if not isinstance(e, HiggsStreamError):
                         log.exception("opening context %r failed", cmd.context_id)
@@ -340,8 +340,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", default=None,
                         help="v2 codec directory or hub id (default: MODEL/audio_tokenizer, else bosonai/higgs-audio-v2-tokenizer; "
                              "v3 checkpoints carry their own)")
-    parser.add_argument("--host", default=d.host)
-    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=d.port, help="port to listen on (default %(default)s)")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                         help="talker dtype (default: bfloat16 on cuda, float32 on cpu); the codec is always float32")
@@ -447,10 +447,17 @@ def build_state(args: argparse.Namespace) -> ServerState:
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 
 
+def startup_line(app: web.Application, host: str, port: int) -> str:
+    """What `serve` logs once it listens: the address and the transports mounted."""
+    paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    webrtc = ", WebRTC POST /v1/webrtc/offer" if "/v1/webrtc/offer" in paths else ", no WebRTC"
+    return f"serving on http://{host}:{port} (WebSocket /v1/tts/stream, POST /v1/audio/speech{webrtc})"
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
     app = make_app(state)
-    log.info("serving on http://%s:%d (WebSocket /v1/tts/stream, POST /v1/audio/speech)", args.host, args.port)
+    log.info("%s", startup_line(app, args.host, args.port))
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
     return 0

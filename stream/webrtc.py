@@ -330,7 +330,27 @@ def _parse_offer(body: bytes, limit: int) -> RTCSessionDescription:
     check_unicode(msg, body)
     if not isinstance(msg.get("sdp"), str) or msg.get("type") != "offer":
         raise InvalidInputError('offer must be {"sdp": str, "type": "offer"}')
-    return RTCSessionDescription(sdp=msg["sdp"], type="offer")
+    sdp, dropped = drop_mdns_candidates(msg["sdp"])
+    if dropped:
+        log.debug("dropped %d mDNS (.local) candidate(s) from an offer", dropped)
+    return RTCSessionDescription(sdp=sdp, type="offer")
+
+
+def drop_mdns_candidates(sdp: str) -> tuple[str, int]:
+    """(`sdp` without its `a=candidate` lines whose address is an mDNS name `*.local`, how many).
+
+    Browsers hide host addresses behind mDNS names; aioice tries to resolve each for 1 s before
+    answering, and cannot reach them anyway. The browser still finds the server through the
+    answer's candidates (its checks arrive as peer-reflexive candidates), so nothing is lost.
+    """
+    kept, dropped = [], 0
+    for line in sdp.splitlines(keepends=True):
+        fields = line.split()
+        if line.startswith("a=candidate:") and len(fields) > 4 and fields[4].rstrip(".").lower().endswith(".local"):
+            dropped += 1
+            continue
+        kept.append(line)
+    return "".join(kept), dropped
 
 
 def ice_configuration(urls: tuple[str, ...]) -> RTCConfiguration:

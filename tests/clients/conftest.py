@@ -47,7 +47,7 @@ async def start_server(model: Path, *extra: str) -> tuple[LiveServer, object]:
 
 def _reference_pcm(state: server.ServerState, text: str, seed: int) -> bytes:
     """`engine.synth.synthesize` for what the server generates for a one-segment context with
-    default options and `seed` (PROTOCOL.md §2: byte-equal in exact mode), as s16le bytes.
+    default options and `seed` (PROTOCOL.md §2: equal within 1 LSB in exact mode), as s16le bytes.
     Call only while the server's engine thread is stopped: the engine is not thread-safe."""
     cfg = state.config
     request = GenerationRequest(text=text, sampling=SamplingParams(seed=seed), max_frames=cfg.max_frames)

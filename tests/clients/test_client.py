@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import wave
 
@@ -110,3 +111,60 @@ def test_unreachable_server_is_a_typed_error():
         synthesize(f"ws://127.0.0.1:{port}/v1/tts/stream", TEXT)
     code = cli.main(["say", TEXT, "--url", f"ws://127.0.0.1:{port}/v1/tts/stream", "-o", "/dev/null"])
     assert code == 2
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        return f"ws://127.0.0.1:{s.getsockname()[1]}/v1/tts/stream"
+
+
+def test_say_leaves_no_wav_on_failure(tmp_path, capsys):
+    out = tmp_path / "x.wav"
+    assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(out)]) == 2
+    assert not out.exists()
+    out.write_bytes(b"old")  # a file that was there is not left truncated to an empty WAV either
+    assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(out)]) == 2
+    assert not out.exists()
+
+
+async def test_say_server_error_removes_the_partial_wav(live_server, tmp_path):
+    out = tmp_path / "x.wav"
+    code = await asyncio.to_thread(cli.main, ["say", TEXT, "--url", live_server.ws, "-o", str(out),
+                                              "--voice", "no-such-voice"])
+    assert code == 2 and not out.exists()
+
+
+def test_say_unwritable_output_is_one_line_error(tmp_path, capsys):
+    code = cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(tmp_path / "no" / "dir" / "x.wav")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and err.count("\n") == 1 and "cannot write" in err, err
+
+
+async def test_say_dash_writes_the_wav_to_stdout(live_server, tmp_path, monkeypatch):
+    import io
+    import sys
+
+    class Stdout:
+        buffer = io.BytesIO()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdout", Stdout)
+    code = await asyncio.to_thread(cli.main, ["say", TEXT, "--url", live_server.ws, "-o", "-",
+                                              "--seed", str(SEED)])
+    assert code == 0 and not (tmp_path / "-").exists()
+    with wave.open(io.BytesIO(Stdout.buffer.getvalue()), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() > 0
+
+
+def test_say_failure_keeps_a_device_output(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so that opening it for writing does not block
+    try:
+        assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(fifo)]) == 2
+        assert fifo.exists()  # not a regular file: left alone (as /dev/null must be)
+    finally:
+        os.close(reader)

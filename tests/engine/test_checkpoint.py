@@ -27,7 +27,7 @@ from higgs_stream.engine.checkpoint import (
     to_layout_key,
     to_native_key,
 )
-from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.errors import CheckpointError, InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.make_checkpoint import make_checkpoint, special_ids
 from higgs_stream.engine.talker import StepBatch, Talker
@@ -75,7 +75,7 @@ def _edit_config(d: Path, **changes) -> Path:
     return d
 
 
-def _step(talker: Talker, tok, seed: int = 0):
+def _step(talker: Talker, tok, seed: int = 0, want_text: bool = True):
     """One prefill step (text prompt + 6 audio columns) -> (audio logits, text logits)."""
     cfg = talker.cfg
     s = tok.special
@@ -90,7 +90,7 @@ def _step(talker: Talker, tok, seed: int = 0):
     batch = StepBatch(
         seq_ids=[0], qo_lens=[n], input_ids=torch.tensor(text + [0] * n_audio), audio_codes=codes,
         is_audio=torch.tensor([False] * n_text + [True] * n_audio), positions=torch.arange(n),
-        want_text=torch.tensor([True]), want_audio=torch.tensor([True]),
+        want_text=torch.tensor([want_text]), want_audio=torch.tensor([True]),
     )
     out = talker(batch, cache)
     return out.audio_logits, out.text_logits
@@ -254,14 +254,32 @@ def test_find_codec_dir(tiny_ckpt: Path, plain: dict[str, Path]) -> None:
 # ------------------------------------------------------------------------------ failures
 @pytest.mark.parametrize("layout,stored", [
     ("hf", "model.layers.1.audio_mlp.down_proj.weight"),
-    ("hf", "text_lm_head.weight"),
-    ("original", "audio_decoder_proj.text_lm_head.weight"),
+    ("hf", "audio_lm_head.weight"),
+    ("original", "audio_decoder_proj.audio_lm_head.weight"),
     ("original", "layers.0.audio_post_attention_layernorm.weight"),
 ])
 def test_missing_key_is_named(plain, tmp_path: Path, layout: str, stored: str) -> None:
     d = _as_single_file(_copy(plain[layout], tmp_path / "c"), lambda t: t.pop(stored))
     with pytest.raises(CheckpointError, match=f"missing key {re.escape(stored)} in the {layout}"):
         load_talker(d)
+
+
+@pytest.mark.parametrize("layout,stored", [
+    ("hf", "text_lm_head.weight"),
+    ("original", "audio_decoder_proj.text_lm_head.weight"),
+])
+def test_text_head_is_optional(plain, tmp_path: Path, layout: str, stored: str) -> None:
+    """transformers saves no text head by default (`use_text_head=False`): such a talker loads,
+    computes the same audio logits, and refuses only an explicit request for text logits."""
+    full, _, tok = load_talker(plain[layout])
+    d = _as_single_file(_copy(plain[layout], tmp_path / "c"), lambda t: t.pop(stored))
+    headless, _, _ = load_talker(d)
+    assert full.text_lm_head is not None and headless.text_lm_head is None
+    with pytest.raises(InvalidInputError, match="without a text head"):
+        _step(headless, tok)
+    audio_full, _ = _step(full, tok, want_text=False)
+    audio_headless, text = _step(headless, tok, want_text=False)
+    assert text is None and torch.equal(audio_headless, audio_full)
 
 
 @pytest.mark.parametrize("layout,stored,detail", [

@@ -77,6 +77,15 @@ def test_legacy_flat_rope_theta_is_read():
     assert TalkerV3Config.from_hf_dict(d).rope_theta == 5e5
 
 
+def test_null_rope_theta_is_the_qwen3_default():
+    d = TalkerV3Config.tiny(rope_theta=5e5).to_hf_dict()
+    d["text_config"]["rope_parameters"]["rope_theta"] = None
+    assert TalkerV3Config.from_hf_dict(d).rope_theta == 1_000_000.0
+    d["text_config"].pop("rope_parameters")
+    d["text_config"]["rope_theta"] = None
+    assert TalkerV3Config.from_hf_dict(d).rope_theta == 1_000_000.0
+
+
 def test_full_preset_tokenizer_ids():
     """Qwen3 layout: <|endoftext|> 151643, <|audio_end|> 151671 (the ids peers hard-code as stops)."""
     p = preset_v3("full")
@@ -131,14 +140,18 @@ def test_load_talker_and_codec(ckpt):
                        files[CODEC_PREFIX + "quantizer.quantizers.3.codebook.embed"])
 
 
-def test_bf16_checkpoint_keeps_audio_matrix_dtype(tmp_path, ckpt):
+def test_bf16_checkpoint_loads_in_the_requested_dtype(tmp_path, ckpt):
+    """A bf16 checkpoint loaded as fp32 is fp32 throughout, the fused audio matrix included: a bf16
+    matrix beside an fp32 backbone would sum embeddings and compute audio logits in bf16."""
     root = copy(ckpt, tmp_path)
     rewrite(root, lambda t: {k: (v.to(torch.bfloat16) if not k.startswith(CODEC_PREFIX) else v) for k, v in t.items()})
+    stored = all_tensors(root)
     talker, _, _ = load_talker_v3(root, dtype=torch.float32)
-    assert talker.audio.embedding.weight.dtype == torch.bfloat16  # the checkpoint's dtype
-    assert talker.body.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+    assert {n: p.dtype for n, p in talker.named_parameters() if p.dtype != torch.float32} == {}
+    assert talker.dtype == torch.float32
+    assert torch.equal(talker.audio.embedding.weight, stored[AUDIO_MATRIX].float())
     talker, _, _ = load_talker_v3(root)  # dtype None: as stored
-    assert talker.body.norm.weight.dtype == torch.bfloat16
+    assert {p.dtype for p in talker.parameters()} == {torch.bfloat16}
 
 
 def copy(src: Path, tmp_path: Path) -> Path:

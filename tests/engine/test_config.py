@@ -119,3 +119,15 @@ def test_special_tokens_from_lookup():
         SpecialTokens(**{**SpecialTokens.consecutive(0).as_dict(), "eot": 0})
     released = SpecialTokens.llama3_layout()
     assert (released.audio_out_bos, released.audio_eos, released.audio_out) == (128013, 128012, 128016)
+
+
+def test_null_rope_theta_is_the_llama3_default():
+    """Higgs text configs may say `rope_theta: null` (noted by sglang-omni): Llama 3's 500000."""
+    v5 = TalkerConfig.tiny(rope_theta=1e4).to_hf_dict()
+    v5["rope_parameters"]["rope_theta"] = None
+    assert TalkerConfig.from_hf_dict(v5).rope_theta == 500000.0
+    v4 = {**TalkerConfig.tiny(rope_theta=1e4).to_hf_dict(), "rope_theta": None}
+    v4.pop("rope_parameters")
+    assert TalkerConfig.from_hf_dict(v4).rope_theta == 500000.0
+    orig = {**ORIGINAL, "text_config": {**ORIGINAL["text_config"], "rope_theta": None}}
+    assert TalkerConfig.from_original_dict(orig).rope_theta == 500000.0

@@ -58,7 +58,7 @@ def test_from_pretrained_dispatches_on_model_type(tiny_ckpt, tiny_v3_ckpt):
     # dtype=None keeps the stored dtype (fp32 here), bf16 casts the backbone and the cache
     bf16 = Engine.from_pretrained(str(tiny_v3_ckpt), dtype=torch.bfloat16, config=config)
     assert bf16.talker.dtype == bf16.cache.pool.k.dtype == torch.bfloat16
-    assert bf16.talker.audio.embedding.weight.dtype == torch.float32  # the fused matrix keeps its stored dtype
+    assert bf16.talker.audio.embedding.weight.dtype == torch.bfloat16  # the fused matrix too (cast like the backbone)
 
 
 def test_family_and_policy_reject_other_configs(tiny_ckpt):

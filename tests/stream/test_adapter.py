@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from higgs_stream.bench_pipeline import FakeCodec
+from higgs_stream.engine.codec import CodecConfig, codec_from_state_dict
+from higgs_stream.engine.codec.make import build_reference_model
 from higgs_stream.engine.delay import build_delay_pattern, columns_to_frames
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.stream.adapter import (
@@ -430,3 +432,15 @@ def test_jobs_to_s16le_equals_to_s16le():
     got = jobs_to_s16le(chunks)
     assert got[2] is None and got[:2] == [to_s16le(c) for c in chunks[:2]] and got[3] == to_s16le(chunks[3])
     assert jobs_to_s16le([]) == []
+
+
+def test_exact_mode_takes_its_context_from_the_codec():
+    """README's `Code2WavAdapter(codec, mode="exact")` on a codec whose receptive field is not the
+    released codec's 10 frames: the adapter's windows follow the codec, so the stream stays exact."""
+    cfg = CodecConfig.tiny(decoder_ratios=(4, 4, 4, 15), encoder_ratios=(4, 4, 4, 15))
+    codec = codec_from_state_dict(build_reference_model(cfg, seed=3).state_dict(), cfg, with_encoder=False)
+    assert codec.receptive_field == cfg.receptive_field == 17
+    adapter = Code2WavAdapter(codec, mode="exact")
+    assert adapter.geometry.receptive_field == 17
+    cols = segment_columns(np.random.default_rng(5), 70)
+    assert_audio_close(joined(stream(adapter, cols)), one_shot(codec, cols))

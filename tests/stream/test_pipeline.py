@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import queue
+import re
 import threading
 
 import numpy as np
@@ -175,6 +177,24 @@ async def test_cancel_frees_pages_within_a_step(make_pipeline, engine):
     await pages_freed(engine)
     assert p.steps - steps <= 2, f"pages freed after {p.steps - steps} steps"
     assert p.active == 0
+
+
+async def test_every_finished_stream_writes_one_access_log_line(make_pipeline, engine, caplog):
+    caplog.set_level(logging.INFO, logger="higgs_stream.access")
+    p = await make_pipeline()
+    h = p.open(ContextOptions(voice=default_voice(), seed=11), transport="webrtc", stream_id="ctx-1")
+    h.say("Hello world.")
+    h.close()
+    pcm, _ = await collect(h)
+    cancelled = p.open(ContextOptions(voice=default_voice(), seed=3), transport="http")  # no id: one is made
+    cancelled.cancel()
+    lines = [r for r in caplog.records if r.name == "higgs_stream.access"]
+    assert len(lines) == 2 and all(r.levelno == logging.INFO for r in lines)
+    done, cut = (r.getMessage() for r in lines)
+    m = re.fullmatch(r"webrtc id=ctx-1 reason=completed samples=(\d+) ttfa_ms=(\d+)", done)
+    assert m and int(m[1]) == len(pcm) // 2 > 0, done
+    assert re.fullmatch(rf"http id={cancelled.stream_id} reason=cancelled samples=0 ttfa_ms=-", cut), cut
+    assert re.fullmatch(r"[0-9a-f]{16}", cancelled.stream_id)
 
 
 async def test_admission_and_slow_client(make_pipeline, engine):

@@ -477,3 +477,27 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     finally:
         await runner.cleanup()
     assert engine.cache.allocator.num_used == 0
+
+
+def test_serve_help_shows_the_default_address():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server_mod.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    d = ServerConfig()
+    assert f"(default {d.host})" in text and f"(default {d.port})" in text
+
+
+def test_startup_line_names_webrtc_when_mounted():
+    from aiohttp import web
+
+    app = web.Application()
+    assert "no WebRTC" in server_mod.startup_line(app, "0.0.0.0", 8000)
+    async def offer(request):
+        return web.Response()
+
+    app.router.add_post("/v1/webrtc/offer", offer)
+    line = server_mod.startup_line(app, "0.0.0.0", 8000)
+    assert line == ("serving on http://0.0.0.0:8000 (WebSocket /v1/tts/stream, POST /v1/audio/speech, "
+                    "WebRTC POST /v1/webrtc/offer)")

@@ -104,18 +104,24 @@ class Client:
         self.pc.on("track", self._track.set_result)
         self._reader: asyncio.Task | None = None
 
-    async def connect(self, base: str, token: str) -> None:
+    async def connect(self, base: str, token: str, edit_offer=None) -> float:
+        """Offer, answer, wait for the track and the channel; returns the seconds the answer took.
+        `edit_offer(sdp) -> sdp` changes the offer sent (as a browser's would differ)."""
         await self.pc.setLocalDescription(await self.pc.createOffer())
+        sdp = self.pc.localDescription.sdp if edit_offer is None else edit_offer(self.pc.localDescription.sdp)
         async with aiohttp.ClientSession() as http:
-            r = await http.post(f"{base}/v1/webrtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer"},
+            t0 = time.monotonic()
+            r = await http.post(f"{base}/v1/webrtc/offer", json={"sdp": sdp, "type": "offer"},
                                 headers={"Authorization": f"Bearer {token}"})
             assert r.status == 200, await r.text()
             answer = await r.json()
+            answer_s = time.monotonic() - t0
         assert answer["type"] == "answer" and answer["pc_id"]
         await self.pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
         track = await asyncio.wait_for(self._track, 10)
         await asyncio.wait_for(self.opened.wait(), 10)
         self._reader = asyncio.ensure_future(self._read(track))
+        return answer_s
 
     async def _read(self, track) -> None:
         while True:
@@ -284,6 +290,39 @@ async def test_garbage_offers_get_typed_errors_and_close_their_peer(live, monkey
     client = Client()  # and the route still works
     try:
         await client.connect(base, "t0k")
+    finally:
+        await client.close()
+
+
+MDNS = "a=candidate:3 1 udp 2122260223 0b7a54c2-2c4e-4c1c-9d3b-6f1f5e0a7d21.local 54321 typ host\r\n"
+
+
+def _with_mdns_candidate(sdp: str) -> str:
+    """A Chromium-style offer: an mDNS host candidate before the first real one."""
+    i = sdp.index("a=candidate:")
+    return sdp[:i] + MDNS + sdp[i:]
+
+
+def test_drop_mdns_candidates_keeps_every_other_line():
+    offer = ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" + MDNS
+             + "a=candidate:1 1 udp 2122260223 192.168.1.7 50000 typ host\r\n"
+             + "a=candidate:2 1 udp 1686052607 203.0.113.5 50001 typ srflx raddr 0.0.0.0 rport 0\r\n"
+             + "a=candidate:4 1 udp 2122260223 HOST.LOCAL. 50002 typ host\r\n"
+             + "a=end-of-candidates\r\n")
+    sdp, dropped = webrtc.drop_mdns_candidates(offer)
+    assert dropped == 2
+    assert sdp == offer.replace(MDNS, "").replace("a=candidate:4 1 udp 2122260223 HOST.LOCAL. 50002 typ host\r\n", "")
+    assert webrtc.drop_mdns_candidates(sdp) == (sdp, 0)
+
+
+async def test_offer_with_an_mdns_candidate_is_answered_at_once(live):
+    """aioice would try to resolve the `.local` name for 1 s before answering; dropped, the
+    answer comes in well under that, and the peer still connects through its real candidates."""
+    _, base = live
+    client = Client()
+    try:
+        answer_s = await client.connect(base, "t0k", edit_offer=_with_mdns_candidate)
+        assert answer_s < 0.5, answer_s
     finally:
         await client.close()
 
