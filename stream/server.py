@@ -283,6 +283,8 @@ def make_app(state: ServerState) -> web.Application:
             return handler
 
         app.router.add_get("/", serve_file(folder / "index.html"))
+        if (folder / "favicon.svg").is_file():  # browsers ask for /favicon.ico whatever the page says
+            app.router.add_get("/favicon.ico", serve_file(folder / "favicon.svg"))
         for path in sorted(folder.iterdir()):
             if path.is_file() and not path.is_symlink():
                 app.router.add_get(f"/{path.name}", serve_file(path))

@@ -50,6 +50,11 @@ function fail(message) {
   stats.errors.push(message);
   setStatus(message, true);
   setPlaying(false);
+  if (ws && ws.readyState <= WebSocket.OPEN) { // a failed play leaves no connection behind
+    const sock = ws;
+    ws = null;
+    sock.close(1000);
+  }
 }
 
 function withToken(path, scheme) {
@@ -165,6 +170,7 @@ function onServerMessage(msg) {
     } else if (msg.reason === 'error') {
       setPlaying(false);
     } else if (stats.transport === 'webrtc') {
+      stats.bytes = 2 * (msg.samples || 0); // what the track played (the audio itself is not seen here)
       setStatus('done');
       setPlaying(false);
     } else {
@@ -173,7 +179,16 @@ function onServerMessage(msg) {
     render();
   } else if (msg.type === 'error') {
     stats.events.push(`error:${msg.code}`);
-    fail(`server error [${msg.code}]: ${msg.message}`);
+    // The first error of a request is the one to show: after a refused text (e.g. too_large) the
+    // `end` that follows is answered `not_found`, which says nothing to the user.
+    if (current && msg.context_id === current.id) {
+      if (current.failed) return;
+      current.failed = true;
+    }
+    const hint = msg.code !== 'unauthorized' ? ''
+      : token ? ' (the page passes its ?token= on: is it the server\'s token?)'
+        : ' (this server needs a token: open the page as /?token=YOUR_TOKEN)';
+    fail(`server error [${msg.code}]: ${msg.message}${hint}`);
   }
 }
 
@@ -205,7 +220,13 @@ function playWebSocket(id) {
   sock.onerror = () => { if (sock === ws) fail('WebSocket error'); };
   sock.onclose = (e) => {
     stats.events.push(`close:${e.code}`);
-    if (sock === ws && current && !current.finished) fail(`connection closed (${e.code}) before the audio finished`);
+    if (sock !== ws || !current || current.finished) return;
+    if (e.code === 1008) {
+      fail(token ? 'unauthorized: the server refused this token (close 1008)'
+        : 'unauthorized: this server needs a token; open the page as /?token=YOUR_TOKEN (close 1008)');
+    } else {
+      fail(`connection closed (${e.code}) before the audio finished`);
+    }
   };
 }
 

@@ -121,3 +121,49 @@ async def test_webrtc_playback(page):
     assert s["maxRms"] > 0.05, s  # remote audio reached Web Audio (through the <audio> element)
     assert s["done"]["samples"] > 24000
     assert s["events"].index("audio_start") < s["events"].index("done:completed")
+    assert s["bytes"] == 2 * s["done"]["samples"]  # "audio received" shows what the track played
+    assert await page.text_content("#received") != "0.00 s"
+
+
+async def wait_until(pg, pred, what: str, timeout_s: float = 10.0) -> None:
+    """Poll a server-side condition (bounded) while the page runs."""
+    for _ in range(int(timeout_s / 0.05)):
+        if pred():
+            return
+        await pg.wait_for_timeout(50)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_refused_text_shows_its_own_error_and_closes_its_connection(page):
+    """5,000 characters are refused (too_large); the page shows that error, not the not_found its
+    `end` would get, and leaves no WebSocket open (three failed plays, then a good one)."""
+    for _ in range(3):
+        await play(page, "ws", "x" * 5000, seed=1)
+        await page.wait_for_function("window.stats.errors.length > 0", timeout=10_000)
+        status = await page.text_content("#status")
+        assert "too_large" in status and "not_found" not in status, status
+        await page.evaluate("window.stats.errors = []")
+    await wait_until(page, lambda: page.live.state.metrics.connections.value() == 0, "the failed plays' sockets to close")
+    await play(page, "ws", "Hello there.", seed=1)
+    await page.wait_for_function("window.stats.events.includes('drained')", timeout=60_000)
+    assert (await stats(page))["done"]["reason"] == "completed"
+    await wait_until(page, lambda: page.live.state.metrics.connections.value() == 0, "the good play's socket to close")
+
+
+async def test_a_missing_token_says_so(page):
+    other = await page.context.browser.new_page()
+    await other.goto(f"{page.live.http}/")  # no ?token=
+    await other.evaluate("window.higgs.ready.catch(() => null)")
+    await other.fill("#text", "Hello there.")
+    await other.click("#play")
+    await other.wait_for_function("document.querySelector('#status').textContent.includes('token')", timeout=10_000)
+    assert "?token=" in await other.text_content("#status")
+
+
+async def test_favicon_is_served(page):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{page.live.http}/favicon.ico") as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("image/svg+xml")
+            assert (await r.read()).startswith(b"<svg")
