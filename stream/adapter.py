@@ -154,7 +154,7 @@ class Code2Wav:
             assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
             for i in members:
                 p = jobs[i].push
-                out[i] = got[max(p.out_from, p.emit_from) - first : p.out_to - first].copy()
+                out[i] = got[p.emit_start - first : p.out_to - first].copy()
             if final[b]:
                 self.release(owner)
 

@@ -120,8 +120,13 @@ class Push:
         return self.stop - self.start
 
     @property
+    def emit_start(self) -> int:
+        """The first output sample this push emits (the ramp may have sent earlier ones)."""
+        return max(self.out_from, self.emit_from)
+
+    @property
     def emits(self) -> int:
-        return max(0, self.out_to - max(self.out_from, self.emit_from))
+        return max(0, self.out_to - self.emit_start)
 
 
 class ChunkPlanner:

@@ -179,15 +179,13 @@ class CodecWorker:
     def _decode_rounds(self, rounds: list[Round]) -> None:
         """Run the jobs of `rounds` (the most urgent streams first when they exceed one call) and
         hand audio and ends to the event loop; a codec failure ends the affected segments only."""
-        owners: dict[int, Any] = {}  # id(seg) -> seg
-        jobs: dict[int, list[tuple[Any, Job]]] = {}
+        per_seg: dict[int, list[tuple[Any, Job]]] = {}  # id(seg) -> its (seg, job) pairs, in order
         for r in rounds:
             for seg, job in zip(r.owners, r.jobs):
-                owners.setdefault(id(seg), seg)
-                jobs.setdefault(id(seg), []).append((seg, job))
-        order = sorted(jobs, key=lambda key: getattr(owners[key], "deadline", 0.0))
+                per_seg.setdefault(id(seg), []).append((seg, job))
+        order = sorted(per_seg.values(), key=lambda pairs: getattr(pairs[0][0], "deadline", 0.0))
         for at in range(0, len(order), self.max_windows):
-            self._decode_call([pair for key in order[at : at + self.max_windows] for pair in jobs[key]])
+            self._decode_call([pair for pairs in order[at : at + self.max_windows] for pair in pairs])
         ends = [e for r in rounds for e in r.ends]
         for e in ends:  # after all their audio; a segment that ends frees its decoder state
             self.code2wav.release(e[1])
@@ -201,11 +199,8 @@ class CodecWorker:
             self.calls += 1
         except Exception as exc:
             log.exception("codec decode of %d jobs failed", len(jobs))
-            failed = {id(seg): seg for seg in owners}
-            for seg in failed.values():
-                self.code2wav.release(seg)
-                self._cancel(seg.sid)
-            self._send([("end", seg, "error", f"codec decode failed: {exc!r}", None) for seg in failed.values()])
+            segs = {id(seg): seg for seg in owners}.values()  # each once
+            self._send([self._fail(seg, f"codec decode failed: {exc!r}") for seg in segs])
             return
         finally:
             took = time.perf_counter() - t0
@@ -218,12 +213,17 @@ class CodecWorker:
                 continue
             if chunk is None:  # non-finite audio: this segment only
                 bad.add(id(seg))
-                self.code2wav.release(seg)
-                self._cancel(seg.sid)
-                items.append(("end", seg, "error", "codec output is not finite", None))
+                items.append(self._fail(seg, "codec output is not finite"))
             elif chunk:
                 items.append(("audio", seg, chunk))
         self._send(items)
+
+    def _fail(self, seg: Any, error: str) -> tuple:
+        """End a segment whose audio the codec could not make: free its state, stop its engine
+        stream; returns its ("end", ...) item."""
+        self.code2wav.release(seg)
+        self._cancel(seg.sid)
+        return ("end", seg, "error", error, None)
 
     def _send(self, items: list[tuple]) -> None:
         if items:

@@ -190,9 +190,7 @@ class Pipeline:
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
         jitter = JITTER_FACTOR * (loop_s + self.codec_worker.call_s)
         first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], math.ceil(jitter / self.geometry.frame_seconds)))
-        if first == DEFAULT_SCHEDULE[0]:
-            return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
-        last, schedule = DEFAULT_SCHEDULE[-1], [first]
+        last, schedule = DEFAULT_SCHEDULE[-1], [first]  # from 1: DEFAULT_SCHEDULE itself
         while schedule[-1] < last:
             schedule.append(min(last, 2 * schedule[-1]))
         return AdapterConfig(mode=mode, schedule=tuple(schedule))
@@ -209,7 +207,7 @@ class Pipeline:
         if not self.loop_model.admits(len(self._handles), self.pacing):
             self.metrics.refused.inc()
             raise CapacityError(f"server is saturated: one more stream would slow every stream below "
-                                f"{1 / (self.pacing.admit_ratio or 1):g}x real time (step "
+                                f"{1 / self.pacing.admit_ratio:g}x real time (step "
                                 f"{1e3 * (self.loop_model.predict(len(self._handles) + 1) or 0):.1f} ms predicted)")
         handle = StreamHandle(self, options, transport, stream_id or uuid.uuid4().hex[:16])
         self._handles.add(handle)
