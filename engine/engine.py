@@ -4,11 +4,10 @@
 
 Prefill chunks and decode tokens of many streams share one ragged forward under a token budget
 (scheduler.py). What differs between model families is the engine's `policy`
-(generation.GenerationPolicy, chosen from the talker config by model_registry.policy_for): the
-prompt, the per-stream `Segment` state machine (v2: generation.py, AUDIO_INIT/ramps/RAS/frame
-cap; v3: generation_v3.py), the text id of a decode step's input (v2 <|AUDIO_OUT|>, v3 <|audio|>;
-the fed-back column is its audio codes either way) and whether the prompt's last position is
-sampled (v3) or yields the forced BOS column only (v2). A segment call may emit several columns;
+(family.GenerationPolicy, from the family of the talker config, models/registry.py): the prompt,
+the per-stream `Segment` state machine (models/<family>/policy.py), the text id of a decode
+step's input (the fed-back row is its audio codes) and whether the prompt's last position is
+sampled or yields a forced start row only. A segment call may emit several columns;
 each becomes one StepEvent, `finished` on the last. Sampling with per-stream generators is
 sampling.py. Each step makes one device->host copy (the sampled ids); nothing in a step waits on
 anything but compute.
@@ -32,17 +31,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
-from higgs_stream.engine.config_v3 import TalkerV3Config
+from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
-from higgs_stream.engine.generation import Column, GenerationPolicy, Stream, make_generator, resolve_seed
+from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row, TokenizerLike
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_registry import load_model, policy_for
-from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
-from higgs_stream.engine.sampling import SamplingTensors, sample_columns
+from higgs_stream.engine.sampling import SamplingTensors, make_generator, resolve_seed, sample_columns
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
-from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
+from higgs_stream.engine.sequence import Stream
+from higgs_stream.engine.talker_config import BackboneConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +83,24 @@ class Engine:
     def __init__(
         self,
         talker: torch.nn.Module,
-        cfg: TalkerConfig | TalkerV3Config,
+        cfg: BackboneConfig,
         tokenizer: TokenizerLike,
         cache: KVCache,
         config: EngineConfig | None = None,
-        policy: GenerationPolicy | None = None,
+        family: ModelFamily | None = None,
     ) -> None:
+        """`family`: the model family of `cfg` (models/registry.py finds it when None)."""
+        if family is None:
+            from higgs_stream.engine.models.registry import family_of_config
+
+            family = family_of_config(cfg)
         self.config = config or EngineConfig()
         if cfg.special is not None and cfg.special != tokenizer.special:
             raise ConfigError(f"tokenizer and talker config disagree on special token ids: "
                               f"{tokenizer.special} vs {cfg.special}")
         self.talker, self.cfg, self.tokenizer, self.cache = talker, cfg, tokenizer, cache
-        self.policy = policy or policy_for(cfg, tokenizer)
+        self.family = family
+        self.policy: GenerationPolicy = family.policy(cfg, tokenizer)
         self.device = next(talker.parameters()).device
         alloc = cache.allocator
         self.scheduler = Scheduler(SchedulerConfig(
@@ -118,7 +121,9 @@ class Engine:
         cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
         config: EngineConfig | None = None,
     ) -> Engine:
-        """An engine for a v2 or v3 checkpoint (by config.json model_type); dtype None: as stored."""
+        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored."""
+        from higgs_stream.engine.models.registry import load_model
+
         config = config or EngineConfig()
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
@@ -280,7 +285,7 @@ class Engine:
                     events.append(self._finish(s, "error", "non-finite audio logits"))
                     continue
             try:
-                cols = s.segment.start() if c.prefill else []  # v2: the forced all-BOS column (AUDIO_INIT)
+                cols = s.segment.start() if c.prefill else []  # a forced start row, if the family has one
                 if d is not None:
                     cols += s.segment.advance(d[:k], d[k : 2 * k])
                 events += self._column_events(s, cols)
@@ -295,10 +300,10 @@ class Engine:
         return s.max_kv_tokens + self.kv_slack
 
     def _wants_audio(self, c: Chunk) -> bool:
-        """Whether this chunk's last position is sampled: every decode step, and v3's prompt end."""
+        """Whether this chunk's last position is sampled: every decode step, and the prompt end if the family samples there."""
         return not c.prefill or (c.last_of_prompt and self.policy.sample_at_prompt_end)
 
-    def _column_events(self, s: Stream, cols: list[Column]) -> list[StepEvent]:
+    def _column_events(self, s: Stream, cols: list[Row]) -> list[StepEvent]:
         """One event per emitted column; the segment's end finishes the stream on the last one."""
         assert cols, f"stream {s.sid}: a segment call emitted no column"
         events = [StepEvent(s.sid, np.array(col, np.int64), finished=False) for col in cols]

@@ -34,19 +34,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
-from higgs_stream.engine.config_v3 import TalkerV3Config
 from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.family import ModelFamily, TokenizerLike
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
-from higgs_stream.engine.generation import Stream
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_registry import family_of, load_model
-from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from higgs_stream.engine.sequence import Stream
+from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
@@ -132,11 +130,11 @@ class _Launched:
 class GpuEngine(Engine):
     kv_slack = LAG_SLACK  # a finished stream is scheduled once more (its row is ignored)
 
-    def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig | TalkerV3Config, tokenizer: TokenizerLike,
+    def __init__(self, talker: torch.nn.Module, cfg: BackboneConfig, tokenizer: TokenizerLike,
                  cache: KVCache, config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
-                 fast: FastTalker | None = None) -> None:
+                 fast: FastTalker | None = None, family: ModelFamily | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
-        super().__init__(talker, cfg, tokenizer, cache, config)
+        super().__init__(talker, cfg, tokenizer, cache, config, family)
         self.gpu = gpu or GpuEngineConfig()
         dev = self.device
         if self.gpu.kernels == "fast" and dev.type != "cuda":
@@ -157,7 +155,7 @@ class GpuEngine(Engine):
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({self.config.max_batch})")
         self.state = DeviceStreamState(self.config.max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.gpu.ras_window_max,
-                                       fast_noise=self.gpu.kernels == "fast", family=family_of(cfg))
+                                       rules=self.family.device_rules(cfg), fast_noise=self.gpu.kernels == "fast")
         self._free_slots = list(range(self.config.max_batch - 1, -1, -1))
         self._slot: dict[int, int] = {}
         self._attn = self._eager_attention()
@@ -184,7 +182,9 @@ class GpuEngine(Engine):
     @classmethod
     def from_pretrained(cls, model: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                         config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None) -> GpuEngine:
-        """A GPU engine for a v2 or v3 checkpoint (by config.json model_type, model_registry.load_model)."""
+        """A GPU engine for a checkpoint of any family (by config.json model_type, models/registry.py)."""
+        from higgs_stream.engine.models.registry import load_model
+
         config = config or EngineConfig()
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,

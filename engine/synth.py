@@ -11,8 +11,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine
+from higgs_stream.engine.models.delay_pattern import columns_to_frames
 from higgs_stream.engine.request import GenerationRequest
 
 

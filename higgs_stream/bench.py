@@ -33,15 +33,13 @@ from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.prompt import build_prompt
-from higgs_stream.engine.random_weights import (
-    EOS_TOP_K,
-    random_full_codec,
+from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
+from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
-    suppress_eos,
     talker_from_reference,
     tokenizer_and_config,
 )
+from higgs_stream.engine.random_weights import EOS_TOP_K, random_full_codec, suppress_eos
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
@@ -285,9 +283,9 @@ class _Timer:
 # ---------------------------------------------------------------------------- streaming
 async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
                       timers: tuple[_Timer, _Timer] | None = None) -> dict:
-    from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.handle import Audio
     from higgs_stream.stream.messages import ContextOptions
+    from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.voices import Voice
 
     loop = asyncio.get_running_loop()

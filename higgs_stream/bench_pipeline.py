@@ -27,9 +27,9 @@ import torch
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.streaming import StepAudio
-from higgs_stream.engine.delay import delayed_prompt_audio
-from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.engine import StepEvent
+from higgs_stream.engine.errors import CapacityError
+from higgs_stream.engine.models.delay_pattern import delayed_prompt_audio
 from higgs_stream.engine.request import GenerationRequest
 
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
-from higgs_stream.engine.delay import STRAY_FALLBACK_CODE
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.models.delay_pattern import STRAY_FALLBACK_CODE
 from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Push, Window
 
 S16_SCALE = 32767.0

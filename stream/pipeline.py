@@ -41,12 +41,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import (
     CapacityError,
     HiggsStreamError,
     InvalidInputError,
 )
+from higgs_stream.engine.models.delay_pattern import columns_to_frames
 from higgs_stream.engine.request import Reference
 from higgs_stream.stream.adapter import (
     PushJob,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from higgs_stream import cli
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.model_registry import load_codec_for, model_arch
+from higgs_stream.engine.models.delay_pattern import columns_to_frames
+from higgs_stream.engine.models.registry import load_codec_for, model_arch
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 HOP, RATE, K = 960, 24000, 8

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.delay import STREAM_BOS, columns_to_frames
+from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.models.delay_pattern import STREAM_BOS, columns_to_frames
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.engine.talker import StepBatch, StepOutput
 
 
 class Instrumented(torch.nn.Module):
@@ -243,7 +243,7 @@ def test_greedy_matches_transformers_generate_until_the_eos_rule_differs(tiny_ck
     that reaches our frame cap differs from HF only in the forced codebook-0 EOS."""
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from higgs_stream.engine.prompt import build_prompt
+    from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
 
     hf = HiggsAudioV2ForConditionalGeneration.from_pretrained(str(tiny_ckpt)).eval()
     engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_batch=4, kv_pages=128))

@@ -51,9 +51,9 @@ GREEDY = [
 
 def test_fused_talker_logits_equal_talker(tiny_ckpt):
     """FastTalker (fused q/k/v and gate/up, fp32 residual, ref kernels) == Talker.forward on a mixed step."""
-    from higgs_stream.engine.kv_cache import KVCache
-    from higgs_stream.engine.talker import StepBatch
+    from higgs_stream.engine.batch import StepBatch
     from higgs_stream.engine.fast_talker import FastInputs
+    from higgs_stream.engine.kv_cache import KVCache
     from higgs_stream.kernels.flashinfer_attention import RefAttention
 
     base = Engine.from_pretrained(str(tiny_ckpt))
@@ -185,7 +185,7 @@ def test_refused_admission_ends_the_stream_with_an_error_event(tiny_ckpt, monkey
 def test_logprob_parity_harness_fp32_cpu():
     """The benchmark's parity harness on a tiny model, fp32 plain-torch path vs transformers: ~1e-6 nat."""
     from higgs_stream.engine.kv_cache import KVCache
-    from higgs_stream.engine.random_weights import (
+    from higgs_stream.engine.models.higgs_v2.random_weights import (
         random_reference,
         talker_from_reference,
         tokenizer_and_config,

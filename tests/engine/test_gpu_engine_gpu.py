@@ -14,7 +14,7 @@ from higgs_stream.engine.cuda_graph import GraphShapeError
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.random_weights import (
+from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
     talker_from_reference,
     tokenizer_and_config,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.models.delay_pattern import columns_to_frames
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 

@@ -20,8 +20,8 @@ import torch
 from higgs_stream.bench_pipeline import FakeCodec
 from higgs_stream.engine.codec import CodecConfig, codec_from_state_dict
 from higgs_stream.engine.codec.make import build_reference_model
-from higgs_stream.engine.delay import build_delay_pattern, columns_to_frames
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.models.delay_pattern import build_delay_pattern, columns_to_frames
 from higgs_stream.stream.adapter import (
     Code2Wav,
     Code2WavAdapter,
@@ -377,7 +377,7 @@ def test_s16le_values():
 
 
 def test_frame_reverter_equals_column_reverter():
-    from higgs_stream.engine.delay import ColumnReverter
+    from higgs_stream.engine.models.delay_pattern import ColumnReverter
     from higgs_stream.stream.adapter import _FrameReverter
 
     rng = np.random.default_rng(5)

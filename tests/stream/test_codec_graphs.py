@@ -35,7 +35,7 @@ def test_replays_equal_the_eager_decode():
         graphs.decode(torch.full((1, 8, 16), 1024))
     # the low-latency ramp windows (what CodecGraphs serves) are the same with and without graphs
     cols = np.concatenate([np.full((8, 1), 1024), rng.integers(0, 1024, size=(8, 60)), np.full((8, 1), 1025)], axis=1)
-    from higgs_stream.engine.delay import build_delay_pattern
+    from higgs_stream.engine.models.delay_pattern import build_delay_pattern
 
     cols = build_delay_pattern(cols)
     a, jobs = Code2WavAdapter(codec.geometry, mode="low_latency"), []

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError, HiggsStreamError
+from higgs_stream.engine.models.delay_pattern import columns_to_frames
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.handle import Audio, End
-from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.messages import ContextOptions
+from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
 
