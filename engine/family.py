@@ -12,8 +12,10 @@ checkpoint's config.json `model_type`. Nothing outside `engine/models/` imports 
       .device_rules(cfg)       ->   DeviceRules: the same rules on the device (engine/gpu_sampling.py)
 
 What the families share with the engine is data: a `Prompt` (positions of text ids and audio
-codes) in, codec frames [num_codebooks] out. A row of codes is what one talker step samples
-(Higgs: one delay-pattern column); how rows become codec frames is the family's writer.
+codes) in, codec frames [num_codebooks] out (`StepEvent.frame`). A row of codes is what one
+talker step emits (Higgs: one delay-pattern column); how rows become codec frames is the family's
+`FrameWriter`, so the stream side sees frames only, laid out as the codec declares
+(engine/codec/geometry.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class TokenizerLike(Protocol):
 
 
 class Segment(Protocol):
-    """One stream's host rule machine; each call returns the rows to emit, in order."""
+    """One stream's host rule machine; each call returns the rows to emit, in order (a forced start
+    row is the writer's to know, not emitted)."""
 
     k: int  # codes per row
 
@@ -74,6 +77,18 @@ class Segment(Protocol):
     def last_column(self) -> Row: ...  # what the next decode step feeds back
 
 
+class FrameWriter(Protocol):
+    """One stream's rows -> codec frames (Higgs: the delay-pattern revert). Every frame it returns
+    holds real codes only (0..codebook_size-1), so the stream side never sees a model constant."""
+
+    num_replaced: int  # stray ids replaced so far
+
+    def push(self, row: Sequence[int], final: bool = False) -> list[int] | None:
+        """One emitted row (`final`: the stream's last, ended by stop or length) -> the codec frame
+        [num_codebooks] it completes, or None."""
+        ...
+
+
 class GenerationPolicy(Protocol):
     """What differs between model families in the engine's loop, per stream."""
 
@@ -85,6 +100,8 @@ class GenerationPolicy(Protocol):
     def build_prompt(self, request: GenerationRequest) -> Prompt: ...
 
     def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> Segment: ...
+
+    def new_writer(self) -> FrameWriter: ...  # what the engine runs over a stream's emitted rows
 
 
 class DeviceRules(Protocol):

@@ -51,8 +51,6 @@ class DeviceStreamState:
                  fast_noise: bool | None = None) -> None:
         s, k = num_slots + scratch_slots, num_codebooks
         self.rules = rules
-        # the column a finished stream's last row is followed by, if the family has one (the host emits it)
-        self.closing_column = getattr(rules, "closing_column", None)
         self.num_slots, self.k, self.v = num_slots, k, codebook_size + 2
         self.bos, self.eos = codebook_size, codebook_size + 1
         self.w = ras_window_max

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from higgs_stream.engine.family import Prompt, Segment
+from higgs_stream.engine.family import FrameWriter, Prompt, Segment
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 
@@ -21,6 +21,7 @@ class Stream:
     max_frames: int  # effective cap (request's, lowered to fit the context length)
     generator: torch.Generator
     segment: Segment
+    writer: FrameWriter  # the stream's rows -> codec frames
     reason: str | None = None  # why it finished: "stop" | "length" | "cancelled" | "error"
     error: str | None = None
 

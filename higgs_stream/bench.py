@@ -81,22 +81,22 @@ def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: 
                               max_frames=steps) for i, t in enumerate(texts)]
     alone = [eager.generate(r) for r in reqs]
     sids = {engine.add(r): i for i, r in enumerate(reqs)}
-    cols: dict[int, list] = {i: [] for i in range(n)}
+    frames: dict[int, list] = {i: [] for i in range(n)}
     open_ = set(sids)
     while open_ or engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                cols[sids[ev.stream_id]].append(ev.column)
+            if ev.frame is not None:
+                frames[sids[ev.stream_id]].append(ev.frame)
             if ev.finished:
                 open_.discard(ev.stream_id)
     rows = []
     for i in range(n):
-        got, want = np.stack(cols[i], axis=1), alone[i]
+        got, want = np.stack(frames[i], axis=1) if frames[i] else np.zeros((8, 0), np.int64), alone[i]
         m = min(got.shape[1], want.shape[1])
         diff = np.nonzero((got[:, :m] != want[:, :m]).any(axis=0))[0]
-        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "columns": int(got.shape[1]),
-                     "columns_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
-                     "first_diff_column": int(diff[0]) if len(diff) else None})
+        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "frames": int(got.shape[1]),
+                     "frames_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
+                     "first_diff_frame": int(diff[0]) if len(diff) else None})
     return {"ras_window": ras_window, "streams": rows, "all_equal": all(r["equal"] for r in rows)}
 
 
@@ -547,7 +547,7 @@ def summarize(r: dict) -> None:
             g = r.get(key)
             if g:
                 print(f"greedy graphed-batched vs eager batch-1 (RAS window {g['ras_window']}): "
-                      + ", ".join(f"{x['columns']}{'=' if x['equal'] else '!=@' + str(x['first_diff_column'])}" for x in g["streams"]))
+                      + ", ".join(f"{x['frames']}{'=' if x['equal'] else '!=@' + str(x['first_diff_frame'])}" for x in g["streams"]))
     if "batch_vs_single_logits" in r:
         print(f"batched vs batch-1 logits (teacher-forced): {r['batch_vs_single_logits']}")
     if "transformers_baseline" in r:

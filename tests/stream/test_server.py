@@ -33,7 +33,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
 
 
 @pytest.fixture(scope="module")

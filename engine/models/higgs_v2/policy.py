@@ -17,7 +17,7 @@ One generated audio segment goes (research/higgs_v2_reference.md §3.5-3.6):
      codebooks < idx become EOS and K - idx - 1 columns follow, column m of them with
      codebooks < idx + m forced to EOS. When the countdown reaches 0 that column is the last one
      (REF then emits the <|audio_eos|> text token; nothing after it is needed for audio).
-* A segment of L columns decodes to L - 9 frames (delay_pattern.columns_to_frames).
+* A segment of L columns decodes to L - 9 frames (delay_pattern.DelayWriter, wrapped).
 
 `SegmentState` is plain Python and knows nothing about models: the host oracle of the device
 rules (device_rules.py). `V2Policy` is the family's `GenerationPolicy` (engine/family.py): prompt
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from higgs_stream.engine.family import Prompt, TokenizerLike
-from higgs_stream.engine.models.delay_pattern import stack_rows
+from higgs_stream.engine.models.delay_pattern import DelayWriter, stack_rows
 from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
 from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -136,14 +136,17 @@ class SegmentState:
 
 
 class V2Segment:
-    """`SegmentState` as the engine's `Segment` (engine/family.py): every call emits exactly one column."""
+    """`SegmentState` as the engine's `Segment` (engine/family.py): every sampled row emits exactly
+    one column; AUDIO_INIT's forced all-BOS column is fed back but not emitted (the family's
+    `DelayWriter` starts with it)."""
 
     def __init__(self, state: SegmentState) -> None:
         self.state = state
         self.k = state.k
 
     def start(self) -> list[Column]:
-        return [self.state.start()]  # AUDIO_INIT: the forced all-BOS column
+        self.state.start()  # AUDIO_INIT: the forced all-BOS column, the next step's input
+        return []
 
     def advance(self, sampled: Sequence[int], ras_candidate: Sequence[int]) -> list[Column]:
         return [self.state.advance(sampled, ras_candidate)]
@@ -165,7 +168,8 @@ class V2Policy:
     """Higgs Audio v2: REF's chat prompt ending in <|audio_out_bos|>, then one column per step.
 
     The prompt's last step is AUDIO_INIT (a forced all-BOS column, no sampling); every decode step
-    feeds the previous column at an <|AUDIO_OUT|> position.
+    feeds the previous column at an <|AUDIO_OUT|> position. Columns become codec frames through a
+    wrapped `DelayWriter` (BOS and EOS frames dropped).
     """
 
     sample_at_prompt_end = False
@@ -184,3 +188,6 @@ class V2Policy:
         return V2Segment(SegmentState(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames,
                                       ras_window=params.ras_window, ras_max_repeat=params.ras_max_repeat,
                                       context_audio=prompt.audio_out))
+
+    def new_writer(self) -> DelayWriter:
+        return DelayWriter(self.cfg.num_codebooks, self.cfg.codebook_size, wrapped=True)

@@ -51,7 +51,7 @@ class HiggsV3:
         return V3Policy(cfg, tokenizer)
 
     def device_rules(self, cfg: TalkerV3Config) -> V3DeviceRules:
-        return V3DeviceRules(cfg.num_codebooks, cfg.codebook_size)
+        return V3DeviceRules(cfg.num_codebooks)
 
     def make_checkpoint(self, out: str | Path, preset: str, layout: str, seed: int) -> Path:
         from higgs_stream.engine.models.higgs_v3.make_checkpoint import make_checkpoint_v3

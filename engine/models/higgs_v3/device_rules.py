@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP
@@ -21,10 +20,8 @@ from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, ST
 class V3DeviceRules:
     uses_ras = False  # the state's RAS window stays empty whatever the request asks
 
-    def __init__(self, num_codebooks: int, codebook_size: int) -> None:
+    def __init__(self, num_codebooks: int) -> None:
         self.k = num_codebooks
-        # the all-EOC column V3Segment appends after a finished stream's last row (the host emits it)
-        self.closing_column = np.full(num_codebooks, codebook_size + 1, np.int64)
 
     def cap(self, max_frames: int) -> int:
         """The frame cap in rows: max_frames + K - 1 (`RowState.max_rows`)."""

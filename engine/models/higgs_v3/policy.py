@@ -15,13 +15,10 @@ independently over all 1026 ids (no logit masking), then:
 The last row is never fed back. RAS is not applied (sglang-omni has none), so
 SamplingParams.ras_* do not affect v3 streams.
 
-Columns. To reuse the v2 consumers unchanged (adapter, `delay.columns_to_frames`, synth: "L
-columns -> L - 9 frames, column 0 all-BOS"), a v3 segment reports its rows wrapped in two
-synthetic columns that no forward produces: an all-BOC column first (v2's AUDIO_INIT column) and
-an all-EOC column after the last row (the stream's final column). R rows thus give R + 2
-columns and R - 7 frames, the frame the synthetic EOC column "completes" being the dropped end
-frame. Stray BOC/EOC inside real frames are replaced by `delay.StrayFill` (the codebook's previous
-valid code) like v2's; sglang-omni and vllm-omni write 0 there.
+Frames. Rows become codec frames through an unwrapped `delay_pattern.DelayWriter`: row r
+completes frame r - 7, so R rows give R - 7 frames, every complete one. Stray BOC/EOC inside real
+frames are replaced by the codebook's previous valid code like v2's; sglang-omni and vllm-omni
+write 0 there.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import numpy as np
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import Prompt, TokenizerLike
-from higgs_stream.engine.models.delay_pattern import stack_rows
+from higgs_stream.engine.models.delay_pattern import DelayWriter, stack_rows
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
 from higgs_stream.engine.models.higgs_v3.prompt import build_prompt_v3
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -85,38 +82,31 @@ class RowState:
 
 
 class V3Segment:
-    """A v3 stream's audio as v2-shaped columns (see the module docstring), for the engine.
+    """A v3 stream's rows, for the engine (`engine/family.py` Segment).
 
-    The engine calls `start()` at the prompt's last chunk, then `advance()` once per sampled row
-    (the first one on the same step); both return the columns to emit, in order.
+    The engine calls `start()` at the prompt's last chunk (nothing to emit: v3 has no forced start
+    row), then `advance()` once per sampled row (the first one on the same step); it returns [row].
     """
 
     def __init__(self, num_codebooks: int = 8, codebook_size: int = 1024, *, max_frames: int) -> None:
         self.state = RowState(num_codebooks, codebook_size, max_frames=max_frames)
         self.k = num_codebooks
-        self.columns: list[tuple[int, ...]] = []
+        self.started = False
 
     def start(self) -> list[tuple[int, ...]]:
-        assert not self.columns, "start() begins the segment and is called once"
-        return self._emit([(self.state.boc,) * self.k])
+        assert not self.started, "start() begins the segment and is called once"
+        self.started = True
+        return []
 
     def advance(self, sampled: Sequence[int], ras_candidate: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-        """One sampled row -> [row], or [row, all-EOC column] when it ends the stream.
-
-        `ras_candidate` is accepted for interface parity with the v2 segment and ignored (no RAS in v3).
-        """
-        assert self.columns, "advance() before start()"
-        row = self.state.advance(sampled)
-        out = [row] + ([(self.state.eoc,) * self.k] if self.state.finished else [])
-        return self._emit(out)
-
-    def _emit(self, cols: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        self.columns.extend(cols)
-        return cols
+        """One sampled row -> [row]. `ras_candidate` is accepted for interface parity with the v2
+        segment and ignored (no RAS in v3)."""
+        assert self.started, "advance() before start()"
+        return [self.state.advance(sampled)]
 
     @property
     def last_column(self) -> tuple[int, ...]:
-        """The row the next step feeds back (never a synthetic column)."""
+        """The row the next step feeds back."""
         return self.state.last_row
 
     @property
@@ -129,17 +119,17 @@ class V3Segment:
 
     @property
     def num_frames(self) -> int:
-        return max(0, len(self.columns) - self.k - 1)
+        return self.state.num_frames
 
     def as_array(self) -> np.ndarray:
-        """[K, L] int64 columns so far."""
-        return stack_rows(self.columns, self.k)
+        """[K, R] int64 rows so far."""
+        return stack_rows(self.state.rows, self.k)
 
 
 class V3Policy:
     """The engine's generation policy for v3 streams (engine/family.py GenerationPolicy)."""
 
-    sample_at_prompt_end = True  # the prompt's last position yields row 0 (v2: a forced BOS column)
+    sample_at_prompt_end = True  # the prompt's last position yields row 0
 
     def __init__(self, cfg: TalkerV3Config, tokenizer: TokenizerLike) -> None:
         if cfg.special is None:
@@ -162,3 +152,5 @@ class V3Policy:
         """The stream's segment (v3 has no RAS and no prompt-audio window: `prompt`/`params` unused)."""
         return V3Segment(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames)
 
+    def new_writer(self) -> DelayWriter:
+        return DelayWriter(self.cfg.num_codebooks, self.cfg.codebook_size, wrapped=False)

@@ -1,4 +1,4 @@
-"""Delay pattern build/revert, prompt-audio wrapping, columns -> frames and stray replacement."""
+"""Delay pattern build/revert, prompt-audio wrapping, the frame writer (columns -> frames) and stray replacement."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transformers import HiggsAudioV2Processor
 from higgs_stream.engine.models.delay_pattern import (
     STREAM_BOS as B,
     STREAM_EOS as E,
-    ColumnReverter,
+    DelayWriter,
     build_delay_pattern,
     columns_to_frames,
     count_stray,
@@ -86,19 +86,50 @@ def test_stray_ids_take_the_previous_valid_code_not_1023():
     assert out.max() < 1024 and 1023 not in out
 
 
-def test_column_reverter_equals_offline():
+def test_delay_writer_equals_offline():
     rng = np.random.default_rng(4)
     frames = rng.integers(0, 1024, size=(8, 20))
     frames[rng.random(frames.shape) < 0.1] = B  # sprinkle strays
     frames[rng.random(frames.shape) < 0.05] = E
     cols = delayed_prompt_audio(frames)
-    cols[:, 0] = B  # (already) the forced BOS column
-    rev = ColumnReverter(8)
-    got = [rev.push(cols[:, i], final=(i == cols.shape[1] - 1)) for i in range(cols.shape[1])]
-    streamed = np.concatenate(got, axis=1)
+    cols[:, 0] = B  # (already) the forced BOS column, which the wrapped writer pushes itself
+    rev = DelayWriter(8, wrapped=True)
+    got = [rev.push(cols[:, i].tolist(), final=(i == cols.shape[1] - 1)) for i in range(1, cols.shape[1])]
+    streamed = np.array([f for f in got if f is not None]).T
     np.testing.assert_array_equal(streamed, columns_to_frames(cols))
     assert rev.num_replaced == count_stray(frames)
     # not finished: same as the offline ended=False view
-    rev2 = ColumnReverter(8)
-    part = np.concatenate([rev2.push(cols[:, i]) for i in range(15)], axis=1)
-    np.testing.assert_array_equal(part, columns_to_frames(cols[:, :15], ended=False))
+    rev2 = DelayWriter(8, wrapped=True)
+    part = [rev2.push(cols[:, i].tolist()) for i in range(1, 15)]
+    np.testing.assert_array_equal(np.array([f for f in part if f is not None]).T,
+                                  columns_to_frames(cols[:, :15], ended=False))
+
+
+def test_wrapped_writer_yields_frame_n_with_column_n_plus_k():
+    """v2: the BOS column is column 0 (the writer's own), frame n (0-based, BOS frame dropped) comes
+    with column n + K, and the final column yields nothing (its frame is the EOS frame)."""
+    frames = np.random.default_rng(5).integers(0, 1024, size=(8, 12))
+    cols = delayed_prompt_audio(frames)  # [8, 21]
+    rev = DelayWriter(8, wrapped=True)
+    assert rev.num_columns == 1
+    at = {i: rev.push(cols[:, i].tolist(), final=i == cols.shape[1] - 1) for i in range(1, cols.shape[1])}
+    assert [i for i, f in at.items() if f is not None] == [n + 8 for n in range(12)]
+    assert all(at[n + 8] == frames[:, n].tolist() for n in range(12))
+
+
+def test_unwrapped_writer_reverts_rows_and_keeps_the_last_frame():
+    """v3: rows are delayed without BOS/EOS frames; R rows give R - K + 1 frames, the final row's included."""
+    rng = np.random.default_rng(6)
+    frames = rng.integers(0, 1024, size=(8, 9))
+    rows = build_delay_pattern(frames)  # [8, 16]: BOC above the diagonal, EOC below
+    rev = DelayWriter(8, wrapped=False)
+    got = [rev.push(rows[:, r].tolist(), final=r == rows.shape[1] - 1) for r in range(rows.shape[1])]
+    assert [r for r, f in enumerate(got) if f is not None] == list(range(7, 16))  # row r completes frame r - 7
+    np.testing.assert_array_equal(np.array([f for f in got if f is not None]).T, frames)
+    assert rev.num_replaced == 0
+    # strays inside a frame: the codebook's previous valid code (0 before any)
+    rows[0, 0] = B
+    rows[1, 9] = E  # frame 8, codebook 1
+    rev = DelayWriter(8, wrapped=False)
+    out = np.array([f for f in (rev.push(c) for c in rows.T.tolist()) if f is not None]).T
+    assert out[0, 0] == 0 and out[1, 8] == frames[1, 7] and rev.num_replaced == 2

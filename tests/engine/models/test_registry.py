@@ -60,7 +60,12 @@ def test_from_pretrained_dispatches_on_model_type(tiny_ckpt, tiny_v3_ckpt):
     seg2 = v2.policy.new_segment(v2.policy.build_prompt(req), req.sampling, 4)
     seg3 = v3.policy.new_segment(v3.policy.build_prompt(req), req.sampling, 4)
     assert isinstance(seg2, V2Segment) and isinstance(seg3, V3Segment)
-    assert seg2.start() == seg3.start() == [(1024,) * 8]  # both open with the all-BOS column
+    assert seg2.start() == seg3.start() == []  # neither emits a start row (v2's all-BOS column is fed back, not emitted)
+    assert seg2.last_column == (1024,) * 8  # ... and it is the next step's input
+    # each family's writer: v2 starts from that column (frame n comes with column n + 8), v3 from row 0 (frame n with row n + 7)
+    w2, w3 = v2.policy.new_writer(), v3.policy.new_writer()
+    assert [w2.push((5,) * 8) for _ in range(8)][-1] == [5] * 8 and w2.num_columns == 9
+    assert [w3.push((5,) * 8) for _ in range(8)][-2:] == [None, [5] * 8]
     # dtype=None keeps the stored dtype (fp32 here), bf16 casts the backbone and the cache
     bf16 = Engine.from_pretrained(str(tiny_v3_ckpt), dtype=torch.bfloat16, config=config)
     assert bf16.talker.dtype == bf16.cache.pool.k.dtype == torch.bfloat16

@@ -1,10 +1,11 @@
-"""End to end on a tiny random v3 checkpoint: load -> engine -> columns -> codec -> waveform.
+"""End to end on a tiny random v3 checkpoint: load -> engine -> rows -> codec frames -> codec -> waveform.
 
 The oracle for the engine wiring is a plain loop written here over the same TalkerV3: one
 prefill of the whole prompt whose last position (the final `<|audio|>`) gives row 0, then one
 `<|audio|>` step per row carrying the previous row, greedy argmax per codebook, RowState for
 the ramp/EOC rules. The engine (chunked prefill, paged KV, batched sampling) must produce the
-same rows.
+same rows (read from each stream's host rule machine; the engine itself emits the codec frames
+the family's writer makes of them).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import torch
 from higgs_stream.engine.batch import StepBatch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.models.delay_pattern import columns_to_frames
+from higgs_stream.engine.models.delay_pattern import DelayWriter
 from higgs_stream.engine.models.higgs_v3.checkpoint import load_codec_v3
 from higgs_stream.engine.models.higgs_v3.policy import RowState
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import Code2WavAdapter
 
-BOC, EOC, K = 1024, 1025, 8
+K = 8
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,21 @@ def oracle_rows(engine: Engine, request: GenerationRequest) -> list[tuple[int, .
         pos += 1
 
 
+def generate_with_rows(engine: Engine, request: GenerationRequest) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """(codec frames [8, F] the engine emits, the rows behind them: its stream's `RowState.rows`)."""
+    gen = engine.stream(request)
+    segment = engine._pending[-1].segment  # add() ran: the stream is queued
+    frames = list(gen)
+    return (np.stack(frames, axis=1) if frames else np.zeros((K, 0), np.int64)), segment.state.rows
+
+
+def rows_to_frames(rows: list[tuple[int, ...]]) -> np.ndarray:
+    """The v3 writer offline: R rows -> R - 7 frames."""
+    writer = DelayWriter(K, 1024, wrapped=False)
+    frames = [f for f in (writer.push(r) for r in rows) if f is not None]
+    return np.array(frames, np.int64).T.reshape(K, len(frames))
+
+
 def greedy(text: str, **kw) -> GenerationRequest:
     return GenerationRequest(text=text, sampling=SamplingParams(temperature=0.0, seed=0), **kw)
 
@@ -76,12 +92,12 @@ def test_greedy_zero_shot_matches_the_oracle_and_decodes(engine, codec):
     req = greedy("Hello there, this is a test.", max_frames=6)
     rows = oracle_rows(engine, req)
     assert len(rows) == 6 + 7
-    wav, cols = synthesize(engine, codec, req)
-    assert cols.shape == (K, len(rows) + 2)
-    assert (cols[:, 0] == BOC).all() and (cols[:, -1] == EOC).all()  # the synthetic wrap columns
-    assert [tuple(c) for c in cols[:, 1:-1].T.tolist()] == rows
+    frames, engine_rows = generate_with_rows(engine, req)
+    assert engine_rows == rows
+    assert frames.shape == (K, len(rows) - 7) and np.array_equal(frames, rows_to_frames(rows))
+    wav, codes = synthesize(engine, codec, req)
+    assert np.array_equal(codes, frames)
     assert wav.shape == (6 * 960,) and wav.dtype == np.float32 and np.isfinite(wav).all()
-    frames = columns_to_frames(cols)
     assert np.array_equal(wav, codec.decode(torch.from_numpy(frames)[None])[0].numpy())
 
 
@@ -93,7 +109,8 @@ def test_voice_clone_through_the_bundled_codec(engine, codec):
     req = greedy("Now in that voice.", reference=Reference(codes=ref_codes, transcript="A sine tone."), max_frames=4)
     prompt = engine.policy.build_prompt(req)
     assert int(prompt.is_audio.sum()) == ref_codes.shape[1] + 7
-    assert oracle_rows(engine, req) == [tuple(c) for c in engine.generate(req)[:, 1:-1].T.tolist()]
+    frames, rows = generate_with_rows(engine, req)
+    assert oracle_rows(engine, req) == rows and np.array_equal(frames, rows_to_frames(rows))
 
 
 def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(engine, codec):
@@ -105,8 +122,8 @@ def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(en
     finished = {}
     while engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                got[ev.stream_id].append(ev.column)
+            if ev.frame is not None:
+                got[ev.stream_id].append(ev.frame)
             if ev.finished:
                 finished[ev.stream_id] = ev.reason
     for sid, cols in zip(sids, alone):
@@ -115,12 +132,12 @@ def test_streams_batched_together_equal_each_alone_and_stream_equals_generate(en
     assert np.array_equal(np.stack(list(engine.stream(reqs[0])), axis=1), alone[0])
     assert engine.cache.allocator.num_used == 0  # every stream's pages were freed
 
-    # the streaming adapter takes v3 columns unchanged and reproduces the one-shot decode
+    # the streaming adapter takes v3 frames like any other and reproduces the one-shot decode
     adapter = Code2WavAdapter(codec)
     last = alone[2].shape[1] - 1
-    chunks = [c for i, col in enumerate(alone[2].T) for c in adapter.push(col, final=i == last)]
+    chunks = [c for i, frame in enumerate(alone[2].T) for c in adapter.push(frame, final=i == last)]
     assert adapter.finish() == []
-    one_shot = codec.decode(torch.from_numpy(columns_to_frames(alone[2]))[None])[0].numpy()
+    one_shot = codec.decode(torch.from_numpy(alone[2])[None])[0].numpy()
     assert np.allclose(np.concatenate(chunks), one_shot, atol=1e-5)
 
 
@@ -138,5 +155,5 @@ def test_non_finite_logits_fail_only_that_stream(ckpt, monkeypatch):
     monkeypatch.setattr(engine.talker.audio, "logits", poisoned)
     events = engine.step()  # both prompts in one prefill step: row 0 sampled for each
     assert [(e.stream_id, e.finished, e.reason) for e in events if e.finished] == [(bad, True, "error")]
-    assert [e.column is not None for e in events if e.stream_id == good] == [True, True]  # BOS column + row 0
+    assert [e for e in events if e.stream_id == good] == []  # row 0 completes no frame (row 7 completes frame 0)
     assert engine.num_active == 1 and engine.cache.allocator.active_seqs == [good]

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from higgs_stream.engine.errors import InvalidInputError
-from higgs_stream.engine.models.delay_pattern import columns_to_frames
 from higgs_stream.engine.models.higgs_v3.config import V3_SPECIAL_TOKEN_STRINGS, TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.models.higgs_v3.make_checkpoint import build_v3_tokenizer
 from higgs_stream.engine.models.higgs_v3.policy import RowState, V3Policy, V3Segment
@@ -137,13 +136,17 @@ def test_state_machine_hand_example():
 
     seg = V3Segment(K, 1024, max_frames=1000)
     cols = seg.start()
-    assert cols == [(BOC,) * K]
+    assert cols == []  # no forced start row: row 0 is sampled at the prompt's end
+    writer = V3Policy(TalkerV3Config.tiny(), None).new_writer()
+    frames_out = []
     frames_after = []
     for r, row in enumerate(sampled):
         assert not seg.finished
         out = seg.advance(row)
         cols += out
+        frames_out += [f for f in (writer.push(c, final=seg.finished) for c in out) if f is not None]
         frames_after.append(seg.state.num_frames)
+        assert len(frames_out) == seg.state.num_frames  # the writer yields each frame when its last row comes
         if r < 8:  # ramp-up: codebooks > r are BOC
             assert out[0] == tuple(row[: r + 1] + [BOC] * (K - r - 1))
         else:
@@ -153,17 +156,17 @@ def test_state_machine_hand_example():
         if 12 < r < 18:
             assert seg.state.eoc_countdown == 18 - r and len(out) == 1
     assert seg.finished and seg.reason == "stop" and len(seg.state.rows) == 19  # E + 7 (vllm-omni: E + 8)
-    assert cols[-1] == (EOC,) * K and len(cols) == 21  # synthetic BOC column + 19 rows + synthetic EOC column
+    assert len(cols) == 19 and cols == [tuple(r) for r in seg.as_array().T.tolist()]  # the rows, nothing synthetic
     assert seg.last_column == tuple(sampled[18])  # the next input would be the last real row
     # row/frame arithmetic: frame f needs rows f .. f + 7, so after row r there are r - 6 frames
     assert frames_after == [0] * 7 + list(range(1, 13))
 
-    frames = columns_to_frames(np.array(cols).T)  # [8, L - 9]
+    frames = np.array(frames_out).T  # [8, R - 7]
     assert frames.shape == (K, 12)  # exactly E frames: no residual frame to trim
     for f in range(12):
         for k in range(K):
             expect = wanted[f + k][k]
-            if expect >= 1024:  # stray ids: the codebook's previous valid code (delay.StrayFill)
+            if expect >= 1024:  # stray ids: the codebook's previous valid code (the writer's stray fill)
                 expect = frames[k, f - 1]
             assert frames[k, f] == expect, (f, k)
     assert frames[0, 3] == wanted[2][0]  # the ramp-window EOC became the previous cb0 code
@@ -173,13 +176,16 @@ def test_state_machine_hand_example():
 
 def test_frame_cap_ends_after_exactly_max_frames():
     seg = V3Segment(K, 1024, max_frames=5)
-    cols = seg.start()
-    n = 0
+    writer = V3Policy(TalkerV3Config.tiny(), None).new_writer()
+    rows = seg.start()
+    n, frames = 0, []
     while not seg.finished:
-        cols += seg.advance([7] * K)
+        out = seg.advance([7] * K)
+        rows += out
+        frames += [f for f in (writer.push(r, final=seg.finished) for r in out) if f is not None]
         n += 1
-    assert n == 5 + 7 and seg.reason == "length"
-    assert columns_to_frames(np.array(cols).T).shape == (K, 5)
+    assert n == 5 + 7 and seg.reason == "length" and len(rows) == n
+    assert np.array(frames).T.shape == (K, 5)
 
 
 def test_eoc_at_first_allowed_row_gives_eight_frames():
