@@ -1,17 +1,16 @@
-"""The batched step engine: one AR step for every active stream per `step()`.
+"""The batched step engine: one AR step for every active stream per `step()`, any model family.
 
-    schedule -> prepare inputs -> forward -> sample -> update per-stream state
+    schedule -> runner: stage + forward (graph replay) + rules -> writers: rows -> codec frames -> events
 
-Prefill chunks and decode tokens of many streams share one ragged forward under a token budget
-(scheduler.py). What differs between model families is the engine's `policy`
-(family.GenerationPolicy, from the family of the talker config, models/registry.py): the prompt,
-the per-stream `Segment` state machine (models/<family>/policy.py), the text id of a decode
-step's input (the fed-back row is its audio codes) and whether the prompt's last position is
-sampled or yields a forced start row only. The engine emits codec frames: each stream's rows go
-through its family's `FrameWriter` (Higgs: the delay-pattern revert), each frame becomes one
-StepEvent, and the stream's end is `finished` on its last frame or an event of its own. Sampling
-with per-stream generators is sampling.py. Each step makes one device->host copy (the sampled ids); nothing in a step waits on
-anything but compute.
+The engine owns what every family and device share: admission (`add`, `cancel`, `pause`,
+`resume`), the scheduler (admission and prefill under a token budget, scheduler.py), one
+`Sequence` per stream (sequence.py), and the step's postprocessing: each stream's rows go through
+its family's `FrameWriter` (Higgs: the delay-pattern revert) into codec frames, one `StepEvent`
+per frame, the stream's end `finished` on its last frame or an event of its own. What differs
+between families is the `policy` (family.GenerationPolicy: prompt, host rule machine, writer, the
+text id of a decode step's input); what differs between devices is the `runner`
+(model_runner.py): `ModelRunner` (the fast path: device-resident rules, CUDA graphs) when a
+`ModelRunnerConfig` is given, else `RefRunner` (ref_runner.py: the plain-torch reference).
 
 Threads: `add()` and `cancel()` only append to queues, so a server may call them from its event
 loop while `step()` runs in a worker thread; `step()` itself must not run twice at once.
@@ -26,20 +25,23 @@ import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
+from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
-from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row, TokenizerLike
+from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerLike
+from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, RowOut, Runner
+from higgs_stream.engine.ref_runner import RefRunner
 from higgs_stream.engine.request import GenerationRequest
-from higgs_stream.engine.sampling import SamplingTensors, make_generator, resolve_seed, sample_columns
-from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
-from higgs_stream.engine.sequence import Stream
+from higgs_stream.engine.sampling import make_generator, resolve_seed
+from higgs_stream.engine.scheduler import Chunk, SchedulerConfig
+from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class EngineConfig:
     max_batch: int = 64  # streams admitted at once
     token_budget: int = 2048  # tokens per forward (decode tokens + prefill chunks)
     max_waiting: int = 256  # queued streams beyond which add() raises CapacityError
-    # Context cap: positions per stream (prompt + fed-back columns). REF's serve engine caps at 8192.
+    # Context cap: positions per stream (prompt + fed-back rows). REF's serve engine caps at 8192.
     # Not derived from config.json's max_position_embeddings (2048 in the transformers-native file).
     max_seq_len: int = DEFAULT_MAX_POSITIONS
     kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
@@ -77,10 +79,6 @@ class StepEvent:
 
 
 class Engine:
-    # KV positions a stream may use beyond `max_kv_tokens` (GpuEngine: one step of lag). add() and
-    # admission both commit `max_kv_tokens + kv_slack`, so a request add() accepts always fits.
-    kv_slack = 0
-
     def __init__(
         self,
         talker: torch.nn.Module,
@@ -88,9 +86,14 @@ class Engine:
         tokenizer: TokenizerLike,
         cache: KVCache,
         config: EngineConfig | None = None,
+        runner: ModelRunnerConfig | None = None,
+        *,
         family: ModelFamily | None = None,
+        fast: FastTalker | None = None,
     ) -> None:
-        """`family`: the model family of `cfg` (models/registry.py finds it when None)."""
+        """`runner`: the fast path's config (`ModelRunner`), None for the plain-torch `RefRunner`.
+        `family`: the model family of `cfg` (models/registry.py finds it when None). `fast`: an
+        existing FastTalker over the same talker for the ModelRunner to share (no second copy)."""
         if family is None:
             from higgs_stream.engine.models.registry import family_of_config
 
@@ -103,24 +106,28 @@ class Engine:
         self.family = family
         self.policy: GenerationPolicy = family.policy(cfg, tokenizer)
         self.device = next(talker.parameters()).device
+        self.max_seq_len = self.config.max_seq_len
+        if runner is None:
+            assert fast is None, "a shared FastTalker is for the ModelRunner"
+            self.runner: Runner = RefRunner(talker, cfg, cache, self.policy)
+        else:
+            self.runner = ModelRunner(talker, cfg, cache, self.policy, family, self.config.max_batch,
+                                      self.max_seq_len, runner, fast)
         alloc = cache.allocator
-        self.scheduler = Scheduler(SchedulerConfig(
+        self.scheduler = self.runner.make_scheduler(SchedulerConfig(
             max_batch=self.config.max_batch, token_budget=self.config.token_budget,
             max_waiting=self.config.max_waiting, num_pages=alloc.num_pages, page_size=alloc.page_size,
         ))
-        self.max_seq_len = self.config.max_seq_len
         self._ids = itertools.count()
-        self._pending: deque[Stream] = deque()  # added, not yet seen by step()
-        self._cancels: deque[int] = deque()
-        self._streams: dict[int, Stream] = {}  # known to the scheduler, not finished
-        self._holds_pages: set[int] = set()
-        self._carry: list[StepEvent] = []  # events produced by a failed step, delivered next step
-        self._outboxes: dict[int, deque[StepEvent]] = {}  # streams driven by stream()/generate()
+        self._pending: deque[Sequence] = deque()  # added, not yet seen by step()
+        self._cancels: deque[int] = deque()  # stream ids (cancel() may run on another thread)
+        self._seqs: dict[int, Sequence] = {}  # id -> live sequence (known to the scheduler, not finished)
+        self._carry: list[tuple[Sequence, StepEvent]] = []  # events of a failed step, delivered next step
 
     @classmethod
     def from_pretrained(
         cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
-        config: EngineConfig | None = None,
+        config: EngineConfig | None = None, runner: ModelRunnerConfig | None = None,
     ) -> Engine:
         """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored."""
         from higgs_stream.engine.models.registry import load_model
@@ -129,13 +136,14 @@ class Engine:
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
                                device=device)
-        return cls(talker, cfg, tokenizer, cache, config)
+        return cls(talker, cfg, tokenizer, cache, config, runner)
 
     # ------------------------------------------------------------------ public API
     def add(self, request: GenerationRequest) -> int:
         """Queue a request; returns its stream id. InvalidInputError / CapacityError when refused."""
         if not isinstance(request, GenerationRequest):
             raise InvalidInputError(f"expected a GenerationRequest, got {type(request).__name__}")
+        self.runner.check(request)
         prompt = self.policy.build_prompt(request)
         room = self.max_seq_len - len(prompt) - self.cfg.num_codebooks  # frames that fit the context length
         if room < 1:
@@ -144,16 +152,17 @@ class Engine:
             raise CapacityError(f"too many streams waiting (max_waiting={self.config.max_waiting})")
         params = resolve_seed(request.sampling)
         max_frames = min(request.max_frames, room)
-        stream = Stream(
+        seq = Sequence(
             sid=next(self._ids), request=request, prompt=prompt, params=params, max_frames=max_frames,
-            generator=make_generator(params.seed, self.device),
             segment=self.policy.new_segment(prompt, params, max_frames), writer=self.policy.new_writer(),
+            generator=make_generator(params.seed, self.device),
         )
-        pages = self.scheduler.config.pages_for(self._kv_commitment(stream))
+        seq.max_tokens = seq.max_kv_tokens + self.runner.kv_slack  # what admission commits
+        pages = self.scheduler.config.pages_for(seq.max_tokens)
         if pages > self.scheduler.config.num_pages:
             raise CapacityError(f"stream may need {pages} KV pages, the cache has {self.scheduler.config.num_pages}")
-        self._pending.append(stream)
-        return stream.sid
+        self._pending.append(seq)
+        return seq.sid
 
     def cancel(self, stream_id: int) -> None:
         """Stop a stream; its pages are freed and its "cancelled" event emitted at the next step.
@@ -164,33 +173,38 @@ class Engine:
 
     def pause(self, stream_id: int) -> None:
         """Skip a decoding stream in the next steps (it keeps its KV pages and state); `resume` it later."""
-        self.scheduler.pause(stream_id)
+        seq = self._seqs.get(stream_id)
+        if seq is not None:
+            self.scheduler.pause(seq)
 
     def resume(self, stream_id: int) -> None:
-        self.scheduler.resume(stream_id)
+        seq = self._seqs.get(stream_id)
+        if seq is not None:
+            self.scheduler.resume(seq)
 
     def has_work(self) -> bool:
         """Something for `step()` to do (paused streams alone are not)."""
-        return bool(self._pending or self._cancels or self._carry or self.scheduler.has_work())
+        return bool(self._pending or self._cancels or self._carry or self.runner.busy or self.scheduler.has_work())
 
     @property
     def num_active(self) -> int:
         """Streams added and not finished (waiting, prefilling or decoding)."""
-        return len(self._pending) + len(self._streams)
+        return len(self._pending) + len(self._seqs)
 
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
         """One AR step for every scheduled stream; returns what happened to each."""
-        events = self._carry + self._admit_and_cancel()
+        out = self._carry + self._admit_and_cancel()
         self._carry = []
         plan = self.scheduler.schedule()
-        if plan:
-            batch = self._prepare_inputs(plan)
-            out = self._forward(plan, batch)
-            draws = self._sample(plan, out)
-            events += self._update(plan, draws)
-        self._deliver(events)
-        return events
+        self._reserve(plan)
+        try:
+            rows = self.runner.run(plan)
+        except Exception as exc:
+            self._carry = [self._finish(s, "error", f"forward failed: {exc!r}") for s in _distinct(c.seq for c in plan)]
+            raise
+        out += self._postprocess(rows)
+        return self._deliver(out)
 
     def stream(self, request: GenerationRequest) -> Iterator[np.ndarray]:
         """Add `request` now and yield its codec frames ([K] int64) as they come, driving step() itself.
@@ -198,10 +212,11 @@ class Engine:
         Events of other streams driven the same way are buffered for them. Closing the generator
         early cancels the stream. Raises CancelledStream / HiggsStreamError if it ends that way.
         """
-        sid = self.add(request)
-        self._outboxes[sid] = deque()
-        gen = self._drive(sid)
-        weakref.finalize(gen, self._abandon, sid)  # dropped without ever being iterated
+        sid = self.add(request)  # through `add`: a wrapper around it (e.g. random_weights.suppress_eos) applies
+        seq = next(s for s in reversed(self._pending) if s.sid == sid)
+        seq.outbox = deque()
+        gen = self._drive(seq)
+        weakref.finalize(gen, self._abandon, seq)  # dropped without ever being iterated
         return gen
 
     def generate(self, request: GenerationRequest) -> np.ndarray:
@@ -210,143 +225,91 @@ class Engine:
         return np.stack(frames, axis=1) if frames else np.zeros((self.cfg.num_codebooks, 0), np.int64)
 
     # ------------------------------------------------------------------ step stages
-    def _admit_and_cancel(self) -> list[StepEvent]:
-        events = []
+    def _admit_and_cancel(self) -> list[tuple[Sequence, StepEvent]]:
+        out = []
         while self._pending:
-            stream = self._pending.popleft()
+            seq = self._pending.popleft()
             try:  # add() checked the queue bound and the pages already; only a race with it can get here
-                self.scheduler.add(stream.sid, stream.prompt_len, self._kv_commitment(stream))
+                self.scheduler.add(seq)
             except CapacityError as exc:
-                events.append(StepEvent(stream.sid, None, True, "error", f"busy: {exc}"))
+                out.append((seq, StepEvent(seq.sid, None, True, "error", f"busy: {exc}")))
                 continue
-            self._streams[stream.sid] = stream
+            self._seqs[seq.sid] = seq
         while self._cancels:
-            sid = self._cancels.popleft()
-            if sid in self._streams:
-                events.append(self._finish(self._streams[sid], "cancelled"))
-        return events
+            seq = self._seqs.get(self._cancels.popleft())
+            if seq is not None:
+                out.append(self._finish(seq, "cancelled"))
+        return out
 
-    def _prepare_inputs(self, plan: list[Chunk]) -> StepBatch:
-        """The ragged host batch of this step; reserves KV pages for its new tokens."""
+    def _reserve(self, plan: list[Chunk]) -> None:
+        """KV pages for this step's new tokens (within the scheduler's commitment)."""
+        alloc = self.cache.allocator
+        for c in plan:
+            alloc.reserve(c.sid, c.end)
+            c.seq.holds_pages = True
+
+    def _postprocess(self, rows: list[RowOut]) -> list[tuple[Sequence, StepEvent]]:
+        """Each sequence's rows -> its writer's codec frames -> events; ended sequences are released."""
         k = self.cfg.num_codebooks
-        ids, codes, is_audio, positions = [], [], [], []
-        for c in plan:
-            s = self._streams[c.sid]
-            self.cache.allocator.reserve(c.sid, c.end)  # within the scheduler's commitment
-            self._holds_pages.add(c.sid)
-            if c.prefill:
-                p = s.prompt
-                ids.append(p.input_ids[c.start:c.end])
-                codes.append(p.audio_codes[c.start:c.end])
-                is_audio.append(p.is_audio[c.start:c.end])
-            else:  # feed back the last column as one audio position
-                ids.append(np.array([self.policy.continuation_id], np.int64))
-                codes.append(np.array(s.segment.last_column, np.int64).reshape(1, k))
-                is_audio.append(np.ones(1, bool))
-            positions.append(np.arange(c.start, c.end, dtype=np.int64))
-        return StepBatch(
-            seq_ids=[c.sid for c in plan], qo_lens=[c.num_tokens for c in plan],
-            input_ids=torch.from_numpy(np.concatenate(ids)),  # [N]
-            audio_codes=torch.from_numpy(np.concatenate(codes)),  # [N, K]
-            is_audio=torch.from_numpy(np.concatenate(is_audio)),  # [N]
-            positions=torch.from_numpy(np.concatenate(positions)),  # [N]
-            want_text=torch.zeros(len(plan), dtype=torch.bool),  # audio is forced: no text head
-            want_audio=torch.tensor([self._wants_audio(c) for c in plan], dtype=torch.bool),  # [B]
-        )
-
-    def _forward(self, plan: list[Chunk], batch: StepBatch) -> StepOutput:
-        try:
-            return self.talker.forward(batch, self.cache)
-        except Exception as exc:
-            self._carry = [self._finish(self._streams[c.sid], "error", f"forward failed: {exc!r}") for c in plan]
-            raise
-
-    def _sample(self, plan: list[Chunk], out: StepOutput) -> np.ndarray:
-        """[S, 2*K + 1] host ids: sampled ids, RAS candidates and a finite-logits flag per sampled row."""
-        rows = [i for i, c in enumerate(plan) if self._wants_audio(c)]
-        if not rows:
-            return np.zeros((0, 2 * self.cfg.num_codebooks + 1), np.int64)
-        streams = [self._streams[plan[i].sid] for i in rows]
-        logits = out.audio_logits[torch.tensor(rows, device=out.audio_logits.device)]  # [S, K, V]
-        st = SamplingTensors.build([s.params for s in streams], self.cfg.audio_vocab, logits.device)
-        draws = sample_columns(logits, st, [s.generator for s in streams])  # [S, 2, K]
-        finite = torch.isfinite(logits).all(dim=2).all(dim=1)  # [S]
-        return torch.cat([draws.flatten(1), finite[:, None].long()], dim=1).cpu().numpy()  # one sync
-
-    def _update(self, plan: list[Chunk], draws: np.ndarray) -> list[StepEvent]:
-        """Advance each stream's segment: `start()` at its prompt's end, `advance()` per sampled row."""
-        k, events, row = self.cfg.num_codebooks, [], 0
-        for c in plan:
-            if c.prefill and not c.last_of_prompt:
+        out: list = []  # (seq, StepEvent) or (seq, frame index or -1, finished)
+        frames: list[list[int]] = []
+        for seq, seq_rows, end, error in rows:
+            if end == "error":
+                out.append(self._finish(seq, "error", error))
                 continue
-            s = self._streams[c.sid]
-            d = None
-            if self._wants_audio(c):
-                d, row = draws[row], row + 1
-                if not d[2 * k]:
-                    events.append(self._finish(s, "error", "non-finite audio logits"))
-                    continue
             try:
-                rows = s.segment.start() if c.prefill else []  # a forced start row is the writer's
-                if d is not None:
-                    rows += s.segment.advance(d[:k], d[k : 2 * k])
-                events += self._frame_events(s, rows)
+                got = [seq.writer.push(r, final=end is not None and i == len(seq_rows) - 1)
+                       for i, r in enumerate(seq_rows)]
             except Exception as exc:  # one stream's failure must not stop the others
-                log.exception("stream %d failed in its state update", s.sid)
-                events.append(self._finish(s, "error", f"state update failed: {exc!r}"))
-        return events
+                log.exception("stream %d failed in its state update", seq.sid)
+                out.append(self._finish(seq, "error", f"state update failed: {exc!r}"))
+                continue
+            got = [f for f in got if f is not None]
+            if end is not None:
+                self._release(seq, end)
+            for i, f in enumerate(got):
+                frames.append(f)
+                out.append((seq, len(frames) - 1, end is not None and i == len(got) - 1))
+            if end is not None and not got:
+                out.append((seq, -1, True))
+        table = np.array(frames, np.int64).reshape(len(frames), k)  # one array for every frame of the step
+        return [e if len(e) == 2 else
+                (e[0], StepEvent(e[0].sid, table[e[1]] if e[1] >= 0 else None, e[2], e[0].reason if e[2] else None))
+                for e in out]
 
     # ------------------------------------------------------------------ helpers
-    def _kv_commitment(self, s: Stream) -> int:
-        """KV positions committed for `s` at admission (what add() checks against the cache)."""
-        return s.max_kv_tokens + self.kv_slack
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> tuple[Sequence, StepEvent]:
+        self._release(seq, reason, error)
+        return seq, StepEvent(seq.sid, None, finished=True, reason=reason, error=error)
 
-    def _wants_audio(self, c: Chunk) -> bool:
-        """Whether this chunk's last position is sampled: every decode step, and the prompt end if the family samples there."""
-        return not c.prefill or (c.last_of_prompt and self.policy.sample_at_prompt_end)
+    def _release(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        seq.reason, seq.error = reason, error
+        self.scheduler.finish(seq)
+        self.runner.release(seq)
+        if seq.holds_pages:
+            self.cache.allocator.free(seq.sid)
+            seq.holds_pages = False
+        del self._seqs[seq.sid]
 
-    def _frame_events(self, s: Stream, rows: list[Row]) -> list[StepEvent]:
-        """One event per codec frame the stream's writer makes of its emitted rows; the segment's
-        end finishes the stream, on its last frame or with an event of its own."""
-        finished = s.segment.finished
-        frames = [s.writer.push(row, final=finished and i == len(rows) - 1) for i, row in enumerate(rows)]
-        events = [StepEvent(s.sid, np.array(f, np.int64), finished=False) for f in frames if f is not None]
-        if finished:
-            self._release(s, s.segment.reason)
-            if events:
-                events[-1] = replace(events[-1], finished=True, reason=s.reason)
-            else:
-                events.append(StepEvent(s.sid, None, finished=True, reason=s.reason))
-        return events
+    @staticmethod
+    def _deliver(out: list[tuple[Sequence, StepEvent]]) -> list[StepEvent]:
+        """Queue each event for the generator driving its stream, if one does; the step's events."""
+        for seq, ev in out:
+            if seq.outbox is not None:
+                seq.outbox.append(ev)
+        return [ev for _, ev in out]
 
-    def _finish(self, s: Stream, reason: str, error: str | None = None) -> StepEvent:
-        self._release(s, reason, error)
-        return StepEvent(s.sid, None, finished=True, reason=reason, error=error)
+    def _abandon(self, seq: Sequence) -> None:
+        if seq.outbox is not None:
+            seq.outbox = None
+            self.cancel(seq.sid)
 
-    def _release(self, s: Stream, reason: str, error: str | None = None) -> None:
-        s.reason, s.error = reason, error
-        self.scheduler.finish(s.sid)
-        if s.sid in self._holds_pages:
-            self.cache.allocator.free(s.sid)
-            self._holds_pages.discard(s.sid)
-        del self._streams[s.sid]
-
-    def _deliver(self, events: list[StepEvent]) -> None:
-        for ev in events:
-            box = self._outboxes.get(ev.stream_id)
-            if box is not None:
-                box.append(ev)
-
-    def _abandon(self, sid: int) -> None:
-        if self._outboxes.pop(sid, None) is not None:
-            self.cancel(sid)
-
-    def _drive(self, sid: int) -> Iterator[np.ndarray]:
-        box, done = self._outboxes[sid], False
+    def _drive(self, seq: Sequence) -> Iterator[np.ndarray]:
+        box, done = seq.outbox, False
         try:
             while not done:
                 if not box:
-                    assert self.has_work(), f"stream {sid} is unfinished but the engine has no work"
+                    assert self.has_work(), f"stream {seq.sid} is unfinished but the engine has no work"
                     self.step()
                     continue
                 ev = box.popleft()
@@ -354,10 +317,33 @@ class Engine:
                 if ev.frame is not None:
                     yield ev.frame
                 if ev.reason == "cancelled":
-                    raise CancelledStream(f"stream {sid} was cancelled")
+                    raise CancelledStream(f"stream {seq.sid} was cancelled")
                 if ev.reason == "error":
-                    raise HiggsStreamError(f"stream {sid} failed: {ev.error}")
+                    raise HiggsStreamError(f"stream {seq.sid} failed: {ev.error}")
         finally:
-            self._outboxes.pop(sid, None)
+            seq.outbox = None
             if not done:
-                self.cancel(sid)
+                self.cancel(seq.sid)
+
+
+def _distinct(seqs: Iterable[Sequence]) -> list[Sequence]:
+    """The live sequences among `seqs`, each once (a plan may hold two chunks of one)."""
+    out: list[Sequence] = []
+    for s in seqs:
+        if not s.finished and all(s is not o for o in out):
+            out.append(s)
+    return out
+
+
+def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast") -> Engine:
+    """The engine `serve` and `synth` run: on CUDA the fast path (`ModelRunner`: Triton + FlashInfer
+    kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`), bf16 unless
+    `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`)."""
+    if torch.device(device).type == "cuda":
+        return Engine.from_pretrained(model, device=device, dtype=dtype or torch.bfloat16, config=config,
+                                      runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
+                                                               kernels=kernels))
+    if not cuda_graphs:
+        log.info("--no-cuda-graphs has no effect on %s", device)
+    return Engine.from_pretrained(model, device=device, dtype=dtype or torch.float32, config=config)

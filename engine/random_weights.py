@@ -9,7 +9,7 @@ Built in memory, no checkpoint written by the caller:
                  CPU (`Engine`) or CUDA (`--kernels ref`: tiny head_dim 16 has no FlashInfer kernel)
     random:full  the released architecture drawn on the GPU (`in_memory_engine`: the family's
                  `random_talker`, models/<family>/random_weights.py) with the full-size codec decoder
-                 (`random_full_codec`, no encoder: no voice cloning); CUDA only (`GpuEngine`)
+                 (`random_full_codec`, no encoder: no voice cloning); CUDA only (the `ModelRunner`)
 
 Random weights never stop by themselves at a sensible point, so the end-of-stream code is made
 unreachable (`suppress_eos`): the EOS rows of the audio head are zeroed (EOS logit exactly 0, the
@@ -58,7 +58,7 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
                  kernels: str = "fast", seed: int = 0) -> tuple[Engine, Any]:
     """(engine, codec) for `random:tiny` or `random:full` of the family `arch` (the registry's
     default when None), EOS suppressed. `config`: the engine's EngineConfig (KV pages, max batch);
-    the rest as `gpu_engine.load_engine`."""
+    the rest as `engine.load_engine`."""
     from higgs_stream.engine.models.registry import DEFAULT_ARCH, family_named
 
     preset = random_preset(model)
@@ -73,7 +73,7 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
         engine, codec = _tiny(arch, device, dtype, config, cuda_graphs, kernels, seed)
     else:
         if torch.device(device).type != "cuda":
-            raise ConfigError(f"{model} runs on CUDA only (GpuEngine, ~8 GB of bf16 weights); "
+            raise ConfigError(f"{model} runs on CUDA only (ModelRunner, ~8 GB of bf16 weights); "
                               f"use {PREFIX}tiny on {device}")
         engine, codec = _full(arch, device, dtype or torch.bfloat16, config, cuda_graphs, kernels, seed)
     log.warning("random %s %s model ready in %.1f s (%s on %s); its output is noise, never speech",
@@ -85,7 +85,7 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
 def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfig, cuda_graphs: bool,
           kernels: str, seed: int) -> tuple[Engine, Any]:
     from higgs_stream.engine.checkpoint_writer import write_checkpoint
-    from higgs_stream.engine.gpu_engine import load_engine
+    from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
 
     tmp = Path(tempfile.mkdtemp(prefix="higgs-random-tiny-"))
@@ -107,9 +107,9 @@ def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda
 
 def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, config: EngineConfig,
                      cuda_graphs: bool = True, kernels: str = "fast", seed: int = 0, eos: bool = False) -> Engine:
-    """A GpuEngine over a random talker drawn in memory (no files), EOS suppressed unless `eos`.
+    """An engine with the ModelRunner over a random talker drawn in memory (no files), EOS suppressed unless `eos`.
     `random:full` uses it with preset "full" on CUDA; tests run it with "tiny" on the CPU (kernels="ref")."""
-    from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
+    from higgs_stream.engine.model_runner import ModelRunnerConfig
     from higgs_stream.engine.kv_cache import KVCache
     from higgs_stream.engine.models.registry import family_named
 
@@ -118,8 +118,8 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
                            device=device)
-    gpu = GpuEngineConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels)
-    engine = GpuEngine(talker, cfg, tokenizer, cache, config, gpu)
+    runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels)
+    engine = Engine(talker, cfg, tokenizer, cache, config, runner)
     if not eos:
         suppress_eos(engine)
     return engine
@@ -153,7 +153,7 @@ def suppress_eos(engine: Engine) -> None:
     every request's top-k at EOS_TOP_K (greedy requests are left alone: logit 0 is never the argmax)."""
     cfg = engine.cfg
     _zero_eos_rows(engine.talker, cfg)
-    fast = getattr(engine, "fast", None)
+    fast = getattr(engine.runner, "fast", None)
     if fast is not None:
         fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
     add = engine.add

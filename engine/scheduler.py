@@ -1,20 +1,24 @@
 """Admission and chunked-prefill scheduling under a token budget (plain Python, no torch).
 
-Every step the scheduler plans one forward:
+Every step the scheduler plans one forward over `Sequence`s (engine/sequence.py):
 
-1. every decoding stream gets 1 token (its last column), oldest first: real-time streams never
+1. every decoding sequence gets 1 token (its last row), oldest first: real-time streams never
    wait behind prefill;
-2. streams part-way through their prompt continue it, in admission order, with what is left of
+2. sequences part-way through their prompt continue it, in admission order, with what is left of
    the token budget;
-3. waiting streams are admitted first-come first-served while a batch slot, budget and KV room
+3. waiting sequences are admitted first-come first-served while a batch slot, budget and KV room
    remain; the queue head is never skipped (no starvation).
 
-A decoding stream can be paused (`pause`/`resume`): it keeps its pages and position and is left
+A decoding sequence can be paused (`pause`/`resume`): it keeps its pages and position and is left
 out of the plan until resumed (the serving layer pauses streams far ahead of their listener).
 
-KV room is committed at admission for the stream's worst case (prompt + every column it may feed
-back, `max_kv_tokens`), so a running stream can never run out of pages mid-utterance and nothing
-is ever preempted. Pages themselves are reserved lazily, step by step, inside that commitment.
+KV room is committed at admission for the sequence's worst case (`Sequence.max_tokens`: prompt +
+every row it may feed back + the runner's slack), so a running sequence can never run out of
+pages mid-utterance and nothing is ever preempted. Pages themselves are reserved lazily, step by
+step, inside that commitment.
+
+`PrefillScheduler` (the model runner's) cuts prompts at multiples of a fixed chunk whatever else
+runs, so a sequence's K/V do not depend on what shares its steps.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from higgs_stream.engine.errors import CapacityError, ConfigError, NotFoundError
+from higgs_stream.engine.sequence import FINISHED, RUNNING, WAITING, Sequence
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch: int = 64  # streams admitted at once (prefilling + decoding)
+    max_batch: int = 64  # sequences admitted at once (prefilling + decoding)
     token_budget: int = 2048  # tokens per forward (decode tokens + prefill chunks)
-    max_waiting: int = 256  # queued streams beyond which add() raises CapacityError
+    max_waiting: int = 256  # queued sequences beyond which add() raises CapacityError
     num_pages: int = 1024  # KV pages in the cache
     page_size: int = 16
 
@@ -41,7 +46,7 @@ class SchedulerConfig:
         if self.token_budget < self.max_batch:
             raise ConfigError(
                 f"token_budget ({self.token_budget}) must be >= max_batch ({self.max_batch}) so every "
-                f"decoding stream gets its token each step"
+                f"decoding sequence gets its token each step"
             )
 
     def pages_for(self, tokens: int) -> int:
@@ -50,133 +55,167 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Tokens [start, start + num_tokens) of one stream run in this step."""
+    """Tokens [start, start + num_tokens) of one sequence run in this step."""
 
-    sid: int
+    seq: Sequence
     start: int
     num_tokens: int
-    prefill: bool  # prompt tokens (else one decode token: the previous column)
-    last_of_prompt: bool  # this chunk ends the prompt: the stream's AUDIO_INIT step
+    prefill: bool  # prompt tokens (else one decode token: the previous row)
+    last_of_prompt: bool  # this chunk ends the prompt: the sequence's AUDIO_INIT step
+
+    @property
+    def sid(self) -> int:
+        return self.seq.sid
 
     @property
     def end(self) -> int:
         return self.start + self.num_tokens
 
 
-@dataclass
-class _Entry:
-    sid: int
-    prompt_len: int
-    max_tokens: int
-    pages: int
-    computed: int = 0  # positions already in the KV cache (or scheduled into it)
-
-    @property
-    def decoding(self) -> bool:
-        return self.computed >= self.prompt_len
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self._waiting: deque[_Entry] = deque()
-        self._running: dict[int, _Entry] = {}  # admission order (dicts keep insertion order)
-        self._paused: set[int] = set()  # running streams left out of decode plans
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order
         self.committed_pages = 0
+        self.num_paused = 0  # running sequences left out of decode plans
 
     # ----- queue management -----
-    def add(self, sid: int, prompt_len: int, max_tokens: int) -> None:
-        """Queue a stream; CapacityError when the waiting queue is full or it can never fit."""
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence (its `max_tokens` set); CapacityError when the queue is full or it can never fit."""
         cfg = self.config
-        assert 1 <= prompt_len <= max_tokens, f"need 1 <= prompt_len ({prompt_len}) <= max_tokens ({max_tokens})"
-        pages = cfg.pages_for(max_tokens)
+        assert 1 <= seq.prompt_len <= seq.max_tokens, (
+            f"need 1 <= prompt_len ({seq.prompt_len}) <= max_tokens ({seq.max_tokens})")
+        pages = cfg.pages_for(seq.max_tokens)
         if pages > cfg.num_pages:
             raise CapacityError(f"stream needs {pages} KV pages at most, the cache has {cfg.num_pages}")
-        if len(self._waiting) >= cfg.max_waiting:
-            raise CapacityError(f"{len(self._waiting)} streams already waiting (max_waiting={cfg.max_waiting})")
-        self._waiting.append(_Entry(sid, prompt_len, max_tokens, pages))
+        if len(self.waiting) >= cfg.max_waiting:
+            raise CapacityError(f"{len(self.waiting)} streams already waiting (max_waiting={cfg.max_waiting})")
+        seq.pages, seq.status = pages, WAITING
+        self.waiting.append(seq)
 
-    def finish(self, sid: int) -> None:
-        """Forget a stream (finished, cancelled or failed) and release its KV commitment."""
-        entry = self._running.pop(sid, None)
-        self._paused.discard(sid)
-        if entry is not None:
-            self.committed_pages -= entry.pages
-            return
-        for entry in self._waiting:
-            if entry.sid == sid:
-                self._waiting.remove(entry)
-                return
-        raise NotFoundError(f"scheduler knows no stream {sid}")
+    def finish(self, seq: Sequence) -> None:
+        """Forget a sequence (finished, cancelled or failed) and release its KV commitment."""
+        if seq.status == RUNNING:
+            self.running.remove(seq)
+            self.committed_pages -= seq.pages
+            self.resume(seq)
+        elif seq.status == WAITING:
+            self.waiting.remove(seq)
+        else:
+            raise NotFoundError(f"scheduler knows no stream {seq.sid}")
+        seq.status = FINISHED
 
-    def pause(self, sid: int) -> None:
-        """Leave a running stream out of the next plans (no-op for one that is not running)."""
-        if sid in self._running:
-            self._paused.add(sid)
+    def pause(self, seq: Sequence) -> None:
+        """Leave a running sequence out of the next plans (no-op for one that is not running)."""
+        if seq.status == RUNNING and not seq.paused:
+            seq.paused = True
+            self.num_paused += 1
 
-    def resume(self, sid: int) -> None:
-        self._paused.discard(sid)
+    def resume(self, seq: Sequence) -> None:
+        if seq.paused:
+            seq.paused = False
+            self.num_paused -= 1
 
     # ----- planning -----
     def schedule(self) -> list[Chunk]:
-        """Plan the next forward and advance each planned stream's position."""
+        """Plan the next forward and advance each planned sequence's position."""
         budget = self.config.token_budget
         plan: list[Chunk] = []
         budget -= self._plan_decodes(plan)  # 1. decode tokens
-        for e in self._running.values():  # 2. unfinished prompts
+        for s in self.running:  # 2. unfinished prompts
             if budget == 0:
                 break
-            if not e.decoding:
-                budget -= self._plan_prefill(e, budget, plan)
-        while budget > 0 and self._waiting and len(self._running) < self.config.max_batch:  # 3. admit
-            head = self._waiting[0]
+            if not s.decoding:
+                budget -= self._plan_prefill(s, budget, plan)
+        while budget > 0 and self.waiting and len(self.running) < self.config.max_batch:  # 3. admit
+            head = self.waiting[0]
             if self.committed_pages + head.pages > self.config.num_pages:
                 break
             budget -= self._plan_prefill(self._admit_head(), budget, plan)
         return plan
 
     def _plan_decodes(self, plan: list[Chunk]) -> int:
-        """One decode token for every running stream whose prompt is done; returns how many."""
+        """One decode token for every running sequence whose prompt is done; returns how many."""
         n = 0
-        paused = self._paused
-        for e in self._running.values():
-            if e.decoding and e.sid not in paused:
-                assert e.computed + 1 <= e.max_tokens, f"stream {e.sid} ran past its {e.max_tokens} positions"
-                plan.append(Chunk(e.sid, e.computed, 1, prefill=False, last_of_prompt=False))
-                e.computed += 1
+        for s in self.running:
+            if s.decoding and not s.paused:
+                assert s.computed + 1 <= s.max_tokens, f"stream {s.sid} ran past its {s.max_tokens} positions"
+                plan.append(Chunk(s, s.computed, 1, prefill=False, last_of_prompt=False))
+                s.computed += 1
                 n += 1
         return n
 
-    def _admit_head(self) -> _Entry:
+    def _admit_head(self) -> Sequence:
         """Move the queue head to running and commit its pages."""
-        head = self._waiting.popleft()
-        self._running[head.sid] = head
+        head = self.waiting.popleft()
+        head.status = RUNNING
+        self.running.append(head)
         self.committed_pages += head.pages
         return head
 
     @staticmethod
-    def _plan_prefill(e: _Entry, budget: int, plan: list[Chunk]) -> int:
-        n = min(e.prompt_len - e.computed, budget)
-        plan.append(Chunk(e.sid, e.computed, n, prefill=True, last_of_prompt=e.computed + n == e.prompt_len))
-        e.computed += n
+    def _plan_prefill(s: Sequence, budget: int, plan: list[Chunk]) -> int:
+        n = min(s.prompt_len - s.computed, budget)
+        plan.append(Chunk(s, s.computed, n, prefill=True, last_of_prompt=s.computed + n == s.prompt_len))
+        s.computed += n
         return n
 
     # ----- introspection -----
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def num_paused(self) -> int:
-        return len(self._paused)
+        return len(self.running)
 
     def has_work(self) -> bool:
-        """Something to plan: a waiting stream, or a running one that is not paused."""
-        return bool(self._waiting) or len(self._running) > len(self._paused)
+        """Something to plan: a waiting sequence, or a running one that is not paused."""
+        return bool(self.waiting) or len(self.running) > self.num_paused
 
-    def is_running(self, sid: int) -> bool:
-        return sid in self._running
+    def is_running(self, seq: Sequence) -> bool:
+        return seq.status == RUNNING
+
+
+class PrefillScheduler(Scheduler):
+    """`Scheduler` whose prompt chunks depend on the prompt alone: a prompt is cut at multiples of
+    `chunk` tokens, and a chunk waits for a step whose budget holds it whole (never split by the
+    budget other sequences left). With chunk < token_budget - max_batch the oldest unfinished
+    prompt always fits, so prefill cannot starve. `fold_first_decode`: a prompt's last chunk
+    brings the sequence's first decode token into the same plan (a forced start row, e.g. Higgs
+    v2's AUDIO_INIT column)."""
+
+    def __init__(self, config: SchedulerConfig, chunk: int, fold_first_decode: bool = False) -> None:
+        super().__init__(config)
+        if not 1 <= chunk < config.token_budget - config.max_batch:
+            raise ConfigError(f"prefill chunk {chunk} must be in 1..token_budget - max_batch - 1 "
+                              f"({config.token_budget} - {config.max_batch} - 1)")
+        self.chunk, self.fold = chunk, fold_first_decode
+
+    def schedule(self) -> list[Chunk]:
+        budget = self.config.token_budget
+        plan: list[Chunk] = []
+        budget -= self._plan_decodes(plan)  # 1. decode tokens
+        for s in self.running:  # 2. unfinished prompts, oldest first
+            if not s.decoding:
+                if min(s.prompt_len - s.computed, self.chunk) > budget:
+                    break
+                budget -= self._chunk_of(s, plan)
+        while self.waiting and len(self.running) < self.config.max_batch:  # 3. admit, queue head first
+            head = self.waiting[0]
+            if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
+                break
+            budget -= self._chunk_of(self._admit_head(), plan)
+        return plan
+
+    def _chunk_of(self, s: Sequence, plan: list[Chunk]) -> int:
+        n = min(s.prompt_len - s.computed, self.chunk)
+        last = s.computed + n == s.prompt_len
+        plan.append(Chunk(s, s.computed, n, prefill=True, last_of_prompt=last))
+        s.computed += n
+        if last and self.fold:
+            plan.append(Chunk(s, s.computed, 1, prefill=False, last_of_prompt=False))
+            s.computed += 1
+            n += 1
+        return n

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from higgs_stream.bench_model import batch_vs_single, logprob_parity
-from higgs_stream.engine.engine import EngineConfig
+from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError
-from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
 from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
@@ -73,7 +73,7 @@ def copy_bandwidth(gib: float = 2.0, reps: int = 20) -> float:
     return 2 * n * 4 / float(np.median(times))
 
 
-def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: int = 200, ras_window: int = 0) -> dict:
+def greedy_batch_parity(engine: Engine, eager: Engine, n: int = 6, steps: int = 200, ras_window: int = 0) -> dict:
     """Greedy codes of n concurrent streams (different prompt lengths, same seeds) through the graphed
     batched engine vs each stream alone through the eager batch-1 engine."""
     texts = [TEXT[: 20 + 37 * i] for i in range(n)]
@@ -101,7 +101,7 @@ def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: 
 
 
 @torch.inference_mode()
-def decode_sweep(engine: GpuEngine, batches: list[int], context: int, weight_bytes: int, bw: float, reps: int = 30) -> list[dict]:
+def decode_sweep(engine: Engine, batches: list[int], context: int, weight_bytes: int, bw: float, reps: int = 30) -> list[dict]:
     """Decode step time at each batch size: graph replay alone (device time) and the full host+device
     step (staging, FlashInfer plan, replay), each stream holding `context` tokens of random K/V."""
     cfg, alloc, ps = engine.cfg, engine.cache.allocator, engine.cache.allocator.page_size
@@ -109,18 +109,18 @@ def decode_sweep(engine: GpuEngine, batches: list[int], context: int, weight_byt
     out = []
     for b in batches:
         sids = [2**40 + i for i in range(b)]
-        slots = [engine._free_slots[-1 - i] for i in range(b)]
+        slots = [engine.runner._free_slots[-1 - i] for i in range(b)]
         for sid in sids:
             alloc.reserve(sid, context)
-        engine.state.start([StreamStart(s, SamplingParams(temperature=0.7, seed=s), 10**6, np.zeros((8, 0), np.int64))
+        engine.runner.state.start([StreamStart(s, SamplingParams(temperature=0.7, seed=s), 10**6, np.zeros((8, 0), np.int64))
                             for s in slots])
         tables = [alloc.page_table(s) for s in sids]
         pos = context - 1
         args = ([pos] * b, [t[pos // ps] * ps + pos % ps for t in tables], slots, tables, [context] * b)
         for _ in range(3):
-            engine.graphs.run(*args)
+            engine.runner.graphs.run(*args)
         torch.cuda.synchronize()
-        graph = engine.graphs._graphs[engine.graphs.bucket_for(b)]
+        graph = engine.runner.graphs._graphs[engine.runner.graphs.bucket_for(b)]
         times = []
         for _ in range(reps):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,17 +131,17 @@ def decode_sweep(engine: GpuEngine, batches: list[int], context: int, weight_byt
             times.append(e0.elapsed_time(e1) / 1e3)
         t0 = time.perf_counter()
         for _ in range(reps):
-            engine.graphs.run(*args)
+            engine.runner.graphs.run(*args)
         torch.cuda.synchronize()
         full = (time.perf_counter() - t0) / reps
         for sid in sids:
             alloc.free(sid)
         for s in slots:
-            engine.state.release(s)
+            engine.runner.state.release(s)
         replay = float(np.median(times))
         floor_w = weight_bytes / bw
         floor_kv = (weight_bytes + b * context * kv_token_bytes) / bw
-        out.append({"batch": b, "bucket": engine.graphs.bucket_for(b), "context": context, "replay_ms": replay * 1e3,
+        out.append({"batch": b, "bucket": engine.runner.graphs.bucket_for(b), "context": context, "replay_ms": replay * 1e3,
                     "step_ms": full * 1e3, "floor_weights_ms": floor_w * 1e3, "floor_weights_kv_ms": floor_kv * 1e3,
                     "replay_over_floor": replay / floor_kv, "frames_per_s": b / full})
         log(f"decode b={b}: replay {replay*1e3:.3f} ms, step {full*1e3:.3f} ms, floor {floor_kv*1e3:.3f} ms")
@@ -149,7 +149,7 @@ def decode_sweep(engine: GpuEngine, batches: list[int], context: int, weight_byt
 
 
 @torch.inference_mode()
-def transformers_baseline(hf: torch.nn.Module, engine: GpuEngine, steps: int = 48) -> dict:
+def transformers_baseline(hf: torch.nn.Module, engine: Engine, steps: int = 48) -> dict:
     """transformers' generate at batch 1 (the reference in bf16, greedy): frames per second."""
     req = GenerationRequest(text=TEXT, sampling=SamplingParams(temperature=0.0))
     prompt = build_prompt(engine.tokenizer, req, 8, 1024)
@@ -167,13 +167,13 @@ def transformers_baseline(hf: torch.nn.Module, engine: GpuEngine, steps: int = 4
 
 
 @torch.inference_mode()
-def profile_decode(engine: GpuEngine, batch: int, context: int = 300, top: int = 12) -> dict:
+def profile_decode(engine: Engine, batch: int, context: int = 300, top: int = 12) -> dict:
     """GPU time per kernel of one eager decode step (the graph's body), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    alloc, ps, g = engine.cache.allocator, engine.cache.allocator.page_size, engine.graphs
+    alloc, ps, g = engine.cache.allocator, engine.cache.allocator.page_size, engine.runner.graphs
     sids = [2**41 + i for i in range(batch)]
-    slots = [engine._free_slots[-1 - i] for i in range(batch)]
+    slots = [engine.runner._free_slots[-1 - i] for i in range(batch)]
     for sid in sids:
         alloc.reserve(sid, context)
     tables = [alloc.page_table(s) for s in sids]
@@ -374,7 +374,7 @@ class _CodecStats:
         return out
 
 
-async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]],
+async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, int]],
                        codec_stream: str = "separate", pacing: dict | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
@@ -459,9 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                           kv_pages=args.kv_pages, page_size=16)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=torch.bfloat16, device="cuda")
     t0 = time.perf_counter()
-    engine = GpuEngine(talker, cfg, tok, cache, config, GpuEngineConfig(cuda_graphs=not args.no_graphs))
+    engine = Engine(talker, cfg, tok, cache, config, ModelRunnerConfig(cuda_graphs=not args.no_graphs))
     result["graph_capture_s"] = time.perf_counter() - t0
-    weight_bytes = engine.fast.audio_step_bytes()
+    weight_bytes = engine.runner.fast.audio_step_bytes()
     result["audio_step_weight_bytes"] = weight_bytes
     result["floor_batch1_ms"] = weight_bytes / bw * 1e3
     log(f"engine ready (capture {result['graph_capture_s']:.1f} s); audio step reads {weight_bytes/1e9:.2f} GB "
@@ -474,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     suppress_eos(engine)  # from here on every stream runs to its frame cap (top-k requests: TOP_K or less)
     if "parity" in sections:
         small = KVCache.create(cfg, num_pages=600, page_size=16, dtype=torch.bfloat16, device="cuda")
-        eager = GpuEngine(talker, cfg, tok, small, EngineConfig(max_batch=1, kv_pages=600, max_seq_len=4096),
-                          GpuEngineConfig(cuda_graphs=False), fast=engine.fast)
+        eager = Engine(talker, cfg, tok, small, EngineConfig(max_batch=1, kv_pages=600, max_seq_len=4096),
+                          ModelRunnerConfig(cuda_graphs=False), fast=engine.runner.fast)
         result["greedy_batch_parity"] = greedy_batch_parity(engine, eager, ras_window=0)
         result["greedy_batch_parity_ras"] = greedy_batch_parity(engine, eager, ras_window=7)
         result["batch_vs_single_logits"] = batch_vs_single(engine, eager)
@@ -495,14 +495,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
     del hf
     torch.cuda.empty_cache()
-    if "profile" in sections and engine.graphs is not None:
+    if "profile" in sections and engine.runner.graphs is not None:
         result["profile"] = [profile_decode(engine, b) for b in (1, 64)]
         for p in result["profile"]:
             log(f"profile b={p['batch']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} us; top: "
                 + "; ".join(f"{k['us']:.0f}us x{k['count']} {k['name'][:40]}" for k in p["top"][:8]))
         save()
 
-    if "decode" in sections and engine.graphs is not None:
+    if "decode" in sections and engine.runner.graphs is not None:
         batches = [int(b) for b in args.batches.split(",")]
         result["decode"] = decode_sweep(engine, batches, args.context, weight_bytes, bw)
         base = result.get("transformers_baseline", {}).get("frames_per_s")

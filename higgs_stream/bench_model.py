@@ -49,7 +49,7 @@ def logprob_parity(hf: torch.nn.Module, engine: Any, steps: int = 24, topk: int 
 
     # ours: two prefill chunks (eager FlashInfer prefill), then graph-replayed decode steps
     sid, alloc, ps = 10**9, engine.cache.allocator, engine.cache.allocator.page_size
-    slot = engine._free_slots[-1]
+    slot = engine.runner._free_slots[-1]
     got = []
     try:
         cut = p // 2
@@ -58,9 +58,9 @@ def logprob_parity(hf: torch.nn.Module, engine: Any, steps: int = 24, topk: int 
             table = alloc.page_table(sid)
             inp = _prefill_inputs(engine, prompt, start, stop, table)
             _plan(engine, [table], [stop], [stop - start])
-            logits = engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v)
+            logits = engine.runner.fast.forward(inp, engine.runner._attn, engine.cache.pool.k, engine.cache.pool.v)
         got.append(logits[0])
-        engine.state.start([StreamStart(slot, SamplingParams(temperature=0.0, ras_window=0, seed=0), 10**6,
+        engine.runner.state.start([StreamStart(slot, SamplingParams(temperature=0.0, ras_window=0, seed=0), 10**6,
                                         np.zeros((cfg.num_codebooks, 0), np.int64))])
         for j in range(steps):
             pos = p + j
@@ -68,18 +68,18 @@ def logprob_parity(hf: torch.nn.Module, engine: Any, steps: int = 24, topk: int 
             table = alloc.page_table(sid)
             kv_slot = table[pos // ps] * ps + pos % ps
             col = torch.from_numpy(cont[j]).to(dev)
-            if engine.graphs is not None:
-                engine.state.last_col[slot] = col
-                engine.graphs.run([pos], [kv_slot], [slot], [table], [pos + 1])
-                got.append(engine.graphs.last_logits(1)[0].clone())
+            if engine.runner.graphs is not None:
+                engine.runner.state.last_col[slot] = col
+                engine.runner.graphs.run([pos], [kv_slot], [slot], [table], [pos + 1])
+                got.append(engine.runner.graphs.last_logits(1)[0].clone())
             else:  # eager (kernels="ref" on the CPU: exercises this harness in tests)
                 t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
                 inp = FastInputs(text_ids=None, codes=col[None], positions=t([pos]), kv_slots=t([kv_slot]),
                                  out_rows=t([0]))
                 _plan(engine, [table], [pos + 1], [1])
-                got.append(engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v)[0])
+                got.append(engine.runner.fast.forward(inp, engine.runner._attn, engine.cache.pool.k, engine.cache.pool.v)[0])
     finally:
-        engine.state.release(slot)
+        engine.runner.state.release(slot)
         alloc.free(sid)
     ours = torch.stack(got)  # [steps + 1, K, V]
     lp_ref, lp_ours = ref.log_softmax(-1), ours.float().log_softmax(-1)
@@ -93,10 +93,10 @@ def logprob_parity(hf: torch.nn.Module, engine: Any, steps: int = 24, topk: int 
 
 def _plan(engine: Any, tables: list[list[int]], kv_lens: list[int], qo_lens: list[int]) -> None:
     ps = engine.cache.allocator.page_size
-    if isinstance(engine._attn, RefAttention):
-        engine._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, ps, engine.device))
+    if isinstance(engine.runner._attn, RefAttention):
+        engine.runner._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, ps, engine.device))
     else:
-        engine._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
+        engine.runner._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
 
 
 def _prefill_inputs(engine: Any, prompt: Any, start: int, stop: int, table: list[int]) -> FastInputs:
@@ -125,9 +125,9 @@ def batch_vs_single(engine: Any, single: Any, n: int = 6, steps: int = 32, seed:
     rng = np.random.default_rng(seed)
     cont = rng.integers(0, cfg.codebook_size, size=(steps, n, cfg.num_codebooks))
     sids = [10**9 + i for i in range(n)]
-    slots = [engine._free_slots[-1 - i] for i in range(n)]
+    slots = [engine.runner._free_slots[-1 - i] for i in range(n)]
     params = SamplingParams(temperature=0.0, ras_window=0, seed=0)
-    engine.state.start([StreamStart(s, params, 10**6, np.zeros((cfg.num_codebooks, 0), np.int64)) for s in slots])
+    engine.runner.state.start([StreamStart(s, params, 10**6, np.zeros((cfg.num_codebooks, 0), np.int64)) for s in slots])
     deltas, flips, margins_at_flips, min_margin = [], 0, [], []
     try:
         for eng in (engine, single):
@@ -145,15 +145,15 @@ def batch_vs_single(engine: Any, single: Any, n: int = 6, steps: int = 32, seed:
                 tables.append(engine.cache.allocator.page_table(sid))
             kv = [t[q // ps] * ps + q % ps for t, q in zip(tables, pos)]
             col = torch.from_numpy(cont[j]).to(dev)
-            if engine.graphs is not None:
-                engine.state.last_col[torch.tensor(slots, device=dev)] = col
-                engine.graphs.run(pos, kv, slots, tables, [q + 1 for q in pos])
-                batched = engine.graphs.last_logits(n).float().clone()
+            if engine.runner.graphs is not None:
+                engine.runner.state.last_col[torch.tensor(slots, device=dev)] = col
+                engine.runner.graphs.run(pos, kv, slots, tables, [q + 1 for q in pos])
+                batched = engine.runner.graphs.last_logits(n).float().clone()
             else:
                 t = lambda a: torch.tensor(a, device=dev)  # noqa: E731
                 _plan(engine, tables, [q + 1 for q in pos], [1] * n)
                 inp = FastInputs(text_ids=None, codes=col, positions=t(pos), kv_slots=t(kv), out_rows=t(list(range(n))))
-                batched = engine.fast.forward(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v).float()
+                batched = engine.runner.fast.forward(inp, engine.runner._attn, engine.cache.pool.k, engine.cache.pool.v).float()
             for i, (sid, q) in enumerate(zip(sids, pos)):
                 alloc = single.cache.allocator
                 alloc.reserve(sid, q + 1)
@@ -162,7 +162,7 @@ def batch_vs_single(engine: Any, single: Any, n: int = 6, steps: int = 32, seed:
                 _plan(single, [table], [q + 1], [1])
                 inp = FastInputs(text_ids=None, codes=col[i:i + 1], positions=t([q]),
                                  kv_slots=t([table[q // ps] * ps + q % ps]), out_rows=t([0]))
-                alone = single.fast.forward(inp, single._attn, single.cache.pool.k, single.cache.pool.v)[0].float()
+                alone = single.runner.fast.forward(inp, single.runner._attn, single.cache.pool.k, single.cache.pool.v)[0].float()
                 deltas.append((alone - batched[i]).abs().max().item())
                 top2 = batched[i].topk(2, dim=-1).values  # [K, 2]
                 margin = top2[:, 0] - top2[:, 1]
@@ -176,7 +176,7 @@ def batch_vs_single(engine: Any, single: Any, n: int = 6, steps: int = 32, seed:
                 if sid in eng.cache.allocator.active_seqs:
                     eng.cache.allocator.free(sid)
         for s in slots:
-            engine.state.release(s)
+            engine.runner.state.release(s)
     return {"streams": n, "steps": steps, "batched_prefill": batched_prefill, "max_abs_delta_logit": max(deltas),
             "first_step_max_abs_delta_logit": max(deltas[:n]),
             "mean_max_abs_delta_logit": float(np.mean(deltas)), "argmax_flips": flips,
@@ -191,7 +191,7 @@ def _prefill(engine: Any, sid: int, prompt: Any) -> None:
     alloc.reserve(sid, p)
     table = alloc.page_table(sid)
     _plan(engine, [table], [p], [p])
-    engine.fast.hidden(_prefill_inputs(engine, prompt, 0, p, table), engine._attn, engine.cache.pool.k,
+    engine.runner.fast.hidden(_prefill_inputs(engine, prompt, 0, p, table), engine.runner._attn, engine.cache.pool.k,
                        engine.cache.pool.v)
 
 
@@ -212,4 +212,4 @@ def _prefill_many(engine: Any, sids: list[int], prompts: list[Any]) -> None:
                      audio_rows=t(np.flatnonzero(audio)), text_rows=t(np.flatnonzero(~audio)),
                      select=t(audio.astype(np.int32)))
     _plan(engine, tables, [len(p) for p in prompts], [len(p) for p in prompts])
-    engine.fast.hidden(inp, engine._attn, engine.cache.pool.k, engine.cache.pool.v)
+    engine.runner.fast.hidden(inp, engine.runner._attn, engine.cache.pool.k, engine.cache.pool.v)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.errors import InvalidInputError
-    from higgs_stream.engine.gpu_engine import load_engine
+    from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize

@@ -6,7 +6,7 @@ set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 420 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/kernels tests/engine/test_gpu_engine_gpu.py tests/stream/test_codec_graphs.py \
+  timeout 420 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/kernels tests/engine/test_model_runner_gpu.py tests/stream/test_codec_graphs.py \
     2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
 fi
 timeout $(( ${BUDGET_S:-570} - SECONDS )) python3 -m higgs_stream.bench --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60

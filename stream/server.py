@@ -417,8 +417,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint_files import resolve_model_dir
-    from higgs_stream.engine.engine import EngineConfig
-    from higgs_stream.engine.gpu_engine import load_engine
+    from higgs_stream.engine.engine import EngineConfig, load_engine
     from higgs_stream.engine.models.registry import load_codec_for
 
     cfg = config_from_args(args)
@@ -438,7 +437,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         if args.arch is not None:
             raise ConfigError("--arch applies to --model random:* only; a checkpoint's config.json names its architecture")
         model_dir = resolve_model_dir(args.model)
-        # cuda: the fast path (GpuEngine, CUDA graphs unless --no-cuda-graphs); cpu: the plain Engine
+        # cuda: the fast path (ModelRunner, CUDA graphs unless --no-cuda-graphs); cpu: the plain-torch RefRunner
         engine = load_engine(str(model_dir), **engine_args)
         codec = load_codec_for(model_dir, args.codec, device=args.device)  # v3: the codec bundled in the checkpoint
     if args.codec_precision == "tf32":

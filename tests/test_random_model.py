@@ -1,6 +1,6 @@
 """`serve --model random:tiny [--arch v2|v3]`: a random-weight model built in memory whose EOS is
 suppressed, so an utterance runs to exactly --max-frames frames (the same model unsuppressed stops
-early for the same seed); random:full's in-memory builder at tiny size on the CPU (GpuEngine with
+early for the same seed); random:full's in-memory builder at tiny size on the CPU (the ModelRunner with
 the plain-torch kernels); random:full refuses the CPU; the hook's argument checks."""
 
 from __future__ import annotations
@@ -86,12 +86,12 @@ async def test_random_tiny_serves_exactly_max_frames(arch, fixture, request, cap
 
 @pytest.mark.parametrize("arch", ["v2", "v3"])
 def test_in_memory_builder_of_random_full_at_tiny_size(arch):
-    """The code path of random:full (talker drawn in memory, GpuEngine, EOS rows zeroed in the fast
+    """The code path of random:full (talker drawn in memory, the ModelRunner, EOS rows zeroed in the fast
     path's head, top-k capped), at tiny size on the CPU with kernels="ref"."""
     config = EngineConfig(kv_pages=256, max_batch=4, token_budget=512)
     engine = in_memory_engine(arch, "tiny", "cpu", torch.float32, config, cuda_graphs=False, kernels="ref")
     cfg = engine.cfg
-    assert not engine.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id].any()
+    assert not engine.runner.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id].any()
     for seed in range(3):
         req = GenerationRequest(TEXT, sampling=SamplingParams(seed=seed), max_frames=40)
         assert engine.generate(req).shape[1] == 40

@@ -9,7 +9,7 @@ import pytest
 def _run_staggered(engine, requests, admit_at, max_steps: int = 500) -> tuple[list[np.ndarray], list[str]]:
     """Add request i at step admit_at[i] and step until every request finished; returns the codec
     frames [K, F] and the finish reason of each request. Any engine with add/step/has_work (the CPU Engine
-    or the GpuEngine, which collects one step late: its trailing steps must yield nothing)."""
+    with either runner; the ModelRunner collects one step late: its trailing steps must yield nothing)."""
     sids: dict[int, int] = {}
     cols: dict[int, list[np.ndarray]] = {}
     reasons: dict[int, str] = {}

@@ -22,7 +22,7 @@ def test_padded_text_prefill_equals_the_eager_forward(tiny_ckpt, n):
     ids = np.random.default_rng(n).integers(0, 500, size=n)
     caches = [KVCache.create(cfg, num_pages=16, page_size=4) for _ in range(2)]
     for c in caches:
-        c.allocator.reserve(-1, 1)  # scratch page first, as in GpuEngine
+        c.allocator.reserve(-1, 1)  # scratch page first, as in the ModelRunner
         c.allocator.reserve(0, n)
     scratch = caches[1].allocator.page_table(-1)[0]
     layout = caches[0].layout([0], [n])

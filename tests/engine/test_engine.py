@@ -140,7 +140,7 @@ def test_stream_yields_the_frames_one_per_step_and_close_cancels(tiny_ckpt, alon
     del never_iterated  # dropped without a single next(): cancelled all the same
     gc.collect()
     assert [(e.finished, e.reason) for e in engine.step()] == [(True, "cancelled")]
-    assert not engine.has_work() and engine.num_active == 0 and not engine._outboxes
+    assert not engine.has_work() and engine.num_active == 0 and not engine._seqs and not engine._pending
 
 
 def test_cancel_frees_pages_and_spares_the_others(tiny_ckpt, alone):
@@ -168,7 +168,7 @@ def test_a_failing_stream_does_not_affect_the_others(tiny_ckpt, alone):
     engine.talker.nan_seq = sids[1]  # non-finite logits for stream 1
     engine.step()
     engine.step()
-    broken = engine._streams[sids[2]].segment  # stream 2: its state update raises
+    broken = engine._seqs[sids[2]].segment  # stream 2: its state update raises
 
     def explode(*args):
         raise RuntimeError("boom")
@@ -241,7 +241,7 @@ def test_generate_raises_when_cancelled_or_failed(tiny_ckpt):
     engine = make_engine(tiny_ckpt)
     gen = engine.stream(REQUESTS[0])
     next(gen)
-    engine.cancel(max(engine._streams))
+    engine.cancel(max(engine._seqs))
     with pytest.raises(CancelledStream):
         list(gen)
     fresh = make_engine(tiny_ckpt)

@@ -1,4 +1,4 @@
-"""Admission and chunked-prefill planning (plain Python: no model, no torch)."""
+"""Admission and chunked-prefill planning over `Sequence`s (plain Python: no model, no torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,43 @@ import random
 import pytest
 
 from higgs_stream.engine.errors import CapacityError, ConfigError, NotFoundError
-from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, Scheduler, SchedulerConfig
+from higgs_stream.engine.sequence import Sequence
+
+
+class _Prompt:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Streams:
+    """A scheduler and the sequences added to it by id (what the engine keeps)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched, self.seqs = sched, {}
+
+    def add(self, sid: int, prompt_len: int, max_tokens: int) -> Sequence:
+        seq = Sequence(sid, request=None, prompt=_Prompt(prompt_len), params=None, max_frames=0, segment=None,
+                       writer=None, max_tokens=max_tokens)
+        self.sched.add(seq)
+        self.seqs[sid] = seq
+        return seq
+
+    def finish(self, sid: int) -> None:
+        self.sched.finish(self.seqs[sid])
+
+    def pause(self, sid: int) -> None:
+        if sid in self.seqs:
+            self.sched.pause(self.seqs[sid])
+
+    def resume(self, sid: int) -> None:
+        self.sched.resume(self.seqs[sid])
+
+    def __getattr__(self, name: str):  # schedule, committed_pages, num_waiting, ...: the scheduler's
+        return getattr(self.sched, name)
 
 
 def plan_of(chunks: list[Chunk]) -> list[tuple[int, int, int, bool, bool]]:
@@ -15,7 +51,7 @@ def plan_of(chunks: list[Chunk]) -> list[tuple[int, int, int, bool, bool]]:
 
 
 def test_chunked_prefill_and_decode_first():
-    s = Scheduler(SchedulerConfig(max_batch=4, token_budget=10, num_pages=100, page_size=4))
+    s = Streams(Scheduler(SchedulerConfig(max_batch=4, token_budget=10, num_pages=100, page_size=4)))
     s.add(0, prompt_len=4, max_tokens=20)
     s.add(1, prompt_len=15, max_tokens=30)
     assert plan_of(s.schedule()) == [(0, 0, 4, True, True), (1, 0, 6, True, False)]
@@ -28,7 +64,7 @@ def test_chunked_prefill_and_decode_first():
 
 
 def test_admission_is_fifo_and_bounded_by_pages_and_batch():
-    s = Scheduler(SchedulerConfig(max_batch=2, token_budget=100, num_pages=10, page_size=4))
+    s = Streams(Scheduler(SchedulerConfig(max_batch=2, token_budget=100, num_pages=10, page_size=4)))
     s.add(0, 4, 16)  # 4 pages
     s.add(1, 4, 24)  # 6 pages
     s.add(2, 4, 4)  # 1 page: would fit, but must not jump the queue... and the batch is full anyway
@@ -39,7 +75,7 @@ def test_admission_is_fifo_and_bounded_by_pages_and_batch():
     assert s.committed_pages == 4
     assert [c.sid for c in s.schedule()] == [0, 2]
 
-    s2 = Scheduler(SchedulerConfig(max_batch=8, token_budget=100, num_pages=10, page_size=4))
+    s2 = Streams(Scheduler(SchedulerConfig(max_batch=8, token_budget=100, num_pages=10, page_size=4)))
     s2.add(0, 4, 32)  # 8 pages
     s2.add(1, 4, 16)  # 4 pages: does not fit next to stream 0
     s2.add(2, 4, 4)  # 1 page: fits, but the head of the queue is never skipped
@@ -49,9 +85,10 @@ def test_admission_is_fifo_and_bounded_by_pages_and_batch():
 
 
 def test_refusals_and_unknown_streams():
-    s = Scheduler(SchedulerConfig(max_batch=1, token_budget=8, max_waiting=2, num_pages=4, page_size=4))
+    s = Streams(Scheduler(SchedulerConfig(max_batch=1, token_budget=8, max_waiting=2, num_pages=4, page_size=4)))
     with pytest.raises(CapacityError, match="KV pages"):
         s.add(0, 4, 17)  # 5 pages > 4
+    assert s.num_waiting == 0
     s.add(1, 4, 8)
     s.add(2, 4, 8)
     with pytest.raises(CapacityError, match="waiting"):
@@ -59,6 +96,7 @@ def test_refusals_and_unknown_streams():
     s.finish(2)  # a waiting stream can be dropped
     with pytest.raises(NotFoundError):
         s.finish(2)
+    assert s.seqs[2].finished
     with pytest.raises(ConfigError):
         SchedulerConfig(max_batch=8, token_budget=4)
     with pytest.raises(ConfigError):
@@ -71,7 +109,7 @@ def test_random_traffic_invariants(seed):
     step after it; budget, batch and page commitments always hold; every stream is eventually served."""
     rng = random.Random(seed)
     cfg = SchedulerConfig(max_batch=5, token_budget=24, max_waiting=100, num_pages=60, page_size=8)
-    s = Scheduler(cfg)
+    s = Streams(Scheduler(cfg))
     streams: dict[int, dict] = {}
     next_id = 0
     for step in range(400):
@@ -102,7 +140,7 @@ def test_random_traffic_invariants(seed):
 
 
 def test_paused_streams_keep_their_place_and_leave_the_plan():
-    s = Scheduler(SchedulerConfig(max_batch=4, token_budget=10, num_pages=100, page_size=4))
+    s = Streams(Scheduler(SchedulerConfig(max_batch=4, token_budget=10, num_pages=100, page_size=4)))
     s.add(0, prompt_len=2, max_tokens=20)
     s.add(1, prompt_len=2, max_tokens=20)
     s.schedule()  # both prompts
@@ -116,3 +154,35 @@ def test_paused_streams_keep_their_place_and_leave_the_plan():
     assert plan_of(s.schedule()) == [(0, 2, 1, False, False)]  # continues where it stopped
     s.finish(1)  # finishing a paused stream forgets the pause
     assert s.num_paused == 0 and s.num_running == 1
+
+
+def test_prefill_chunks_do_not_depend_on_other_streams():
+    """PrefillScheduler: a prompt is cut at multiples of `chunk` whatever else runs; a chunk waits
+    for a budget that holds it whole; decode tokens first; the oldest prompt never starves."""
+
+    def cuts(plans, sid):
+        return [(c.start, c.end) for c in plans if c.sid == sid and c.prefill]
+
+    with pytest.raises(ConfigError):
+        PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=20, num_pages=64), 16)
+    for others in ((), (37, 5), (60, 61, 2)):
+        s = Streams(PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16))
+        plans = []
+        for j, n in enumerate(others):
+            s.add(100 + j, n, n + 200)
+        plans += s.schedule()  # the others start first and take budget
+        s.add(7, 45, 200)
+        for _ in range(30):
+            plan = s.schedule()
+            plans += plan
+            assert sum(c.num_tokens for c in plan) <= 21
+            kinds = [c.prefill for c in plan]
+            assert kinds == sorted(kinds)  # decode tokens first
+        assert cuts(plans, 7) == [(0, 16), (16, 32), (32, 45)], others
+    # a forced start row (v2): the prompt's last chunk brings the first decode token (position 45) into its plan
+    s = Streams(PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16,
+                                 fold_first_decode=True))
+    s.add(7, 45, 200)
+    plans = [s.schedule() for _ in range(4)]
+    assert [(c.start, c.num_tokens, c.prefill) for c in plans[2]] == [(32, 13, True), (45, 1, False)]
+    assert [(c.start, c.prefill) for c in plans[3]] == [(46, False)]

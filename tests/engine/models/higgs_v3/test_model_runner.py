@@ -1,6 +1,6 @@
 """The GPU engine's step logic on a tiny v3 checkpoint, run on the CPU (plain-torch kernels, fp32).
 
-`GpuEngine(kernels="ref", cuda_graphs=False)` over a `TalkerV3` runs the GPU path's code (fused
+`Engine(kernels="ref", cuda_graphs=False)` over a `TalkerV3` runs the GPU path's code (fused
 weights with QK-norm, device-resident v3 row rules, row 0 sampled at the prompt's end inside a
 ragged prefill, one-step-lagged collection, the rows' writer) except the kernels and the graph
 replay. Greedy codec frames must equal the CPU `Engine`'s, frame for frame, with chunked prompts,
@@ -15,13 +15,13 @@ import torch
 
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.fast_talker import FastTalker
-from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
 from higgs_stream.engine.models.higgs_v3.device_rules import V3DeviceRules
 from higgs_stream.engine.models.higgs_v3.talker import TalkerV3
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
-REF = GpuEngineConfig(kernels="ref", cuda_graphs=False)
+REF = ModelRunnerConfig(kernels="ref", cuda_graphs=False)
 K, BOC, EOC = 8, 1024, 1025
 CONFIG = EngineConfig(kv_pages=256, max_batch=8, token_budget=24)  # prompts take several chunks
 
@@ -58,10 +58,10 @@ def stop_code(tiny_v3_ckpt) -> int:
 
 
 def test_from_pretrained_dispatches_to_v3(tiny_v3_ckpt):
-    eng = GpuEngine.from_pretrained(str(tiny_v3_ckpt), device="cpu", dtype=torch.float32, config=CONFIG, gpu=REF)
+    eng = Engine.from_pretrained(str(tiny_v3_ckpt), device="cpu", dtype=torch.float32, config=CONFIG, runner=REF)
     assert isinstance(eng.talker, TalkerV3) and isinstance(eng.cfg, TalkerV3Config)
-    assert isinstance(eng.fast, FastTalker) and eng.fast.layers[0].qk_norm is not None
-    assert isinstance(eng.state.rules, V3DeviceRules) and eng.fast.max_positions > CONFIG.max_seq_len
+    assert isinstance(eng.runner.fast, FastTalker) and eng.runner.fast.layers[0].qk_norm is not None
+    assert isinstance(eng.runner.state.rules, V3DeviceRules) and eng.runner.fast.max_positions > CONFIG.max_seq_len
     assert eng.cache.pool.k.dtype == torch.float32
 
 
@@ -71,7 +71,7 @@ def test_greedy_frames_equal_cpu_engine(tiny_v3_ckpt, stop_code, admit_at, run_s
     other = Engine.from_pretrained(str(tiny_v3_ckpt), config=CONFIG)
     for e in (cpu, other):
         stop_on(e, stop_code)
-    gpu = GpuEngine(other.talker, other.cfg, other.tokenizer, other.cache, CONFIG, REF)
+    gpu = Engine(other.talker, other.cfg, other.tokenizer, other.cache, CONFIG, REF)
     want, want_reasons = run_staggered(cpu, REQUESTS, admit_at)
     got, got_reasons = run_staggered(gpu, REQUESTS, admit_at)
     assert got_reasons == want_reasons
@@ -80,4 +80,4 @@ def test_greedy_frames_equal_cpu_engine(tiny_v3_ckpt, stop_code, admit_at, run_s
     assert "stop" in want_reasons and "length" in want_reasons  # both endings exercised
     for g in got:  # codec frames: real codes only (the writer replaced stray BOC/EOC)
         assert g.shape[0] == K and g.max() < BOC
-    assert gpu.cache.allocator.num_free == CONFIG.kv_pages - 1 and len(gpu._free_slots) == CONFIG.max_batch  # - scratch
+    assert gpu.cache.allocator.num_free == CONFIG.kv_pages - 1 and len(gpu.runner._free_slots) == CONFIG.max_batch  # - scratch

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from higgs_stream.engine.batch import StepBatch
-from higgs_stream.engine.engine import EngineConfig
+from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.fast_talker import FastInputs
-from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config, V3SpecialTokens
 from higgs_stream.engine.models.higgs_v3.talker import TalkerV3
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -53,16 +53,16 @@ def bf16_talker(cfg: TalkerV3Config, ref: TalkerV3) -> TalkerV3:
     return t
 
 
-def engine(tok, cfg, talker, gpu=None, fast=None) -> GpuEngine:
+def engine(tok, cfg, talker, gpu=None, fast=None) -> Engine:
     cache = KVCache.create(cfg, num_pages=400, page_size=16, dtype=torch.bfloat16, device="cuda")
-    return GpuEngine(talker, cfg, tok, cache, EngineConfig(max_batch=8, kv_pages=400, max_seq_len=1024),
-                     gpu or GpuEngineConfig(graph_buckets=(1, 2, 4, 8)), fast=fast)
+    return Engine(talker, cfg, tok, cache, EngineConfig(max_batch=8, kv_pages=400, max_seq_len=1024),
+                  gpu or ModelRunnerConfig(graph_buckets=(1, 2, 4, 8)), fast=fast)
 
 
 @torch.inference_mode()
 def test_bf16_fast_path_tracks_fp32_talker_v3(model):
     tok, cfg, ref = model
-    eng = engine(tok, cfg, bf16_talker(cfg, ref), gpu=GpuEngineConfig(cuda_graphs=False))
+    eng = engine(tok, cfg, bf16_talker(cfg, ref), gpu=ModelRunnerConfig(cuda_graphs=False))
     rng = np.random.default_rng(0)
     req = GenerationRequest("The quick brown fox jumps over the lazy dog.",
                             reference=Reference(rng.integers(0, 1024, (K, 20)), "Good morning, how are you today?"))
@@ -83,13 +83,13 @@ def test_bf16_fast_path_tracks_fp32_talker_v3(model):
     alloc, ps = eng.cache.allocator, eng.cache.allocator.page_size  # ours: one FlashInfer prefill, bf16
     alloc.reserve(7, n)
     table = alloc.page_table(7)
-    eng._attn.plan(HostCSR.build([table], [n], [n], ps), decode=False)
+    eng.runner._attn.plan(HostCSR.build([table], [n], [n], ps), decode=False)
     dev = lambda t: t.to("cuda")  # noqa: E731
     inp = FastInputs(text_ids=dev(ids), codes=dev(codes), positions=dev(torch.arange(n)),
                      kv_slots=dev(torch.tensor([table[i // ps] * ps + i % ps for i in range(n)])),
                      out_rows=dev(torch.arange(p - 1, n)), audio_rows=dev(is_audio.nonzero().flatten()),
                      text_rows=dev((~is_audio).nonzero().flatten()), select=dev(is_audio.int()))
-    got = eng.fast.forward(inp, eng._attn, eng.cache.pool.k, eng.cache.pool.v)  # [steps + 1, K, V] fp32
+    got = eng.runner.fast.forward(inp, eng.runner._attn, eng.cache.pool.k, eng.cache.pool.v)  # [steps + 1, K, V] fp32
 
     lp_ref, lp_ours = want.log_softmax(-1), got.log_softmax(-1)
     top = lp_ref.topk(64, dim=-1).indices
@@ -118,8 +118,8 @@ def test_graphs_equal_eager_v3(model):
     tok, cfg, ref = model
     graphed = engine(tok, cfg, bf16_talker(cfg, ref))
     with torch.no_grad():
-        graphed.fast.audio_head.view(K, V, -1)[:, EOC] = 0
-    eager = engine(tok, cfg, graphed.talker, gpu=GpuEngineConfig(cuda_graphs=False), fast=graphed.fast)
+        graphed.runner.fast.audio_head.view(K, V, -1)[:, EOC] = 0
+    eager = engine(tok, cfg, graphed.talker, gpu=ModelRunnerConfig(cuda_graphs=False), fast=graphed.runner.fast)
     reqs = [GenerationRequest(text="Hello world. " * (1 + 3 * i), max_frames=40,
                               sampling=SamplingParams(temperature=0.0, seed=10 + i)) for i in range(4)]
     a, b = run(graphed, reqs), run(eager, reqs)

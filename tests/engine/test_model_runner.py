@@ -1,6 +1,6 @@
 """The GPU engine's step logic, run on the CPU with the plain-torch kernels (fp32, tiny checkpoint).
 
-`GpuEngine(kernels="ref", cuda_graphs=False)` runs exactly the code the GPU path runs (fused
+`Engine(kernels="ref", cuda_graphs=False)` runs exactly the code the GPU path runs (fused
 weights, device-resident stream state, sample-and-advance, one-step-lagged collection) except
 the kernels and the graph replay. Greedy codes must equal the CPU engine's `Engine`, frame for
 frame, with RAS, ramps and the frame cap active; sampled codes must depend only on the request
@@ -16,17 +16,18 @@ import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, InvalidInputError
 from higgs_stream.engine.fast_talker import FastTalker, KernelUnavailable
-from higgs_stream.engine.gpu_engine import LAG_SLACK, GpuEngine, GpuEngineConfig
+from higgs_stream.engine.model_runner import LAG_SLACK, ModelRunnerConfig
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
-REF = GpuEngineConfig(kernels="ref", cuda_graphs=False)
+REF = ModelRunnerConfig(kernels="ref", cuda_graphs=False)
 
 
-def engines(ckpt, **config) -> tuple[Engine, GpuEngine]:
+def engines(ckpt, **config) -> tuple[Engine, Engine]:
+    """(the reference runner's engine, the model runner's) over the same weights."""
     cfg = EngineConfig(**{"kv_pages": 256, "max_batch": 8, **config})
     cpu = Engine.from_pretrained(str(ckpt), config=cfg)
     other = Engine.from_pretrained(str(ckpt), config=cfg)
-    gpu = GpuEngine(other.talker, other.cfg, other.tokenizer, other.cache, cfg, REF)
+    gpu = Engine(other.talker, other.cfg, other.tokenizer, other.cache, cfg, REF)
     return cpu, gpu
 
 
@@ -36,7 +37,7 @@ def codes(t: int, seed: int) -> np.ndarray:
 
 # Greedy + RAS is not deterministic (RAS candidates are random draws from each engine's own
 # generator), so the engine-level comparison runs greedy with RAS off; the RAS logic itself is
-# compared with SegmentState in tests/engine/test_gpu_sampling.py.
+# compared with SegmentState in tests/engine/models/higgs_v2/test_device_rules.py.
 GREEDY = [
     GenerationRequest(text="Hello world.", sampling=SamplingParams(temperature=0.0, ras_window=0), max_frames=30),
     GenerationRequest(text="The quick brown fox jumps over the lazy dog.",
@@ -124,20 +125,19 @@ def test_cancel_frees_pages_and_slot(tiny_ckpt):
     while gpu.has_work():
         gpu.step()
     assert gpu.cache.allocator.num_free == free_pages
-    assert len(gpu._free_slots) == gpu.config.max_batch
+    assert len(gpu.runner._free_slots) == gpu.config.max_batch
     with pytest.raises(CancelledStream):
-        sid = gpu.add(req)
-        gpu.cancel(sid)
-        gpu._outboxes[sid] = __import__("collections").deque()
-        list(gpu._drive(sid))
+        gen = gpu.stream(req)
+        gpu.cancel(gpu._pending[-1].sid)  # cancelled before its first step
+        list(gen)
 
 
 def test_config_and_input_errors(tiny_ckpt):
     with pytest.raises(ConfigError):
-        GpuEngineConfig(kernels="ref", cuda_graphs=True)
+        ModelRunnerConfig(kernels="ref", cuda_graphs=True)
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):
-        GpuEngine(base.talker, base.cfg, base.tokenizer, base.cache, None, GpuEngineConfig(kernels="fast", cuda_graphs=False))
+        Engine(base.talker, base.cfg, base.tokenizer, base.cache, None, ModelRunnerConfig(kernels="fast", cuda_graphs=False))
     _, gpu = engines(tiny_ckpt)
     with pytest.raises(InvalidInputError, match="ras_window"):
         gpu.add(GenerationRequest(text="Hi.", sampling=SamplingParams(ras_window=40)))
@@ -148,7 +148,7 @@ def test_add_and_admission_commit_the_same_kv_pages(tiny_ckpt):
     the last position is served; one position more is refused by add(), not lost inside step()."""
     cfg = EngineConfig(kv_pages=9, page_size=16, max_batch=2)
     base = Engine.from_pretrained(str(tiny_ckpt), config=cfg)
-    gpu = GpuEngine(base.talker, base.cfg, base.tokenizer, base.cache, cfg, REF)
+    gpu = Engine(base.talker, base.cfg, base.tokenizer, base.cache, cfg, REF)
     text, greedy = "Hello world.", SamplingParams(temperature=0.0, ras_window=0)
     prompt_len = len(gpu.policy.build_prompt(GenerationRequest(text)))
     room = gpu.scheduler.config.num_pages * 16  # 8 pages: the 9th is the graph rows' scratch page
@@ -169,10 +169,10 @@ def test_refused_admission_ends_the_stream_with_an_error_event(tiny_ckpt, monkey
     refused = gpu.add(GenerationRequest("Hi there.", sampling=SamplingParams(seed=2), max_frames=5))
     add = gpu.scheduler.add
 
-    def flaky(sid, prompt_len, max_tokens):
-        if sid == refused:
+    def flaky(seq):
+        if seq.sid == refused:
             raise CapacityError("no room")
-        add(sid, prompt_len, max_tokens)
+        add(seq)
 
     monkeypatch.setattr(gpu.scheduler, "add", flaky)
     ends = {}
@@ -198,59 +198,19 @@ def test_logprob_parity_harness_fp32_cpu():
     hf = random_reference(cfg, "cpu", std=0.1)
     talker = talker_from_reference(hf, cfg, torch.float32)
     cache = KVCache.create(cfg, 64, 16)
-    eng = GpuEngine(talker, cfg, tok, cache, EngineConfig(max_batch=2, kv_pages=64), REF)
+    eng = Engine(talker, cfg, tok, cache, EngineConfig(max_batch=2, kv_pages=64), REF)
     res = logprob_parity(hf, eng, steps=4)
     assert res["mean_abs_delta_nat"] < 1e-5 and res["argmax_agreement"] == 1.0, res
     assert res["ref_logit_std"] > 0.3  # logits far from uniform: the comparison means something
-    assert eng.cache.allocator.num_free == 63 and len(eng._free_slots) == 2  # harness cleaned up
+    assert eng.cache.allocator.num_free == 63 and len(eng.runner._free_slots) == 2  # harness cleaned up
 
 
-def test_prefill_chunks_do_not_depend_on_other_streams():
-    """PrefillScheduler: a prompt is cut at multiples of `chunk` whatever else runs; a chunk waits
-    for a budget that holds it whole; decode tokens first; the oldest prompt never starves."""
-    from higgs_stream.engine.gpu_engine import PrefillScheduler
-    from higgs_stream.engine.scheduler import SchedulerConfig
-
-    def cuts(sched, sid):
-        return [(c.start, c.end) for c in sched.plans if c.sid == sid and c.prefill]
-
-    class Recording(PrefillScheduler):
-        plans: list = []
-
-        def schedule(self):
-            plan = super().schedule()
-            self.plans += plan
-            return plan
-
-    with pytest.raises(ConfigError):
-        PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=20, num_pages=64), 16)
-    for others in ((), (37, 5), (60, 61, 2)):
-        sched = Recording(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16)
-        sched.plans = []
-        for j, n in enumerate(others):
-            sched.add(100 + j, n, n + 200)
-        sched.schedule()  # the others start first and take budget
-        sched.add(7, 45, 200)
-        for _ in range(30):
-            plan = sched.schedule()
-            assert sum(c.num_tokens for c in plan) <= 21
-            kinds = [c.prefill for c in plan]
-            assert kinds == sorted(kinds)  # decode tokens first
-        assert cuts(sched, 7) == [(0, 16), (16, 32), (32, 45)], others
-    # v2: the prompt's last chunk brings the first decode token (position 45) into its plan
-    sched = PrefillScheduler(SchedulerConfig(max_batch=4, token_budget=21, num_pages=256, page_size=4), 16,
-                             fold_first_decode=True)
-    sched.add(7, 45, 200)
-    plans = [sched.schedule() for _ in range(4)]
-    assert [(c.start, c.num_tokens, c.prefill) for c in plans[2]] == [(32, 13, True), (45, 1, False)]
-    assert [(c.start, c.prefill) for c in plans[3]] == [(46, False)]
-
-
-def test_load_engine_picks_the_plain_engine_on_cpu(tiny_ckpt):
-    from higgs_stream.engine.gpu_engine import load_engine
+def test_load_engine_picks_the_reference_runner_on_cpu(tiny_ckpt):
+    from higgs_stream.engine.engine import load_engine
+    from higgs_stream.engine.ref_runner import RefRunner
 
     eng = load_engine(str(tiny_ckpt), device="cpu", cuda_graphs=False)
-    assert type(eng) is Engine and eng.talker.dtype == torch.float32
+    assert type(eng) is Engine and type(eng.runner) is RefRunner and eng.talker.dtype == torch.float32
 
 
 def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):

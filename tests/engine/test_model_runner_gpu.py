@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from higgs_stream.engine.cuda_graph import GraphShapeError
-from higgs_stream.engine.engine import EngineConfig
-from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
+from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
     talker_from_reference,
@@ -39,8 +39,8 @@ def engine(model, dtype=torch.bfloat16, gpu=None, max_batch=8, fast=None, talker
     tok, cfg, hf = model
     talker = talker or talker_from_reference(hf, cfg, dtype)
     cache = KVCache.create(cfg, num_pages=400, page_size=16, dtype=dtype, device="cuda")
-    return GpuEngine(talker, cfg, tok, cache, EngineConfig(max_batch=max_batch, kv_pages=400, max_seq_len=1024),
-                     gpu or GpuEngineConfig(graph_buckets=(1, 2, 4, 8)), fast=fast)
+    return Engine(talker, cfg, tok, cache, EngineConfig(max_batch=max_batch, kv_pages=400, max_seq_len=1024),
+                  gpu or ModelRunnerConfig(graph_buckets=(1, 2, 4, 8)), fast=fast)
 
 
 def test_bf16_fast_path_tracks_fp32_reference(model):
@@ -71,8 +71,8 @@ def test_graphs_equal_eager(model, ras_window):
     frame cap (EOS rows of the random head zeroed): graph replay == eager, frame for frame."""
     graphed = engine(model)
     cfg = graphed.cfg
-    graphed.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
-    eager = engine(model, gpu=GpuEngineConfig(cuda_graphs=False), fast=graphed.fast, talker=graphed.talker)
+    graphed.runner.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
+    eager = engine(model, gpu=ModelRunnerConfig(cuda_graphs=False), fast=graphed.runner.fast, talker=graphed.talker)
     a, b = run(graphed, reqs(ras_window)), run(eager, reqs(ras_window))
     for x, y in zip(a, b):
         assert x.shape[1] == 60 and np.array_equal(x, y)  # the frame cap (69 delay-pattern columns)
@@ -83,9 +83,9 @@ def test_graphs_equal_eager(model, ras_window):
 
 
 def test_batch_above_largest_bucket_raises(model):
-    eng = engine(model, gpu=GpuEngineConfig(graph_buckets=(1, 2, 4, 8)))
+    eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8)))
     with pytest.raises(GraphShapeError):
-        eng.graphs.bucket_for(9)
+        eng.runner.graphs.bucket_for(9)
 
 
 def test_batched_greedy_codes_equal_each_stream_alone(model):
@@ -97,8 +97,8 @@ def test_batched_greedy_codes_equal_each_stream_alone(model):
 
     graphed = engine(model)
     cfg = graphed.cfg
-    graphed.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
-    alone = engine(model, gpu=GpuEngineConfig(cuda_graphs=False), max_batch=1, fast=graphed.fast,
+    graphed.runner.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
+    alone = engine(model, gpu=ModelRunnerConfig(cuda_graphs=False), max_batch=1, fast=graphed.runner.fast,
                    talker=graphed.talker)
     tf = batch_vs_single(graphed, alone)
     assert tf["max_abs_delta_logit"] == 0.0, tf

@@ -1,0 +1,366 @@
+"""The model runner: one step of every scheduled sequence on the device, for any model family.
+
+    stage inputs -> forward (graph replay on decode-only steps) -> sample + the family's row rules
+    -> one async copy of the new rows -> (next call) the rows, for the engine's writers
+
+`Runner` is what the engine (engine.py) calls; two implement it, the way kernels/ keeps a plain
+`*_ref` beside each fast kernel:
+
+* `ModelRunner` (this module): the fast path. Per-stream generation state (last row, ramp/EOS
+  counters, RAS window, seeds, sampling parameters) lives on the device (`DeviceStreamState`, the
+  family's `DeviceRules`), so a decode step feeds its own output back without the host, and a
+  decode step can replay a CUDA graph. `ModelRunnerConfig(kernels="ref", cuda_graphs=False)` runs
+  the identical step logic with the plain-torch kernels on any device.
+* `RefRunner` (ref_runner.py): the plain-torch reference: the talker's own `forward`, sampling
+  with per-stream generators, and the family's host rule machines; the oracle the fast path's
+  tests compare against, and the CPU path.
+
+The host runs one step ahead of the device's results: `run()` launches step t, then waits for step
+t-1's rows (already copied to pinned memory while step t ran) and returns them. A sequence that
+finished at t-1 is therefore scheduled once more at t; the device ignores that row (and the KV
+commitment has one position of slack for it, `kv_slack`).
+
+Decode rows replay a CUDA graph per batch bucket (engine/cuda_graph.py), also in steps that
+prefill other sequences. Prompts are prefilled one sequence per forward, cut at multiples of
+`ModelRunnerConfig.prefill_chunk` tokens whatever else is running (scheduler.PrefillScheduler), so
+a sequence's K/V and logits do not depend on what shares its steps: with batch-invariant decode
+steps, greedy codes of streams served together equal each stream served alone. An all-text first
+chunk (e.g. a Higgs v2 prompt without reference or history) replays a prefill graph per length
+bucket (`PrefillGraphs`); other chunks run eagerly with FlashInfer's paged prefill.
+A family whose prompt end yields a forced start row instead of a sample (`sample_at_prompt_end`
+False: Higgs v2's AUDIO_INIT) has that step folded into the prompt's last step: the first decode
+token (the start row, at the position after the prompt) joins the same step's decode rows, after
+the prefill on the device. The first sampled row so comes one step earlier; the codes are the
+same function of the same inputs. On the CPU, in fp32, with the plain-torch kernels it reproduces
+the reference runner's greedy codes (tests/engine/test_model_runner.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
+from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
+from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.request import GenerationRequest
+from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, Scheduler, SchedulerConfig
+from higgs_stream.engine.sequence import Sequence
+from higgs_stream.engine.talker_config import BackboneConfig
+from higgs_stream.kernels._triton import KernelUnavailableError
+from higgs_stream.kernels.attention import PagedLayout
+from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
+
+SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
+LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
+
+
+# ------------------------------------------------------------------------------ the contract
+class RowOut(NamedTuple):
+    """What a step did for one sequence: the rows it emitted, in order, and its end if it ended."""
+
+    seq: Sequence
+    rows: list[Row]
+    end: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None  # the message when end == "error"
+
+
+class Runner(Protocol):
+    """What the engine calls per step; `ModelRunner` (fast path) or `RefRunner` (plain torch)."""
+
+    kv_slack: int  # KV positions a sequence may be scheduled for beyond `max_kv_tokens`
+
+    def make_scheduler(self, config: SchedulerConfig) -> Scheduler: ...
+
+    def check(self, request: GenerationRequest) -> None: ...  # InvalidInputError for what it cannot serve
+
+    def run(self, plan: list[Chunk]) -> list[RowOut]: ...  # the rows that are ready (maybe a step late)
+
+    @property
+    def busy(self) -> bool: ...  # results still in flight
+
+    def release(self, seq: Sequence) -> None: ...  # the sequence ended: free what the runner holds for it
+
+
+def samples_at(c: Chunk, policy: GenerationPolicy) -> bool:
+    """Whether this chunk's last position is sampled: every decode step, and the prompt end if the
+    family samples there."""
+    return not c.prefill or (c.last_of_prompt and policy.sample_at_prompt_end)
+
+
+# ------------------------------------------------------------------------------ the fast path
+@dataclass(frozen=True)
+class ModelRunnerConfig:
+    kernels: str = "fast"  # "fast" (Triton + FlashInfer, CUDA) | "ref" (plain torch, any device)
+    cuda_graphs: bool = True  # replay decode-only steps from captured graphs (needs kernels="fast")
+    graph_buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    ras_window_max: int = 16  # longest RAS window a request may ask for
+    prefill_chunk: int = 512  # prompt tokens per prefill forward (capped by token_budget - max_batch)
+
+    def __post_init__(self) -> None:
+        if self.kernels not in ("fast", "ref"):
+            raise ConfigError(f"kernels must be 'fast' or 'ref', got {self.kernels!r}")
+        if self.cuda_graphs and self.kernels != "fast":
+            raise ConfigError("cuda_graphs need kernels='fast'")
+        if not self.graph_buckets or min(self.graph_buckets) < 1:
+            raise ConfigError(f"graph_buckets must be positive, got {self.graph_buckets}")
+        if self.ras_window_max < 1:
+            raise ConfigError(f"ras_window_max must be >= 1, got {self.ras_window_max}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+
+@dataclass
+class _Launched:
+    """A step whose decode rows are still on their way to the host."""
+
+    seqs: list[Sequence]  # sampled rows (prompt ends, then decode tokens), in packed-row order
+    host: torch.Tensor  # [B, K + 1] pinned view being filled
+    done: torch.cuda.Event | None
+
+
+class ModelRunner:
+    kv_slack = LAG_SLACK  # a finished sequence is scheduled once more (its row is ignored)
+
+    def __init__(self, talker: torch.nn.Module, cfg: BackboneConfig, cache: KVCache, policy: GenerationPolicy,
+                 family: ModelFamily, max_batch: int, max_seq_len: int, config: ModelRunnerConfig | None = None,
+                 fast: FastTalker | None = None) -> None:
+        """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
+        self.config = config or ModelRunnerConfig()
+        self.cfg, self.cache, self.policy = cfg, cache, policy
+        self.device = dev = next(talker.parameters()).device
+        if self.config.kernels == "fast" and dev.type != "cuda":
+            raise KernelUnavailable(f"the model runner with kernels='fast' needs the model on CUDA, it is on {dev}")
+        positions = max_seq_len + LAG_SLACK + 1
+        if fast is not None and (fast.k.name != self.config.kernels or fast.max_positions < positions):
+            raise ConfigError("the shared FastTalker was built for other kernels or fewer positions")
+        self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions)
+        alloc = cache.allocator
+        alloc.reserve(SCRATCH_SEQ, 1)
+        self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]
+        max_bucket = max(self.config.graph_buckets) if self.config.cuda_graphs else 0
+        if self.config.cuda_graphs and max_bucket < max_batch:
+            raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({max_batch})")
+        self.state = DeviceStreamState(max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
+                                       ras_window_max=self.config.ras_window_max,
+                                       rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast")
+        self._free_slots = list(range(max_batch - 1, -1, -1))
+        self._attn = self._eager_attention()
+        self.graphs: DecodeGraphs | None = None
+        if self.config.cuda_graphs:
+            max_pages = max_batch * -(-max_seq_len // alloc.page_size) + 1
+            self.graphs = DecodeGraphs(self.fast, self.state, cache.pool.k, cache.pool.v, self.scratch_page,
+                                       alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets)
+            with torch.no_grad():
+                self.graphs.capture()
+        self.prefill_graphs: PrefillGraphs | None = None
+        if self.config.kernels == "fast":  # the same padded body, replayed or (no graphs) run eagerly
+            self.prefill_graphs = PrefillGraphs(self.fast, cache.pool.k, cache.pool.v, self.scratch_page,
+                                                alloc.page_size, enabled=self.config.cuda_graphs)
+            with torch.no_grad():
+                self.prefill_graphs.capture()
+        k = cfg.num_codebooks
+        pin = dev.type == "cuda"
+        self._host = [torch.zeros((max_batch, k + 1), dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._parity = 0
+        self._inflight: _Launched | None = None
+        self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
+
+    def _eager_attention(self) -> FlashInferAttention | RefAttention:
+        if self.config.kernels == "ref":
+            return RefAttention(self.cfg.head_dim)
+        try:
+            return FlashInferAttention(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
+                                       self.cache.allocator.page_size, self.device, self.fast.dtype)
+        except KernelUnavailableError as exc:
+            raise KernelUnavailable(str(exc)) from exc
+
+    # ------------------------------------------------------------------ the engine's calls
+    def make_scheduler(self, config: SchedulerConfig) -> PrefillScheduler:
+        # the scratch page is not the scheduler's to commit; a forced start row (v2's AUDIO_INIT
+        # column) is decoded in the prompt's last step
+        sched = replace(config, num_pages=config.num_pages - 1)
+        return PrefillScheduler(sched, min(self.config.prefill_chunk, sched.token_budget - sched.max_batch - 1),
+                                fold_first_decode=not self.policy.sample_at_prompt_end)
+
+    def check(self, request: GenerationRequest) -> None:
+        if request.sampling.ras_window > self.config.ras_window_max:
+            raise InvalidInputError(f"ras_window {request.sampling.ras_window} exceeds this engine's maximum "
+                                    f"{self.config.ras_window_max}")
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None
+
+    def run(self, plan: list[Chunk]) -> list[RowOut]:
+        """Launch this step (if anything is planned), then return the previous step's rows."""
+        launched = self._launch(plan) if plan else None
+        out = self._collect(self._inflight) if self._inflight is not None else []
+        self._inflight = launched
+        return out
+
+    def release(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.state.release(seq.slot)
+            self._free_slots.append(seq.slot)
+            seq.slot = None
+
+    # ------------------------------------------------------------------ stages
+    def _launch(self, plan: list[Chunk]) -> _Launched | None:
+        """Stage, run and start copying back one step; returns it (None: nothing sampled).
+
+        Device order: each prompt chunk in its own forward (one sample-and-advance for the prompts
+        that end, if the family samples there), then the decode rows (one graph replay, or one
+        eager forward), which include the folded first decode token of the prompts that end."""
+        if self._staged is not None:  # host staging buffers of the previous step are free again
+            self._staged.synchronize()
+        decode = [c for c in plan if not c.prefill]
+        prefill = [c for c in plan if c.prefill]
+        ends = [c for c in prefill if samples_at(c, self.policy)]  # prompt ends that are sampled
+        self._start_streams([c for c in prefill if c.last_of_prompt])  # slots before any sampling
+        parts: list[torch.Tensor] = []
+        staged = None
+        if prefill:
+            first = self._prefill(prefill)
+            if first is not None:
+                parts.append(first)
+        if decode and self.graphs is not None:
+            b = self._graph_stage(decode)
+            staged = self._record_staged()  # before the replay: the next step stages while this one runs
+            parts.append(self.graphs.replay(b, len(decode)))
+        elif decode:
+            parts.append(self._eager_decode(decode))
+        self._staged = staged or self._record_staged()
+        if not parts:
+            return None
+        packed = parts[0] if len(parts) == 1 else torch.cat(parts)  # [S, K + 1]
+        host = self._host[self._parity][: packed.shape[0]]
+        self._parity ^= 1
+        host.copy_(packed, non_blocking=True)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return _Launched([c.seq for c in ends + decode], host, done)
+
+    def _kv_slot(self, table: list[int], pos: int) -> int:
+        ps = self.cache.allocator.page_size
+        return table[pos // ps] * ps + pos % ps
+
+    def _graph_stage(self, decode: list[Chunk]) -> int:
+        alloc = self.cache.allocator
+        tables = [alloc.page_table(c.sid) for c in decode]
+        return self.graphs.stage(
+            positions=[c.start for c in decode],
+            kv_slots=[self._kv_slot(t, c.start) for t, c in zip(tables, decode)],
+            slots=[c.seq.slot for c in decode],
+            page_tables=tables, kv_lens=[c.end for c in decode],
+        )
+
+    def _record_staged(self) -> torch.cuda.Event | None:
+        """An event after this step's host->device input copies (the host buffers are then free)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _plan_attention(self, tables: list[list[int]], kv_lens: list[int], qo_lens: list[int]) -> None:
+        ps = self.cache.allocator.page_size
+        if isinstance(self._attn, RefAttention):
+            self._attn.plan_layout(PagedLayout.build(tables, kv_lens, qo_lens, ps, self.device))
+        else:
+            self._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
+
+    def _eager_decode(self, decode: list[Chunk]) -> torch.Tensor:
+        """The graph's body, eagerly, for exactly these rows: one all-audio forward + sampling."""
+        alloc, dev = self.cache.allocator, self.device
+        tables = [alloc.page_table(c.sid) for c in decode]
+        t = lambda a: torch.tensor(a, dtype=torch.long, device=dev)
+        slots = t([c.seq.slot for c in decode])
+        inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=t([c.start for c in decode]),
+                         kv_slots=t([self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)]),
+                         out_rows=t(list(range(len(decode)))))
+        self._plan_attention(tables, [c.end for c in decode], [1] * len(decode))
+        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [D, K, V]
+        return self.state.sample_and_advance(logits, slots, torch.ones(len(decode), dtype=torch.bool, device=dev))
+
+    def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
+        """Each prompt chunk in its own forward: an all-text first chunk through `PrefillGraphs`,
+        others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
+        ends, if the family samples there), else None."""
+        alloc, dev = self.cache.allocator, self.device
+        logits, slots = [], []
+        for c in chunks:
+            p = c.seq.prompt
+            table = alloc.page_table(c.sid)
+            ids, codes, audio = p.input_ids[c.start:c.end], p.audio_codes[c.start:c.end], p.is_audio[c.start:c.end]
+            kv_slots = [self._kv_slot(table, q) for q in range(c.start, c.end)]
+            sampled = samples_at(c, self.policy)
+            pg = self.prefill_graphs
+            if pg is not None and c.start == 0 and c.num_tokens <= pg.max_len and not audio.any():
+                out = pg.run(ids, kv_slots)  # [1, K, V], the graph's buffer
+                if sampled:
+                    logits.append(out.clone())
+            else:
+                out = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)
+                if sampled:
+                    logits.append(out)
+            if sampled:
+                slots.append(c.seq.slot)
+        if not logits:
+            return None
+        sl = torch.tensor(slots, dtype=torch.long, device=dev)
+        return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev))
+
+    def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
+                     kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
+        """One prompt chunk of one sequence, eagerly: K/V, and the last row's logits when sampled."""
+        dev = self.device
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+        all_audio = bool(audio.all())
+        inp = FastInputs(
+            text_ids=None if all_audio else t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
+            kv_slots=t(np.array(kv_slots, np.int64)),
+            out_rows=t(np.array([c.num_tokens - 1] if sampled else [], np.int64)),
+            audio_rows=None if all_audio else t(np.flatnonzero(audio)),
+            text_rows=None if all_audio else t(np.flatnonzero(~audio)),
+            select=None if all_audio else t(audio.astype(np.int32)),
+        )
+        self._plan_attention([table], [c.end], [c.num_tokens])
+        if sampled:
+            return self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [1, K, V]
+        self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)
+        return None
+
+    def _start_streams(self, chunks: list[Chunk]) -> None:
+        """AUDIO_INIT: give each sequence a device slot (a forced start row is its writer's to know)."""
+        starts = []
+        for c in chunks:
+            s = c.seq
+            s.slot = self._free_slots.pop()
+            starts.append(StreamStart(s.slot, s.params, s.max_frames, s.prompt.audio_out))
+        self.state.start(starts)
+
+    def _collect(self, launched: _Launched) -> list[RowOut]:
+        """A launched step's rows, now on the host, in row order (sequences that ended meanwhile skipped)."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        k = self.cfg.num_codebooks
+        rows = launched.host.numpy().tolist()  # [S, K + 1] plain ints: one conversion for the step
+        out = []
+        for seq, row in zip(launched.seqs, rows):
+            status = row[k]
+            if seq.finished or status == IGNORED:  # finished, cancelled or failed meanwhile
+                continue
+            if status == ERROR:
+                out.append(RowOut(seq, [], "error", "non-finite audio logits"))
+            else:
+                out.append(RowOut(seq, [row[:k]], None if status == RUNNING else STATUS_REASON[status]))
+        return out
