@@ -108,7 +108,8 @@ class Engine:
         self.device = next(talker.parameters()).device
         self.max_seq_len = self.config.max_seq_len
         if runner is None:
-            assert fast is None, "a shared FastTalker is for the ModelRunner"
+            if fast is not None:
+                raise ConfigError("a shared FastTalker is for the ModelRunner (pass a ModelRunnerConfig)")
             self.runner: Runner = RefRunner(talker, cfg, cache, self.policy)
         else:
             self.runner = ModelRunner(talker, cfg, cache, self.policy, family, self.config.max_batch,
