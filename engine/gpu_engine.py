@@ -29,6 +29,7 @@ codes (tests/engine/test_gpu_engine.py).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -180,6 +181,7 @@ class GpuEngine(Engine):
         self._parity = 0
         self._inflight: _Launched | None = None
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
+        self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
 
     @classmethod
     def from_pretrained(cls, model: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
@@ -231,7 +233,9 @@ class GpuEngine(Engine):
         prompts that end), then the decode rows (one graph replay, or one eager forward), which
         include v2's first decode token of the prompts that end."""
         if self._staged is not None:  # host staging buffers of the previous step are free again
+            t0 = time.perf_counter()
             self._staged.synchronize()
+            self.wait_s += time.perf_counter() - t0
         alloc = self.cache.allocator
         for c in plan:
             alloc.reserve(c.sid, c.end)  # within the scheduler's commitment
@@ -374,7 +378,9 @@ class GpuEngine(Engine):
 
     def _collect(self, launched: _Launched) -> list[StepEvent]:
         if launched.done is not None:
+            t0 = time.perf_counter()
             launched.done.synchronize()
+            self.wait_s += time.perf_counter() - t0
         packed = launched.host.numpy()
         k, events = self.cfg.num_codebooks, []
         for sid, row in zip(launched.sids, packed):

@@ -6,7 +6,8 @@
 # .baseline/ (git-ignored) holds the previous pipeline's sources, made once here with
 #   mkdir -p .baseline && git archive 6fb90ea engine kernels stream clients higgs_stream | tar -x -C .baseline
 # Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
-# Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip).
+# Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip),
+# BASELINE_DIR (default .baseline: another `git archive` of an older commit, made the same way), BENCH_ARGS.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 budget=${BUDGET_S:-580}
@@ -19,10 +20,11 @@ base=${BASELINE_STREAMS-64,128}
 reserve=$([ -n "$base" ] && echo 170 || echo 0)
 timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-1,16,64,128,256}" \
   ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
-if [ -n "$base" ] && [ -d .baseline ]; then  # the previous pipeline, same card, same call
+bdir=${BASELINE_DIR:-.baseline}
+if [ -n "$base" ] && [ -d "$bdir" ]; then  # the previous pipeline, same card, same call
   mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done
-  for f in .baseline/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+  for d in engine kernels stream clients; do ln -sfn "$PWD/$bdir/$d" /tmp/shim_base/higgs_stream/$d; done
+  for f in "$bdir"/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
     "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \

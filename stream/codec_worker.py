@@ -42,9 +42,8 @@ log = logging.getLogger(__name__)
 CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
 CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
-# graphs; a step outside them runs eagerly. Frames: a 25-frame chunk (+10 flush frames at the end).
+# graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-CODEC_FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 48)
 CODEC_WINDOW_BUCKETS = (1, 2, 4, 8, 16)  # low-latency ramp windows: batch buckets (warmed, graphed)
 CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max streams)
 # Deadline-aware batching: a call waits up to CODEC_HOLD_S for more streams' jobs unless a listener
@@ -87,6 +86,7 @@ class CodecWorker:
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
         self.call_s = 0.0  # EMA of one call's wall time
+        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps)
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -203,7 +203,11 @@ class CodecWorker:
             self._send([self._fail(seg, f"codec decode failed: {exc!r}") for seg in segs])
             return
         finally:
-            took = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            took = t1 - t0
+            if self.trace is not None:
+                self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
+                                   self.code2wav.steps))
             self.busy_s += took
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
         items: list[tuple] = []
@@ -239,7 +243,8 @@ class CodecWorker:
 
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
-            diff = dec.capture(CODEC_BATCH_BUCKETS, CODEC_FRAME_BUCKETS, graphs=self._use_graphs)
+            frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
+            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
@@ -251,7 +256,7 @@ class CodecWorker:
             for b in CODEC_WINDOW_BUCKETS:
                 for w in sorted(lengths):
                     self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
-            count = len(CODEC_BATCH_BUCKETS) * len(CODEC_FRAME_BUCKETS) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
+            count = len(CODEC_BATCH_BUCKETS) * len(frames) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
             if self._use_graphs:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 
@@ -263,6 +268,14 @@ class CodecWorker:
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count
+
+
+def frame_buckets(geometry, steady: int) -> tuple[int, ...]:
+    """Frame widths the stateful steps are padded to: powers of two below the steady chunk (the ramp),
+    the steady chunk itself, and a steady chunk's final push with its look-ahead flush (Higgs v2:
+    1, 2, 4, 8, 16, 25, 35), so the common steps run unpadded."""
+    ramp = [1 << i for i in range(steady.bit_length()) if 1 << i < steady]
+    return tuple(sorted({*ramp, steady, steady + geometry.lookahead_frames}))
 
 
 def cuda_device(device) -> torch.device | None:

@@ -120,6 +120,7 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
+        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s)
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -273,6 +274,7 @@ class Pipeline:
                 log.error("engine still busy %.0f s after stop; leaving it", STOP_GRACE_S)
                 return
             t0 = time.perf_counter()
+            wait0 = getattr(self.engine, "wait_s", 0.0)
             try:
                 events = self.engine.step()
                 self._failures = 0
@@ -281,6 +283,7 @@ class Pipeline:
                 log.exception("engine step failed (%d in a row)", self._failures)
                 time.sleep(min(1.0, 0.05 * self._failures))  # no hot loop on a broken device
                 continue  # the failed streams' error events come with the next step
+            t_step = time.perf_counter()
             rnd = self._route(events)
             self.steps += 1
             self.metrics.steps.inc()
@@ -288,7 +291,10 @@ class Pipeline:
             self.metrics.step_time.observe(time.perf_counter() - t0)
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
-            self.loop_model.observe(len(events), time.perf_counter() - t0)
+            t_end = time.perf_counter()
+            self.loop_model.observe(len(events), t_end - t0)
+            if self.trace is not None:
+                self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0))
 
     def _pace(self) -> float | None:
         """Pause streams far ahead of their listener while the GPU is saturated, resume them in

@@ -61,3 +61,16 @@ def test_collect_returns_at_once_when_a_listener_is_about_to_run_dry(urgent):
         assert waited < 0.4  # no hold: well under the 0.5 s one (a loaded machine may still take a moment)
     else:
         assert waited >= 0.45  # held for the full 0.5 s waiting for more streams, none came
+
+
+def test_frame_buckets_fit_the_ramp_the_steady_chunk_and_its_final_push():
+    from higgs_stream.engine.codec.geometry import CodecGeometry
+    from higgs_stream.stream.codec_worker import frame_buckets
+
+    v2 = CodecGeometry(num_codebooks=8, codebook_size=1024, hop=960, sample_rate=24000, receptive_field=10,
+                       lookahead_samples=9458, causal=False)
+    assert v2.lookahead_frames == 10
+    assert frame_buckets(v2, 25) == (1, 2, 4, 8, 16, 25, 35)
+    causal = CodecGeometry(num_codebooks=16, codebook_size=2048, hop=1920, sample_rate=24000, receptive_field=0,
+                           lookahead_samples=0, causal=True)
+    assert frame_buckets(causal, 16) == (1, 2, 4, 8, 16)
