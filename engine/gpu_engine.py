@@ -182,6 +182,7 @@ class GpuEngine(Engine):
         self._inflight: _Launched | None = None
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
         self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
+        self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
 
     @classmethod
     def from_pretrained(cls, model: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
@@ -254,7 +255,14 @@ class GpuEngine(Engine):
             if decode and self.graphs is not None:
                 b = self._graph_stage(decode)
                 staged = self._record_staged()  # before the replay: the next step stages while this one runs
-                parts.append(self.graphs.replay(b, len(decode)))
+                if self.replay_events is not None:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    parts.append(self.graphs.replay(b, len(decode)))
+                    end.record()
+                    self.replay_events.append((time.perf_counter(), len(decode), start, end))
+                else:
+                    parts.append(self.graphs.replay(b, len(decode)))
             elif decode:
                 parts.append(self._eager_decode(decode))
         except Exception as exc:

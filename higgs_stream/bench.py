@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,7 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
     device waits, then routing) and codec calls, and how much longer a step takes while a codec call runs."""
     steps = [t for t in trace if t[0] == "step"]
     calls = sorted((t for t in trace if t[0] == "codec"), key=lambda t: t[1])
+    replays = [t for t in trace if t[0] == "replay"]  # ("replay", host launch time, rows, device seconds)
     if not steps:
         return {}
     arr = lambda xs: np.asarray(xs, dtype=np.float64) * 1e3
@@ -311,7 +313,20 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_jobs_mean": float(np.mean([c[3] for c in calls])) if calls else 0.0,
             "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
-            "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0}
+            "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
+            **_replay_summary(replays, calls)}
+
+
+def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:
+    """Device time of the talker's decode replays, apart and beside a codec call (GPU contention)."""
+    if not replays:
+        return {}
+    beside = np.array([any(c[1] <= r[1] <= c[2] for c in calls) for r in replays])
+    ms = np.array([r[3] for r in replays]) * 1e3
+    rows = np.array([r[2] for r in replays])
+    return {"replay_ms_mean": float(ms.mean()), "replay_rows_mean": float(rows.mean()),
+            "replay_ms_beside_codec": float(ms[beside].mean()) if beside.any() else None,
+            "replay_ms_alone": float(ms[~beside].mean()) if (~beside).any() else None}
 
 
 async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
@@ -355,9 +370,14 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
     steps0, loop0 = pipeline.steps, pipeline.metrics.step_time.sum
     if trace:
         pipeline.trace = pipeline.codec_worker.trace = []
+        pipeline.engine.replay_events = []
     t_start = loop.time()
     rows = await asyncio.gather(*(one(i) for i in range(n)))
     traced, pipeline.trace, pipeline.codec_worker.trace = pipeline.trace, None, None
+    replays, pipeline.engine.replay_events = getattr(pipeline.engine, "replay_events", None), None
+    if traced and replays:
+        torch.cuda.synchronize()
+        traced = traced + [("replay", t, rows, start.elapsed_time(end) / 1e3) for t, rows, start, end in replays]
     refused = sum(r["reason"] == "busy" for r in rows)
     rows = [r for r in rows if r["reason"] != "busy"] or [{"ttfa": None, "start": t_start, "end": loop.time(),
                                                            "audio_s": 0.0, "underruns": 0, "max_gap_s": 0.0,
@@ -413,7 +433,7 @@ class _CodecStats:
 
 async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]],
                        codec_stream: str = "separate", pacing: dict | None = None, trace: bool = False,
-                       partition_steps: bool = True) -> list[dict]:
+                       partition_steps: bool = True, gil_switch_s: float | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.pipeline import Pipeline
@@ -425,6 +445,9 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
     pipeline.codec_worker.code2wav.partition_steps = partition_steps
     t0 = time.perf_counter()
     await pipeline.start()  # warms the codec up at its bucketed shapes, captures the small ones
+    switch = sys.getswitchinterval()
+    if gil_switch_s is not None:
+        sys.setswitchinterval(gil_switch_s)
     log(f"pipeline started in {time.perf_counter() - t0:.1f} s (codec warm-up, codec stream {codec_stream}, "
         f"graph shapes {len(getattr(pipeline.decoder, 'shapes', ()))}, graph check "
         f"{getattr(pipeline.decoder, 'check_max_abs_diff', None)})")
@@ -439,6 +462,7 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
                 res["repeat"] = r
                 res["codec_stream"] = codec_stream
                 res["partition_steps"] = partition_steps
+                res["gil_switch_ms"] = sys.getswitchinterval() * 1e3
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
                     f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']} in {res['streams_with_underrun']} streams, "
@@ -450,6 +474,7 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
                     + (f"; first steps {[round(x, 2) for x in res['first_steps_ms']]} ms" if n == 1 else "")
                     + (f"; trace {json.dumps(res['trace'])}" if "trace" in res else ""))
     finally:
+        sys.setswitchinterval(switch)
         await pipeline.stop()
         del engine.step  # drop the _Timer (an instance attribute) for the next pipeline
     return out
@@ -472,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run N > 1 with the codec on the talker's CUDA stream")
     ap.add_argument("--compare-codec-partition", action="store_true",
                     help="also run N > 1 with every codec call's pushes in one step (no partition by width)")
+    ap.add_argument("--compare-gil-switch", default="", metavar="MS,...",
+                    help="also run N > 1 with these GIL switch intervals (the pipeline sets 1 ms)")
     ap.add_argument("--trace", action="store_true", help="time every engine step and codec call of N > 1 runs")
     ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
     args = ap.parse_args(argv)
@@ -577,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device
             result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine", trace=args.trace))
             save()
+        for ms in filter(None, args.compare_gil_switch.split(",")):
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, gil_switch_s=float(ms) / 1e3))
+            save()
         if other and args.compare_codec_partition:
             result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, partition_steps=False))
             save()
@@ -609,10 +639,11 @@ def summarize(r: dict) -> None:
         if "speedup_vs_transformers_batch1" in r:
             print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
     if "stream" in r:
-        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'part':>4} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
+        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'part':>4} {'gil':>4} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
               f"{'audio-s/s':>9} {'step ms':>8} {'loop ms':>8} {'codec s':>8} {'wall s':>7}")
         for s in r["stream"]:
             print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {'y' if s.get('partition_steps', True) else 'n':>4} "
+                  f"{s.get('gil_switch_ms', 0):>4.1f} "
                   f"{s['ttfa_p50_ms']:>9.1f} "
                   f"{s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
                   f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f} {s.get('mean_step_ms', 0):>8.2f} "

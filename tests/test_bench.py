@@ -23,3 +23,11 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
     assert s["codec_frames_mean"] == pytest.approx(50.0)
     assert s["codec_busy_share"] == pytest.approx((0.0075 + 0.001) / 0.05)
     assert trace_summary([], 1.0) == {}
+
+
+def test_replay_device_time_beside_and_apart_from_codec_calls():
+    trace = [("step", 0.0, 0.004, 0.005, 8, 0.0), ("codec", 0.010, 0.020, 2, 50, 1),
+             ("replay", 0.001, 8, 0.005), ("replay", 0.012, 8, 0.009), ("replay", 0.030, 4, 0.004)]
+    s = trace_summary(trace, wall_s=0.05)
+    assert s["replay_ms_alone"] == pytest.approx(4.5) and s["replay_ms_beside_codec"] == pytest.approx(9.0)
+    assert s["replay_rows_mean"] == pytest.approx(20 / 3)
