@@ -295,6 +295,7 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
     arr = lambda xs: np.asarray(xs, dtype=np.float64) * 1e3
     wall, engine, wait, route = (arr([t[3] - t[1] for t in steps]), arr([t[2] - t[1] for t in steps]),
                                  arr([t[5] for t in steps]), arr([t[3] - t[2] for t in steps]))
+    prefill = np.array([len(t) > 6 and t[6] > 0 for t in steps])
     overlapped = np.zeros(len(steps), dtype=bool)
     j = 0
     for i, t in enumerate(steps):  # steps and calls are in time order: one pass
@@ -306,6 +307,8 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
     return {"steps": len(steps), "step_ms_p50": pct(wall, 50), "step_ms_p95": pct(wall, 95),
             "engine_host_ms": float((engine - wait).mean()), "engine_wait_ms": float(wait.mean()),
             "route_ms": float(route.mean()),
+            "step_ms_with_prefill": _mean(wall[prefill]), "step_ms_without_prefill": _mean(wall[~prefill]),
+            "share_of_steps_with_prefill": float(prefill.mean()),
             "step_ms_with_codec": float(wall[overlapped].mean()) if overlapped.any() else None,
             "step_ms_without_codec": float(wall[~overlapped].mean()) if (~overlapped).any() else None,
             "share_of_steps_with_codec": float(overlapped.mean()),
@@ -315,6 +318,10 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
             "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
             **_replay_summary(replays, calls)}
+
+
+def _mean(a: np.ndarray) -> float | None:
+    return float(a.mean()) if a.size else None
 
 
 def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:

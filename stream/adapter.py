@@ -63,6 +63,21 @@ class PushJob:
 Job = WindowJob | PushJob
 
 
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """`t` as float32 numpy. From a GPU: one asynchronous copy into pinned memory and a wait on its event
+    (a plain `.cpu()` copies into pageable memory: the driver stages it synchronously, and the talker's
+    thread shares that driver)."""
+    t = t.detach()
+    if t.device.type != "cuda":
+        return t.to(torch.float32).numpy()
+    host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.numpy()
+
+
 def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                    batch_buckets: Sequence[int] | None = None) -> list[np.ndarray]:
     """One-shot decode of ramp windows, one codec call per distinct window length (windows are
@@ -84,7 +99,7 @@ def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                 batch[row] = jobs[i].codes
             out = decode(torch.from_numpy(batch))  # [B, W * hop]
             assert tuple(out.shape) == (rows, length * hop), f"decoder returned {tuple(out.shape)} for {batch.shape}"
-            pcm = out[: len(part)].detach().to("cpu", torch.float32).numpy()
+            pcm = to_host(out[: len(part)])
             for row, i in enumerate(part):
                 job = jobs[i]
                 chunks[i] = pcm[row, job.left * hop : (job.left + job.new) * hop].copy()
@@ -155,7 +170,7 @@ class Code2Wav:
             step = self.streaming.step([slots[r] for r in group], torch.from_numpy(batch), [valid[r] for r in group],
                                        [final[r] for r in group])
             self.steps += 1
-            audio = step.audio.detach().to("cpu", torch.float32).numpy()  # one copy for the step's rows
+            audio = to_host(step.audio)  # one copy for the step's rows
             for b, r in enumerate(group):
                 members = rows[owners[r]]
                 first = jobs[members[0]].push.out_from

@@ -120,7 +120,7 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
-        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s)
+        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s, prefills)
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -294,7 +294,8 @@ class Pipeline:
             t_end = time.perf_counter()
             self.loop_model.observe(len(events), t_end - t0)
             if self.trace is not None:
-                self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0))
+                self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
+                                   getattr(self.engine, "last_prefill", 0)))
 
     def _pace(self) -> float | None:
         """Pause streams far ahead of their listener while the GPU is saturated, resume them in

@@ -9,7 +9,7 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
         ("step", 0.000, 0.004, 0.005, 8, 0.001),
         ("codec", 0.0045, 0.012, 3, 75, 1),
         ("step", 0.005, 0.013, 0.014, 8, 0.006),  # overlaps the call
-        ("step", 0.020, 0.024, 0.025, 8, 0.001),
+        ("step", 0.020, 0.024, 0.025, 8, 0.001, 2),  # two prompt chunks in this step
         ("codec", 0.030, 0.031, 1, 25, 3),  # two steps in this call (partition)
     ]
     s = trace_summary(trace, wall_s=0.05)
@@ -22,6 +22,8 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
     assert s["step_ms_without_codec"] == pytest.approx(5.0)
     assert s["codec_frames_mean"] == pytest.approx(50.0)
     assert s["codec_busy_share"] == pytest.approx((0.0075 + 0.001) / 0.05)
+    assert s["step_ms_with_prefill"] == pytest.approx(5.0) and s["share_of_steps_with_prefill"] == pytest.approx(1 / 3)
+    assert s["step_ms_without_prefill"] == pytest.approx((5 + 9) / 2)
     assert trace_summary([], 1.0) == {}
 
 
