@@ -336,7 +336,7 @@ class Pipeline:
     def _route(self, events) -> Round:
         """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
-        rnd = Round([], [], [])
+        rnd = Round([], [], [], [])
         now = time.monotonic()
         with self._lock:  # one acquisition per step
             segs = [self._segments.get(ev.stream_id) for ev in events]
@@ -366,9 +366,12 @@ class Pipeline:
                         raise refused[i]
                     jobs = seg.adapter.take_jobs()
                     if jobs:
-                        seg.deadline = seg.clock.deadline(now)  # the codec serves the driest first
                         rnd.jobs += jobs
                         rnd.owners += [seg] * len(jobs)
+                        deadline = seg.clock.deadline(now)  # when the listener runs dry without them
+                        for job in jobs:
+                            rnd.deadlines.append(deadline)
+                            deadline = max(deadline, now) + _job_samples(job, self.geometry.hop) / SAMPLE_RATE
                         seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
                 if ended:
                     assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
