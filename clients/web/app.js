@@ -52,6 +52,7 @@ const stats = (window.stats = {
 });
 
 let audio = null; // {ctx, node, analyser, buf}
+let audioSetup = null; // the promise of `audio`
 let ws = null; // the WebSocket channel of the latest request
 let socketCount = 0; // WebSockets opened; only the latest one's events count
 let rtc = null; // the WebRTC peer (RtcPeer), kept across requests
@@ -128,11 +129,15 @@ function sendMode() {
 
 // ---- audio graph ----
 
+// The audio graph, made once (the first Play or Record), resumed when the browser suspended it.
 async function ensureAudio() {
-  if (audio) {
-    if (audio.ctx.state !== 'running') await audio.ctx.resume();
-    return audio;
-  }
+  if (!audioSetup) audioSetup = createAudio().catch((err) => { audioSetup = null; throw err; });
+  const a = await audioSetup;
+  if (a.ctx.state !== 'running') await a.ctx.resume();
+  return a;
+}
+
+async function createAudio() {
   const ctx = new AudioContext({ sampleRate: SAMPLE_RATE, latencyHint: 'interactive' });
   await ctx.audioWorklet.addModule('pcm-worklet.js');
   const node = new AudioWorkletNode(ctx, 'pcm-player', {
@@ -211,7 +216,7 @@ function render() {
 // ---- protocol messages (shared by both transports) ----
 
 function send(msg) {
-  if (!current) return;
+  if (!current || current.over) return;
   const now = performance.now();
   if (current.sentAt === null) current.sentAt = now;
   stats.sent.push(msg.flush ? 'text:flush' : msg.type);
@@ -220,7 +225,11 @@ function send(msg) {
     current.row.sends.push(now - current.sentAt);
     timeline.render();
   }
-  current.channel.send(JSON.stringify(msg));
+  try {
+    current.channel.send(JSON.stringify(msg));
+  } catch (err) {
+    fail(`${current.transport}: ${err.message || err}`);
+  }
 }
 
 // A text message; the first of a context carries its options.
@@ -277,7 +286,7 @@ function onServerMessage(msg) {
     } else if (current.transport === 'webrtc') {
       stats.bytes = 2 * (msg.samples || 0); // what the track played (the audio itself is not seen here)
       current.over = true;
-      mark('endMs'); // done is sent when playout reaches the end
+      mark('endMs', current.row.doneMs); // done is sent when playout reaches the end
       setStatus('done');
       setPlaying(false);
     } else {
@@ -410,8 +419,9 @@ function onTyping(e) {
     return;
   }
   const pending = value.slice(req.sentUpTo);
-  if (e.inputType === 'insertLineBreak' && pending.trim()) {
-    sendText(pending, { flush: true });
+  if (e.inputType === 'insertLineBreak') {
+    if (pending.trim()) sendText(pending, { flush: true });
+    else if (req.sentAt !== null) send({ type: 'flush', context_id: req.id });
     req.sentUpTo = value.length;
     return;
   }
@@ -518,13 +528,8 @@ function stop() {
     setPlaying(false);
     return;
   }
-  try {
-    send({ type: 'cancel', context_id: req.id }); // WebRTC: the server also drops the track's queued audio
-  } catch (err) {
-    fail(`cancel: ${err.message || err}`);
-    return;
-  }
-  setStatus('stopping…');
+  send({ type: 'cancel', context_id: req.id }); // WebRTC: the server also drops the track's queued audio
+  if (!req.over) setStatus('stopping…');
 }
 
 function download() {

@@ -11,11 +11,9 @@ export class LevelStrip {
     this.columnPx = columnPx;
     this.levels = []; // rms per column, linear
     this.drawn = 0; // columns drawn with a visible bar since the last reset
-    const style = getComputedStyle(canvas);
-    this.color = style.getPropertyValue('--strip-color').trim() || '#2a7';
-    this.mid = style.getPropertyValue('--strip-mid').trim() || '#ccc';
     this.resize();
     new ResizeObserver(() => this.resize()).observe(canvas);
+    matchMedia('(prefers-color-scheme: dark)').addEventListener('change', () => this.draw());
   }
 
   resize() {
@@ -45,10 +43,11 @@ export class LevelStrip {
     const { width, height } = this.canvas;
     const ratio = window.devicePixelRatio || 1;
     const col = this.columnPx * ratio;
+    const style = getComputedStyle(this.canvas); // read each time: the colour scheme may change
     ctx.clearRect(0, 0, width, height);
-    ctx.fillStyle = this.mid;
+    ctx.fillStyle = style.getPropertyValue('--strip-mid').trim() || '#ccc';
     ctx.fillRect(0, Math.floor(height / 2), width, Math.max(1, Math.round(ratio)));
-    ctx.fillStyle = this.color;
+    ctx.fillStyle = style.getPropertyValue('--strip-color').trim() || '#2a7';
     this.levels.forEach((rms, i) => {
       const h = height01(rms) * (height - 2);
       if (h > 0) ctx.fillRect(i * col, (height - h) / 2, Math.max(1, col - ratio), h);

@@ -12,9 +12,10 @@ export class Timeline {
     this.rows = []; // newest first
   }
 
-  // A new request; returns its record, which the page fills in as events arrive (all ms since `sentAt`).
+  // A new request; returns its record, which the page fills in as events arrive (ms since its first
+  // text message), calling `render()` after each change.
   start(label) {
-    const row = { label, sentAt: null, sends: [], firstAudioMs: null, doneMs: null, endMs: null, reason: null };
+    const row = { label, sends: [], firstAudioMs: null, doneMs: null, endMs: null, reason: null };
     this.rows.unshift(row);
     this.rows.length = Math.min(this.rows.length, MAX_ROWS);
     this.render();

@@ -130,6 +130,8 @@ async def test_webrtc_playback(page):
     assert s["events"].index("audio_start") < s["events"].index("done:completed")
     assert s["bytes"] == 2 * s["done"]["samples"]  # "audio received" shows what the track played
     assert await page.text_content("#received") != "0.00 s"
+    row = s["timeline"]  # audio_start comes when playout starts, done when it ends
+    assert 0 < row["firstAudioMs"] <= row["doneMs"] == row["endMs"], row
 
 
 async def wait_until(pg, pred, what: str, timeout_s: float = 10.0) -> None:
@@ -245,6 +247,8 @@ async def test_timeline_shows_first_audio_and_done_per_request(page, artifacts):
         assert "first audio" in row["text"] and "done" in row["text"] and "played out" in row["text"]
     assert first["firstByteMs"] == first["timeline"]["firstAudioMs"] <= first["ttfaMs"]
     await screenshot(page, artifacts, "timeline")
+    await page.emulate_media(color_scheme="dark")
+    await screenshot(page, artifacts, "timeline-dark")
 
 
 async def test_download_is_the_played_audio_as_a_wav(page, artifacts, reference_pcm):
