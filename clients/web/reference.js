@@ -39,22 +39,17 @@ export class ReferenceVoice {
   }
 
   async startRecording() {
-    let stream;
+    let rec;
+    this.els.record.disabled = true; // until the microphone is open
     try {
-      stream = await navigator.mediaDevices.getUserMedia({
-        audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-      });
+      rec = await this.openMicrophone();
     } catch (err) {
       this.say(`microphone: ${err.message || err}`, true);
       return;
+    } finally {
+      this.els.record.disabled = false;
     }
-    const ctx = await this.audioContext();
-    const source = ctx.createMediaStreamSource(stream);
-    const node = new AudioWorkletNode(ctx, 'pcm-recorder', { numberOfOutputs: 1 });
-    const sink = ctx.createGain(); // the graph renders nodes that lead to the destination
-    sink.gain.value = 0;
-    source.connect(node).connect(sink).connect(ctx.destination);
-    const rec = { stream, source, node, sink, chunks: [], samples: 0, rate: ctx.sampleRate };
+    const { node } = rec;
     node.port.onmessage = (e) => {
       rec.chunks.push(toInt16(e.data.data));
       rec.samples += e.data.data.length;
@@ -66,6 +61,25 @@ export class ReferenceVoice {
     this.els.record.textContent = 'Stop recording';
     this.els.record.setAttribute('aria-pressed', 'true');
     this.say('recording… read the transcript aloud');
+  }
+
+  // The microphone into a recorder worklet: {stream, source, node, sink, chunks, samples, rate}.
+  async openMicrophone() {
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
+    });
+    try {
+      const ctx = await this.audioContext();
+      const source = ctx.createMediaStreamSource(stream);
+      const node = new AudioWorkletNode(ctx, 'pcm-recorder', { numberOfOutputs: 1 });
+      const sink = ctx.createGain(); // the graph renders nodes that lead to the destination
+      sink.gain.value = 0;
+      source.connect(node).connect(sink).connect(ctx.destination);
+      return { stream, source, node, sink, chunks: [], samples: 0, rate: ctx.sampleRate };
+    } catch (err) {
+      stream.getTracks().forEach((t) => t.stop());
+      throw err;
+    }
   }
 
   stopRecording() {
