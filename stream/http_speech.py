@@ -1,9 +1,10 @@
 """`POST /v1/audio/speech`, OpenAI-compatible and streamed (stream/PROTOCOL.md §2): the body is
 parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out in
 the requested `response_format` (mp3 by default, as OpenAI) and `sample_rate` (24 kHz by default),
-resampled and encoded chunk by chunk as it arrives (stream/encoders.py), as the body or base64 in server-sent events. aiohttp cancels the handler
-when the client leaves (`handler_cancellation=True`), and `finally` cancels the stream, so its
-engine pages are freed within one step.
+resampled and encoded chunk by chunk as it arrives (stream/encoders.py), as the body or base64 in
+server-sent events. aiohttp cancels the handler when the client leaves
+(`handler_cancellation=True`), and `finally` cancels the stream, so its engine pages are freed
+within one step.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
             return error_response(first.error, state.metrics)  # failed before any audio: a plain error
         sse = req.stream_format == "sse"
         resp = web.StreamResponse(status=200)
-        resp.headers["Content-Type"] = "text/event-stream" if sse else content_type(req.response_format, req.sample_rate)
+        body_type = content_type(req.response_format, req.sample_rate)
+        resp.headers["Content-Type"] = "text/event-stream" if sse else body_type
         resp.headers["Cache-Control"] = "no-cache"
         encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure here is a JSON 500
         try:

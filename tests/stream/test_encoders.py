@@ -104,7 +104,8 @@ def test_resampler_streams_what_a_one_shot_resample_gives(rate):
     pieces.append(r.flush())
     streamed = b"".join(pieces)
     assert streamed == one_shot
-    assert sum(bool(p) for p in pieces[:-1]) >= len(PIECES) - 1  # each piece gave audio at once (the 1-sample one may not)
+    # each piece gave audio at once (the 1-sample one may not)
+    assert sum(bool(p) for p in pieces[:-1]) >= len(PIECES) - 1
     got = np.frombuffer(streamed, "<i2") / 32768
     assert abs(len(got) - n * rate / RATE) <= 1, (len(got), n * rate / RATE)
     edge = rate // 200
