@@ -34,15 +34,13 @@ from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.prompt import build_prompt
-from higgs_stream.engine.random_weights import (
-    EOS_TOP_K,
-    random_full_codec,
+from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
+from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
-    suppress_eos,
     talker_from_reference,
     tokenizer_and_config,
 )
+from higgs_stream.engine.random_weights import EOS_TOP_K, random_full_codec, suppress_eos
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
@@ -84,22 +82,22 @@ def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: 
                               max_frames=steps) for i, t in enumerate(texts)]
     alone = [eager.generate(r) for r in reqs]
     sids = {engine.add(r): i for i, r in enumerate(reqs)}
-    cols: dict[int, list] = {i: [] for i in range(n)}
+    frames: dict[int, list] = {i: [] for i in range(n)}
     open_ = set(sids)
     while open_ or engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                cols[sids[ev.stream_id]].append(ev.column)
+            if ev.frame is not None:
+                frames[sids[ev.stream_id]].append(ev.frame)
             if ev.finished:
                 open_.discard(ev.stream_id)
     rows = []
     for i in range(n):
-        got, want = np.stack(cols[i], axis=1), alone[i]
+        got, want = np.stack(frames[i], axis=1) if frames[i] else np.zeros((8, 0), np.int64), alone[i]
         m = min(got.shape[1], want.shape[1])
         diff = np.nonzero((got[:, :m] != want[:, :m]).any(axis=0))[0]
-        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "columns": int(got.shape[1]),
-                     "columns_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
-                     "first_diff_column": int(diff[0]) if len(diff) else None})
+        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "frames": int(got.shape[1]),
+                     "frames_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
+                     "first_diff_frame": int(diff[0]) if len(diff) else None})
     return {"ras_window": ras_window, "streams": rows, "all_equal": all(r["equal"] for r in rows)}
 
 
@@ -338,9 +336,9 @@ def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:
 
 async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
                       timers: tuple[_Timer, _Timer] | None = None, trace: bool = False) -> dict:
-    from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.handle import Audio
     from higgs_stream.stream.messages import ContextOptions
+    from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.voices import Voice
 
     loop = asyncio.get_running_loop()
@@ -633,7 +631,7 @@ def summarize(r: dict) -> None:
             g = r.get(key)
             if g:
                 print(f"greedy graphed-batched vs eager batch-1 (RAS window {g['ras_window']}): "
-                      + ", ".join(f"{x['columns']}{'=' if x['equal'] else '!=@' + str(x['first_diff_column'])}" for x in g["streams"]))
+                      + ", ".join(f"{x['frames']}{'=' if x['equal'] else '!=@' + str(x['first_diff_frame'])}" for x in g["streams"]))
     if "batch_vs_single_logits" in r:
         print(f"batched vs batch-1 logits (teacher-forced): {r['batch_vs_single_logits']}")
     if "transformers_baseline" in r:

@@ -1,11 +1,11 @@
 """The asyncio pipeline: one engine thread steps every stream, one adapter per segment turns its
-columns into decode jobs, one codec thread runs them (one stateful step for every due stream), and
-each stream's audio waits in a bounded queue for its transport (`stream/handle.py`).
+codec frames into decode jobs, one codec thread runs them (one stateful step for every due
+stream), and each stream's audio waits in a bounded queue for its transport (`stream/handle.py`).
 
     event loop                          engine thread (one)                codec thread (one)
     ----------                          -------------------                ------------------
     Pipeline.open() -> StreamHandle     loop: engine.step()                loop: take rounds
-    handle.say(text) -> engine.add()          route columns -> adapters          one batched decode
+    handle.say(text) -> engine.add()          route frames -> adapters           one batched decode
     handle.cancel()  -> engine.cancel()       a Round of decode jobs + ends      s16le for all chunks
     _deliver(): bounded queue per handle      -> bounded round queue ------>     call_soon_threadsafe
 
@@ -41,7 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import (
     CapacityError,
     HiggsStreamError,
@@ -51,7 +50,7 @@ from higgs_stream.engine.request import Reference
 from higgs_stream.stream.adapter import (
     PushJob,
     WindowJob,
-    feed_columns,
+    feed_frames,
 )
 from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
@@ -334,7 +333,7 @@ class Pipeline:
         return True
 
     def _route(self, events) -> Round:
-        """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
+        """Frames -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
         rnd = Round([], [], [], [])
         now = time.monotonic()
@@ -343,12 +342,12 @@ class Pipeline:
             for ev, seg in zip(events, segs):
                 if seg is not None and ev.finished:
                     del self._segments[ev.stream_id]
-        fed = [i for i, (ev, seg) in enumerate(zip(events, segs)) if seg is not None and ev.column is not None]
+        fed = [i for i, (ev, seg) in enumerate(zip(events, segs)) if seg is not None and ev.frame is not None]
         refused: dict[int, InvalidInputError | None] | None = None  # event index -> its adapter's refusal
         if fed:  # one range check for the whole step; a bad array is fed (and found) per stream below
             finals = [events[i].finished and events[i].reason in ("stop", "length") for i in fed]
             try:
-                errors = feed_columns([segs[i].adapter for i in fed], np.stack([events[i].column for i in fed]), finals)
+                errors = feed_frames([segs[i].adapter for i in fed], np.stack([events[i].frame for i in fed]), finals)
                 refused = dict(zip(fed, errors))
             except (InvalidInputError, ValueError):
                 refused = None
@@ -356,14 +355,17 @@ class Pipeline:
             if seg is None:
                 continue  # a stream driven by someone else (engine.generate in the same process)
             try:
-                ended = ev.finished and ev.reason in ("stop", "length")  # through the EOS ramp-out
-                if ev.column is not None:
-                    if seg.keep_columns:
-                        seg.columns.append(ev.column)
+                ended = ev.finished and ev.reason in ("stop", "length")  # the stream's audio is complete
+                if ev.frame is not None:
+                    if seg.keep_frames:
+                        seg.frames.append(ev.frame)
                     if refused is None:
-                        seg.adapter.feed(ev.column, final=ended)
+                        seg.adapter.feed(ev.frame, final=ended)
                     elif refused[i] is not None:
                         raise refused[i]
+                elif ended:
+                    seg.adapter.close()  # no frame on its last event: nothing more to come
+                if ev.frame is not None or ended:
                     jobs = seg.adapter.take_jobs()
                     if jobs:
                         rnd.jobs += jobs
@@ -374,10 +376,10 @@ class Pipeline:
                             deadline = max(deadline, now) + _job_samples(job, self.geometry.hop) / SAMPLE_RATE
                         seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
                 if ended:
-                    assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
                     frames = None
-                    if seg.keep_columns:
-                        frames = columns_to_frames(np.stack(seg.columns, axis=1), codebook_size=self.engine.cfg.codebook_size)
+                    if seg.keep_frames:
+                        q = self.geometry.num_codebooks
+                        frames = np.stack(seg.frames, axis=1) if seg.frames else np.zeros((q, 0), np.int64)
                     rnd.ends.append(("end", seg, ev.reason, None, frames))
                 elif ev.finished:
                     rnd.ends.append(("end", seg, ev.reason, ev.error, None))

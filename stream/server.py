@@ -416,10 +416,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
-    from higgs_stream.engine.checkpoint import resolve_model_dir
+    from higgs_stream.engine.checkpoint_files import resolve_model_dir
     from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.engine.gpu_engine import load_engine
-    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.models.registry import load_codec_for
 
     cfg = config_from_args(args)
     voices = VoiceLibrary.from_config(cfg)

@@ -22,9 +22,9 @@ from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream import server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
@@ -33,7 +33,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +449,7 @@ async def test_idle_connection_is_closed_with_a_typed_error(start_server, refere
 
 async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     """The same service serves Higgs Audio v3: WebSocket and HTTP PCM equal `synthesize` within 1 LSB."""
-    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.models.registry import load_codec_for
 
     codec = load_codec_for(tiny_v3_ckpt)
     offline = Engine.from_pretrained(str(tiny_v3_ckpt), config=EngineConfig(kv_pages=256))
