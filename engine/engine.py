@@ -188,6 +188,16 @@ class Engine:
         return bool(self._pending or self._cancels or self._carry or self.runner.busy or self.scheduler.has_work())
 
     @property
+    def wait_s(self) -> float:
+        """Host seconds spent waiting for the device so far (benchmarks: host-bound or device-bound)."""
+        return self.runner.wait_s
+
+    @property
+    def last_prefill(self) -> int:
+        """Prompt chunks in the last launched step (benchmarks' traces)."""
+        return self.runner.last_prefill
+
+    @property
     def num_active(self) -> int:
         """Streams added and not finished (waiting, prefilling or decoding)."""
         return len(self._pending) + len(self._seqs)

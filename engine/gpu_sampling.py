@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.family import DeviceRules
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, warp_logits
@@ -100,21 +101,21 @@ class DeviceStreamState:
             cols = np.concatenate([ctx, np.full((1, k), self.bos, np.int64)])[-w:]
             window[i, : len(cols)] = cols
             fill[i] = len(cols)
-        slots = torch.tensor([st.slot for st in starts], device=self.device)
-        ints = torch.tensor(np.stack([
+        slots = upload([st.slot for st in starts], self.device, torch.long)
+        ints = upload(np.stack([
             fill % w, fill, [st.params.ras_window for st in starts], [st.params.ras_max_repeat for st in starts],
             [st.params.seed for st in starts], [self.rules.cap(st.max_frames) for st in starts],
             [min(st.params.top_k, self.v) if st.params.top_k else self.v for st in starts],
-        ]), dtype=torch.long).to(self.device)  # [7, n]
-        floats = torch.tensor([[st.params.temperature if not st.params.greedy else 1.0 for st in starts],
-                               [1.0 - st.params.top_p if st.params.top_p < 1.0 else -1.0 for st in starts]],
-                              dtype=torch.float32).to(self.device)  # [2, n]
-        self.window[slots] = torch.from_numpy(window).to(self.device)
+        ]), self.device, torch.long)  # [7, n]
+        floats = upload([[st.params.temperature if not st.params.greedy else 1.0 for st in starts],
+                         [1.0 - st.params.top_p if st.params.top_p < 1.0 else -1.0 for st in starts]],
+                        self.device, torch.float32)  # [2, n]
+        self.window[slots] = upload(window, self.device)
         for row, name in enumerate(("win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "cap_column", "top_k")):
             getattr(self, name)[slots] = ints[row]
         self.temperature[slots] = floats[0]
         self.top_p_cut[slots] = floats[1]
-        self.greedy[slots] = torch.tensor([st.params.greedy for st in starts], device=self.device)
+        self.greedy[slots] = upload([st.params.greedy for st in starts], self.device, torch.bool)
         self.last_col[slots] = self.bos
         self.ncols[slots] = 1
         self.num_delay[slots] = 0

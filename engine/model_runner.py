@@ -37,6 +37,7 @@ the reference runner's greedy codes (tests/engine/test_model_runner.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
+from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
@@ -75,6 +77,8 @@ class Runner(Protocol):
     """What the engine calls per step; `ModelRunner` (fast path) or `RefRunner` (plain torch)."""
 
     kv_slack: int  # KV positions a sequence may be scheduled for beyond `max_kv_tokens`
+    wait_s: float  # host seconds spent waiting for the device so far (benchmarks)
+    last_prefill: int  # prompt chunks in the last launched step (benchmarks)
 
     def make_scheduler(self, config: SchedulerConfig) -> Scheduler: ...
 
@@ -171,6 +175,9 @@ class ModelRunner:
         self._parity = 0
         self._inflight: _Launched | None = None
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
+        self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
+        self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
+        self.last_prefill = 0  # prompt chunks in the last launched step
 
     def _eager_attention(self) -> FlashInferAttention | RefAttention:
         if self.config.kernels == "ref":
@@ -219,9 +226,12 @@ class ModelRunner:
         that end, if the family samples there), then the decode rows (one graph replay, or one
         eager forward), which include the folded first decode token of the prompts that end."""
         if self._staged is not None:  # host staging buffers of the previous step are free again
+            t0 = time.perf_counter()
             self._staged.synchronize()
+            self.wait_s += time.perf_counter() - t0
         decode = [c for c in plan if not c.prefill]
         prefill = [c for c in plan if c.prefill]
+        self.last_prefill = len(prefill)  # benchmarks' traces
         ends = [c for c in prefill if samples_at(c, self.policy)]  # prompt ends that are sampled
         self._start_streams([c for c in prefill if c.last_of_prompt])  # slots before any sampling
         parts: list[torch.Tensor] = []
@@ -233,7 +243,14 @@ class ModelRunner:
         if decode and self.graphs is not None:
             b = self._graph_stage(decode)
             staged = self._record_staged()  # before the replay: the next step stages while this one runs
-            parts.append(self.graphs.replay(b, len(decode)))
+            if self.replay_events is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                parts.append(self.graphs.replay(b, len(decode)))
+                end.record()
+                self.replay_events.append((time.perf_counter(), len(decode), start, end))
+            else:
+                parts.append(self.graphs.replay(b, len(decode)))
         elif decode:
             parts.append(self._eager_decode(decode))
         self._staged = staged or self._record_staged()
@@ -282,7 +299,7 @@ class ModelRunner:
         """The graph's body, eagerly, for exactly these rows: one all-audio forward + sampling."""
         alloc, dev = self.cache.allocator, self.device
         tables = [alloc.page_table(c.sid) for c in decode]
-        t = lambda a: torch.tensor(a, dtype=torch.long, device=dev)
+        t = lambda a: upload(a, dev, torch.long)
         slots = t([c.seq.slot for c in decode])
         inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=t([c.start for c in decode]),
                          kv_slots=t([self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)]),
@@ -316,14 +333,14 @@ class ModelRunner:
                 slots.append(c.seq.slot)
         if not logits:
             return None
-        sl = torch.tensor(slots, dtype=torch.long, device=dev)
+        sl = upload(slots, dev, torch.long)
         return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev))
 
     def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
                      kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
         """One prompt chunk of one sequence, eagerly: K/V, and the last row's logits when sampled."""
         dev = self.device
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+        t = lambda a: upload(a, dev)
         all_audio = bool(audio.all())
         inp = FastInputs(
             text_ids=None if all_audio else t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
@@ -351,7 +368,9 @@ class ModelRunner:
     def _collect(self, launched: _Launched) -> list[RowOut]:
         """A launched step's rows, now on the host, in row order (sequences that ended meanwhile skipped)."""
         if launched.done is not None:
+            t0 = time.perf_counter()
             launched.done.synchronize()
+            self.wait_s += time.perf_counter() - t0
         k = self.cfg.num_codebooks
         rows = launched.host.numpy().tolist()  # [S, K + 1] plain ints: one conversion for the step
         out = []

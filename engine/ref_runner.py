@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 class RefRunner:
     kv_slack = 0  # rows come back in their own step: nothing is scheduled after the end
     busy = False
+    wait_s = 0.0  # no asynchronous device work to wait for (benchmarks read the ModelRunner's)
+    last_prefill = 0
 
     def __init__(self, talker: torch.nn.Module, cfg: BackboneConfig, cache: KVCache, policy: GenerationPolicy) -> None:
         self.talker, self.cfg, self.cache, self.policy = talker, cfg, cache, policy

@@ -62,6 +62,21 @@ class PushJob:
 Job = WindowJob | PushJob
 
 
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """`t` as float32 numpy. From a GPU: one asynchronous copy into pinned memory and a wait on its event
+    (a plain `.cpu()` copies into pageable memory: the driver stages it synchronously, and the talker's
+    thread shares that driver)."""
+    t = t.detach()
+    if t.device.type != "cuda":
+        return t.to(torch.float32).numpy()
+    host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.numpy()
+
+
 def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                    batch_buckets: Sequence[int] | None = None) -> list[np.ndarray]:
     """One-shot decode of ramp windows, one codec call per distinct window length (windows are
@@ -83,7 +98,7 @@ def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                 batch[row] = jobs[i].codes
             out = decode(torch.from_numpy(batch))  # [B, W * hop]
             assert tuple(out.shape) == (rows, length * hop), f"decoder returned {tuple(out.shape)} for {batch.shape}"
-            pcm = out[: len(part)].detach().to("cpu", torch.float32).numpy()
+            pcm = to_host(out[: len(part)])
             for row, i in enumerate(part):
                 job = jobs[i]
                 chunks[i] = pcm[row, job.left * hop : (job.left + job.new) * hop].copy()
@@ -103,6 +118,8 @@ class Code2Wav:
         self.window_decode = window_decode or codec.decode
         self.window_buckets = window_buckets
         self._slots: dict[Hashable, int] = {}
+        self.steps = 0  # stateful decoder steps run (a call's pushes may take several: `partition`)
+        self.partition_steps = True  # False: every call's pushes in one step (benchmarks' A/B)
 
     @property
     def open_streams(self) -> int:
@@ -131,31 +148,39 @@ class Code2Wav:
         return out  # type: ignore[return-value]
 
     def _push(self, rows: dict[Hashable, list[int]], jobs: Sequence[Job], out: list) -> None:
-        slots, codes, valid, final = [], [], [], []
+        """All due streams' frames through the stateful decoder: in one step, or in the few steps by width
+        that cost less (`StreamingDecoder.partition`: a step pads every row to its widest)."""
+        owners, slots, codes, valid, final = [], [], [], [], []
         for owner, members in rows.items():
             if owner not in self._slots:
                 self._slots[owner] = self.streaming.open()
+            owners.append(owner)
             slots.append(self._slots[owner])
             parts = [jobs[i].codes for i in members]
             codes.append(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
             valid.append(codes[-1].shape[1])
             final.append(jobs[members[-1]].push.final)
-        width = max(valid)
-        batch = np.zeros((len(slots), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
-        for b, c in enumerate(codes):
-            batch[b, :, : c.shape[1]] = c
-        step = self.streaming.step(slots, torch.from_numpy(batch), valid, final)
-        audio = step.audio.detach().to("cpu", torch.float32).numpy()  # one copy for every row
-        for b, (owner, members) in enumerate(rows.items()):
-            first = jobs[members[0]].push.out_from
-            got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
-            want = jobs[members[-1]].push.out_to - first
-            assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
-            for i in members:
-                p = jobs[i].push
-                out[i] = got[p.emit_start - first : p.out_to - first].copy()
-            if final[b]:
-                self.release(owner)
+        groups = self.streaming.partition(slots, valid, final) if self.partition_steps else [list(range(len(slots)))]
+        for group in groups:
+            width = max(valid[r] for r in group)
+            batch = np.zeros((len(group), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
+            for b, r in enumerate(group):
+                batch[b, :, : valid[r]] = codes[r]
+            step = self.streaming.step([slots[r] for r in group], torch.from_numpy(batch), [valid[r] for r in group],
+                                       [final[r] for r in group])
+            self.steps += 1
+            audio = to_host(step.audio)  # one copy for the step's rows
+            for b, r in enumerate(group):
+                members = rows[owners[r]]
+                first = jobs[members[0]].push.out_from
+                got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
+                want = jobs[members[-1]].push.out_to - first
+                assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
+                for i in members:
+                    p = jobs[i].push
+                    out[i] = got[p.emit_start - first : p.out_to - first].copy()
+                if final[r]:
+                    self.release(owners[r])
 
 
 def feed_frames(adapters: Sequence[Code2WavAdapter], frames: np.ndarray,

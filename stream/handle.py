@@ -64,7 +64,6 @@ class _Segment:
     started: bool = False
     meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
-    deadline: float = 0.0  # engine thread -> codec thread: when its listener runs dry (monotonic s)
 
 
 class StreamHandle:

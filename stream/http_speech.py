@@ -1,9 +1,10 @@
 """`POST /v1/audio/speech`, OpenAI-compatible and streamed (stream/PROTOCOL.md §2): the body is
 parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out in
-the requested `response_format` (mp3 by default, as OpenAI), encoded chunk by chunk as it arrives
-(stream/encoders.py), as the body or base64 in server-sent events. aiohttp cancels the handler
-when the client leaves (`handler_cancellation=True`), and `finally` cancels the stream, so its
-engine pages are freed within one step.
+the requested `response_format` (mp3 by default, as OpenAI) and `sample_rate` (24 kHz by default),
+resampled and encoded chunk by chunk as it arrives (stream/encoders.py), as the body or base64 in
+server-sent events. aiohttp cancels the handler when the client leaves
+(`handler_cancellation=True`), and `finally` cancels the stream, so its engine pages are freed
+within one step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 from aiohttp import web
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE
-from higgs_stream.stream.encoders import CONTENT_TYPES, Encoder, make_encoder
+from higgs_stream.stream.encoders import Encoder, content_type, make_encoder
 from higgs_stream.stream.guards import check_request, error_response, read_body
 from higgs_stream.stream.messages import SpeechRequest, parse_speech
 from higgs_stream.stream.handle import Audio, End, StreamHandle
@@ -51,9 +52,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
             return error_response(first.error, state.metrics)  # failed before any audio: a plain error
         sse = req.stream_format == "sse"
         resp = web.StreamResponse(status=200)
-        resp.headers["Content-Type"] = "text/event-stream" if sse else CONTENT_TYPES[req.response_format]
+        body_type = content_type(req.response_format, req.sample_rate)
+        resp.headers["Content-Type"] = "text/event-stream" if sse else body_type
         resp.headers["Cache-Control"] = "no-cache"
-        encoder = make_encoder(req.response_format)  # before the headers: a failure here is a JSON 500
+        encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure here is a JSON 500
         try:
             await _speech_body(request, resp, handle, req, events, encoder)
         except (ConnectionError, asyncio.CancelledError):

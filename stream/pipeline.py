@@ -119,6 +119,7 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
+        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s, prefills)
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -272,6 +273,7 @@ class Pipeline:
                 log.error("engine still busy %.0f s after stop; leaving it", STOP_GRACE_S)
                 return
             t0 = time.perf_counter()
+            wait0 = getattr(self.engine, "wait_s", 0.0)
             try:
                 events = self.engine.step()
                 self._failures = 0
@@ -280,6 +282,7 @@ class Pipeline:
                 log.exception("engine step failed (%d in a row)", self._failures)
                 time.sleep(min(1.0, 0.05 * self._failures))  # no hot loop on a broken device
                 continue  # the failed streams' error events come with the next step
+            t_step = time.perf_counter()
             rnd = self._route(events)
             self.steps += 1
             self.metrics.steps.inc()
@@ -287,7 +290,11 @@ class Pipeline:
             self.metrics.step_time.observe(time.perf_counter() - t0)
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
-            self.loop_model.observe(len(events), time.perf_counter() - t0)
+            t_end = time.perf_counter()
+            self.loop_model.observe(len(events), t_end - t0)
+            if self.trace is not None:
+                self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
+                                   getattr(self.engine, "last_prefill", 0)))
 
     def _pace(self) -> float | None:
         """Pause streams far ahead of their listener while the GPU is saturated, resume them in
@@ -328,7 +335,7 @@ class Pipeline:
     def _route(self, events) -> Round:
         """Frames -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
-        rnd = Round([], [], [])
+        rnd = Round([], [], [], [])
         now = time.monotonic()
         with self._lock:  # one acquisition per step
             segs = [self._segments.get(ev.stream_id) for ev in events]
@@ -361,9 +368,12 @@ class Pipeline:
                 if ev.frame is not None or ended:
                     jobs = seg.adapter.take_jobs()
                     if jobs:
-                        seg.deadline = seg.clock.deadline(now)  # the codec serves the driest first
                         rnd.jobs += jobs
                         rnd.owners += [seg] * len(jobs)
+                        deadline = seg.clock.deadline(now)  # when the listener runs dry without them
+                        for job in jobs:
+                            rnd.deadlines.append(deadline)
+                            deadline = max(deadline, now) + _job_samples(job, self.geometry.hop) / SAMPLE_RATE
                         seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
                 if ended:
                     frames = None

@@ -22,7 +22,7 @@ from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream import server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.encoders import wav_header
+from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.server import bound_port, serve
@@ -477,6 +477,34 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     finally:
         await runner.cleanup()
     assert engine.cache.allocator.num_used == 0
+
+
+async def test_http_speech_at_another_sample_rate_is_the_resampled_stream(start_server, reference):
+    """`sample_rate` (our extension, PROTOCOL.md §2): the response is the 24 kHz stream resampled as
+    it arrives, equal to resampling the offline synthesis in one go within 3 LSB (a 1-LSB input
+    difference passes through the resampling filter; measured 1 here), at the headers' rate."""
+    host, _ = await start_server()
+    expected = reference("Hello there.", 3)
+    body = {"input": "Hello there.", "seed": 3}
+    async with aiohttp.ClientSession() as http:
+        url = f"http://{host}/v1/audio/speech"
+        for rate in (16000, 8000, 48000):
+            whole = Resampler(rate)
+            want = whole.feed(expected) + whole.flush()
+            async with http.post(url, json={**body, "response_format": "pcm", "sample_rate": rate}) as r:
+                assert r.status == 200 and r.headers["Content-Type"] == f"audio/pcm;rate={rate};channels=1"
+                got = await r.read()
+            lsb = assert_pcm_close(got, want, max_lsb=3, what=f"pcm at {rate} Hz")
+            print(f"{rate} Hz: {len(got) // 2} samples for {len(expected) // 2} at 24 kHz, max {lsb} LSB from one-shot")
+            assert abs(len(got) // 2 - len(expected) // 2 * rate / 24000) <= 1
+        async with http.post(url, json={**body, "response_format": "wav", "sample_rate": 16000}) as r:
+            data = await r.read()
+        wav, sr = sf.read(io.BytesIO(data), dtype="int16")
+        assert sr == 16000 and data[:44] == wav_header(16000) and abs(len(wav) - len(expected) // 2 * 2 / 3) <= 1
+        async with http.post(url, json={**body, "response_format": "opus", "sample_rate": 44100}) as r:
+            err = (await r.json())["error"]
+            assert r.status == 400 and err["code"] == "invalid_input"
+            assert "use one of 8000, 16000, 24000, 48000" in err["message"], err
 
 
 def test_serve_help_shows_the_default_address():
