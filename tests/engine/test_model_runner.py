@@ -233,3 +233,21 @@ def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):
             break
     assert np.array_equal(np.stack(cols, axis=1), alone)
     assert gpu.num_active == 0
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_frame_n_arrives_with_the_step_of_delay_column_n_plus_8(tiny_ckpt, fast):
+    """The engine emits frames at the steps it emitted the delay-pattern columns that complete them:
+    frame n with column n + 8 (column 0, the AUDIO_INIT one, at the prompt's step), on both runners
+    (the ModelRunner folds AUDIO_INIT into the prompt's step and collects a step late: the same
+    step). So an exact first chunk's 11 frames are there at step 18, the 19th column's, as before."""
+    cfg = EngineConfig(kv_pages=128, max_batch=4, token_budget=512)  # the prompt runs in step 0
+    base = Engine.from_pretrained(str(tiny_ckpt), config=cfg)
+    engine = Engine(base.talker, base.cfg, base.tokenizer, base.cache, cfg, REF if fast else None)
+    sid = engine.add(GenerationRequest("Hello world.", sampling=SamplingParams(seed=1), max_frames=30))
+    steps, step = [], 0
+    while engine.has_work():
+        steps += [step for ev in engine.step() if ev.stream_id == sid and ev.frame is not None]
+        step += 1
+    assert len(steps) >= 11 and steps[:11] == list(range(8, 19))
+    assert steps == list(range(8, 8 + len(steps)))  # then one frame per step

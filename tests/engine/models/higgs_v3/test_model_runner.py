@@ -81,3 +81,19 @@ def test_greedy_frames_equal_cpu_engine(tiny_v3_ckpt, stop_code, admit_at, run_s
     for g in got:  # codec frames: real codes only (the writer replaced stray BOC/EOC)
         assert g.shape[0] == K and g.max() < BOC
     assert gpu.cache.allocator.num_free == CONFIG.kv_pages - 1 and len(gpu.runner._free_slots) == CONFIG.max_batch  # - scratch
+
+
+@pytest.mark.parametrize("fast, first", [(False, 7), (True, 8)])
+def test_frame_n_arrives_with_row_n_plus_7(tiny_v3_ckpt, fast, first):
+    """Row 0 is sampled at the prompt's step; frame n is complete with row n + 7: the reference runner
+    emits it in that row's step (n + 7), the ModelRunner one step later (its rows come back a step
+    late), as the rows themselves were emitted before the engine emitted frames."""
+    cfg = EngineConfig(kv_pages=128, max_batch=4, token_budget=512)  # the prompt runs in step 0
+    base = Engine.from_pretrained(str(tiny_v3_ckpt), config=cfg)
+    engine = Engine(base.talker, base.cfg, base.tokenizer, base.cache, cfg, REF if fast else None)
+    sid = engine.add(greedy("Hello world.", 20))
+    steps, step = [], 0
+    while engine.has_work():
+        steps += [step for ev in engine.step() if ev.stream_id == sid and ev.frame is not None]
+        step += 1
+    assert len(steps) >= 11 and steps == list(range(first, first + len(steps)))
