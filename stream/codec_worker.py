@@ -3,12 +3,15 @@
 The engine thread hands it one `Round` per step (`submit`, into a bounded queue of
 `CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). Every job carries
 its deadline: when the stream's listener runs dry without it (monotonic seconds; a first chunk's
-deadline is its creation time). The thread keeps the jobs it took and decodes **just in time, in
-batches**: nothing runs until some job is within `CODEC_URGENT_S` of its deadline; then one call
-takes every job due within `CODEC_AHEAD_S`, most urgent first, `max_windows` streams per call.
-The talker runs streams seconds ahead of their listeners while it can, and decoding all of that at
-once would take the GPU from the talker exactly when new streams wait for their first audio; just
-in time, the codec's share of the GPU follows real time. A segment's end flushes its jobs at once.
+deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
+decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
+deadline; then one call takes every job due within `CODEC_AHEAD_S`, most urgent first,
+`max_windows` streams per call. The talker runs streams seconds ahead of their listeners while it
+can, and decoding all of that at once would take the GPU from the talker exactly when new streams
+wait for their first audio; just in time, the codec's share of the GPU follows real time. When no
+stream is starting, everything held is decoded once the oldest job waited `CODEC_HOLD_S` (or at once
+when one is urgent), so a lone request (an HTTP download) gets its audio as fast as it is made. A
+segment's end flushes its jobs at once.
 
 Calls run the jobs through one `Code2Wav` (stream/adapter.py): every due stream's new frames in the
 stateful decoder's few steps, ramp windows in few one-shot calls. Audio and segment ends reach the
@@ -54,6 +57,7 @@ CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max stre
 # chunks at once) and takes every job needed within CODEC_AHEAD_S.
 CODEC_URGENT_S = 0.3
 CODEC_AHEAD_S = 1.0
+CODEC_HOLD_S = 0.05  # not busy: a job waits at most this long for others to share its call
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
@@ -75,23 +79,35 @@ class Pending:
     seg: Any
     job: Job
     deadline: float
+    taken: float = 0.0  # when the codec thread took it (monotonic s)
 
 
-def due(pending: list[Pending], now: float, flush: set[int]) -> list[Pending]:
-    """The jobs of the next calls: none while no job is within CODEC_URGENT_S of its deadline (and no
-    segment in `flush`, ids of ended segments); else every job due within CODEC_AHEAD_S plus every job
-    of a flushed segment, in deadline order (stable: a segment's jobs keep their order)."""
-    if not any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending):
+def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) -> list[Pending]:
+    """The jobs of the next calls, in deadline order (stable: a segment's jobs keep their order).
+    Busy (a stream waits for its first audio): none while no job is within CODEC_URGENT_S of its
+    deadline and no segment is in `flush` (ids of ended segments), else every job due within
+    CODEC_AHEAD_S plus every job of a flushed segment. Not busy: all of them once one is urgent or
+    flushed or the oldest has waited CODEC_HOLD_S."""
+    if not pending:
+        return []
+    urgent = any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending)
+    if not busy:
+        ready = urgent or now - min(p.taken for p in pending) >= CODEC_HOLD_S
+        return sorted(pending, key=lambda p: p.deadline) if ready else []
+    if not urgent:
         return []
     take = [p for p in pending if p.deadline - now <= CODEC_AHEAD_S or id(p.seg) in flush]
     return sorted(take, key=lambda p: p.deadline)
 
 
-def wake_in(pending: list[Pending], now: float) -> float | None:
-    """Seconds until the first held job becomes urgent (None: nothing held)."""
+def wake_in(pending: list[Pending], now: float, busy: bool = True) -> float | None:
+    """Seconds until `due` would take something without a new round (None: nothing held)."""
     if not pending:
         return None
-    return max(0.0, min(p.deadline for p in pending) - CODEC_URGENT_S - now)
+    first = min(p.deadline for p in pending) - CODEC_URGENT_S
+    if not busy:
+        first = min(first, min(p.taken for p in pending) + CODEC_HOLD_S)
+    return max(0.0, first - now)
 
 
 class CodecWorker:
@@ -101,7 +117,8 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2):
+                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
+                 busy: Callable[[], bool] = lambda: False):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -112,7 +129,7 @@ class CodecWorker:
         self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
-        self.stream_mode, self.max_windows = stream_mode, max_windows
+        self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
         self.calls = 0
@@ -172,7 +189,7 @@ class CodecWorker:
         with on_stream(self._stream):
             stop = False
             while not stop:
-                stop = self._take(wake_in(self.pending, time.monotonic()))
+                stop = self._take(wake_in(self.pending, time.monotonic(), self.busy()))
                 self._decode_due(everything=stop)
 
     def _take(self, wait: float | None) -> bool:
@@ -186,7 +203,8 @@ class CodecWorker:
             if rnd is None:
                 return True
             deadlines = rnd.deadlines or [0.0] * len(rnd.jobs)
-            self.pending += [Pending(seg, job, d) for seg, job, d in zip(rnd.owners, rnd.jobs, deadlines)]
+            now = time.monotonic()
+            self.pending += [Pending(seg, job, d, now) for seg, job, d in zip(rnd.owners, rnd.jobs, deadlines)]
             self._ends += rnd.ends
             try:
                 rnd = self.rounds.get_nowait()
@@ -197,7 +215,7 @@ class CodecWorker:
         """Decode the due jobs (all of them with `everything`), most urgent streams first when they
         exceed one call, then hand over the ends whose segments have no held job left."""
         flush = {id(e[1]) for e in self._ends}
-        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush)
+        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush, self.busy())
         if take:
             taken = {id(p) for p in take}
             self.pending = [p for p in self.pending if id(p) not in taken]

@@ -15,6 +15,7 @@ from higgs_stream.stream.adapter import Code2WavAdapter
 from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
     CODEC_AHEAD_S,
+    CODEC_HOLD_S,
     CODEC_URGENT_S,
     CodecWorker,
     Pending,
@@ -45,6 +46,20 @@ def test_nothing_runs_until_a_listener_is_about_to_run_dry():
     assert [p.job for p in due(held(a, now), now, set())] == ["job0"]
 
 
+def test_when_no_stream_is_starting_everything_goes_after_a_short_hold():
+    """A lone request (an HTTP download) is not paced: held jobs go as soon as the oldest has waited
+    CODEC_HOLD_S for company, or at once when one is urgent."""
+    now = 100.0
+    a = SimpleNamespace(sid=1)
+    pending = [Pending(a, "job0", now + 5.0, taken=now), Pending(a, "job1", now + 9.0, taken=now + 0.01)]
+    assert due(pending, now + 0.01, set(), busy=False) == []
+    assert wake_in(pending, now + 0.01, busy=False) == pytest.approx(CODEC_HOLD_S - 0.01)
+    assert [p.job for p in due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=False)] == ["job0", "job1"]
+    assert due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=True) == []  # busy: held until due
+    urgent = pending + [Pending(a, "job2", now + 0.1, taken=now + 0.01)]
+    assert [p.job for p in due(urgent, now + 0.01, set(), busy=False)] == ["job2", "job0", "job1"]
+
+
 def test_an_ended_segment_flushes_its_jobs():
     now = 100.0
     a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
@@ -69,8 +84,9 @@ class StubCode2Wav:
 
 
 def test_the_thread_holds_relaxed_jobs_and_flushes_a_segment_at_its_end():
-    """Through the real thread: a first chunk goes out at once; jobs needed in 30 s are held (a later
-    urgent call does not take them); a segment's end flushes its held jobs, then follows them."""
+    """Through the real thread, while streams are starting (busy): a first chunk goes out at once; jobs
+    needed in 30 s are held (a later urgent call does not take them); a segment's end flushes its held
+    jobs, then follows them."""
 
     async def main() -> tuple[list, StubCode2Wav]:
         got: list[tuple] = []
@@ -81,7 +97,7 @@ def test_the_thread_holds_relaxed_jobs_and_flushes_a_segment_at_its_end():
                 got.append((item[0], item[1].sid, item[2] if item[0] == "end" else item[2][:2]))
             arrived.set()
 
-        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=deliver, warm=False)
+        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=deliver, warm=False, busy=lambda: True)
         w.code2wav = stub = StubCode2Wav()
         await w.start(None)
         a, b, c = (SimpleNamespace(sid=i) for i in (1, 2, 3))
