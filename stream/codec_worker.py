@@ -124,7 +124,7 @@ class CodecWorker:
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
         self.codec = codec
-        self.decoder = codec  # what ramp windows decode with (CodecGraphs after a GPU warm-up)
+        self.window_graphs = None  # CodecGraphs replaying the ramp windows after a GPU warm-up (Code2Wav uses them)
         self.device = cuda_device(getattr(codec, "device", None))
         self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
@@ -156,7 +156,7 @@ class CodecWorker:
             t0 = time.perf_counter()
             shapes = await asyncio.to_thread(self.warm_up)
             log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
-                     time.perf_counter() - t0, len(getattr(self.decoder, "shapes", ())))
+                     time.perf_counter() - t0, len(getattr(self.window_graphs, "shapes", ())))
         self._thread = threading.Thread(target=self._run, name="higgs-codec", daemon=True)
         self._thread.start()
 
@@ -305,7 +305,7 @@ class CodecWorker:
                 graphs = CodecGraphs(self.codec, [(b, w) for b in CODEC_WINDOW_BUCKETS for w in lengths])
                 diff = graphs.capture()
                 if diff == 0.0:
-                    self.decoder = graphs
+                    self.window_graphs = graphs
                     self.code2wav.window_decode = graphs.decode
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)

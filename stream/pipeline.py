@@ -128,8 +128,8 @@ class Pipeline:
 
     @property
     def decoder(self):
-        """What the codec thread decodes with (CodecGraphs after a GPU warm-up)."""
-        return self.codec_worker.decoder
+        """What the ramp windows decode with: CodecGraphs after a GPU warm-up, else the codec."""
+        return self.codec_worker.window_graphs or self.codec
 
     @property
     def codec_calls(self) -> int:
