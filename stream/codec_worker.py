@@ -212,19 +212,22 @@ class CodecWorker:
                 return False
 
     def _decode_due(self, everything: bool = False) -> None:
-        """Decode the due jobs (all of them with `everything`), most urgent streams first when they
-        exceed one call, then hand over the ends whose segments have no held job left."""
+        """Decode the due jobs of the `max_windows` most urgent streams (everything with `everything`:
+        at stop) in one call — the rest stay held, so a first chunk that comes meanwhile goes in the
+        next call, not after all of them — then hand over the ends whose segments have no held job left."""
         flush = {id(e[1]) for e in self._ends}
         take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush, self.busy())
-        if take:
-            taken = {id(p) for p in take}
+        per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
+        for p in take:
+            per_seg.setdefault(id(p.seg), []).append(p)
+        order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
+        for at in range(0, len(order), self.max_windows):
+            call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
+            taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
-            per_seg: dict[int, list[tuple[Any, Job]]] = {}  # id(seg) -> its (seg, job) pairs, in order
-            for p in take:
-                per_seg.setdefault(id(p.seg), []).append((p.seg, p.job))
-            order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
-            for at in range(0, len(order), self.max_windows):
-                self._decode_call([pair for pairs in order[at : at + self.max_windows] for pair in pairs])
+            self._decode_call([(p.seg, p.job) for p in call])
+            if not everything:
+                break
         if self._ends:
             held = {id(p.seg) for p in self.pending}
             ready = [e for e in self._ends if id(e[1]) not in held]

@@ -73,10 +73,12 @@ class StubCode2Wav:
 
     def __init__(self) -> None:
         self.calls: list[list] = []
+        self.owners: list[list] = []
         self.released: list[int] = []
 
     def run(self, owners, jobs):
         self.calls.append(list(jobs))
+        self.owners.append(list(owners))
         return [np.full(4, 0.001 * (10 * seg.sid + k), np.float32) for seg, k in zip(owners, jobs)]
 
     def release(self, seg) -> None:
@@ -139,3 +141,27 @@ def test_frame_buckets_fit_the_ramp_the_steady_chunk_and_its_final_push():
     causal = CodecGeometry(num_codebooks=16, codebook_size=2048, hop=1920, sample_rate=24000, receptive_field=0,
                            lookahead_samples=0, causal=True)
     assert frame_buckets(causal, 16) == (1, 2, 4, 8, 16)
+
+
+def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind_it():
+    """Not busy, max_windows 2: five streams' held jobs are due; each pass decodes the two most urgent
+    and leaves the rest held, so a first chunk that arrives after the first call goes in the second."""
+    got: list[list[int]] = []
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
+    w.code2wav = stub = StubCode2Wav()
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    now = time.monotonic()
+    segs = [SimpleNamespace(sid=i) for i in range(6)]
+    w.pending = [Pending(segs[i], 0, now + 1.0 + i, taken=now - 1.0) for i in range(5)]
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w.pending.append(Pending(segs[5], 0, now, taken=now))  # a first chunk (deadline = now)
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    assert got == [[0, 1], [5, 2], [3, 4]] and w.pending == []
+
+
+def _last(stub: "StubCode2Wav") -> tuple[list, list]:
+    return stub.owners[-1], stub.calls[-1]
