@@ -118,7 +118,7 @@ class CodecWorker:
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
-                 busy: Callable[[], bool] = lambda: False):
+                 busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -130,6 +130,9 @@ class CodecWorker:
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
         self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
+        if codec_sms is not None and stream_mode != "separate":
+            raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
+        self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
         self.calls = 0
@@ -149,7 +152,12 @@ class CodecWorker:
         """Pick the CUDA stream (the talker's `engine_stream` in "engine" mode), warm up, start the thread."""
         assert self._thread is None, "codec worker already started"
         self._loop = asyncio.get_running_loop()
-        if self.device is not None:
+        if self.device is not None and self.codec_sms is not None:
+            from higgs_stream.engine.green_context import green_stream
+
+            self._stream = green_stream(self.device, self.codec_sms)
+            log.info("codec on a green context of %d SMs", self.codec_sms)
+        elif self.device is not None:
             self._stream = (engine_stream if self.stream_mode == "engine" and engine_stream is not None
                             else torch.cuda.Stream(self.device, priority=0))
         if self._warm:
@@ -289,7 +297,8 @@ class CodecWorker:
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
-            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs)
+            green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
+            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
@@ -306,7 +315,7 @@ class CodecWorker:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 
                 graphs = CodecGraphs(self.codec, [(b, w) for b in CODEC_WINDOW_BUCKETS for w in lengths])
-                diff = graphs.capture()
+                diff = graphs.capture(stream=green)
                 if diff == 0.0:
                     self.window_graphs = graphs
                     self.code2wav.window_decode = graphs.decode

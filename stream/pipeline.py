@@ -97,7 +97,8 @@ class Pipeline:
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
                                         max_windows=codec_max_windows, max_streams=cfg.max_streams,
-                                        busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False)
+                                        busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
+                                        codec_sms=cfg.codec_sms)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,

@@ -165,3 +165,11 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
 
 def _last(stub: "StubCode2Wav") -> tuple[list, list]:
     return stub.owners[-1], stub.calls[-1]
+
+
+def test_a_green_context_needs_the_codec_on_its_own_stream():
+    from higgs_stream.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="codec_sms"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, stream_mode="engine", codec_sms=32)
+    assert CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, codec_sms=32).codec_sms == 32

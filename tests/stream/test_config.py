@@ -65,3 +65,6 @@ def test_codec_schedule_is_eager_unless_asked():
     assert ServerConfig(codec_schedule="just_in_time").codec_schedule == "just_in_time"
     with pytest.raises(ConfigError, match="codec_schedule"):
         ServerConfig(codec_schedule="lazy")
+    assert ServerConfig().codec_sms is None and ServerConfig(codec_sms=48).codec_sms == 48
+    with pytest.raises(ConfigError, match="codec_sms"):
+        ServerConfig(codec_sms=0)
