@@ -439,14 +439,15 @@ class _CodecStats:
 
 async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, int]],
                        codec_stream: str = "separate", pacing: dict | None = None, trace: bool = False,
-                       partition_steps: bool = True, gil_switch_s: float | None = None) -> list[dict]:
+                       partition_steps: bool = True, gil_switch_s: float | None = None,
+                       codec_sms: int | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.pipeline import Pipeline
 
     n_max = max(n for n, _, _ in runs)
     cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0,
-                       **(pacing or {}))
+                       codec_sms=codec_sms, **(pacing or {}))
     pipeline = Pipeline(engine, codec, cfg, codec_stream=codec_stream)
     pipeline.codec_worker.code2wav.partition_steps = partition_steps
     t0 = time.perf_counter()
@@ -469,6 +470,7 @@ async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, in
                 res["codec_stream"] = codec_stream
                 res["partition_steps"] = partition_steps
                 res["gil_switch_ms"] = sys.getswitchinterval() * 1e3
+                res["codec_sms"] = codec_sms
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
                     f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']} in {res['streams_with_underrun']} streams, "
@@ -505,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run N > 1 with every codec call's pushes in one step (no partition by width)")
     ap.add_argument("--compare-gil-switch", default="", metavar="MS,...",
                     help="also run N > 1 with these GIL switch intervals (the pipeline sets 1 ms)")
+    ap.add_argument("--compare-codec-sms", default="", metavar="N,...",
+                    help="also run N > 1 with the codec on a green context of these many SMs")
     ap.add_argument("--trace", action="store_true", help="time every engine step and codec call of N > 1 runs")
     ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
     args = ap.parse_args(argv)
@@ -610,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device
             result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine", trace=args.trace))
             save()
+        for sms in filter(None, args.compare_codec_sms.split(",")):
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, codec_sms=int(sms)))
+            save()
         for ms in filter(None, args.compare_gil_switch.split(",")):
             result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, gil_switch_s=float(ms) / 1e3))
             save()
@@ -645,10 +652,11 @@ def summarize(r: dict) -> None:
         if "speedup_vs_transformers_batch1" in r:
             print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
     if "stream" in r:
-        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'part':>4} {'gil':>4} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
+        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'sms':>4} {'part':>4} {'gil':>4} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
               f"{'audio-s/s':>9} {'step ms':>8} {'loop ms':>8} {'codec s':>8} {'wall s':>7}")
         for s in r["stream"]:
-            print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {'y' if s.get('partition_steps', True) else 'n':>4} "
+            print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {s.get('codec_sms') or 'all':>4} "
+                  f"{'y' if s.get('partition_steps', True) else 'n':>4} "
                   f"{s.get('gil_switch_ms', 0):>4.1f} "
                   f"{s['ttfa_p50_ms']:>9.1f} "
                   f"{s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "

@@ -17,7 +17,7 @@ if [ -n "${CODEC:-}" ]; then
   grep -E "stateful|one_shot" "$OUT/d/codec.log" | tail -8
 fi
 python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-128,256}" --low-latency-streams "" --trace \
-  ${BENCH_ARGS:---compare-codec-stream --compare-gil-switch 5,0.2} --out "$OUT/d/bench.json" > "$OUT/d/bench.log" 2>&1 &
+  ${BENCH_ARGS:---compare-codec-sms 32,48} --out "$OUT/d/bench.json" > "$OUT/d/bench.log" 2>&1 &
 pid=$!
 if command -v py-spy >/dev/null; then
   sleep 75  # model build + warm-up first

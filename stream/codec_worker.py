@@ -3,12 +3,15 @@
 The engine thread hands it one `Round` per step (`submit`, into a bounded queue of
 `CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). Every job carries
 its deadline: when the stream's listener runs dry without it (monotonic seconds; a first chunk's
-deadline is its creation time). The thread keeps the jobs it took and decodes **just in time, in
-batches**: nothing runs until some job is within `CODEC_URGENT_S` of its deadline; then one call
-takes every job due within `CODEC_AHEAD_S`, most urgent first, `max_windows` streams per call.
-The talker runs streams seconds ahead of their listeners while it can, and decoding all of that at
-once would take the GPU from the talker exactly when new streams wait for their first audio; just
-in time, the codec's share of the GPU follows real time. A segment's end flushes its jobs at once.
+deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
+decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
+deadline; then one call takes every job due within `CODEC_AHEAD_S`, most urgent first,
+`max_windows` streams per call. The talker runs streams seconds ahead of their listeners while it
+can, and decoding all of that at once would take the GPU from the talker exactly when new streams
+wait for their first audio; just in time, the codec's share of the GPU follows real time. When no
+stream is starting, everything held is decoded once the oldest job waited `CODEC_HOLD_S` (or at once
+when one is urgent), so a lone request (an HTTP download) gets its audio as fast as it is made. A
+segment's end flushes its jobs at once.
 
 Calls run the jobs through one `Code2Wav` (stream/adapter.py): every due stream's new frames in the
 stateful decoder's few steps, ramp windows in few one-shot calls. Audio and segment ends reach the
@@ -54,6 +57,7 @@ CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max stre
 # chunks at once) and takes every job needed within CODEC_AHEAD_S.
 CODEC_URGENT_S = 0.3
 CODEC_AHEAD_S = 1.0
+CODEC_HOLD_S = 0.05  # not busy: a job waits at most this long for others to share its call
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
@@ -75,23 +79,35 @@ class Pending:
     seg: Any
     job: Job
     deadline: float
+    taken: float = 0.0  # when the codec thread took it (monotonic s)
 
 
-def due(pending: list[Pending], now: float, flush: set[int]) -> list[Pending]:
-    """The jobs of the next calls: none while no job is within CODEC_URGENT_S of its deadline (and no
-    segment in `flush`, ids of ended segments); else every job due within CODEC_AHEAD_S plus every job
-    of a flushed segment, in deadline order (stable: a segment's jobs keep their order)."""
-    if not any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending):
+def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) -> list[Pending]:
+    """The jobs of the next calls, in deadline order (stable: a segment's jobs keep their order).
+    Busy (a stream waits for its first audio): none while no job is within CODEC_URGENT_S of its
+    deadline and no segment is in `flush` (ids of ended segments), else every job due within
+    CODEC_AHEAD_S plus every job of a flushed segment. Not busy: all of them once one is urgent or
+    flushed or the oldest has waited CODEC_HOLD_S."""
+    if not pending:
+        return []
+    urgent = any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending)
+    if not busy:
+        ready = urgent or now - min(p.taken for p in pending) >= CODEC_HOLD_S
+        return sorted(pending, key=lambda p: p.deadline) if ready else []
+    if not urgent:
         return []
     take = [p for p in pending if p.deadline - now <= CODEC_AHEAD_S or id(p.seg) in flush]
     return sorted(take, key=lambda p: p.deadline)
 
 
-def wake_in(pending: list[Pending], now: float) -> float | None:
-    """Seconds until the first held job becomes urgent (None: nothing held)."""
+def wake_in(pending: list[Pending], now: float, busy: bool = True) -> float | None:
+    """Seconds until `due` would take something without a new round (None: nothing held)."""
     if not pending:
         return None
-    return max(0.0, min(p.deadline for p in pending) - CODEC_URGENT_S - now)
+    first = min(p.deadline for p in pending) - CODEC_URGENT_S
+    if not busy:
+        first = min(first, min(p.taken for p in pending) + CODEC_HOLD_S)
+    return max(0.0, first - now)
 
 
 class CodecWorker:
@@ -101,18 +117,22 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2):
+                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
+                 busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
         self.codec = codec
-        self.decoder = codec  # what ramp windows decode with (CodecGraphs after a GPU warm-up)
+        self.window_graphs = None  # CodecGraphs replaying the ramp windows after a GPU warm-up (Code2Wav uses them)
         self.device = cuda_device(getattr(codec, "device", None))
         self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
-        self.stream_mode, self.max_windows = stream_mode, max_windows
+        self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
+        if codec_sms is not None and stream_mode != "separate":
+            raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
+        self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
         self.calls = 0
@@ -132,14 +152,19 @@ class CodecWorker:
         """Pick the CUDA stream (the talker's `engine_stream` in "engine" mode), warm up, start the thread."""
         assert self._thread is None, "codec worker already started"
         self._loop = asyncio.get_running_loop()
-        if self.device is not None:
+        if self.device is not None and self.codec_sms is not None:
+            from higgs_stream.engine.green_context import green_stream
+
+            self._stream = green_stream(self.device, self.codec_sms)
+            log.info("codec on a green context of %d SMs", self.codec_sms)
+        elif self.device is not None:
             self._stream = (engine_stream if self.stream_mode == "engine" and engine_stream is not None
                             else torch.cuda.Stream(self.device, priority=0))
         if self._warm:
             t0 = time.perf_counter()
             shapes = await asyncio.to_thread(self.warm_up)
             log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
-                     time.perf_counter() - t0, len(getattr(self.decoder, "shapes", ())))
+                     time.perf_counter() - t0, len(getattr(self.window_graphs, "shapes", ())))
         self._thread = threading.Thread(target=self._run, name="higgs-codec", daemon=True)
         self._thread.start()
 
@@ -172,7 +197,7 @@ class CodecWorker:
         with on_stream(self._stream):
             stop = False
             while not stop:
-                stop = self._take(wake_in(self.pending, time.monotonic()))
+                stop = self._take(wake_in(self.pending, time.monotonic(), self.busy()))
                 self._decode_due(everything=stop)
 
     def _take(self, wait: float | None) -> bool:
@@ -186,7 +211,8 @@ class CodecWorker:
             if rnd is None:
                 return True
             deadlines = rnd.deadlines or [0.0] * len(rnd.jobs)
-            self.pending += [Pending(seg, job, d) for seg, job, d in zip(rnd.owners, rnd.jobs, deadlines)]
+            now = time.monotonic()
+            self.pending += [Pending(seg, job, d, now) for seg, job, d in zip(rnd.owners, rnd.jobs, deadlines)]
             self._ends += rnd.ends
             try:
                 rnd = self.rounds.get_nowait()
@@ -194,19 +220,22 @@ class CodecWorker:
                 return False
 
     def _decode_due(self, everything: bool = False) -> None:
-        """Decode the due jobs (all of them with `everything`), most urgent streams first when they
-        exceed one call, then hand over the ends whose segments have no held job left."""
+        """Decode the due jobs of the `max_windows` most urgent streams (everything with `everything`:
+        at stop) in one call — the rest stay held, so a first chunk that comes meanwhile goes in the
+        next call, not after all of them — then hand over the ends whose segments have no held job left."""
         flush = {id(e[1]) for e in self._ends}
-        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush)
-        if take:
-            taken = {id(p) for p in take}
+        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush, self.busy())
+        per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
+        for p in take:
+            per_seg.setdefault(id(p.seg), []).append(p)
+        order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
+        for at in range(0, len(order), self.max_windows):
+            call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
+            taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
-            per_seg: dict[int, list[tuple[Any, Job]]] = {}  # id(seg) -> its (seg, job) pairs, in order
-            for p in take:
-                per_seg.setdefault(id(p.seg), []).append((p.seg, p.job))
-            order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
-            for at in range(0, len(order), self.max_windows):
-                self._decode_call([pair for pairs in order[at : at + self.max_windows] for pair in pairs])
+            self._decode_call([(p.seg, p.job) for p in call])
+            if not everything:
+                break
         if self._ends:
             held = {id(p.seg) for p in self.pending}
             ready = [e for e in self._ends if id(e[1]) not in held]
@@ -268,7 +297,8 @@ class CodecWorker:
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
-            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs)
+            green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
+            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
@@ -285,9 +315,9 @@ class CodecWorker:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 
                 graphs = CodecGraphs(self.codec, [(b, w) for b in CODEC_WINDOW_BUCKETS for w in lengths])
-                diff = graphs.capture()
+                diff = graphs.capture(stream=green)
                 if diff == 0.0:
-                    self.decoder = graphs
+                    self.window_graphs = graphs
                     self.code2wav.window_decode = graphs.decode
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)

@@ -96,7 +96,9 @@ class Pipeline:
         one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
-                                        max_windows=codec_max_windows, max_streams=cfg.max_streams)
+                                        max_windows=codec_max_windows, max_streams=cfg.max_streams,
+                                        busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
+                                        codec_sms=cfg.codec_sms)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
@@ -127,8 +129,8 @@ class Pipeline:
 
     @property
     def decoder(self):
-        """What the codec thread decodes with (CodecGraphs after a GPU warm-up)."""
-        return self.codec_worker.decoder
+        """What the ramp windows decode with: CodecGraphs after a GPU warm-up, else the codec."""
+        return self.codec_worker.window_graphs or self.codec
 
     @property
     def codec_calls(self) -> int:
@@ -221,6 +223,11 @@ class Pipeline:
         ttfa = handle.first_audio_at - handle.said_at if None not in (handle.first_audio_at, handle.said_at) else None
         access_log.info("%s id=%s reason=%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
                         handle.samples, "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
+
+    def _starting(self) -> bool:
+        """Whether some stream waits for its first audio (the codec then decodes just in time)."""
+        with self._lock:
+            return any(seg.clock.start is None for seg in self._segments.values())
 
     def _submit(self, seg: _Segment) -> None:
         with self._lock:  # the engine thread must not see this stream's events before it is mapped

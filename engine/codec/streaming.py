@@ -411,13 +411,15 @@ class StreamingDecoder:
         return x[:, 0, :]  # [B, C * hop]
 
     # ---- CUDA graphs ----
-    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True) -> float:
+    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
+                stream: torch.cuda.Stream | None = None) -> float:
         """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
         CUDA graph captured per bucket. Each graph is checked against the eager step on random inputs;
         returns the largest max |d| / peak (0.0 without graphs). Above CAPTURE_TOLERANCE all graphs and
         buckets are dropped (logged as an error) and steps run eagerly at their exact shapes.
         `graphs=False` keeps the padding but runs eagerly (debugging; the only mode on CPU).
-        The arena's contents are preserved."""
+        The arena's contents are preserved. `stream`: capture on it (a green context's, see
+        engine/green_context.py), else on side streams."""
         if graphs and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
         for b in batch_buckets:
@@ -439,7 +441,7 @@ class StreamingDecoder:
 
         with torch.no_grad(), self.codec._precision():
             captured, outputs = capture_buckets(keys, stage, lambda key: self._math(self._inputs[key], key),
-                                                self.device)
+                                                self.device, stream)
             saved = [s.clone() for s in self.states]
             try:
                 checks = [self._check_graph(key, captured[key], outputs[key]) for key in keys]

@@ -15,6 +15,7 @@ from higgs_stream.stream.adapter import Code2WavAdapter
 from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
     CODEC_AHEAD_S,
+    CODEC_HOLD_S,
     CODEC_URGENT_S,
     CodecWorker,
     Pending,
@@ -45,6 +46,20 @@ def test_nothing_runs_until_a_listener_is_about_to_run_dry():
     assert [p.job for p in due(held(a, now), now, set())] == ["job0"]
 
 
+def test_when_no_stream_is_starting_everything_goes_after_a_short_hold():
+    """A lone request (an HTTP download) is not paced: held jobs go as soon as the oldest has waited
+    CODEC_HOLD_S for company, or at once when one is urgent."""
+    now = 100.0
+    a = SimpleNamespace(sid=1)
+    pending = [Pending(a, "job0", now + 5.0, taken=now), Pending(a, "job1", now + 9.0, taken=now + 0.01)]
+    assert due(pending, now + 0.01, set(), busy=False) == []
+    assert wake_in(pending, now + 0.01, busy=False) == pytest.approx(CODEC_HOLD_S - 0.01)
+    assert [p.job for p in due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=False)] == ["job0", "job1"]
+    assert due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=True) == []  # busy: held until due
+    urgent = pending + [Pending(a, "job2", now + 0.1, taken=now + 0.01)]
+    assert [p.job for p in due(urgent, now + 0.01, set(), busy=False)] == ["job2", "job0", "job1"]
+
+
 def test_an_ended_segment_flushes_its_jobs():
     now = 100.0
     a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
@@ -58,10 +73,12 @@ class StubCode2Wav:
 
     def __init__(self) -> None:
         self.calls: list[list] = []
+        self.owners: list[list] = []
         self.released: list[int] = []
 
     def run(self, owners, jobs):
         self.calls.append(list(jobs))
+        self.owners.append(list(owners))
         return [np.full(4, 0.001 * (10 * seg.sid + k), np.float32) for seg, k in zip(owners, jobs)]
 
     def release(self, seg) -> None:
@@ -69,8 +86,9 @@ class StubCode2Wav:
 
 
 def test_the_thread_holds_relaxed_jobs_and_flushes_a_segment_at_its_end():
-    """Through the real thread: a first chunk goes out at once; jobs needed in 30 s are held (a later
-    urgent call does not take them); a segment's end flushes its held jobs, then follows them."""
+    """Through the real thread, while streams are starting (busy): a first chunk goes out at once; jobs
+    needed in 30 s are held (a later urgent call does not take them); a segment's end flushes its held
+    jobs, then follows them."""
 
     async def main() -> tuple[list, StubCode2Wav]:
         got: list[tuple] = []
@@ -81,7 +99,7 @@ def test_the_thread_holds_relaxed_jobs_and_flushes_a_segment_at_its_end():
                 got.append((item[0], item[1].sid, item[2] if item[0] == "end" else item[2][:2]))
             arrived.set()
 
-        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=deliver, warm=False)
+        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=deliver, warm=False, busy=lambda: True)
         w.code2wav = stub = StubCode2Wav()
         await w.start(None)
         a, b, c = (SimpleNamespace(sid=i) for i in (1, 2, 3))
@@ -123,3 +141,35 @@ def test_frame_buckets_fit_the_ramp_the_steady_chunk_and_its_final_push():
     causal = CodecGeometry(num_codebooks=16, codebook_size=2048, hop=1920, sample_rate=24000, receptive_field=0,
                            lookahead_samples=0, causal=True)
     assert frame_buckets(causal, 16) == (1, 2, 4, 8, 16)
+
+
+def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind_it():
+    """Not busy, max_windows 2: five streams' held jobs are due; each pass decodes the two most urgent
+    and leaves the rest held, so a first chunk that arrives after the first call goes in the second."""
+    got: list[list[int]] = []
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
+    w.code2wav = stub = StubCode2Wav()
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    now = time.monotonic()
+    segs = [SimpleNamespace(sid=i) for i in range(6)]
+    w.pending = [Pending(segs[i], 0, now + 1.0 + i, taken=now - 1.0) for i in range(5)]
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w.pending.append(Pending(segs[5], 0, now, taken=now))  # a first chunk (deadline = now)
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    assert got == [[0, 1], [5, 2], [3, 4]] and w.pending == []
+
+
+def _last(stub: "StubCode2Wav") -> tuple[list, list]:
+    return stub.owners[-1], stub.calls[-1]
+
+
+def test_a_green_context_needs_the_codec_on_its_own_stream():
+    from higgs_stream.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="codec_sms"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, stream_mode="engine", codec_sms=32)
+    assert CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, codec_sms=32).codec_sms == 32

@@ -529,3 +529,14 @@ def test_startup_line_names_webrtc_when_mounted():
     line = server_mod.startup_line(app, "0.0.0.0", 8000)
     assert line == ("serving on http://0.0.0.0:8000 (WebSocket /v1/tts/stream, POST /v1/audio/speech, "
                     "WebRTC POST /v1/webrtc/offer)")
+
+
+def test_serve_flags_reach_the_codec_schedule_and_green_context():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server_mod.add_arguments(parser)
+    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x"]))
+    assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
+    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
+    assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
