@@ -178,8 +178,9 @@ def write_checkpoint(out: str | Path, arch: str | None = None, preset: str = "ti
             raise ConfigError(f"--layout {layout!r}: {family.arch} checkpoints have one layout; "
                               f"drop --layout for --arch {family.arch}")
         raise ConfigError(f"unknown layout {layout!r}; expected one of {family.layouts}")
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; expected one of {PRESETS}")
+    presets = getattr(family, "presets", PRESETS)  # a family may name its released sizes
+    if preset not in presets:
+        raise ConfigError(f"unknown preset {preset!r}; expected one of {presets}")
     check_seed(seed)
     return family.make_checkpoint(out, preset, layout, seed)
 
@@ -191,7 +192,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", type=Path, help="output directory (missing or empty)")
     parser.add_argument("--arch", choices=[f.arch for f in FAMILIES], default=DEFAULT_ARCH,
                         help="; ".join(f"{f.arch}: {f.summary}" for f in FAMILIES))
-    parser.add_argument("--preset", choices=PRESETS, default="tiny",
+    presets = sorted({p for f in FAMILIES for p in getattr(f, "presets", PRESETS)}, key=lambda p: (p not in PRESETS, p))
+    parser.add_argument("--preset", choices=presets, default="tiny",
                         help="tiny: CPU-test size; full: the released architecture (v2 3B ~11.5 GB, v3 4B ~8 GB bf16)")
     parser.add_argument("--layout", choices=layouts, default=None,
                         help="on-disk layout (default: the family's first); "

@@ -128,6 +128,7 @@ class ModelFamily(Protocol):
     model_types: tuple[str, ...]  # config.json model_type values it reads
     config_type: type  # its talker config class
     layouts: tuple[str, ...]  # on-disk layouts `make_checkpoint` writes; the first is the default
+    # optional: `presets: tuple[str, ...]`, the presets `make_checkpoint` takes (default ("tiny", "full"))
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, Any, Any]:

@@ -4,6 +4,7 @@
     "higgs_audio_v2" (transformers)      higgs_v2             v2
     "higgs_audio" (Boson's original)     higgs_v2             v2
     "higgs_multimodal_qwen3"             higgs_v3             v3
+    "qwen3_tts"                          qwen3_tts            qwen3-tts
 
 Adding a family is adding its package under engine/models/ (its `FAMILY` implements
 engine/family.py `ModelFamily`) and one line to `FAMILIES`. `Engine.from_pretrained`, the CLI, the
@@ -23,8 +24,9 @@ from higgs_stream.engine.errors import CheckpointError, ConfigError
 from higgs_stream.engine.family import ModelFamily
 from higgs_stream.engine.models.higgs_v2 import FAMILY as HIGGS_V2
 from higgs_stream.engine.models.higgs_v3 import FAMILY as HIGGS_V3
+from higgs_stream.engine.models.qwen3_tts import FAMILY as QWEN3_TTS
 
-FAMILIES: tuple[ModelFamily, ...] = (HIGGS_V2, HIGGS_V3)
+FAMILIES: tuple[ModelFamily, ...] = (HIGGS_V2, HIGGS_V3, QWEN3_TTS)
 DEFAULT_ARCH = FAMILIES[0].arch  # what `make-checkpoint` and `random:*` build without --arch
 _BY_MODEL_TYPE: dict[str, ModelFamily] = {t: f for f in FAMILIES for t in f.model_types}
 

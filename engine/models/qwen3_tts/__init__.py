@@ -1,0 +1,70 @@
+"""Qwen3-TTS (`Qwen/Qwen3-TTS-12Hz-{0.6B,1.7B}-{Base,CustomVoice,VoiceDesign}`): a dual-track Qwen3
+talker (one step per 80 ms frame emits code group 0), a code predictor that writes groups 1..15 of
+that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per frame at 24 kHz).
+
+    config.py           QwenTTSConfig (hub config.json + generation_config.json), presets 0.6b / 1.7b / tiny
+    checkpoint.py       the hub on-disk layout, its loader and typed errors
+    talker.py           the plain-torch talker and code predictor
+    prompt.py           the three variants' prompt (CustomVoice, VoiceDesign, Base x-vector / ICL)
+    generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
+    codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
+    make_checkpoint.py  random-weight checkpoints in the hub layout
+
+Not wired yet: the engine's batched step (`policy`, `device_rules` raise a ConfigError saying so),
+the text tokenizer, the Base variant's audio front end (speaker encoder, Mimi encoder).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.family import TokenizerLike
+from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
+
+_NOT_WIRED = ("Qwen3-TTS checkpoints load and decode, but the engine's batched step does not serve them yet "
+              "(engine/models/qwen3_tts: generate.generate_frames is the plain-torch loop)")
+
+
+class Qwen3TTS:
+    name = "qwen3_tts"
+    arch = "qwen3-tts"
+    summary = "Qwen3-TTS 12 Hz (talker + code predictor, causal 16x2048 codec)"
+    model_types = (MODEL_TYPE,)
+    config_type = QwenTTSConfig
+    layouts = ("hf",)
+    presets = ("tiny", "full", "0.6b", "1.7b")
+
+    def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
+             max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
+        from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
+
+        model = load_model(root, device=device, dtype=dtype)
+        return model, model.cfg, None
+
+    def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:
+        """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder)."""
+        from higgs_stream.engine.models.qwen3_tts.codec.load import load_qwen_codec
+
+        return load_qwen_codec(codec if codec is not None else root, device=device)
+
+    def policy(self, cfg: QwenTTSConfig, tokenizer: TokenizerLike) -> Any:
+        raise ConfigError(_NOT_WIRED)
+
+    def device_rules(self, cfg: QwenTTSConfig) -> Any:
+        raise ConfigError(_NOT_WIRED)
+
+    def make_checkpoint(self, out: str | Path, preset: str, layout: str, seed: int) -> Path:
+        from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint_qwen
+
+        return make_checkpoint_qwen(out, preset, seed)
+
+    def random_talker(self, preset: str, device: str | torch.device, dtype: torch.dtype, max_positions: int,
+                      seed: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
+        raise ConfigError(_NOT_WIRED)
+
+
+FAMILY = Qwen3TTS()

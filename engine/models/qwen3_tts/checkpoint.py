@@ -1,0 +1,84 @@
+"""The Qwen3-TTS checkpoint in the hub repos' on-disk layout (what qwen-tts 0.1.1's
+`Qwen3TTSForConditionalGeneration.from_pretrained` reads):
+
+    config.json               model_type qwen3_tts, talker_config (+ code_predictor_config), text ids
+    generation_config.json    sampling defaults (talker and "subtalker")
+    model.safetensors         talker.* (+ speaker_encoder.* in the Base variant), often bf16;
+                              or model.safetensors.index.json + shards
+    speech_tokenizer/         the 12 Hz codec (codec/load.py)
+    vocab.json, merges.txt, tokenizer_config.json   the Qwen2 text tokenizer
+
+Our module names are the checkpoint's (`talker.*`). `speaker_encoder.*` (the Base variant's x-vector
+encoder) is not built: reference audio reaches the prompt as a speaker vector and codes. Every
+missing, unexpected or mis-shaped talker tensor is a CheckpointError naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from higgs_stream.engine.checkpoint_files import read_config_json, read_headers, weight_files
+from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
+from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
+from safetensors import safe_open
+
+from higgs_stream.kernels.rope import llama3_inv_freq
+
+GENERATION_FILE = "generation_config.json"
+UNUSED_PREFIXES = ("speaker_encoder.",)  # stored, not built (see the module docstring)
+
+
+def load_config(root: Path) -> QwenTTSConfig:
+    gen_file = root / GENERATION_FILE
+    generation = None
+    if gen_file.is_file():
+        try:
+            generation = json.loads(gen_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"cannot read {gen_file}: {e}") from e
+    return QwenTTSConfig.from_json(read_config_json(root), generation, source=str(root / "config.json"))
+
+
+def load_model(root: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = torch.float32) -> QwenTTSModel:
+    """The talker and code predictor of `root` on `device` (dtype None: as stored)."""
+    root = Path(root)
+    cfg = load_config(root)
+    files, weight_map = weight_files(root)
+    entries = read_headers(files, weight_map)
+    with torch.device("meta"):
+        model = QwenTTSModel(cfg)
+    params = dict(model.named_parameters())
+    stored = {k: e for k, e in entries.items() if not k.startswith(UNUSED_PREFIXES)}
+    missing = sorted(set(params) - set(stored))
+    if missing:
+        raise CheckpointError(f"{root}: missing tensor {missing[0]}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    unexpected = sorted(set(stored) - set(params))
+    if unexpected:
+        raise CheckpointError(f"{root}: unexpected tensor {unexpected[0]}"
+                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+    for name, p in params.items():
+        if tuple(stored[name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{root}: tensor {name} has shape {stored[name].shape}, the config gives "
+                                  f"{tuple(p.shape)}")
+    model = model.to_empty(device=device)
+    params = dict(model.named_parameters())  # the real tensors now
+    with torch.no_grad():
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    if key in params:
+                        t = f.get_tensor(key)
+                        params[key].copy_(t.to(dtype if dtype is not None else t.dtype))
+        # derived buffers (RoPE frequencies) were built on meta: compute them for real
+        model.inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, None).to(device)
+        cp = cfg.code_predictor
+        model.talker.code_predictor.inv_freq = llama3_inv_freq(cp.head_dim, cp.rope_theta, None).to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval().requires_grad_(False)

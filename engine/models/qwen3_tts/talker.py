@@ -1,0 +1,226 @@
+"""The Qwen3-TTS talker and code predictor in plain torch (the reference path).
+
+    talker: a Qwen3 LM (QK-norm, GQA, SwiGLU) over positions whose input is the sum of a text track
+    (text_projection(text_embedding(id)): a 2-layer MLP from the text width) and a codec track
+    (codec_embedding(id), a speaker vector, or a whole frame: the sum of its 16 group embeddings);
+    codec_head gives group 0's logits over the codec vocabulary (codes, then specials).
+    code predictor: a small Qwen3 LM that, given the talker's last hidden state and group 0's
+    embedding (2 positions), writes groups 1..15 one per step, each with its own embedding table
+    (codec_embedding[g-1], talker width) and head (lm_head[g-1]); inputs pass small_to_mtp_projection
+    when the widths differ. Its cache lives for one frame (positions 0..16).
+
+The talker's multimodal RoPE gets equal position ids in its three sections in TTS, which is plain
+RoPE. Module names follow the checkpoint (`talker.model.*`, `talker.text_projection.*`,
+`talker.codec_head`, `talker.code_predictor.*`), so the state dict loads without renaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.layers import MLP, Attention, RMSNorm
+from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
+from higgs_stream.kernels.attention import PagedLayout
+from higgs_stream.kernels.rope import llama3_inv_freq, rope_cos_sin
+
+Pick = Callable[[int, torch.Tensor], torch.Tensor]  # (group 1..15, logits [B, V] fp32) -> ids [B]
+
+
+class _Dims:
+    """What engine/layers.Attention reads from a config."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
+
+
+class QKNormAttention(Attention):
+    """engine/layers.Attention plus Qwen3's per-head RMSNorm of q and k before RoPE."""
+
+    def __init__(self, dims: _Dims, eps: float) -> None:
+        super().__init__(dims)
+        self.q_norm = RMSNorm(dims.head_dim, eps)
+        self.k_norm = RMSNorm(dims.head_dim, eps)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = super().project_qkv(x)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], past: list[torch.Tensor] | None
+              ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Causal attention over a dense cache: x [B, T, H], rope cos/sin [T, D], past [k, v] each
+        [B, Hkv, S, D] or None -> ([B, T, H], the cache with this step appended)."""
+        b, t, _ = x.shape
+        q, k, v = self.project_qkv(x.reshape(b * t, -1))
+        cos, sin = rope
+        q = _rotate(q.view(b, t, self.num_heads, -1), cos, sin).transpose(1, 2)  # [B, Hq, T, D]
+        k = _rotate(k.view(b, t, self.num_kv_heads, -1), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.view(b, t, self.num_kv_heads, -1).transpose(1, 2)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        s = k.shape[2]
+        rep = self.num_heads // self.num_kv_heads
+        scores = torch.matmul(q, k.repeat_interleave(rep, 1).transpose(2, 3)) * self.head_dim ** -0.5
+        causal = torch.arange(s, device=x.device)[None, :] <= torch.arange(s - t, s, device=x.device)[:, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1), v.repeat_interleave(rep, 1))  # [B, Hq, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), [k, v]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos[:, None, :] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None, :]
+
+
+class Qwen3Layer(nn.Module):
+    def __init__(self, dims: _Dims, intermediate: int, eps: float) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(dims.hidden_size, eps)
+        self.self_attn = QKNormAttention(dims, eps)
+        self.post_attention_layernorm = RMSNorm(dims.hidden_size, eps)
+        self.mlp = MLP(dims.hidden_size, intermediate)
+
+    def forward(self, x, rope, k_pool, v_pool, layout: PagedLayout) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, layout)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def dense(self, x, rope, past):
+        y, cache = self.self_attn.dense(self.input_layernorm(x), rope, past)
+        x = x + y
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class TextProjection(nn.Module):
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(cfg.text_hidden_size, cfg.text_hidden_size)
+        self.linear_fc2 = nn.Linear(cfg.text_hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        dims = _Dims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.layers = nn.ModuleList(Qwen3Layer(dims, cfg.intermediate_size, cfg.rms_norm_eps)
+                                    for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+
+
+class PredictorModel(nn.Module):
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        c = cfg.code_predictor
+        dims = _Dims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim)
+        self.layers = nn.ModuleList(Qwen3Layer(dims, c.intermediate_size, c.rms_norm_eps) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size)
+                                             for _ in range(cfg.num_codebooks - 1))
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        c = cfg.code_predictor
+        self.model = PredictorModel(cfg)
+        self.lm_head = nn.ModuleList(nn.Linear(c.hidden_size, cfg.codebook_size, bias=False)
+                                     for _ in range(cfg.num_codebooks - 1))
+        self.small_to_mtp_projection = (nn.Linear(cfg.hidden_size, c.hidden_size) if c.hidden_size != cfg.hidden_size
+                                        else nn.Identity())
+        self.register_buffer("inv_freq", llama3_inv_freq(c.head_dim, c.rope_theta, None), persistent=False)
+
+    def run(self, talker_hidden: torch.Tensor, first: torch.Tensor, first_embed: torch.Tensor,
+            pick: Pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """talker_hidden [B, H] (the talker's final-normed state where group 0 was sampled), first [B]
+        (group 0) and its embedding [B, H] -> (groups 1..15 [B, 15], their logits, 15 x [B, V] fp32)."""
+        x = torch.stack([talker_hidden, first_embed], dim=1)  # [B, 2, H]
+        caches: list = [None] * len(self.model.layers)
+        codes, logits = [], []
+        pos = 0
+        for g in range(1, len(self.lm_head) + 1):
+            h = self.small_to_mtp_projection(x)
+            t = h.shape[1]
+            rope = rope_cos_sin(torch.arange(pos, pos + t, device=h.device), self.inv_freq, h.dtype)
+            for i, layer in enumerate(self.model.layers):
+                h, caches[i] = layer.dense(h, rope, caches[i])
+            pos += t
+            out = self.lm_head[g - 1](self.model.norm(h[:, -1])).float()  # [B, V]
+            ids = pick(g, out)
+            codes.append(ids)
+            logits.append(out)
+            if g < len(self.lm_head):
+                x = self.model.codec_embedding[g - 1](ids)[:, None]  # [B, 1, H]
+        return torch.stack(codes, dim=1), logits
+
+
+class Talker(nn.Module):
+    """`talker.*` of the checkpoint."""
+
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        self.model = TalkerModel(cfg)
+        self.text_projection = TextProjection(cfg)
+        self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.code_predictor = CodePredictor(cfg)
+
+
+class QwenTTSModel(nn.Module):
+    """The whole checkpoint's model (the Base variant's `speaker_encoder.*` is not built: reference audio
+    reaches the prompt as a speaker vector and codes)."""
+
+    def __init__(self, cfg: QwenTTSConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.talker = Talker(cfg)
+        self.register_buffer("inv_freq", llama3_inv_freq(cfg.head_dim, cfg.rope_theta, None), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.talker.codec_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.talker.codec_head.weight.device
+
+    # ---- the two tracks ----
+    def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Text ids [...] -> projected text-track embeddings [..., H]."""
+        return self.talker.text_projection(self.talker.model.text_embedding(ids))
+
+    def codec_embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.talker.model.codec_embedding(ids)
+
+    def frame_embed(self, frames: torch.Tensor) -> torch.Tensor:
+        """Whole frames [..., 16] (codes 0..codebook_size-1) -> the sum of their 16 group embeddings [..., H]."""
+        acc = self.codec_embed(frames[..., 0])
+        for g, table in enumerate(self.talker.code_predictor.model.codec_embedding, start=1):
+            acc = acc + table(frames[..., g])
+        return acc
+
+    # ---- the talker LM ----
+    def hidden(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, seq_ids: list[int],
+               qo_lens: list[int]) -> tuple[torch.Tensor, PagedLayout]:
+        """Ragged step over N input embeddings [N, H] at RoPE positions [N] (their K/V written to the
+        cache's reserved pages) -> final-normed hidden states [N, H]."""
+        layout = cache.layout(seq_ids, qo_lens)
+        rope = rope_cos_sin(positions.to(x.device), self.inv_freq, x.dtype)
+        for i, layer in enumerate(self.talker.model.layers):
+            x = layer(x, rope, cache.pool.k[i], cache.pool.v[i], layout)
+        return self.talker.model.norm(x), layout
+
+    def group0_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.talker.codec_head(hidden).float()  # [B, vocab]
+
+    def complete_frames(self, hidden: torch.Tensor, first: torch.Tensor, pick: Pick
+                        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Groups 1..15 for every row at once: hidden [B, H], group 0 [B] -> (frames [B, 16], logits)."""
+        rest, logits = self.talker.code_predictor.run(hidden, first, self.codec_embed(first), pick)
+        return torch.cat([first[:, None], rest], dim=1), logits

@@ -1,0 +1,85 @@
+"""The 12 Hz tokenizer's decoder against the official reference (PyPI qwen-tts 0.1.1, fixtures made by
+scripts/qwen3_reference_fixtures.py), its geometry, and loading errors."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from higgs_stream.engine.errors import CheckpointError, InvalidInputError, NotFoundError
+from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec, load_qwen_codec
+from safetensors.torch import load_file, save_file
+
+BOUND = 1e-5  # max |ours - reference| / max |reference|, fp32 (measured 3.3e-6 on this tiny decoder)
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_dir) -> QwenCodec:
+    return load_qwen_codec(tiny_dir)
+
+
+def test_one_shot_decode_matches_the_reference(codec, ref):
+    codes = torch.from_numpy(ref["decode_codes"].astype(np.int64))  # [1, 16, 9]
+    got = codec.decode(codes).numpy()
+    want = ref["decode_wav"]
+    assert got.shape == want.shape == (1, 9 * 1920)
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert err <= BOUND, f"decode differs from the reference by {err:.3g} of peak"
+
+
+def test_geometry_tiny_and_full(codec):
+    g = codec.geometry
+    assert (g.num_codebooks, g.codebook_size, g.hop, g.sample_rate) == (16, 64, 1920, 24000)
+    assert g.causal and g.lookahead_samples == 0 and g.lookahead_frames == 0
+    # window 4 over 2 layers (3 each), pre_conv 2, the sample-domain histories 10 frames
+    assert g.receptive_field == 2 * 3 + 2 + 10
+    with torch.device("meta"):
+        full = QwenCodec(FULL)
+    g = full.geometry
+    assert (g.num_codebooks, g.codebook_size, g.hop, g.sample_rate, g.causal) == (16, 2048, 1920, 24000, True)
+    assert g.receptive_field == 8 * 71 + 2 + 10
+    assert g.frame_seconds == pytest.approx(0.08)
+
+
+def test_decode_checks_its_input(codec):
+    with pytest.raises(InvalidInputError, match="codes must be"):
+        codec.decode(torch.zeros(1, 15, 3, dtype=torch.long))
+    with pytest.raises(InvalidInputError, match="0..63"):
+        codec.decode(torch.full((1, 16, 2), 64))
+    assert codec.decode(torch.zeros(2, 16, 0, dtype=torch.long)).shape == (2, 0)
+    with pytest.raises(NotFoundError, match="not supported yet"):
+        codec.encode(np.zeros(2400, np.float32), 24000)
+
+
+def _copy(tmp_path: Path, tiny_dir: Path) -> Path:
+    root = tmp_path / "speech_tokenizer"
+    shutil.copytree(tiny_dir / "speech_tokenizer", root)
+    return root
+
+
+def test_a_missing_unexpected_or_misshaped_tensor_is_named(tmp_path, tiny_dir):
+    root = _copy(tmp_path, tiny_dir)
+    weights = load_file(root / "model.safetensors")
+    key = "decoder.pre_transformer.layers.1.mlp.up_proj.weight"
+    save_file({k: v for k, v in weights.items() if k != key}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"missing tensor {key}"):
+        load_qwen_codec(root)
+    save_file({**weights, "decoder.extra.weight": torch.zeros(1)}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match="unexpected tensor decoder.extra.weight"):
+        load_qwen_codec(root)
+    save_file({**weights, "decoder.pre_conv.conv.bias": torch.zeros(5)}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match="decoder.pre_conv.conv.bias has shape"):
+        load_qwen_codec(root)
+
+
+def test_a_foreign_config_is_refused(tmp_path, tiny_dir):
+    root = _copy(tmp_path, tiny_dir)
+    raw = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**raw, "model_type": "mimi"}))
+    with pytest.raises(CheckpointError, match="model_type 'mimi'"):
+        load_qwen_codec(root)
+    (root / "config.json").write_text(json.dumps({**raw, "decode_upsample_rate": 960}))
+    with pytest.raises(CheckpointError, match="decode_upsample_rate 960"):
+        load_qwen_codec(root)

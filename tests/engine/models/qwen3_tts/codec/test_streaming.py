@@ -1,0 +1,113 @@
+"""The stateful 12 Hz decoder: streamed == one-shot decode for any push schedule, many streams in one
+batched step (ragged widths, padding buckets), slot reuse, and its errors."""
+
+import pytest
+import torch
+from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+from higgs_stream.engine.models.qwen3_tts.codec import QwenCodec, load_qwen_codec
+from higgs_stream.testing import EXACT_REL_TO_PEAK, rel_to_peak
+
+HOP = 1920
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_dir) -> QwenCodec:
+    return load_qwen_codec(tiny_dir)
+
+
+def codes_for(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 64, (16, frames), generator=torch.Generator().manual_seed(seed))  # [16, F]
+
+
+def random_schedule(frames: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    sizes, left = [], frames
+    while left:
+        sizes.append(min(left, int(torch.randint(0, 7, (), generator=gen))))
+        left -= sizes[-1]
+    return sizes + [0]  # a final push with no frames
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_streams_in_one_batch_equal_their_one_shot_decodes(codec, seed):
+    """Three streams of different lengths pushed together with independent random schedules (ragged
+    rows in one step, some rows 0 frames), against each stream's one-shot decode."""
+    dec = codec.streaming_decoder(max_slots=4)
+    lengths = [13, 1, 22]
+    codes = [codes_for(n, 100 * seed + i) for i, n in enumerate(lengths)]
+    sched = [random_schedule(n, 10 * seed + i) for i, n in enumerate(lengths)]
+    slots = [dec.open() for _ in lengths]
+    pos = [0] * 3
+    got = [[] for _ in lengths]
+    for step in range(max(map(len, sched))):
+        rows = [i for i in range(3) if step < len(sched[i])]
+        valid = [sched[i][step] for i in rows]
+        batch = torch.zeros(len(rows), 16, max(valid + [1]), dtype=torch.long)
+        for b, i in enumerate(rows):
+            batch[b, :, :valid[b]] = codes[i][:, pos[i]:pos[i] + valid[b]]
+            pos[i] += valid[b]
+        final = [step == len(sched[i]) - 1 for i in rows]
+        for b, pcm in enumerate(dec.push([slots[i] for i in rows], batch, valid, final)):
+            assert pcm.numel() == valid[b] * HOP, "a causal decoder yields every pushed frame's samples at once"
+            got[rows[b]].append(pcm.clone())
+    for i, n in enumerate(lengths):
+        want = codec.decode(codes[i][None])[0]
+        err = rel_to_peak(torch.cat(got[i]).numpy(), want.numpy())
+        assert err <= EXACT_REL_TO_PEAK, f"stream {i} ({n} frames, schedule {sched[i]}): {err:.3g} of peak"
+
+
+def test_one_frame_at_a_time_crosses_the_attention_window_exactly(codec):
+    """40 single-frame pushes (10x the tiny window of 4): the K/V state slides; equal to one-shot."""
+    dec = codec.streaming_decoder(max_slots=1)
+    codes = codes_for(40, 7)
+    slot = dec.open()
+    out = [dec.push([slot], codes[None, :, t:t + 1], [1], [t == 39])[0].clone() for t in range(40)]
+    want = codec.decode(codes[None])[0]
+    assert rel_to_peak(torch.cat(out).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
+
+
+def test_padding_buckets_and_slot_reuse(codec):
+    """Steps padded to (B, C) buckets give the same audio; a closed slot's next stream starts fresh."""
+    dec = codec.streaming_decoder(max_slots=3)
+    dec.capture([2, 3], [4, 8], graphs=False)
+    codes = codes_for(9, 3)
+    want = codec.decode(codes[None])[0]
+    for _ in range(2):  # the second stream reuses the first one's slot (its state must not leak)
+        slot = dec.open()
+        parts = [dec.push([slot], codes[None, :, a:b], [b - a], [b == 9])[0].clone()
+                 for a, b in ((0, 3), (3, 8), (8, 9))]
+        assert rel_to_peak(torch.cat(parts).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
+        dec.close(slot)
+    assert dec.free_slots == 3
+    assert dec.partition([dec.open()], [4], [False]) == [[0]]
+
+
+def test_partition_splits_a_wide_row_from_narrow_ones(codec):
+    dec = codec.streaming_decoder(max_slots=8)
+    slots = [dec.open() for _ in range(6)]
+    groups = dec.partition(slots, [1, 1, 1, 1, 1, 200], [False] * 6)
+    assert sorted(sum(groups, [])) == list(range(6))
+    assert [5] in groups, f"the 200-frame row should get its own step, got {groups}"
+
+
+def test_errors(codec):
+    dec = codec.streaming_decoder(max_slots=1)
+    slot = dec.open()
+    with pytest.raises(CapacityError):
+        dec.open()
+    with pytest.raises(InvalidInputError, match="codes must be"):
+        dec.push([slot], torch.zeros(1, 8, 2, dtype=torch.long), [2], [False])
+    with pytest.raises(InvalidInputError, match="0..63"):
+        dec.push([slot], torch.full((1, 16, 2), 64), [2], [False])
+    with pytest.raises(InvalidInputError, match="valid must be"):
+        dec.push([slot], torch.zeros(1, 16, 2, dtype=torch.long), [3], [False])
+    dec.push([slot], torch.zeros(1, 16, 2, dtype=torch.long), [2], [True])
+    with pytest.raises(InvalidInputError, match="after its final"):
+        dec.push([slot], torch.zeros(1, 16, 1, dtype=torch.long), [1], [False])
+    dec.close(slot)
+    with pytest.raises(InvalidInputError, match="not open"):
+        dec.close(slot)
+    with pytest.raises(ConfigError):
+        codec.streaming_decoder(max_slots=0)
+    with pytest.raises(ConfigError, match="CUDA graphs need a CUDA codec"):
+        codec.streaming_decoder(max_slots=1).capture([1], [1], graphs=True)

@@ -1,0 +1,82 @@
+"""The Qwen3-TTS family through the registry: chosen by model_type, make-checkpoint --arch qwen3-tts in the
+hub layout (loads back, decodes), typed errors for a wrong checkpoint, the presets' shapes."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from higgs_stream.engine.checkpoint_writer import write_checkpoint
+from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
+from higgs_stream.engine.models.qwen3_tts.config import preset
+from higgs_stream.engine.models.qwen3_tts.generate import generate_frames
+from higgs_stream.engine.models.qwen3_tts.prompt import build_prompt
+from higgs_stream.engine.models.registry import family_named, load_codec_for, model_arch
+from safetensors.torch import load_file, save_file
+
+
+def test_the_registry_knows_the_fixture_checkpoint(tiny_dir):
+    assert model_arch(tiny_dir) == "qwen3-tts"
+    codec = load_codec_for(tiny_dir)
+    assert codec.geometry.num_codebooks == 16 and codec.geometry.causal
+
+
+def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
+    out = write_checkpoint(tmp_path / "q", arch="qwen3-tts", preset="tiny", seed=3)
+    assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
+                                              "speech_tokenizer"}
+    model = load_model(out)
+    cfg = model.cfg
+    assert cfg == preset("tiny") and cfg.variant == "custom_voice"
+    text = [cfg.im_start_id, 11, 13, 40, 41, 42, cfg.im_end_id, 13, cfg.im_start_id, 11, 13]
+    frames = generate_frames(model, build_prompt(cfg, text, language="english", speaker="aiden"), 4)
+    assert frames.shape[1] == 16 and (frames < cfg.codebook_size).all()
+    if len(frames):
+        wav = load_codec_for(out).decode(torch.from_numpy(frames.T[None].copy()))
+        assert wav.shape == (1, len(frames) * 1920) and torch.isfinite(wav).all()
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        write_checkpoint(out, arch="qwen3-tts")
+    with pytest.raises(ConfigError, match="unknown preset"):
+        write_checkpoint(tmp_path / "x", arch="qwen3-tts", preset="huge")
+
+
+def test_serving_through_the_engine_says_it_is_not_wired(tiny_dir):
+    with pytest.raises(ConfigError, match="does not serve them yet"):
+        family_named("qwen3-tts").policy(preset("tiny"), None)
+
+
+def test_a_wrong_checkpoint_names_the_key(tmp_path, tiny_dir):
+    root = tmp_path / "c"
+    shutil.copytree(tiny_dir, root)
+    weights = load_file(root / "model.safetensors")
+    key = "talker.code_predictor.lm_head.14.weight"
+    save_file({k: v for k, v in weights.items() if k != key}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"missing tensor {key}"):
+        load_model(root)
+    save_file({**weights, "talker.extra": torch.zeros(2)}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match="unexpected tensor talker.extra"):
+        load_model(root)
+    save_file({**weights, "talker.codec_head.weight": torch.zeros(3, 3)}, root / "model.safetensors")
+    with pytest.raises(CheckpointError, match="talker.codec_head.weight has shape"):
+        load_model(root)
+    raw = json.loads((tiny_dir / "config.json").read_text())
+    del raw["talker_config"]["codec_bos_id"]
+    (root / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="codec_bos_id"):
+        load_model(root)
+
+
+def test_presets_have_the_released_shapes():
+    small, large = preset("0.6b"), preset("1.7b")
+    assert (small.hidden_size, small.num_layers, small.vocab_size, small.codebook_size) == (1024, 28, 3072, 2048)
+    assert (large.hidden_size, large.intermediate_size) == (2048, 6144)
+    assert large.code_predictor.hidden_size == 1024 and large.code_predictor.num_layers == 5
+    assert len(preset("0.6b").speakers) == 9 and preset("0.6b", "base").speakers == {}
+    with torch.device("meta"):
+        from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
+
+        n = sum(p.numel() for p in QwenTTSModel(large).parameters())
+    assert 1.5e9 < n < 2.1e9, n
+    assert np.isfinite(n)
