@@ -19,7 +19,7 @@ from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import server as server_mod
+from higgs_stream.stream import routes, server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
@@ -374,7 +374,7 @@ async def test_busy_when_full(start_server):
 async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatch):
     (tmp_path / "index.html").write_text("<html>demo</html>")
     (tmp_path / "app.js").write_text("console.log('hi')")
-    monkeypatch.setattr(server_mod, "web_dir", lambda: tmp_path)
+    monkeypatch.setattr(routes, "web_dir", lambda: tmp_path)
     host, state = await start_server()
     good_ref = io.BytesIO()
     sf.write(good_ref, 0.3 * np.sin(np.arange(4800) / 10.0), 24000, format="WAV")
