@@ -25,6 +25,7 @@ from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.encoders import wav_header
+from higgs_stream.stream.asgi import serve_asgi
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
@@ -33,6 +34,16 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
+TRANSPORTS = ["aiohttp", "asgi"]
+
+
+async def serve_on(transport: str, state):
+    """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
+    if transport == "aiohttp":
+        runner = await serve(state, "127.0.0.1", 0)
+        return runner, bound_port(runner)
+    server = await serve_asgi(state, "127.0.0.1", 0)
+    return server, server.port
 LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
 
 
@@ -62,8 +73,10 @@ def reference(tiny_ckpt, codec):
     return pcm
 
 
-@pytest.fixture
-async def start_server(engine, codec):
+@pytest.fixture(params=TRANSPORTS)
+async def start_server(request, engine, codec):
+    """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the
+    ASGI app (uvicorn): one protocol implementation, the same tests on both transports."""
     runners = []
 
     async def start(**cfg):
@@ -71,9 +84,9 @@ async def start_server(engine, codec):
         config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
         metrics = Metrics()
         state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-        runner = await serve(state, "127.0.0.1", 0)
+        runner, port = await serve_on(request.param, state)
         runners.append(runner)
-        return f"127.0.0.1:{bound_port(runner)}", state
+        return f"127.0.0.1:{port}", state
 
     yield start
     for runner in runners:
