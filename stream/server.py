@@ -284,6 +284,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer 408 when an HTTP request body has not arrived within S seconds")
     parser.add_argument("--max-reference-s", type=float, default=d.max_reference_s, metavar="S",
                         help="longest reference audio, checked from the file header before decoding")
+    parser.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, metavar="N",
+                        help="largest WebSocket message / HTTP body (too_large); twice this closes the socket (1009)")
+    add_ray_arguments(parser)
+
+
+# Ray Serve (stream/ray_app.py): `serve --ray` and these flags; the replicas get the others.
+RAY_FLAGS = ("ray", "ray_address", "replicas", "max_replicas", "gpus_per_replica", "cpus_per_replica",
+             "max_queued", "drain_timeout")
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Ray Serve (--ray)", "many GPUs and hosts behind one endpoint (README, Scale-out); "
+                                  "needs the `ray` extra: pip install 'higgs-stream[ray]'")
+    g.add_argument("--ray", action="store_true",
+                   help="run under Ray Serve, one replica per GPU (--host/--port: Serve's proxy)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, a running local one, else start one here)")
+    g.add_argument("--replicas", type=int, default=None, help="replicas (default: one per GPU of the cluster, else 1)")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale from --replicas up to this many on ongoing streams (target 0.7 x --max-streams "
+                        "per replica)")
+    g.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
+    g.add_argument("--cpus-per-replica", type=float, default=1.0)
+    g.add_argument("--max-queued", type=int, default=8,
+                   help="requests that may wait at each proxy for a free stream slot; beyond them, 503 busy at once")
+    g.add_argument("--drain-timeout", type=float, default=600.0, metavar="S",
+                   help="graceful_shutdown_timeout_s: a replica being stopped lets its streams finish for this long")
 
 
 def _cuda() -> bool:
@@ -306,7 +333,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         cors_origins=tuple(args.cors_origin),
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
-                        max_reference_s=args.max_reference_s, pause_ahead_s=args.pause_ahead,
+                        max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
+                        pause_ahead_s=args.pause_ahead,
                         resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio or None)
 
 
@@ -353,6 +381,12 @@ def startup_line(app: web.Application, host: str, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        try:
+            from higgs_stream.stream import ray_app
+        except ImportError as e:
+            raise ConfigError(f"--ray needs Ray Serve ({e}): pip install 'higgs-stream[ray]'") from e
+        return ray_app.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
     app = make_app(state)
