@@ -410,6 +410,25 @@ async def test_over_capacity_is_busy_at_once_never_a_hang(base):
             await peer.ws.close()
 
 
+async def test_load_generator_through_serve(base):
+    """`python -m higgs_stream.loadgen --url ws://PROXY/v1/tts/stream` measures through Serve and
+    records which replica served each request. (Workers start over a ramp: with `max_queued 1`, a
+    burst of simultaneous upgrades overflows the proxy's queue while it assigns them, and those
+    are refused busy even with free slots; the connections opened before the start are such a
+    burst, and a worker whose connection was refused opens another when it starts.)"""
+    from higgs_stream.loadgen.runner import run
+    from higgs_stream.loadgen.schedule import LoadConfig
+
+    cfg = LoadConfig(url=f"ws://{base}/v1/tts/stream?token={TOKEN}", open_rates=(), closed=(4,), duration_s=2.0,
+                     count=1, procs=0, warmup=0, ramp_s=1.0, request_timeout_s=30.0, drain_s=30.0)
+    result = await asyncio.to_thread(run, cfg)
+    (s,) = result["scenarios"]
+    assert s["completed"] == s["requests"] == 4 and s["errored"] == s["busy"] == 0
+    ids, _ = await asyncio.to_thread(replicas)
+    assert sum(s["replicas"].values()) == 4 and set(s["replicas"]) <= ids
+    assert result["server"]["status"] == "ok"  # /healthz through the proxy
+
+
 async def test_killing_a_replica_mid_stream(base, reference):
     await until_replicas(2)
     by = await peers_on_both(base, per_replica=2)
