@@ -364,15 +364,16 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # a Ray started here passes it to its proxies
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
-    serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
-    t0 = time.monotonic()
-    serve.run(build_app(given_flags(args)), name=APP_NAME, route_prefix="/")
-    status = serve.status().applications[APP_NAME].deployments["TTSReplica"]
-    print(f"ready: {status.replica_states.get('RUNNING', 0)} replicas on http://{args.host}:{args.port} "
-          f"(WebSocket /v1/tts/stream, POST /v1/audio/speech; WebRTC: use the standalone server) "
-          f"after {time.monotonic() - t0:.0f} s", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    # SIGTERM stops like Ctrl-C (after ray.init, whose own handler would abort the process)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
+        t0 = time.monotonic()
+        serve.run(build_app(given_flags(args)), name=APP_NAME, route_prefix="/")
+        status = serve.status().applications[APP_NAME].deployments["TTSReplica"]
+        print(f"ready: {status.replica_states.get('RUNNING', 0)} replicas on http://{args.host}:{args.port} "
+              f"(WebSocket /v1/tts/stream, POST /v1/audio/speech; WebRTC: use the standalone server) "
+              f"after {time.monotonic() - t0:.0f} s", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -307,8 +307,9 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
                         "per replica)")
     g.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
     g.add_argument("--cpus-per-replica", type=float, default=1.0)
-    g.add_argument("--max-queued", type=int, default=8,
-                   help="requests that may wait at each proxy for a free stream slot; beyond them, 503 busy at once")
+    g.add_argument("--max-queued", type=int, default=64,
+                   help="requests that may wait at each proxy for a replica (a free stream slot, or just their "
+                        "assignment during a burst); beyond them, 503 busy at once")
     g.add_argument("--drain-timeout", type=float, default=600.0, metavar="S",
                    help="graceful_shutdown_timeout_s: a replica being stopped lets its streams finish for this long")
 
