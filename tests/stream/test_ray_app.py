@@ -69,7 +69,7 @@ def cluster():
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     metrics_port, port = free_port(), free_port()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level="WARNING",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level="WARNING",
              log_to_driver=False, _metrics_export_port=metrics_port,
              _system_config={"metrics_report_interval_ms": 1000})
     try:
