@@ -69,8 +69,8 @@ def cluster():
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     metrics_port, port = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, logging_level="WARNING",
-             log_to_driver=False, _metrics_export_port=metrics_port,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20,
+             logging_level="WARNING", log_to_driver=False, _metrics_export_port=metrics_port,
              _system_config={"metrics_report_interval_ms": 1000})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -224,6 +224,118 @@ async def replica_settles(http, base: str, replica: str, pred, timeout: float = 
 
 def free(m: dict[str, float]) -> bool:
     return m["higgs_engine_streams"] == 0 and m["higgs_kv_pages_used"] == 0 and m["higgs_active_streams"] == 0
+
+
+# ---------------------------------------------------------------- without a cluster: flags, options, the proxy guard
+
+def serve_args(*argv: str):
+    import argparse
+
+    from higgs_stream.stream.server import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--model", "m", *argv])
+
+
+def test_deployment_options_follow_the_flags():
+    opts = ray_app.deployment_options(serve_args("--max-streams", "256"), cluster_gpus=2)
+    assert opts["num_replicas"] == 2 and opts["ray_actor_options"] == {"num_gpus": 1, "num_cpus": 1.0}
+    assert (opts["max_ongoing_requests"], opts["max_queued_requests"], opts["graceful_shutdown_timeout_s"]) == (256, 64, 600)
+    opts = ray_app.deployment_options(serve_args("--max-streams", "100", "--replicas", "2", "--max-replicas", "6"), 4)
+    assert "num_replicas" not in opts
+    assert opts["autoscaling_config"] == {"min_replicas": 2, "initial_replicas": 2, "max_replicas": 6,
+                                          "target_ongoing_requests": 70.0, "upscale_delay_s": 30.0,
+                                          "downscale_delay_s": 600.0}
+    cpu = ray_app.deployment_options(serve_args(), cluster_gpus=0)
+    assert cpu["num_replicas"] == 1 and cpu["ray_actor_options"]["num_gpus"] == 0
+
+
+def test_command_line_flags_reach_the_replicas():
+    args = serve_args("--ray", "--replicas", "2", "--port", "9000", "--max-streams", "8", "--voice-alias", "a=b")
+    flags = ray_app.given_flags(args)
+    assert flags == {"model": "m", "replicas": 2, "max_streams": 8, "voice_alias": ["a=b"]}  # not the proxy's port
+    argv = ray_app.flags_to_argv({**flags, "no_cuda_graphs": True, "token": None})  # as a replica gets them
+    again = serve_args(*argv)
+    assert (again.model, again.max_streams, again.voice_alias, again.no_cuda_graphs, again.token) == (
+        "m", 8, ["a=b"], True, None) and "--token" not in argv
+
+
+async def run_guard(scope: dict, app, client: list[dict]) -> list[dict]:
+    """What ProxyGuard sends to the client when `app` (Serve's proxy app) answers `scope`."""
+    sent, incoming = [], list(client)
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else await asyncio.Event().wait()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(ray_app.ProxyGuard(app)(scope, receive, send), 5)
+    return sent
+
+
+WS_SCOPE = {"type": "websocket", "path": "/v1/tts/stream", "extensions": {"websocket.http.response": {}}}
+
+
+async def test_proxy_guard_refused_upgrade_is_busy():
+    async def serve_backpressure(scope, receive, send):  # what Serve's proxy does when its queue is full
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"Request dropped due to backpressure"})
+
+    start, body = await run_guard(WS_SCOPE, serve_backpressure, [])
+    assert start["type"] == "websocket.http.response.start" and start["status"] == 503
+    assert (b"retry-after", b"1") in start["headers"]
+    assert json.loads(body["body"])["error"]["code"] == "busy"
+    (close,) = await run_guard({**WS_SCOPE, "extensions": {}}, serve_backpressure, [])
+    assert close == {"type": "websocket.close", "code": 1013}
+
+
+async def test_proxy_guard_ends_a_connection_whose_replica_died():
+    async def dies_after_accept(scope, receive, send):
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": '{"type":"ready"}'})
+
+    accept, ready, error, close = await run_guard(WS_SCOPE, dies_after_accept, [])
+    assert json.loads(error["text"])["code"] == "internal" and close["code"] == 1011
+
+    async def client_left(scope, receive, send):
+        await send({"type": "websocket.accept"})
+        assert (await receive())["type"] == "websocket.disconnect"
+
+    assert [m["type"] for m in await run_guard(WS_SCOPE, client_left, [{"type": "websocket.disconnect"}])] == [
+        "websocket.accept"]  # nothing is sent to a client that left
+
+    async def closes(scope, receive, send):
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    assert [m.get("code") for m in await run_guard(WS_SCOPE, closes, [])] == [None, 1000]
+
+
+async def test_proxy_guard_makes_serves_own_http_errors_typed():
+    async def plain(status):
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"oops", "more_body": False})
+        return app
+
+    for status, code in ((503, "busy"), (500, "internal")):
+        start, body = await run_guard({"type": "http", "path": "/v1/audio/speech"}, await plain(status), [])
+        assert start["status"] == status and json.loads(body["body"])["error"]["code"] == code
+
+    async def json_busy(scope, receive, send):  # the replica's own busy passes untouched
+        await send({"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"error":{"code":"busy"}}'})
+
+    assert (await run_guard({"type": "http"}, json_busy, []))[1]["body"] == b'{"error":{"code":"busy"}}'
+
+    async def sse_cut(scope, receive, send):  # a replica dying mid server-sent-events stream
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+
+    *_, last = await run_guard({"type": "http"}, sse_cut, [])
+    assert json.loads(last["body"][6:])["type"] == "error" and last["more_body"] is False
 
 
 # ---------------------------------------------------------------- the protocols, through Serve
