@@ -5,7 +5,7 @@ the requested `response_format` (mp3 by default, as OpenAI), encoded chunk by ch
 
 Independent of the web framework: `speech` answers a `Request` (stream/routes.py) with a JSON
 error `Reply` or a `StreamReply` whose chunks the transport writes. The transport stops iterating
-when the client leaves and closes the chunks, whose `finally` cancels the stream, so its engine
+when the client leaves and closes the reply, whose `on_close` cancels the stream, so its engine
 pages are freed within one step.
 """
 
