@@ -390,6 +390,6 @@ def given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    dests = {a.dest for a in parser._actions} - {"help", "ray", "ray_address", "host", "port"}
+    dests = set(vars(parser.parse_args(["--model", args.model]))) - {"ray", "ray_address", "host", "port"}
     return {"model": args.model} | {k: v for k, v in vars(args).items()
                                     if k in dests and v != parser.get_default(k)}

@@ -563,7 +563,10 @@ async def test_killing_a_replica_mid_stream(base, reference):
         assert peer.done[f"c{i}"]["reason"] == "completed" and not peer.errors
         assert_pcm_close(bytes(peer.pcm[f"c{i}"]), expected, what="the other replica's stream")
         await peer.ws.close()
-    peer = await open_peer(base)  # new requests succeed
+    async with asyncio.timeout(10):  # Ray knows the replica is gone (the proxy did: it closed its sockets)
+        while victim in (await asyncio.to_thread(replicas))[0]:
+            await asyncio.sleep(0.1)
+    peer = await open_peer(base)  # new requests succeed, before Serve has replaced the replica
     async with peer.ws:
         await peer.say("n", "Hello there.", 3)
         await peer.until(lambda: "n" in peer.done)
