@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.errors import HiggsStreamError
+from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.gpu_sampling import DeviceStreamState
 from higgs_stream.engine.graph_capture import capture_buckets
@@ -217,7 +218,7 @@ class PrefillGraphs:
         st[0, :n], st[1, :n] = text_ids, kv_slots
         st[1, n:b] = self.scratch_page * ps + np.arange(b - n) % ps
         st[2, 0] = n - 1
-        src = torch.from_numpy(st).to(self._ids.device)  # [3, b]
+        src = upload(st, self._ids.device)  # [3, b]
         self._ids[:b].copy_(src[0])
         self._slots[:b].copy_(src[1])
         self._last.copy_(src[2, :1])

@@ -4,13 +4,13 @@
 
 Prefill chunks and decode tokens of many streams share one ragged forward under a token budget
 (scheduler.py). What differs between model families is the engine's `policy`
-(generation.GenerationPolicy, chosen from the talker config by model_registry.policy_for): the
-prompt, the per-stream `Segment` state machine (v2: generation.py, AUDIO_INIT/ramps/RAS/frame
-cap; v3: generation_v3.py), the text id of a decode step's input (v2 <|AUDIO_OUT|>, v3 <|audio|>;
-the fed-back column is its audio codes either way) and whether the prompt's last position is
-sampled (v3) or yields the forced BOS column only (v2). A segment call may emit several columns;
-each becomes one StepEvent, `finished` on the last. Sampling with per-stream generators is
-sampling.py. Each step makes one device->host copy (the sampled ids); nothing in a step waits on
+(family.GenerationPolicy, from the family of the talker config, models/registry.py): the prompt,
+the per-stream `Segment` state machine (models/<family>/policy.py), the text id of a decode
+step's input (the fed-back row is its audio codes) and whether the prompt's last position is
+sampled or yields a forced start row only. The engine emits codec frames: each stream's rows go
+through its family's `FrameWriter` (Higgs: the delay-pattern revert), each frame becomes one
+StepEvent, and the stream's end is `finished` on its last frame or an event of its own. Sampling
+with per-stream generators is sampling.py. Each step makes one device->host copy (the sampled ids); nothing in a step waits on
 anything but compute.
 
 Threads: `add()` and `cancel()` only append to queues, so a server may call them from its event
@@ -32,17 +32,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
-from higgs_stream.engine.config_v3 import TalkerV3Config
+from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
-from higgs_stream.engine.generation import Column, GenerationPolicy, Stream, make_generator, resolve_seed
+from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row, TokenizerLike
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_registry import load_model, policy_for
-from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
-from higgs_stream.engine.sampling import SamplingTensors, sample_columns
+from higgs_stream.engine.sampling import SamplingTensors, make_generator, resolve_seed, sample_columns
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
-from higgs_stream.engine.talker import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
+from higgs_stream.engine.sequence import Stream
+from higgs_stream.engine.talker_config import BackboneConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +67,10 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """What one step did for one stream: a new delay-pattern column and/or the end of the stream."""
+    """What one step did for one stream: a new codec frame and/or the end of the stream."""
 
     stream_id: int
-    column: np.ndarray | None  # [K] int64, ids 0..1025 (BOS and ramp columns included)
+    frame: np.ndarray | None  # [K] int64 codec codes, 0..codebook_size-1
     finished: bool
     reason: str | None = None  # when finished: "stop" | "length" | "cancelled" | "error"
     error: str | None = None  # message when reason == "error"
@@ -86,18 +84,24 @@ class Engine:
     def __init__(
         self,
         talker: torch.nn.Module,
-        cfg: TalkerConfig | TalkerV3Config,
+        cfg: BackboneConfig,
         tokenizer: TokenizerLike,
         cache: KVCache,
         config: EngineConfig | None = None,
-        policy: GenerationPolicy | None = None,
+        family: ModelFamily | None = None,
     ) -> None:
+        """`family`: the model family of `cfg` (models/registry.py finds it when None)."""
+        if family is None:
+            from higgs_stream.engine.models.registry import family_of_config
+
+            family = family_of_config(cfg)
         self.config = config or EngineConfig()
         if cfg.special is not None and cfg.special != tokenizer.special:
             raise ConfigError(f"tokenizer and talker config disagree on special token ids: "
                               f"{tokenizer.special} vs {cfg.special}")
         self.talker, self.cfg, self.tokenizer, self.cache = talker, cfg, tokenizer, cache
-        self.policy = policy or policy_for(cfg, tokenizer)
+        self.family = family
+        self.policy: GenerationPolicy = family.policy(cfg, tokenizer)
         self.device = next(talker.parameters()).device
         alloc = cache.allocator
         self.scheduler = Scheduler(SchedulerConfig(
@@ -118,7 +122,9 @@ class Engine:
         cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
         config: EngineConfig | None = None,
     ) -> Engine:
-        """An engine for a v2 or v3 checkpoint (by config.json model_type); dtype None: as stored."""
+        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored."""
+        from higgs_stream.engine.models.registry import load_model
+
         config = config or EngineConfig()
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
@@ -141,7 +147,7 @@ class Engine:
         stream = Stream(
             sid=next(self._ids), request=request, prompt=prompt, params=params, max_frames=max_frames,
             generator=make_generator(params.seed, self.device),
-            segment=self.policy.new_segment(prompt, params, max_frames),
+            segment=self.policy.new_segment(prompt, params, max_frames), writer=self.policy.new_writer(),
         )
         pages = self.scheduler.config.pages_for(self._kv_commitment(stream))
         if pages > self.scheduler.config.num_pages:
@@ -187,7 +193,7 @@ class Engine:
         return events
 
     def stream(self, request: GenerationRequest) -> Iterator[np.ndarray]:
-        """Add `request` now and yield its columns ([K] int64) one per step, driving step() itself.
+        """Add `request` now and yield its codec frames ([K] int64) as they come, driving step() itself.
 
         Events of other streams driven the same way are buffered for them. Closing the generator
         early cancels the stream. Raises CancelledStream / HiggsStreamError if it ends that way.
@@ -199,8 +205,9 @@ class Engine:
         return gen
 
     def generate(self, request: GenerationRequest) -> np.ndarray:
-        """All columns of one request, [K, L] int64 (offline)."""
-        return np.stack(list(self.stream(request)), axis=1)
+        """All codec frames of one request, [K, F] int64 (offline)."""
+        frames = list(self.stream(request))
+        return np.stack(frames, axis=1) if frames else np.zeros((self.cfg.num_codebooks, 0), np.int64)
 
     # ------------------------------------------------------------------ step stages
     def _admit_and_cancel(self) -> list[StepEvent]:
@@ -280,10 +287,10 @@ class Engine:
                     events.append(self._finish(s, "error", "non-finite audio logits"))
                     continue
             try:
-                cols = s.segment.start() if c.prefill else []  # v2: the forced all-BOS column (AUDIO_INIT)
+                rows = s.segment.start() if c.prefill else []  # a forced start row is the writer's
                 if d is not None:
-                    cols += s.segment.advance(d[:k], d[k : 2 * k])
-                events += self._column_events(s, cols)
+                    rows += s.segment.advance(d[:k], d[k : 2 * k])
+                events += self._frame_events(s, rows)
             except Exception as exc:  # one stream's failure must not stop the others
                 log.exception("stream %d failed in its state update", s.sid)
                 events.append(self._finish(s, "error", f"state update failed: {exc!r}"))
@@ -295,16 +302,21 @@ class Engine:
         return s.max_kv_tokens + self.kv_slack
 
     def _wants_audio(self, c: Chunk) -> bool:
-        """Whether this chunk's last position is sampled: every decode step, and v3's prompt end."""
+        """Whether this chunk's last position is sampled: every decode step, and the prompt end if the family samples there."""
         return not c.prefill or (c.last_of_prompt and self.policy.sample_at_prompt_end)
 
-    def _column_events(self, s: Stream, cols: list[Column]) -> list[StepEvent]:
-        """One event per emitted column; the segment's end finishes the stream on the last one."""
-        assert cols, f"stream {s.sid}: a segment call emitted no column"
-        events = [StepEvent(s.sid, np.array(col, np.int64), finished=False) for col in cols]
-        if s.segment.finished:
+    def _frame_events(self, s: Stream, rows: list[Row]) -> list[StepEvent]:
+        """One event per codec frame the stream's writer makes of its emitted rows; the segment's
+        end finishes the stream, on its last frame or with an event of its own."""
+        finished = s.segment.finished
+        frames = [s.writer.push(row, final=finished and i == len(rows) - 1) for i, row in enumerate(rows)]
+        events = [StepEvent(s.sid, np.array(f, np.int64), finished=False) for f in frames if f is not None]
+        if finished:
             self._release(s, s.segment.reason)
-            events[-1] = replace(events[-1], finished=True, reason=s.reason)
+            if events:
+                events[-1] = replace(events[-1], finished=True, reason=s.reason)
+            else:
+                events.append(StepEvent(s.sid, None, finished=True, reason=s.reason))
         return events
 
     def _finish(self, s: Stream, reason: str, error: str | None = None) -> StepEvent:
@@ -339,8 +351,8 @@ class Engine:
                     continue
                 ev = box.popleft()
                 done = ev.finished
-                if ev.column is not None:
-                    yield ev.column
+                if ev.frame is not None:
+                    yield ev.frame
                 if ev.reason == "cancelled":
                     raise CancelledStream(f"stream {sid} was cancelled")
                 if ev.reason == "error":

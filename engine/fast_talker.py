@@ -1,11 +1,12 @@
 """The talker's math for the engine's fast path: fused weights, fp32 residual stream, pluggable kernels.
 
-`FastTalker(talker, kernels="fast"|"ref")` re-packs a loaded v2 `Talker` (DualFFN Llama-3) or v3
-`TalkerV3` (Qwen3) so that each layer's q/k/v and each MLP's gate/up projections are one matrix
-(the talker's own parameters become views into those matrices: no second copy of the weights,
-`state_dict()` unchanged). It runs ragged steps over the same paged KV pool as the talker's
-`forward`, but takes device tensors only and returns the audio logits of selected rows, so the
-engine can keep its per-stream state on the device and capture a decode step in a CUDA graph.
+`FastTalker(talker, kernels="fast"|"ref")` takes any family's plain-torch talker and its packed
+weights (`talker.fast_weights() -> FastWeights`, written in each family's talker.py): each layer's
+q/k/v and each MLP's gate/up projections are one matrix (the talker's own parameters become views
+into those matrices: no second copy of the weights, `state_dict()` unchanged). It runs ragged steps
+over the same paged KV pool as the talker's `forward`, but takes device tensors only and returns
+the audio logits of selected rows, so the engine can keep its per-stream state on the device and
+capture a decode step in a CUDA graph.
 
 Per layer, with x the fp32 residual stream:
 
@@ -15,12 +16,11 @@ Per layer, with x the fp32 residual stream:
     h   = add_rms_norm(o_proj(attention(q)), x, post_norm[branch])
     out = down(silu_and_mul(h @ W_gate_up[branch]))
 
-v2 has two branches per layer (text rows take the text norms and MLP, audio rows the audio ones);
-v3 has one. The two families differ only in the weights (`_v2_weights` / `_v3_weights`): an audio
-position embeds as the sum of K rows of one [K * 1026, H] table (v2 `embed_audio_tokens`, v3 the
-tied fused matrix) and the audio head is a [K * 1026, H] matrix (v2 `audio_lm_head`, v3 that same
-fused matrix). An all-audio step (every decode step) touches only attention, the audio branch,
-the audio embedding rows and the audio head.
+A layer has one branch (Qwen3: Higgs v3) or two (DualFFN: Higgs v2, text rows take the text norms
+and MLP, audio rows the audio ones); QK-norm weights are optional. Families differ only in the
+weights they pack: an audio position embeds as the sum of K rows of one [K * V, H] table and the
+audio head is a [K * V, H] matrix (v3: one tied matrix for both). An all-audio step (every decode
+step) touches only attention, the audio branch, the audio embedding rows and the audio head.
 
 kernels="fast" runs Triton kernels (CUDA only; a missing Triton raises `KernelUnavailable`, never
 a silent fallback); kernels="ref" runs the plain-torch definitions from kernels/ on any device.
@@ -38,8 +38,6 @@ import torch
 import torch.nn.functional as F
 
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.engine.talker import Talker
-from higgs_stream.engine.talker_v3 import TalkerV3
 from higgs_stream.kernels import activation, fused_norm, rope_kv
 from higgs_stream.kernels._triton import KernelUnavailableError, triton_modules
 from higgs_stream.kernels.rope import llama3_inv_freq
@@ -97,10 +95,11 @@ class FastInputs:
 
 
 class FastTalker:
-    def __init__(self, talker: Talker | TalkerV3, kernels: str = "fast", max_positions: int = 8192) -> None:
+    def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192) -> None:
+        """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights."""
         cfg = talker.cfg
         self.cfg = cfg
-        w = _v3_weights(talker) if isinstance(talker, TalkerV3) else _v2_weights(talker)
+        w = talker.fast_weights()
         self.device, self.dtype = w.audio_head.device, talker.dtype
         self.k = Kernels.named(kernels, self.device)
         self.eps = cfg.rms_norm_eps
@@ -135,7 +134,7 @@ class FastTalker:
             return self.k.add_rms_norm(delta, x, weight[-1:], self.eps, None, self.dtype)
         return self.k.add_rms_norm(delta, x, weight, self.eps, inp.select, self.dtype)
 
-    def _mlp(self, h: torch.Tensor, layer: _Layer, inp: FastInputs) -> torch.Tensor:
+    def _mlp(self, h: torch.Tensor, layer: FastLayer, inp: FastInputs) -> torch.Tensor:
         if len(layer.gate_up) == 1 or inp.all_audio:  # one MLP for every row: the only one, or the audio one
             return F.linear(self.k.silu_and_mul(F.linear(h, layer.gate_up[-1])), layer.down[-1])
         out = torch.empty_like(h)
@@ -204,7 +203,9 @@ class FastTalker:
 
 
 @dataclass
-class _Layer:
+class FastLayer:
+    """One layer's weights as the fast path reads them."""
+
     qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
     o: torch.Tensor  # [H, Hq D]
     gate_up: tuple[torch.Tensor, ...]  # [2I, H] per branch: (text, audio) for DualFFN, (shared,) for Qwen3
@@ -215,8 +216,10 @@ class _Layer:
 
 
 @dataclass
-class _Weights:
-    layers: list[_Layer]
+class FastWeights:
+    """A talker's weights as the fast path reads them (what `talker.fast_weights()` returns)."""
+
+    layers: list[FastLayer]
     final_norm: torch.Tensor  # [1, H]
     embed_text: torch.Tensor  # [V, H]
     embed_audio: torch.Tensor  # [K*1026, H]
@@ -224,7 +227,7 @@ class _Weights:
 
 
 @torch.no_grad()
-def _fuse(*linears: Any) -> torch.Tensor:
+def fuse_linears(*linears: Any) -> torch.Tensor:
     """Concatenate Linear weights along the output axis; the modules' weights become views of it."""
     fused = torch.cat([m.weight.detach() for m in linears], dim=0).contiguous()
     start = 0
@@ -235,40 +238,6 @@ def _fuse(*linears: Any) -> torch.Tensor:
     return fused
 
 
-def _stack(*norms: Any) -> torch.Tensor:
+def stack_norms(*norms: Any) -> torch.Tensor:
+    """RMSNorm weights stacked per branch: [W, H]."""
     return torch.stack([n.weight.detach() for n in norms])  # [W, H]
-
-
-def _v2_weights(talker: Talker) -> _Weights:
-    """DualFFN Llama-3: every layer has a text and an audio branch; separate audio head."""
-    def layer(b: Any) -> _Layer:
-        attn = b.self_attn
-        return _Layer(
-            qkv=_fuse(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
-            gate_up=(_fuse(b.mlp.gate_proj, b.mlp.up_proj), _fuse(b.audio_mlp.gate_proj, b.audio_mlp.up_proj)),
-            down=(b.mlp.down_proj.weight.detach(), b.audio_mlp.down_proj.weight.detach()),
-            input_norm=_stack(b.input_layernorm, b.audio_input_layernorm),
-            post_norm=_stack(b.post_attention_layernorm, b.audio_post_attention_layernorm),
-        )
-
-    m = talker.model
-    return _Weights(layers=[layer(b) for b in m.layers], final_norm=_stack(m.norm),
-                    embed_text=m.embed_tokens.weight.detach(),
-                    embed_audio=m.embed_audio_tokens.embed_audio_tokens.weight.detach(),
-                    audio_head=talker.audio_lm_head.weight.detach())
-
-
-def _v3_weights(talker: TalkerV3) -> _Weights:
-    """Qwen3: one branch per layer, QK-norm; the fused audio matrix is both embedding and head."""
-    def layer(b: Any) -> _Layer:
-        attn = b.self_attn
-        return _Layer(
-            qkv=_fuse(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
-            gate_up=(_fuse(b.mlp.gate_proj, b.mlp.up_proj),), down=(b.mlp.down_proj.weight.detach(),),
-            input_norm=_stack(b.input_layernorm), post_norm=_stack(b.post_attention_layernorm),
-            qk_norm=_stack(attn.q_norm, attn.k_norm),
-        )
-
-    fused = talker.audio.embedding.weight.detach()
-    return _Weights(layers=[layer(b) for b in talker.body.layers], final_norm=_stack(talker.body.norm),
-                    embed_text=talker.text_embedding.weight.detach(), embed_audio=fused, audio_head=fused)

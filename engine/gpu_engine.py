@@ -1,12 +1,13 @@
 """The engine's GPU path: the same API and scheduling as `Engine`, with the step on the device.
 
-    schedule -> stage inputs -> forward (graph replay on decode-only steps) -> sample + advance
-             -> one async copy of the new columns -> (next call) hand the columns out
+    schedule -> stage inputs -> forward (graph replay on decode-only steps) -> sample + the family's
+             row rules -> one async copy of the new rows -> (next call) each stream's writer turns
+             its row into a codec frame
 
-Per-stream generation state (last column, delay/EOS counters, RAS window, seeds, sampling
+Per-stream generation state (last row, delay/EOS counters, RAS window, seeds, sampling
 parameters) lives in `DeviceStreamState`, so a decode step feeds its own output back without the
 host. The host runs one step ahead of its results: `step()` launches step t, then waits for step
-t-1's columns (already copied to pinned memory while step t ran) and turns them into events. A
+t-1's rows (already copied to pinned memory while step t ran) and turns them into events. A
 stream that finished at t-1 is therefore scheduled once more at t; the device ignores that row
 (and the scheduler's KV commitment has one position of slack for it).
 
@@ -15,12 +16,13 @@ prefill other streams. Prompts are prefilled one sequence per forward, cut at mu
 `GpuEngineConfig.prefill_chunk` tokens whatever else is running (`PrefillScheduler`), so a
 stream's K/V and logits do not depend on what shares its steps: with batch-invariant decode
 steps, greedy codes of streams served together equal each stream served alone. An all-text first
-chunk (a v2 prompt without reference or history) replays a prefill graph per length bucket
-(`PrefillGraphs`); other chunks run eagerly with FlashInfer's paged prefill.
-v2's AUDIO_INIT step is folded into the prompt's last step: the forced all-BOS column is emitted
-when the prompt's last chunk runs, and the first decode token (that column, at the position after
-the prompt) joins the same step's decode rows, after the prefill on the device. The first sampled
-column so comes one step earlier; the codes are the same function of the same inputs.
+chunk (e.g. a Higgs v2 prompt without reference or history) replays a prefill graph per length
+bucket (`PrefillGraphs`); other chunks run eagerly with FlashInfer's paged prefill.
+A family whose prompt end yields a forced start row instead of a sample (`sample_at_prompt_end`
+False: Higgs v2's AUDIO_INIT) has that step folded into the prompt's last step: the first decode
+token (the start row, at the position after the prompt) joins the same step's decode rows, after
+the prefill on the device. The first sampled row so comes one step earlier; the codes are the
+same function of the same inputs.
 `GpuEngineConfig(kernels="ref", cuda_graphs=False)` runs the identical step logic with the
 plain-torch kernels on any device: on the CPU, in fp32, it reproduces the CPU engine's greedy
 codes (tests/engine/test_gpu_engine.py).
@@ -29,24 +31,24 @@ codes (tests/engine/test_gpu_engine.py).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
-from higgs_stream.engine.config_v3 import TalkerV3Config
 from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
+from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.family import ModelFamily, TokenizerLike
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
-from higgs_stream.engine.generation import Stream
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_registry import family_of, load_model
-from higgs_stream.engine.prompt import TokenizerLike
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from higgs_stream.engine.sequence import Stream
+from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
@@ -132,11 +134,11 @@ class _Launched:
 class GpuEngine(Engine):
     kv_slack = LAG_SLACK  # a finished stream is scheduled once more (its row is ignored)
 
-    def __init__(self, talker: torch.nn.Module, cfg: TalkerConfig | TalkerV3Config, tokenizer: TokenizerLike,
+    def __init__(self, talker: torch.nn.Module, cfg: BackboneConfig, tokenizer: TokenizerLike,
                  cache: KVCache, config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None,
-                 fast: FastTalker | None = None) -> None:
+                 fast: FastTalker | None = None, family: ModelFamily | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
-        super().__init__(talker, cfg, tokenizer, cache, config)
+        super().__init__(talker, cfg, tokenizer, cache, config, family)
         self.gpu = gpu or GpuEngineConfig()
         dev = self.device
         if self.gpu.kernels == "fast" and dev.type != "cuda":
@@ -149,7 +151,7 @@ class GpuEngine(Engine):
         self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]
         # the scratch page is not the scheduler's to commit
         sched = replace(self.scheduler.config, num_pages=alloc.num_pages - 1)
-        # v2: the AUDIO_INIT column's decode token runs in the prompt's last step (v3 samples there)
+        # a forced start row (v2's AUDIO_INIT column) is decoded in the prompt's last step
         self.scheduler = PrefillScheduler(sched, min(self.gpu.prefill_chunk, sched.token_budget - sched.max_batch - 1),
                                           fold_first_decode=not self.policy.sample_at_prompt_end)
         max_bucket = max(self.gpu.graph_buckets) if self.gpu.cuda_graphs else 0
@@ -157,7 +159,7 @@ class GpuEngine(Engine):
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({self.config.max_batch})")
         self.state = DeviceStreamState(self.config.max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.gpu.ras_window_max,
-                                       fast_noise=self.gpu.kernels == "fast", family=family_of(cfg))
+                                       rules=self.family.device_rules(cfg), fast_noise=self.gpu.kernels == "fast")
         self._free_slots = list(range(self.config.max_batch - 1, -1, -1))
         self._slot: dict[int, int] = {}
         self._attn = self._eager_attention()
@@ -180,11 +182,16 @@ class GpuEngine(Engine):
         self._parity = 0
         self._inflight: _Launched | None = None
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
+        self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
+        self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
+        self.last_prefill = 0  # prompt chunks in the last launched step
 
     @classmethod
     def from_pretrained(cls, model: str, device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                         config: EngineConfig | None = None, gpu: GpuEngineConfig | None = None) -> GpuEngine:
-        """A GPU engine for a v2 or v3 checkpoint (by config.json model_type, model_registry.load_model)."""
+        """A GPU engine for a checkpoint of any family (by config.json model_type, models/registry.py)."""
+        from higgs_stream.engine.models.registry import load_model
+
         config = config or EngineConfig()
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
@@ -215,31 +222,33 @@ class GpuEngine(Engine):
         events = self._carry + self._admit_and_cancel()
         self._carry = []
         plan = self.scheduler.schedule()
-        launched, init_events = self._launch(plan) if plan else (None, [])
+        launched = self._launch(plan) if plan else None
         if self._inflight is not None:
             events += self._collect(self._inflight)
         self._inflight = launched
-        events += init_events
         self._deliver(events)
         return events
 
     # ------------------------------------------------------------------ stages
-    def _launch(self, plan: list[Chunk]) -> tuple[_Launched | None, list[StepEvent]]:
-        """Stage, run and start copying back one step; returns it and its AUDIO_INIT events.
+    def _launch(self, plan: list[Chunk]) -> _Launched | None:
+        """Stage, run and start copying back one step; returns it (None: nothing sampled).
 
-        Device order: each prompt chunk in its own forward (v3: one sample-and-advance for the
-        prompts that end), then the decode rows (one graph replay, or one eager forward), which
-        include v2's first decode token of the prompts that end."""
+        Device order: each prompt chunk in its own forward (one sample-and-advance for the prompts
+        that end, if the family samples there), then the decode rows (one graph replay, or one
+        eager forward), which include the folded first decode token of the prompts that end."""
         if self._staged is not None:  # host staging buffers of the previous step are free again
+            t0 = time.perf_counter()
             self._staged.synchronize()
+            self.wait_s += time.perf_counter() - t0
         alloc = self.cache.allocator
         for c in plan:
             alloc.reserve(c.sid, c.end)  # within the scheduler's commitment
             self._holds_pages.add(c.sid)
         decode = [c for c in plan if not c.prefill]
         prefill = [c for c in plan if c.prefill]
-        ends = [c for c in prefill if self._wants_audio(c)]  # v3's prompt ends
-        init_events = self._start_streams([c for c in prefill if c.last_of_prompt])  # slots before any sampling
+        self.last_prefill = len(prefill)  # benchmarks' traces
+        ends = [c for c in prefill if self._wants_audio(c)]  # prompt ends that are sampled
+        self._start_streams([c for c in prefill if c.last_of_prompt])  # slots before any sampling
         parts: list[torch.Tensor] = []
         staged = None
         try:
@@ -250,7 +259,14 @@ class GpuEngine(Engine):
             if decode and self.graphs is not None:
                 b = self._graph_stage(decode)
                 staged = self._record_staged()  # before the replay: the next step stages while this one runs
-                parts.append(self.graphs.replay(b, len(decode)))
+                if self.replay_events is not None:
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    parts.append(self.graphs.replay(b, len(decode)))
+                    end.record()
+                    self.replay_events.append((time.perf_counter(), len(decode), start, end))
+                else:
+                    parts.append(self.graphs.replay(b, len(decode)))
             elif decode:
                 parts.append(self._eager_decode(decode))
         except Exception as exc:
@@ -259,7 +275,7 @@ class GpuEngine(Engine):
             raise
         self._staged = staged or self._record_staged()
         if not parts:
-            return None, init_events
+            return None
         packed = parts[0] if len(parts) == 1 else torch.cat(parts)  # [S, K + 1]
         host = self._host[self._parity][: packed.shape[0]]
         self._parity ^= 1
@@ -268,7 +284,7 @@ class GpuEngine(Engine):
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Launched([c.sid for c in ends + decode], host, done), init_events
+        return _Launched([c.sid for c in ends + decode], host, done)
 
     def _kv_slot(self, table: list[int], pos: int) -> int:
         ps = self.cache.allocator.page_size
@@ -303,7 +319,7 @@ class GpuEngine(Engine):
         """The graph's body, eagerly, for exactly these rows: one all-audio forward + sampling."""
         alloc, dev = self.cache.allocator, self.device
         tables = [alloc.page_table(c.sid) for c in decode]
-        t = lambda a: torch.tensor(a, dtype=torch.long, device=dev)
+        t = lambda a: upload(a, dev, torch.long)
         slots = t([self._slot[c.sid] for c in decode])
         inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=t([c.start for c in decode]),
                          kv_slots=t([self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)]),
@@ -314,8 +330,8 @@ class GpuEngine(Engine):
 
     def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
         """Each prompt chunk in its own forward: an all-text first chunk through `PrefillGraphs`,
-        others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (v3's
-        prompt ends), else None."""
+        others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
+        ends, if the family samples there), else None."""
         alloc, dev = self.cache.allocator, self.device
         logits, slots = [], []
         for c in chunks:
@@ -337,14 +353,14 @@ class GpuEngine(Engine):
                 slots.append(self._slot[c.sid])
         if not logits:
             return None
-        sl = torch.tensor(slots, dtype=torch.long, device=dev)
+        sl = upload(slots, dev, torch.long)
         return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev))
 
     def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
                      kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
         """One prompt chunk of one sequence, eagerly: K/V, and the last row's logits when sampled."""
         dev = self.device
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+        t = lambda a: upload(a, dev)
         all_audio = bool(audio.all())
         inp = FastInputs(
             text_ids=None if all_audio else t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
@@ -360,41 +376,46 @@ class GpuEngine(Engine):
         self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)
         return None
 
-    def _start_streams(self, chunks: list[Chunk]) -> list[StepEvent]:
-        """AUDIO_INIT: give each stream a device slot and emit its all-BOS column."""
-        starts, events = [], []
+    def _start_streams(self, chunks: list[Chunk]) -> None:
+        """AUDIO_INIT: give each stream a device slot (a forced start row is its writer's to know)."""
+        starts = []
         for c in chunks:
             s = self._streams[c.sid]
             slot = self._free_slots.pop()
             self._slot[c.sid] = slot
             starts.append(StreamStart(slot, s.params, s.max_frames, s.prompt.audio_out))
-            events.append(StepEvent(s.sid, np.full(self.cfg.num_codebooks, self.cfg.codebook_size, np.int64), False))
         self.state.start(starts)
-        return events
 
     def _collect(self, launched: _Launched) -> list[StepEvent]:
+        """A launched step's rows, now on the host -> each stream's codec frames (its family's
+        writer) and ends, in row order."""
         if launched.done is not None:
+            t0 = time.perf_counter()
             launched.done.synchronize()
-        packed = launched.host.numpy()
-        k, events = self.cfg.num_codebooks, []
-        for sid, row in zip(launched.sids, packed):
+            self.wait_s += time.perf_counter() - t0
+        k = self.cfg.num_codebooks
+        rows = launched.host.numpy().tolist()  # [S, K + 1] plain ints: one conversion for the step
+        out: list[StepEvent | tuple[int, int, bool, str | None]] = []  # (sid, frame index or -1, finished, reason)
+        frames: list[list[int]] = []
+        for sid, row in zip(launched.sids, rows):
             s = self._streams.get(sid)
-            status = int(row[k])
+            status = row[k]
             if s is None or status == IGNORED:  # finished, cancelled or failed meanwhile
                 continue
             if status == ERROR:
-                events.append(self._finish(s, "error", "non-finite audio logits"))
+                out.append(self._finish(s, "error", "non-finite audio logits"))
                 continue
-            column = row[:k].copy()
-            if status == RUNNING:
-                events.append(StepEvent(sid, column, finished=False))
-            else:
+            finished = status != RUNNING
+            frame = s.writer.push(row[:k], final=finished)
+            if finished:
                 self._release(s, STATUS_REASON[status])
-                if self.state.closing_column is not None:  # v3: the last row, then the all-EOC column
-                    events.append(StepEvent(sid, column, finished=False))
-                    column = self.state.closing_column.copy()
-                events.append(StepEvent(sid, column, finished=True, reason=s.reason))
-        return events
+            if frame is not None:
+                frames.append(frame)
+            if frame is not None or finished:
+                out.append((sid, len(frames) - 1 if frame is not None else -1, finished, s.reason))
+        table = np.array(frames, np.int64).reshape(len(frames), k)  # one array for every frame of the step
+        return [e if isinstance(e, StepEvent) else StepEvent(e[0], table[e[1]] if e[1] >= 0 else None, e[2], e[3])
+                for e in out]
 
     def _release(self, s: Stream, reason: str, error: str | None = None) -> None:
         slot = self._slot.pop(s.sid, None)

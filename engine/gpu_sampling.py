@@ -1,24 +1,20 @@
 """Per-stream generation state on the device and one batched sample-and-advance per decode step.
 
-`DeviceStreamState` holds, per slot (one slot per decoding stream), everything `SegmentState`
-(generation.py) keeps in Python: the last column (the next step's input), the column count, the
-ramp-in/ramp-out counters, the RAS window, and the stream's sampling parameters and seed. A decode
-step then needs no host round trip: `sample_and_advance(logits, slots, valid)` samples every row,
-applies RAS, the frame cap and the delay-pattern ramps exactly as `SegmentState.advance`, writes
-the state back and returns one packed [B, K + 1] tensor (the new columns and a status per row) for
-a single asynchronous copy to the host.
+`DeviceStreamState` holds, per slot (one slot per decoding stream), everything a family's host
+rule machine keeps in Python (Higgs v2: `models/higgs_v2/policy.SegmentState`): the last row (the
+next step's input), the column count, the ramp counters, the RAS window, and the stream's sampling
+parameters and seed. A decode step then needs no host round trip: `sample_and_advance(logits,
+slots, valid)` samples every row, applies the family's row rules (`rules`, a
+`family.DeviceRules` from `models/<family>/device_rules.py`, each kept equal to its host machine by
+tests), writes the state back and returns one packed [B, K + 1] tensor (the new rows and a status
+per row) for a single asynchronous copy to the host.
 
 Sampling follows engine/sampling.py (same warpers, same exponential race, greedy = argmax of the
 raw logits), but the noise is counter-based (kernels/sampling_noise.py): row b's draws depend only
 on (seed, column index), so a stream's codes do not depend on what shares its batch. Sampled codes
 therefore differ from the CPU engine's generator stream; greedy codes are the same function of the
-logits. Slots >= `num_slots` are scratch rows for padded batch entries.
-
-`family="v3"` applies Higgs Audio v3's row rules instead (generation_v3.RowState: ramp-up with
-BOC, the stream ends K - 2 rows after codebook 0 emits EOC from row K on, or after max_frames +
-K - 1 rows; no RAS; `advance_v3`). Columns are counted as V3Segment counts them: the all-BOC
-column of AUDIO_INIT is column 0 and row r is column r + 1; the closing all-EOC column V3Segment
-appends to a finished stream is `closing_column`, for the host to emit after the last row.
+logits. Slots >= `num_slots` are scratch rows for padded batch entries. Columns are counted from
+the AUDIO_INIT column (column 0): a stream's first sampled row is column 1.
 """
 
 from __future__ import annotations
@@ -29,6 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from higgs_stream.engine.device_copy import upload
+from higgs_stream.engine.family import DeviceRules
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, warp_logits
 from higgs_stream.kernels import sampling_noise
@@ -50,14 +48,10 @@ class StreamStart:
 
 class DeviceStreamState:
     def __init__(self, num_slots: int, scratch_slots: int, num_codebooks: int, codebook_size: int,
-                 device: torch.device, ras_window_max: int = 16, fast_noise: bool | None = None,
-                 family: str = "v2") -> None:
-        if family not in ("v2", "v3"):
-            raise ValueError(f"family must be 'v2' or 'v3', got {family!r}")
+                 device: torch.device, rules: DeviceRules, ras_window_max: int = 16,
+                 fast_noise: bool | None = None) -> None:
         s, k = num_slots + scratch_slots, num_codebooks
-        self.family = family
-        # v3: the all-EOC column that follows a finished stream's last row (the host emits it)
-        self.closing_column = np.full(k, codebook_size + 1, np.int64) if family == "v3" else None
+        self.rules = rules
         self.num_slots, self.k, self.v = num_slots, k, codebook_size + 2
         self.bos, self.eos = codebook_size, codebook_size + 1
         self.w = ras_window_max
@@ -92,7 +86,7 @@ class DeviceStreamState:
         """Reset the slots of streams that reach AUDIO_INIT: their all-BOS column is emitted now."""
         if not starts:
             return
-        if self.family == "v3":  # no RAS in v3: no window, whatever the request says
+        if not self.rules.uses_ras:  # no window, whatever the request says
             starts = [replace(st, params=replace(st.params, ras_window=0)) for st in starts]
         for st in starts:
             assert 0 <= st.slot < self.num_slots, f"slot {st.slot} outside [0, {self.num_slots})"
@@ -107,29 +101,27 @@ class DeviceStreamState:
             cols = np.concatenate([ctx, np.full((1, k), self.bos, np.int64)])[-w:]
             window[i, : len(cols)] = cols
             fill[i] = len(cols)
-        slots = torch.tensor([st.slot for st in starts], device=self.device)
-        ints = torch.tensor(np.stack([
+        slots = upload([st.slot for st in starts], self.device, torch.long)
+        ints = upload(np.stack([
             fill % w, fill, [st.params.ras_window for st in starts], [st.params.ras_max_repeat for st in starts],
-            [st.params.seed for st in starts], [st.max_frames + 1 for st in starts],
+            [st.params.seed for st in starts], [self.rules.cap(st.max_frames) for st in starts],
             [min(st.params.top_k, self.v) if st.params.top_k else self.v for st in starts],
-        ]), dtype=torch.long).to(self.device)  # [7, n]
-        floats = torch.tensor([[st.params.temperature if not st.params.greedy else 1.0 for st in starts],
-                               [1.0 - st.params.top_p if st.params.top_p < 1.0 else -1.0 for st in starts]],
-                              dtype=torch.float32).to(self.device)  # [2, n]
-        self.window[slots] = torch.from_numpy(window).to(self.device)
+        ]), self.device, torch.long)  # [7, n]
+        floats = upload([[st.params.temperature if not st.params.greedy else 1.0 for st in starts],
+                         [1.0 - st.params.top_p if st.params.top_p < 1.0 else -1.0 for st in starts]],
+                        self.device, torch.float32)  # [2, n]
+        self.window[slots] = upload(window, self.device)
         for row, name in enumerate(("win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "cap_column", "top_k")):
             getattr(self, name)[slots] = ints[row]
         self.temperature[slots] = floats[0]
         self.top_p_cut[slots] = floats[1]
-        self.greedy[slots] = torch.tensor([st.params.greedy for st in starts], device=self.device)
+        self.greedy[slots] = upload([st.params.greedy for st in starts], self.device, torch.bool)
         self.last_col[slots] = self.bos
         self.ncols[slots] = 1
         self.num_delay[slots] = 0
         self.num_remaining[slots] = -1
         self.stop_reason[slots] = STOP
         self.done[slots] = False
-        if self.family == "v3":  # the frame cap in rows: max_frames + K - 1 (RowState.max_rows)
-            self.cap_column[slots] = torch.tensor([st.max_frames + k - 1 for st in starts], device=self.device)
 
     def release(self, slot: int) -> None:
         self.done[slot] = True
@@ -147,7 +139,6 @@ class DeviceStreamState:
 
         Graph-capturable: fixed shapes, no host synchronisation.
         """
-        k, bos, eos = self.k, self.bos, self.eos
         live = valid & ~self.done[slots]  # [B]
         finite = torch.isfinite(logits).all(dim=2).all(dim=1)  # [B]
         clean = torch.where(finite[:, None, None], logits, torch.zeros_like(logits))
@@ -157,81 +148,5 @@ class DeviceStreamState:
         noise = self.noise(slots)  # [B, 2, K, V]
         probs = warp_logits(clean, st).softmax(dim=-1)
         sampled = (probs / noise[:, 0]).argmax(dim=-1)  # [B, K]
-        tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)
-        if self.family == "v3":
-            return self.advance_v3(tokens, slots, live, finite)
-        candidate = (clean.softmax(dim=-1) / noise[:, 1]).argmax(dim=-1)  # [B, K]
-
-        # RAS over the last min(ras_window, fill) columns of the ring buffer
-        ras_w, pos, fill = self.ras_window[slots], self.win_pos[slots], self.win_fill[slots]
-        age = (pos[:, None] - 1 - self._age) % self.w  # [B, W]
-        in_window = age < torch.minimum(ras_w, fill)[:, None]
-        repeats = ((self.window[slots] == tokens[:, None, :]) & in_window[:, :, None]).sum(dim=1)  # [B, K]
-        hit = (repeats >= self.ras_max_repeat[slots][:, None]) & (ras_w > 0)[:, None]
-        tokens = torch.where(hit, candidate, tokens)
-
-        # frame cap, ramp-in, ramp-out (SegmentState.advance, in the same order)
-        remaining = self.num_remaining[slots]
-        ncols = self.ncols[slots]
-        forced_stop = (remaining < 0) & (ncols >= self.cap_column[slots])
-        tokens[:, 0] = torch.where(forced_stop, eos, tokens[:, 0])
-        delay = self.num_delay[slots]
-        tokens = torch.where(self._codebook > delay[:, None], bos, tokens)
-        delay = torch.clamp(delay + 1, max=k - 1)
-        counting = remaining >= 0
-        tokens = torch.where(counting[:, None] & (self._codebook < (k - remaining)[:, None]), eos, tokens)
-        remaining = torch.where(counting, remaining - 1, remaining)
-        is_eos = tokens == eos
-        starts = ~counting & is_eos.any(dim=1)
-        first = is_eos.int().argmax(dim=1)  # lowest codebook holding EOS
-        tokens = torch.where(starts[:, None] & (self._codebook < first[:, None]), eos, tokens)
-        remaining = torch.where(starts, k - first - 1, remaining)
-        reason = torch.where(starts, torch.where(forced_stop, LENGTH, STOP), self.stop_reason[slots])
-        finished = (remaining >= 0) & (remaining <= 0)
-
-        status = torch.where(finished, reason, RUNNING)
-        status = torch.where(finite, status, ERROR)
-        status = torch.where(live, status, IGNORED)
-        advance = live & finite
-
-        # write back (rows that did not advance keep their state)
-        keep = ~advance
-        new_col = torch.where(keep[:, None], self.last_col[slots], tokens)
-        self.last_col.index_copy_(0, slots, new_col)
-        self.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
-        self.num_delay.index_copy_(0, slots, torch.where(keep, self.num_delay[slots], delay))
-        self.num_remaining.index_copy_(0, slots, torch.where(keep, self.num_remaining[slots], remaining))
-        self.stop_reason.index_copy_(0, slots, torch.where(keep, self.stop_reason[slots], reason))
-        self.done.index_copy_(0, slots, self.done[slots] | (live & (finished | ~finite)))
-        window = self.window[slots]  # [B, W, K]
-        at = (self._age == pos[:, None]) & advance[:, None]  # [B, W]
-        self.window.index_copy_(0, slots, torch.where(at[:, :, None], tokens[:, None, :], window))
-        self.win_pos.index_copy_(0, slots, torch.where(advance, (pos + 1) % self.w, pos))
-        self.win_fill.index_copy_(0, slots, torch.where(advance, torch.clamp(fill + 1, max=self.w), fill))
-        return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]
-
-    def advance_v3(self, tokens: torch.Tensor, slots: torch.Tensor, live: torch.Tensor,
-                   finite: torch.Tensor) -> torch.Tensor:
-        """v3's row rules (RowState.advance, same order) on sampled tokens [B, K] -> packed [B, K + 1]."""
-        k, bos, eos = self.k, self.bos, self.eos
-        ncols, delay, remaining = self.ncols[slots], self.num_delay[slots], self.num_remaining[slots]
-        ramp = delay < k  # row `delay` of the ramp-up: codebooks > delay are not started yet
-        tokens = torch.where(ramp[:, None] & (self._codebook > delay[:, None]), bos, tokens)
-        counting = ~ramp & (remaining >= 0)
-        remaining = torch.where(counting, remaining - 1, remaining)
-        stop = counting & (remaining <= 0)
-        starts = ~ramp & ~counting & (tokens[:, 0] == eos)
-        remaining = torch.where(starts, k - 2, remaining)
-        length = ~stop & (ncols >= self.cap_column[slots])  # rows after this one == ncols
-        finished = stop | length
-
-        status = torch.where(finished, torch.where(stop, STOP, LENGTH), RUNNING)
-        status = torch.where(finite, status, ERROR)
-        status = torch.where(live, status, IGNORED)
-        keep = ~(live & finite)  # rows that do not advance keep their state
-        self.last_col.index_copy_(0, slots, torch.where(keep[:, None], self.last_col[slots], tokens))
-        self.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
-        self.num_delay.index_copy_(0, slots, torch.where(keep | ~ramp, delay, delay + 1))
-        self.num_remaining.index_copy_(0, slots, torch.where(keep, self.num_remaining[slots], remaining))
-        self.done.index_copy_(0, slots, self.done[slots] | (live & (finished | ~finite)))
-        return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]
+        tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)  # [B, K]
+        return self.rules.advance(self, tokens, clean, noise, slots, live, finite)  # the family's row rules

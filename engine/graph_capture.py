@@ -12,27 +12,29 @@ K = TypeVar("K")  # a bucket key: a batch size, or (batch, frames) for the codec
 
 
 def capture_buckets(buckets: Sequence[K], stage_dummy: Callable[[K], None], body: Callable[[K], Any],
-                    device: torch.device | None = None) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, Any]]:
+                    device: torch.device | None = None, stream: torch.cuda.Stream | None = None,
+                    ) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, Any]]:
     """Capture `body(b)` for every bucket key, largest first, into one shared memory pool.
 
     Each bucket's static inputs are filled with `stage_dummy(b)` and the body runs twice on a side
     stream first (lazy initialisation must not happen inside capture). Returns (graphs, outputs):
     replaying graphs[b] refreshes the tensors in outputs[b]. Used by the decode and prefill graphs
-    here and by the codec graphs (stream/codec_graphs.py).
+    here and by the codec graphs (stream/codec_graphs.py). `stream`: warm up and capture on it (a
+    stream of a green context: the graphs' kernels keep to its SMs), else on side streams.
     """
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[K, torch.cuda.CUDAGraph] = {}
     outputs: dict[K, Any] = {}
     for b in sorted(buckets, reverse=True):
         stage_dummy(b)
-        side = torch.cuda.Stream(device)
+        side = stream or torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 body(b)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             outputs[b] = body(b)
         graphs[b] = graph
     torch.cuda.synchronize(device)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.errors import CapacityError, NotFoundError
+from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels.attention import PagedLayout
 
 
@@ -129,7 +129,7 @@ class KVCache:
     @classmethod
     def create(
         cls,
-        cfg: TalkerConfig,
+        cfg: BackboneConfig,
         num_pages: int,
         page_size: int = 16,
         dtype: torch.dtype = torch.float32,
@@ -139,7 +139,7 @@ class KVCache:
         return cls(pool, PageAllocator(num_pages, page_size))
 
     @staticmethod
-    def bytes_per_page(cfg: TalkerConfig, page_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_page(cfg: BackboneConfig, page_size: int, dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_layers * page_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 

@@ -5,8 +5,8 @@ transformers 4.46 that REF uses: temperature -> top-k -> top-p, then a categoric
 rows (temperature 0) take the argmax of the raw logits (no warpers, as in HF greedy search).
 
 Besides the sampled token, every row also gets an RAS candidate: a draw from softmax(raw logits)
-(no temperature/top-k/top-p). RAS itself (whether to use the candidate) is plain-Python per-stream
-logic in `generation.py`, so the draw is made for every row and every step.
+(no temperature/top-k/top-p). RAS itself (whether to use the candidate) is the family's per-stream
+rule (Higgs v2: `models/higgs_v2/policy.py`), so the draw is made for every row and every step.
 
 Randomness. Each stream owns a `torch.Generator` seeded from its request (or from a fresh random
 seed). Per audio step a stream draws exactly 2 * K * V exponential variates from its own generator
@@ -18,8 +18,9 @@ request + seed gives the same codes whatever else shares the batch. They are not
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -95,3 +96,14 @@ def sample_columns(
     token = torch.where(st.greedy[:, None], greedy, sampled)
     ras = (logits.softmax(dim=-1) / noise[:, 1]).argmax(dim=-1)  # [S, K]
     return torch.stack([token, ras], dim=1)
+
+
+def resolve_seed(params: SamplingParams) -> SamplingParams:
+    """Fill in a fresh random seed when the request has none (so every stream is replayable)."""
+    return params if params.seed is not None else replace(params, seed=secrets.randbits(63))
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen

@@ -1,7 +1,8 @@
-"""Offline synthesis: request -> columns -> codec codes -> waveform, through the streaming engine.
+"""Offline synthesis: request -> codec frames -> waveform, through the streaming engine.
 
-The decode path is REF's (revert the delay pattern, drop the BOS and EOS frames) with stray
-BOS/EOS replaced by the codebook's last valid code instead of clipped (delay.py).
+The engine emits codec frames (each family's writer turns its rows into frames: for the Higgs
+families REF's decode path, the delay pattern reverted and the BOS/EOS frames dropped, with stray
+BOS/EOS replaced by the codebook's last valid code instead of clipped).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine
 from higgs_stream.engine.request import GenerationRequest
 
@@ -21,8 +21,7 @@ class CodecLike(Protocol):
 
 
 def synthesize(engine: Engine, codec: CodecLike, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray]:
-    """(waveform float32 [F * hop], delay-pattern columns [K, L] int64) for one request; F = L - K - 1."""
-    columns = engine.generate(request)  # [K, L]
-    frames = columns_to_frames(columns, codebook_size=engine.cfg.codebook_size)  # [K, F]
+    """(waveform float32 [F * hop], codec frames [K, F] int64) for one request."""
+    frames = engine.generate(request)  # [K, F]
     wav = codec.decode(torch.from_numpy(frames)[None])[0]  # [F * hop]
-    return wav.detach().float().cpu().numpy(), columns
+    return wav.detach().float().cpu().numpy(), frames

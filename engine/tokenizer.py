@@ -5,20 +5,19 @@ hard-coded), and every token the prompt builder needs must exist as an added tok
 literal text `<|AUDIO_OUT|>` inside a prompt piece encodes to exactly one id. REF tokenizes
 each prompt piece with `encode(piece, add_special_tokens=False)`; `encode` does the same.
 
-Which tokens are resolved is the model family's: `specials` is the dataclass of ids to fill
-(`SpecialTokens` for v2, config_v3.V3SpecialTokens for v3), whose class attributes name each
-field's token string (`TOKEN_STRINGS`) and the fields that may be absent (`OPTIONAL`).
+Which tokens are resolved is the model family's: `specials` is the family's dataclass of ids to
+fill (each family's config.py), whose class attributes name each field's token string
+(`TOKEN_STRINGS`) and the fields that may be absent (`OPTIONAL`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from tokenizers import Tokenizer
 
-from higgs_stream.engine.config import SpecialTokens
-from higgs_stream.engine.config_v3 import V3SpecialTokens
 from higgs_stream.engine.errors import CheckpointError, ConfigError, InvalidInputError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -28,13 +27,22 @@ TOKENIZER_FILE = "tokenizer.json"
 SOUND_EVENT_TOKENS = ("<SE>", "</SE>", "<SE_s>", "</SE_s>", "<SE_e>", "</SE_e>")
 
 
-Specials = type[SpecialTokens] | type[V3SpecialTokens]
+class SpecialIds(Protocol):
+    """A family's special-token dataclass: built from field -> id keyword arguments."""
+
+    TOKEN_STRINGS: ClassVar[Mapping[str, str]]  # field -> token string
+    OPTIONAL: ClassVar[tuple[str, ...]]  # fields that may be absent (None)
+
+    def __init__(self, **ids: Any) -> None: ...
+
+
+Specials = type[SpecialIds]
 
 
 class TextTokenizer:
     """Byte-level BPE text tokenizer plus the resolved special token ids of one model family."""
 
-    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>", specials: Specials = SpecialTokens) -> None:
+    def __init__(self, tokenizer: Tokenizer, source: str = "<memory>", *, specials: Specials) -> None:
         self._tok = tokenizer
         self.source = source
         # Added (special) tokens by string; these are what a prompt may spell literally.
@@ -42,7 +50,7 @@ class TextTokenizer:
         ids = {field: self._require_added(token, optional=field in specials.OPTIONAL)
                for field, token in specials.TOKEN_STRINGS.items()}
         try:
-            self.special: SpecialTokens | V3SpecialTokens = specials(**ids)
+            self.special: Any = specials(**ids)
         except ConfigError as e:
             raise CheckpointError(f"tokenizer {source}: {e}") from e
         # A second instance that treats special-token strings in the input as plain text.
@@ -50,7 +58,7 @@ class TextTokenizer:
         self._literal.encode_special_tokens = True
 
     @classmethod
-    def from_dir(cls, path: str | Path, specials: Specials = SpecialTokens) -> TextTokenizer:
+    def from_dir(cls, path: str | Path, specials: Specials) -> TextTokenizer:
         """Load `<path>/tokenizer.json`; CheckpointError when it is missing, unreadable or incomplete."""
         file = Path(path) / TOKENIZER_FILE
         if not file.is_file():
@@ -58,7 +66,7 @@ class TextTokenizer:
         return cls.from_file(file, specials)
 
     @classmethod
-    def from_file(cls, file: str | Path, specials: Specials = SpecialTokens) -> TextTokenizer:
+    def from_file(cls, file: str | Path, specials: Specials) -> TextTokenizer:
         try:
             tok = Tokenizer.from_file(str(file))
         except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,13 @@ from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.gpu_sampling import StreamStart
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.prompt import build_prompt
-from higgs_stream.engine.random_weights import (
-    EOS_TOP_K,
-    random_full_codec,
+from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
+from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
-    suppress_eos,
     talker_from_reference,
     tokenizer_and_config,
 )
+from higgs_stream.engine.random_weights import EOS_TOP_K, random_full_codec, suppress_eos
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
@@ -83,22 +82,22 @@ def greedy_batch_parity(engine: GpuEngine, eager: GpuEngine, n: int = 6, steps: 
                               max_frames=steps) for i, t in enumerate(texts)]
     alone = [eager.generate(r) for r in reqs]
     sids = {engine.add(r): i for i, r in enumerate(reqs)}
-    cols: dict[int, list] = {i: [] for i in range(n)}
+    frames: dict[int, list] = {i: [] for i in range(n)}
     open_ = set(sids)
     while open_ or engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                cols[sids[ev.stream_id]].append(ev.column)
+            if ev.frame is not None:
+                frames[sids[ev.stream_id]].append(ev.frame)
             if ev.finished:
                 open_.discard(ev.stream_id)
     rows = []
     for i in range(n):
-        got, want = np.stack(cols[i], axis=1), alone[i]
+        got, want = np.stack(frames[i], axis=1) if frames[i] else np.zeros((8, 0), np.int64), alone[i]
         m = min(got.shape[1], want.shape[1])
         diff = np.nonzero((got[:, :m] != want[:, :m]).any(axis=0))[0]
-        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "columns": int(got.shape[1]),
-                     "columns_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
-                     "first_diff_column": int(diff[0]) if len(diff) else None})
+        rows.append({"prompt_len": len(build_prompt(engine.tokenizer, reqs[i], 8, 1024)), "frames": int(got.shape[1]),
+                     "frames_alone": int(want.shape[1]), "equal": bool(got.shape == want.shape and not len(diff)),
+                     "first_diff_frame": int(diff[0]) if len(diff) else None})
     return {"ras_window": ras_window, "streams": rows, "all_equal": all(r["equal"] for r in rows)}
 
 
@@ -283,11 +282,63 @@ class _Timer:
 
 
 # ---------------------------------------------------------------------------- streaming
+def trace_summary(trace: list[tuple], wall_s: float) -> dict:
+    """Where an in-process run's time went: engine-loop iterations (engine.step split into host work and
+    device waits, then routing) and codec calls, and how much longer a step takes while a codec call runs."""
+    steps = [t for t in trace if t[0] == "step"]
+    calls = sorted((t for t in trace if t[0] == "codec"), key=lambda t: t[1])
+    replays = [t for t in trace if t[0] == "replay"]  # ("replay", host launch time, rows, device seconds)
+    if not steps:
+        return {}
+    arr = lambda xs: np.asarray(xs, dtype=np.float64) * 1e3
+    wall, engine, wait, route = (arr([t[3] - t[1] for t in steps]), arr([t[2] - t[1] for t in steps]),
+                                 arr([t[5] for t in steps]), arr([t[3] - t[2] for t in steps]))
+    prefill = np.array([len(t) > 6 and t[6] > 0 for t in steps])
+    overlapped = np.zeros(len(steps), dtype=bool)
+    j = 0
+    for i, t in enumerate(steps):  # steps and calls are in time order: one pass
+        while j < len(calls) and calls[j][2] < t[1]:
+            j += 1
+        overlapped[i] = j < len(calls) and calls[j][1] < t[3]
+    dur = arr([c[2] - c[1] for c in calls]) if calls else np.zeros(1)
+    pct = lambda a, q: float(np.percentile(a, q)) if a.size else float("nan")
+    return {"steps": len(steps), "step_ms_p50": pct(wall, 50), "step_ms_p95": pct(wall, 95),
+            "engine_host_ms": float((engine - wait).mean()), "engine_wait_ms": float(wait.mean()),
+            "route_ms": float(route.mean()),
+            "step_ms_with_prefill": _mean(wall[prefill]), "step_ms_without_prefill": _mean(wall[~prefill]),
+            "share_of_steps_with_prefill": float(prefill.mean()),
+            "step_ms_with_codec": float(wall[overlapped].mean()) if overlapped.any() else None,
+            "step_ms_without_codec": float(wall[~overlapped].mean()) if (~overlapped).any() else None,
+            "share_of_steps_with_codec": float(overlapped.mean()),
+            "codec_calls": len(calls), "codec_ms_p50": pct(dur, 50), "codec_ms_p95": pct(dur, 95),
+            "codec_jobs_mean": float(np.mean([c[3] for c in calls])) if calls else 0.0,
+            "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
+            "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
+            "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
+            **_replay_summary(replays, calls)}
+
+
+def _mean(a: np.ndarray) -> float | None:
+    return float(a.mean()) if a.size else None
+
+
+def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:
+    """Device time of the talker's decode replays, apart and beside a codec call (GPU contention)."""
+    if not replays:
+        return {}
+    beside = np.array([any(c[1] <= r[1] <= c[2] for c in calls) for r in replays])
+    ms = np.array([r[3] for r in replays]) * 1e3
+    rows = np.array([r[2] for r in replays])
+    return {"replay_ms_mean": float(ms.mean()), "replay_rows_mean": float(rows.mean()),
+            "replay_ms_beside_codec": float(ms[beside].mean()) if beside.any() else None,
+            "replay_ms_alone": float(ms[~beside].mean()) if (~beside).any() else None}
+
+
 async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: int,
-                      timers: tuple[_Timer, _Timer] | None = None) -> dict:
-    from higgs_stream.stream.metrics import UnderrunMeter
+                      timers: tuple[_Timer, _Timer] | None = None, trace: bool = False) -> dict:
     from higgs_stream.stream.handle import Audio
     from higgs_stream.stream.messages import ContextOptions
+    from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.voices import Voice
 
     loop = asyncio.get_running_loop()
@@ -322,8 +373,16 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
         for t in timers:
             t.take()
     steps0, loop0 = pipeline.steps, pipeline.metrics.step_time.sum
+    if trace:
+        pipeline.trace = pipeline.codec_worker.trace = []
+        pipeline.engine.replay_events = []
     t_start = loop.time()
     rows = await asyncio.gather(*(one(i) for i in range(n)))
+    traced, pipeline.trace, pipeline.codec_worker.trace = pipeline.trace, None, None
+    replays, pipeline.engine.replay_events = getattr(pipeline.engine, "replay_events", None), None
+    if traced and replays:
+        torch.cuda.synchronize()
+        traced = traced + [("replay", t, rows, start.elapsed_time(end) / 1e3) for t, rows, start, end in replays]
     refused = sum(r["reason"] == "busy" for r in rows)
     rows = [r for r in rows if r["reason"] != "busy"] or [{"ttfa": None, "start": t_start, "end": loop.time(),
                                                            "audio_s": 0.0, "underruns": 0, "max_gap_s": 0.0,
@@ -352,7 +411,8 @@ async def _stream_run(pipeline: Any, n: int, mode: str, arrival_s: float, seed: 
             "max_gap_ms": float(max(r["max_gap_s"] for r in rows) * 1e3),
             "full_length": int(sum(r["audio_s"] >= FRAMES * 0.04 - 1e-6 for r in rows)),
             "underruns_by_position_s": _histogram([x for r in rows for x in r.get("late_at_s", ())]),
-            "paused_max": getattr(pipeline, "max_paused", None), **loop_stats}
+            "paused_max": getattr(pipeline, "max_paused", None), **loop_stats,
+            **({"trace": trace_summary(traced, wall)} if traced else {})}
 
 
 def _histogram(positions: list[float]) -> dict[str, int]:
@@ -377,17 +437,23 @@ class _CodecStats:
 
 
 async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str, int]],
-                       codec_stream: str = "separate", pacing: dict | None = None) -> list[dict]:
+                       codec_stream: str = "separate", pacing: dict | None = None, trace: bool = False,
+                       partition_steps: bool = True, gil_switch_s: float | None = None,
+                       codec_sms: int | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.pipeline import Pipeline
 
     n_max = max(n for n, _, _ in runs)
     cfg = ServerConfig(max_streams=n_max + 8, max_frames=FRAMES, history_segments=0, stream_buffer_s=120.0,
-                       **(pacing or {}))
+                       codec_sms=codec_sms, **(pacing or {}))
     pipeline = Pipeline(engine, codec, cfg, codec_stream=codec_stream)
+    pipeline.codec_worker.code2wav.partition_steps = partition_steps
     t0 = time.perf_counter()
     await pipeline.start()  # warms the codec up at its bucketed shapes, captures the small ones
+    switch = sys.getswitchinterval()
+    if gil_switch_s is not None:
+        sys.setswitchinterval(gil_switch_s)
     log(f"pipeline started in {time.perf_counter() - t0:.1f} s (codec warm-up, codec stream {codec_stream}, "
         f"graph shapes {len(getattr(pipeline.decoder, 'shapes', ()))}, graph check "
         f"{getattr(pipeline.decoder, 'check_max_abs_diff', None)})")
@@ -398,9 +464,12 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
             await _stream_run(pipeline, 4, mode, 0.0, 7)
         for n, mode, repeats in runs:
             for r in range(repeats):
-                res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r, timers)
+                res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r, timers, trace=trace and n > 1)
                 res["repeat"] = r
                 res["codec_stream"] = codec_stream
+                res["partition_steps"] = partition_steps
+                res["gil_switch_ms"] = sys.getswitchinterval() * 1e3
+                res["codec_sms"] = codec_sms
                 out.append(res)
                 log(f"stream n={n} {mode}: TTFA p50 {res['ttfa_p50_ms']:.1f} ms p95 {res['ttfa_p95_ms']:.1f} ms, "
                     f"RTF p50 {res['rtf_p50']:.3f}, underruns {res['underruns']} in {res['streams_with_underrun']} streams, "
@@ -409,8 +478,10 @@ async def stream_bench(engine: GpuEngine, codec: Any, runs: list[tuple[int, str,
                     f"full {res['full_length']}/{n}, steps {res.get('engine_steps')} ({res.get('mean_step_ms', 0):.2f} ms, "
                     f"loop {res.get('loop_ms', 0):.2f} ms), "
                     f"codec {res.get('codec_calls')} calls {res.get('codec_s', 0):.2f} s of {res['wall_s']:.2f} s"
-                    + (f"; first steps {[round(x, 2) for x in res['first_steps_ms']]} ms" if n == 1 else ""))
+                    + (f"; first steps {[round(x, 2) for x in res['first_steps_ms']]} ms" if n == 1 else "")
+                    + (f"; trace {json.dumps(res['trace'])}" if "trace" in res else ""))
     finally:
+        sys.setswitchinterval(switch)
         await pipeline.stop()
         del engine.step  # drop the _Timer (an instance attribute) for the next pipeline
     return out
@@ -431,6 +502,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run N > 1 with these pause/resume seconds and saturation ratio (A/B)")
     ap.add_argument("--compare-codec-stream", action="store_true",
                     help="also run N > 1 with the codec on the talker's CUDA stream")
+    ap.add_argument("--compare-codec-partition", action="store_true",
+                    help="also run N > 1 with every codec call's pushes in one step (no partition by width)")
+    ap.add_argument("--compare-gil-switch", default="", metavar="MS,...",
+                    help="also run N > 1 with these GIL switch intervals (the pipeline sets 1 ms)")
+    ap.add_argument("--compare-codec-sms", default="", metavar="N,...",
+                    help="also run N > 1 with the codec on a green context of these many SMs")
+    ap.add_argument("--trace", action="store_true", help="time every engine step and codec call of N > 1 runs")
+    ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
@@ -520,18 +599,28 @@ def main(argv: list[str] | None = None) -> int:
         log(f"codec variants (not used by the pipeline): {result['codec_variants']}")
         ns = [int(n) for n in args.streams.split(",")]
         runs = [(1, "low_latency", 5), (1, "exact", 5)] + [(n, "exact", 1) for n in ns if n > 1]
-        runs += [(n, "low_latency", 1) for n in ns if n in (16, 128)]
-        result["stream"] = asyncio.run(stream_bench(engine, codec, runs))
+        low = {int(n) for n in args.low_latency_streams.split(",") if n}
+        runs += [(n, "low_latency", 1) for n in ns if n in low]
+        result["stream"] = asyncio.run(stream_bench(engine, codec, runs, trace=args.trace))
         if args.pacing:  # the same runs again with other pacing settings (an A/B in one process)
             pause, resume, saturated = (float(x) for x in args.pacing.split(","))
             other = {"pause_ahead_s": pause, "resume_ahead_s": resume, "saturated_step_ratio": saturated}
             for r in asyncio.run(stream_bench(engine, codec, [x for x in runs if x[0] > 1 and x[1] == "exact"],
-                                              pacing=other)):
+                                              pacing=other, trace=args.trace)):
                 result["stream"].append(dict(r, pacing=other))
         save()
         other = [(n, "exact", 1) for n in ns if n > 1]
         if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device
-            result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine"))
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine", trace=args.trace))
+            save()
+        for sms in filter(None, args.compare_codec_sms.split(",")):
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, codec_sms=int(sms)))
+            save()
+        for ms in filter(None, args.compare_gil_switch.split(",")):
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, gil_switch_s=float(ms) / 1e3))
+            save()
+        if other and args.compare_codec_partition:
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, partition_steps=False))
             save()
     summarize(result)
     save()
@@ -549,7 +638,7 @@ def summarize(r: dict) -> None:
             g = r.get(key)
             if g:
                 print(f"greedy graphed-batched vs eager batch-1 (RAS window {g['ras_window']}): "
-                      + ", ".join(f"{x['columns']}{'=' if x['equal'] else '!=@' + str(x['first_diff_column'])}" for x in g["streams"]))
+                      + ", ".join(f"{x['frames']}{'=' if x['equal'] else '!=@' + str(x['first_diff_frame'])}" for x in g["streams"]))
     if "batch_vs_single_logits" in r:
         print(f"batched vs batch-1 logits (teacher-forced): {r['batch_vs_single_logits']}")
     if "transformers_baseline" in r:
@@ -562,10 +651,13 @@ def summarize(r: dict) -> None:
         if "speedup_vs_transformers_batch1" in r:
             print(f"batch-1 speedup vs transformers: {r['speedup_vs_transformers_batch1']:.1f}x")
     if "stream" in r:
-        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
+        print(f"{'N':>4} {'mode':>11} {'codec':>8} {'sms':>4} {'part':>4} {'gil':>4} {'TTFA p50':>9} {'p95':>7} {'RTF p50':>8} {'underruns':>9} "
               f"{'audio-s/s':>9} {'step ms':>8} {'loop ms':>8} {'codec s':>8} {'wall s':>7}")
         for s in r["stream"]:
-            print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {s['ttfa_p50_ms']:>9.1f} "
+            print(f"{s['n']:>4} {s['mode']:>11} {s.get('codec_stream', ''):>8} {s.get('codec_sms') or 'all':>4} "
+                  f"{'y' if s.get('partition_steps', True) else 'n':>4} "
+                  f"{s.get('gil_switch_ms', 0):>4.1f} "
+                  f"{s['ttfa_p50_ms']:>9.1f} "
                   f"{s['ttfa_p95_ms']:>7.1f} {s['rtf_p50']:>8.3f} "
                   f"{s['underruns']:>9} {s['audio_s_per_s']:>9.1f} {s.get('mean_step_ms', 0):>8.2f} "
                   f"{s.get('loop_ms', 0):>8.2f} {s.get('codec_s', 0):>8.2f} {s['wall_s']:>7.2f}")

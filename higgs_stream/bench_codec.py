@@ -116,6 +116,31 @@ def stateful(dec: StreamingDecoder, kind: str, batch: int, step: int, device: to
     return rate(kind, batch, step, seconds, replayed=dec.replays > replays)
 
 
+def profile_step(dec: StreamingDecoder, batch: int, frames: int) -> dict:
+    """Kernel time of one eager stateful step (B rows x C frames), grouped by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    slots = [dec.open() for _ in range(batch)]
+    codes = torch.randint(0, 1024, (batch, 8, frames))
+    try:
+        for _ in range(2):
+            dec.step(slots, codes, [frames] * batch, [False] * batch)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dec.step(slots, codes, [frames] * batch, [False] * batch)
+            torch.cuda.synchronize()
+    finally:
+        for s in slots:
+            dec.close(s)
+    kernels: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(ev.name, []).append(ev.device_time / 1e3)
+    top = sorted(({"name": k, "ms": sum(v), "count": len(v)} for k, v in kernels.items()), key=lambda k: -k["ms"])
+    return {"batch": batch, "frames": frames, "kernels": sum(len(v) for v in kernels.values()),
+            "kernel_ms": sum(k["ms"] for k in top), "top": top[:20]}
+
+
 def windowed(decode: Callable[[torch.Tensor], torch.Tensor], kind: str, batch: int, device: torch.device) -> dict:
     codes = torch.randint(0, 1024, (batch, 8, 2 * WINDOW_CONTEXT + WINDOW_NEW))
     hop = 960
@@ -145,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny codec (smoke run; numbers mean nothing)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--no-tf32", action="store_true", help="skip the opt-in TF32 codec section")
+    ap.add_argument("--profile", default="", metavar="B:C,...",
+                    help="CUDA: kernel breakdown (torch.profiler) of one eager stateful step per B rows x C frames")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -177,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         result["graphed"] = graphed.graphed
         result["frame_buckets"] = frame_buckets
     decs = {"graphed": graphed, "eager": eager} if graphed.graphed else {"eager": eager}
+    if args.profile and device.type == "cuda":
+        result["profile"] = [profile_step(eager, *map(int, bc.split(":"))) for bc in args.profile.split(",")]
+        for p in result["profile"]:
+            log(f"profile B={p['batch']} C={p['frames']}: {p['kernels']} kernels {p['kernel_ms']:.2f} ms; top "
+                + "; ".join(f"{k['ms']:.2f}ms x{k['count']} {k['name'][:60]}" for k in p["top"][:10]))
+        save()
     log(f"{result['card']}: codec ready in {time.perf_counter() - t0:.1f} s; state "
         f"{graphed.state_bytes_per_stream} B/stream; graphs {graphed.graphed} "
         f"(check {result.get('capture_check_rel')})")

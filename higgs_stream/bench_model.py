@@ -14,7 +14,7 @@ import torch
 
 from higgs_stream.engine.fast_talker import FastInputs
 from higgs_stream.engine.gpu_sampling import StreamStart
-from higgs_stream.engine.prompt import build_prompt
+from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import HostCSR, RefAttention

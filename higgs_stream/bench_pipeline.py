@@ -2,11 +2,11 @@
 
     python -m higgs_stream.bench_pipeline --streams 256 [--step-ms 7.4] [--codec-ms 10] [--profile]
 
-The fake engine emits, per stream and step, the delay-pattern columns of random frames (the BOS
-column, the ramp-in, `frames` audio frames, the EOS ramp-out), exactly what a real engine hands
-the pipeline; `--step-ms` sleeps (GIL released, as a GPU wait would) to stand in for the device
+The fake engine steps, per stream, through the delay-pattern columns of random frames (the BOS
+column, the ramp-in, `frames` audio frames, the EOS ramp-out) and emits the codec frames a Higgs
+v2 engine's writer makes of them, at the steps a real engine would; `--step-ms` sleeps (GIL released, as a GPU wait would) to stand in for the device
 step. The fake codec returns a cheap deterministic waveform of the right shape and sleeps
-`--codec-ms` per call. What is measured is the Python around them: routing columns into the
+`--codec-ms` per call. What is measured is the Python around them: routing frames into the
 adapters, planning decode windows, PCM conversion and the hand-off to the event loop.
 """
 
@@ -27,14 +27,14 @@ import torch
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.streaming import StepAudio
-from higgs_stream.engine.delay import delayed_prompt_audio
-from higgs_stream.engine.errors import CapacityError
 from higgs_stream.engine.engine import StepEvent
+from higgs_stream.engine.errors import CapacityError
+from higgs_stream.engine.models.delay_pattern import DelayWriter, delayed_prompt_audio
 from higgs_stream.engine.request import GenerationRequest
 
 
 class FakeEngine:
-    """The Engine API the pipeline uses (add, cancel, has_work, step, cfg), with random columns."""
+    """The Engine API the pipeline uses (add, cancel, has_work, step, cfg), with random frames."""
 
     def __init__(self, step_s: float = 0.0, seed: int = 0) -> None:
         self.cfg = SimpleNamespace(codebook_size=1024, num_codebooks=8)
@@ -44,8 +44,8 @@ class FakeEngine:
         self._next = 0
         self._pending: deque[tuple[int, np.ndarray]] = deque()
         self._cancels: deque[int] = deque()
-        self._live: dict[int, list] = {}  # sid -> [columns [K, L], next index]
-        self.columns: dict[int, np.ndarray] = {}  # sid -> every column it emits [K, F + 9]
+        self._live: dict[int, list] = {}  # sid -> [columns [K, L], next index, its DelayWriter]
+        self.frames: dict[int, np.ndarray] = {}  # sid -> every frame it emits [K, F]
         self.busy_s = 0.0  # time spent in step() (sleep included)
         self.steps = 0
         self.paused: set[int] = set()  # live streams left out of steps (Engine.pause)
@@ -53,9 +53,8 @@ class FakeEngine:
     def add(self, request: GenerationRequest) -> int:
         sid = self._next
         self._next += 1
-        frames = self._rng.integers(0, 1024, size=(8, request.max_frames))
-        self.columns[sid] = delayed_prompt_audio(frames)  # [8, F + 9]
-        self._pending.append((sid, self.columns[sid]))
+        self.frames[sid] = self._rng.integers(0, 1024, size=(8, request.max_frames))
+        self._pending.append((sid, delayed_prompt_audio(self.frames[sid])))  # [8, F + 9] columns
         return sid
 
     def cancel(self, sid: int) -> None:
@@ -80,7 +79,7 @@ class FakeEngine:
         events = []
         while self._pending:
             sid, cols = self._pending.popleft()
-            self._live[sid] = [cols, 0]
+            self._live[sid] = [cols, 0, DelayWriter(8, 1024, wrapped=True)]
         while self._cancels:
             sid = self._cancels.popleft()
             if self._live.pop(sid, None) is not None:
@@ -89,9 +88,12 @@ class FakeEngine:
         for sid, entry in list(self._live.items()):
             if sid in self.paused:
                 continue
-            cols, i = entry
+            cols, i, writer = entry
             last = i == cols.shape[1] - 1
-            events.append(StepEvent(sid, cols[:, i].copy(), last, "length" if last else None))
+            frame = writer.push(cols[:, i].tolist(), final=last) if i else None  # column 0: the writer's own BOS
+            if frame is not None or last:
+                events.append(StepEvent(sid, None if frame is None else np.array(frame, np.int64), last,
+                                        "length" if last else None))
             entry[1] = i + 1
             if last:
                 del self._live[sid]
@@ -150,6 +152,9 @@ class FrameLocalStreaming:
     def close(self, slot: int) -> None:
         self.open_slots.discard(slot)
 
+    def partition(self, slots, valid, final) -> list[list[int]]:
+        return [list(range(len(slots)))]  # no state, no padding cost worth a second call
+
     def step(self, slots, codes: torch.Tensor, valid, final) -> StepAudio:
         audio = self.decode(codes)  # [B, C * hop]
         return StepAudio(audio, [0] * len(slots), [int(v) * self.geometry.hop for v in valid])
@@ -161,7 +166,7 @@ class Result:
     steps: int
     wall_s: float
     loop_ms_per_step: float  # engine-thread time per step outside engine.step()
-    step_ms: float  # engine.step() per step (fake: sleep + column making)
+    step_ms: float  # engine.step() per step (fake: sleep + frame making)
     codec_calls: int
     ttfa_p50_ms: float
     ttfa_p95_ms: float

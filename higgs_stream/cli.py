@@ -12,7 +12,7 @@ import sys
 # name -> (module that owns it, one-line help). Each module exposes add_arguments(parser) and run(args).
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-checkpoint": (
-        "higgs_stream.engine.make_checkpoint",
+        "higgs_stream.engine.checkpoint_writer",
         "write a random-weight checkpoint (talker + codec + tokenizer) in a real on-disk layout",
     ),
     "synth": ("higgs_stream.synth_cli", "offline text -> WAV (and/or codes)"),

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                    help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
-    p.add_argument("--codes-out", default=None, help="write the delay-pattern columns [8, L] as .npy")
+    p.add_argument("--codes-out", default=None, help="write the codec frames [K, F] as .npy (what the codec decodes)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.errors import InvalidInputError
     from higgs_stream.engine.gpu_engine import load_engine
-    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize
     from higgs_stream.stream.adapter import write_wav
@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     kwargs = {} if args.max_frames is None else {"max_frames": args.max_frames}
     request = GenerationRequest(text=args.text, reference=reference, scene=args.scene, sampling=sampling, **kwargs)
-    wav, columns = synthesize(engine, codec, request)
+    wav, frames = synthesize(engine, codec, request)
     if args.codes_out:
-        np.save(args.codes_out, columns)
+        np.save(args.codes_out, frames)
     if args.out:
         write_wav(args.out, wav, codec.sample_rate)
-    print(f"{len(wav) / codec.sample_rate:.2f} s of audio, {columns.shape[1]} columns")
+    print(f"{len(wav) / codec.sample_rate:.2f} s of audio, {frames.shape[1]} frames")
     return 0

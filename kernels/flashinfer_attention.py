@@ -158,6 +158,7 @@ class GraphDecodeAttention:
         self.page_size, self.dtype = page_size, dtype
         self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
         self._indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
+        self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices, uploaded
         self._last = torch.ones(batch_size, dtype=torch.int32, device=device)
         self._wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=self._indptr,
@@ -169,7 +170,12 @@ class GraphDecodeAttention:
         if csr.kv_indices.shape[0] > self.max_pages:
             raise ValueError(f"{csr.kv_indices.shape[0]} pages exceed the graph buffer of {self.max_pages}")
         hq, hkv, d = self.heads
-        self._wrapper.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
+        # FlashInfer copies host indices synchronously (the host would wait for the previous replay); upload
+        # them asynchronously from pinned memory and hand it a device tensor (a device-to-device copy in order)
+        n = csr.kv_indices.shape[0]
+        indices = self._indices_in[:n]
+        indices.copy_(csr.kv_indices.pin_memory(), non_blocking=True)
+        self._wrapper.plan(csr.kv_indptr, indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
                            q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=d**-0.5)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:

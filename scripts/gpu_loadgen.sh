@@ -9,6 +9,7 @@
 #   CLOSED=16,64,256,512 (streams), DURATION=10 (s of arrivals per scenario), DRAIN=20,
 #   MAX_FRAMES=250 (10 s utterances), MAX_STREAMS=256 (the largest CUDA-graph batch; more is refused
 #   as `busy`), KV_PAGES=8192, PROCS=4 (client processes), MODE (server default: exact);
+#   SERVE_ARGS (more serve flags, e.g. "--codec-schedule just_in_time"; with LABEL to keep both runs),
 #   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU.
 # Writes $OUT/loadgen_<arch>.json, loadgen_<arch>.log (client), server_<arch>.log, gpu.txt, and
 # loadgen.png when matplotlib is importable (else: python -m higgs_stream.loadgen --plot-from ... locally).
@@ -23,12 +24,12 @@ for arch in "${archs[@]}"; do
   if [ "$share" -lt 100 ]; then echo "$arch: skipped (${share} s of budget left for it)"; rc=1; continue; fi
   echo "== $arch: ${share} s"
   serve="python3 -m higgs_stream.cli serve --model ${MODEL:-random:full} --arch $arch --device ${DEVICE:-cuda}"
-  serve+=" --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250}"
+  serve+=" --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} ${SERVE_ARGS:-}"
   timeout -k 20 $(( share + 45 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
     --spawn "$serve" --spawn-log "$OUT/server_$arch.log" --spawn-timeout 240 --time-budget "$share" \
     --open-rates "${OPEN_RATES:-1,5,10,20}" --closed "${CLOSED:-16,64,256,512}" --duration "${DURATION:-10}" \
-    --drain "${DRAIN:-20}" --request-timeout 60 --procs "${PROCS:-4}" ${MODE:+--mode "$MODE"} --label "$arch" \
-    --out "$OUT/loadgen_$arch.json" 2>&1 | tee "$OUT/loadgen_$arch.log" | grep -v "^\s*$" | tail -14 || rc=1
+    --drain "${DRAIN:-20}" --request-timeout 60 --procs "${PROCS:-4}" ${MODE:+--mode "$MODE"} --label "$arch${LABEL:+-$LABEL}" \
+    --out "$OUT/loadgen_$arch${LABEL:+_$LABEL}.json" 2>&1 | tee "$OUT/loadgen_$arch.log" | grep -v "^\s*$" | tail -14 || rc=1
   tail -3 "$OUT/server_$arch.log"
   port=$(( port + 1 ))
 done

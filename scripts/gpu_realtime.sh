@@ -6,27 +6,33 @@
 # .baseline/ (git-ignored) holds the previous pipeline's sources, made once here with
 #   mkdir -p .baseline && git archive 6fb90ea engine kernels stream clients higgs_stream | tar -x -C .baseline
 # Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
-# Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip).
+# Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip),
+# BASELINE_DIR (default .baseline: another `git archive` of an older commit, made the same way), BENCH_ARGS,
+# SECTIONS (default stream; decode,stream adds the decode-step sweep to both), CODEC=0 skips the codec alone.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 budget=${BUDGET_S:-580}
 left() { echo $(( budget - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/engine/test_codec_streaming_gpu.py \
-  tests/stream/test_codec_graphs.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
-timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
+if [ "${CODEC:-1}" = 1 ]; then
+  timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/engine/test_codec_streaming_gpu.py \
+    tests/stream/test_codec_graphs.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
+  timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
+fi
+sections=${SECTIONS:-stream}
 base=${BASELINE_STREAMS-64,128}
-reserve=$([ -n "$base" ] && echo 170 || echo 0)
-timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-1,16,64,128,256}" \
+reserve=$([ -n "$base" ] && echo ${BASELINE_RESERVE:-170} || echo 0)
+timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections "$sections" --streams "${STREAMS:-1,16,64,128,256}" \
   ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
-if [ -n "$base" ] && [ -d .baseline ]; then  # the previous pipeline, same card, same call
+bdir=${BASELINE_DIR:-.baseline}
+if [ -n "$base" ] && [ -d "$bdir" ]; then  # the previous pipeline, same card, same call
   mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done
-  for f in .baseline/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+  for d in engine kernels stream clients; do ln -sfn "$PWD/$bdir/$d" /tmp/shim_base/higgs_stream/$d; done
+  for f in "$bdir"/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
     "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \
-from higgs_stream.bench import main; sys.exit(main(['--sections', 'stream', '--streams', '$base', '--out', '$OUT/baseline.json']))" \
+from higgs_stream.bench import main; sys.exit(main(['--sections', '$sections', '--batches', '1,32,64,128,256', '--streams', '$base', '--out', '$OUT/baseline.json']))" \
     2>&1 | tee "$OUT/baseline.log" | grep -E "baseline code|stream n=|Error" | tail -9)
 fi
 echo "done in $SECONDS s"

@@ -1,23 +1,23 @@
-"""Code2Wav streaming adapter: delay-pattern columns in, PCM chunks out, exact by default.
+"""Code2Wav streaming adapter: codec frames in, PCM chunks out, exact by default.
 
-Per segment, `Code2WavAdapter` reverts the delay pattern incrementally and plans its chunks over the
-codec's declared geometry (`stream/chunking.py`): exact chunks are `PushJob`s, frames pushed once
+Per segment, `Code2WavAdapter` collects the codec frames the engine emits (`StepEvent.frame`, real
+codes laid out as the codec declares: the model family's writer has turned its rows into frames)
+and plans its chunks over the codec's declared geometry (`stream/chunking.py`): exact chunks are `PushJob`s, frames pushed once
 into the codec's stateful `StreamingDecoder` (every frame through every layer once; output equal
 to the one-shot decode to fp32 rounding); low-latency ramp chunks are `WindowJob`s, windows
 decoded one-shot with a short holdback (approximate, sooner). `Code2Wav` runs the jobs of many
 segments: all windows of a call in few batched decodes, all pushes in one batched stateful step.
 
 Two ways to drive it:
-- `push(column)` / `finish()` on an adapter built over a Codec decode at once (tests, offline use);
-- `feed(column)` / `close()` / `take_jobs()`, then `Code2Wav.run(owners, jobs)` serve every stream
+- `push(frame)` / `finish()` on an adapter built over a Codec decode at once (tests, offline use);
+- `feed(frame)` / `close()` / `take_jobs()`, then `Code2Wav.run(owners, jobs)` serve every stream
   that is due in one step with one stateful call (the pipeline's codec worker).
-- `feed_columns(adapters, columns, finals)` feeds one step's columns of many streams with one
+- `feed_frames(adapters, frames, finals)` feeds one step's frames of many streams with one
   validation for all of them (the pipeline's hot path); `jobs_to_s16le` turns a call's chunks into
   s16le bytes with one conversion.
 
-Per column the adapter works on plain Python ints (the delay revert and the stray fill of
-`engine.delay.ColumnReverter`, re-stated without numpy): a serving step touches every stream, and
-small numpy calls cost more than the arithmetic.
+Per frame the adapter keeps plain Python ints: a serving step touches every stream, and small
+numpy calls cost more than the bookkeeping.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
-from higgs_stream.engine.delay import STRAY_FALLBACK_CODE
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Push, Window
 
@@ -63,6 +62,21 @@ class PushJob:
 Job = WindowJob | PushJob
 
 
+def to_host(t: torch.Tensor) -> np.ndarray:
+    """`t` as float32 numpy. From a GPU: one asynchronous copy into pinned memory and a wait on its event
+    (a plain `.cpu()` copies into pageable memory: the driver stages it synchronously, and the talker's
+    thread shares that driver)."""
+    t = t.detach()
+    if t.device.type != "cuda":
+        return t.to(torch.float32).numpy()
+    host = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.numpy()
+
+
 def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                    batch_buckets: Sequence[int] | None = None) -> list[np.ndarray]:
     """One-shot decode of ramp windows, one codec call per distinct window length (windows are
@@ -84,7 +98,7 @@ def decode_windows(decode: DecodeFn, hop: int, jobs: Sequence[WindowJob],
                 batch[row] = jobs[i].codes
             out = decode(torch.from_numpy(batch))  # [B, W * hop]
             assert tuple(out.shape) == (rows, length * hop), f"decoder returned {tuple(out.shape)} for {batch.shape}"
-            pcm = out[: len(part)].detach().to("cpu", torch.float32).numpy()
+            pcm = to_host(out[: len(part)])
             for row, i in enumerate(part):
                 job = jobs[i]
                 chunks[i] = pcm[row, job.left * hop : (job.left + job.new) * hop].copy()
@@ -104,6 +118,8 @@ class Code2Wav:
         self.window_decode = window_decode or codec.decode
         self.window_buckets = window_buckets
         self._slots: dict[Hashable, int] = {}
+        self.steps = 0  # stateful decoder steps run (a call's pushes may take several: `partition`)
+        self.partition_steps = True  # False: every call's pushes in one step (benchmarks' A/B)
 
     @property
     def open_streams(self) -> int:
@@ -132,48 +148,55 @@ class Code2Wav:
         return out  # type: ignore[return-value]
 
     def _push(self, rows: dict[Hashable, list[int]], jobs: Sequence[Job], out: list) -> None:
-        slots, codes, valid, final = [], [], [], []
+        """All due streams' frames through the stateful decoder: in one step, or in the few steps by width
+        that cost less (`StreamingDecoder.partition`: a step pads every row to its widest)."""
+        owners, slots, codes, valid, final = [], [], [], [], []
         for owner, members in rows.items():
             if owner not in self._slots:
                 self._slots[owner] = self.streaming.open()
+            owners.append(owner)
             slots.append(self._slots[owner])
             parts = [jobs[i].codes for i in members]
             codes.append(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
             valid.append(codes[-1].shape[1])
             final.append(jobs[members[-1]].push.final)
-        width = max(valid)
-        batch = np.zeros((len(slots), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
-        for b, c in enumerate(codes):
-            batch[b, :, : c.shape[1]] = c
-        step = self.streaming.step(slots, torch.from_numpy(batch), valid, final)
-        audio = step.audio.detach().to("cpu", torch.float32).numpy()  # one copy for every row
-        for b, (owner, members) in enumerate(rows.items()):
-            first = jobs[members[0]].push.out_from
-            got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
-            want = jobs[members[-1]].push.out_to - first
-            assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
-            for i in members:
-                p = jobs[i].push
-                out[i] = got[p.emit_start - first : p.out_to - first].copy()
-            if final[b]:
-                self.release(owner)
+        groups = self.streaming.partition(slots, valid, final) if self.partition_steps else [list(range(len(slots)))]
+        for group in groups:
+            width = max(valid[r] for r in group)
+            batch = np.zeros((len(group), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
+            for b, r in enumerate(group):
+                batch[b, :, : valid[r]] = codes[r]
+            step = self.streaming.step([slots[r] for r in group], torch.from_numpy(batch), [valid[r] for r in group],
+                                       [final[r] for r in group])
+            self.steps += 1
+            audio = to_host(step.audio)  # one copy for the step's rows
+            for b, r in enumerate(group):
+                members = rows[owners[r]]
+                first = jobs[members[0]].push.out_from
+                got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
+                want = jobs[members[-1]].push.out_to - first
+                assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
+                for i in members:
+                    p = jobs[i].push
+                    out[i] = got[p.emit_start - first : p.out_to - first].copy()
+                if final[r]:
+                    self.release(owners[r])
 
 
-def feed_columns(adapters: Sequence[Code2WavAdapter], columns: np.ndarray,
-                 finals: Sequence[bool]) -> list[InvalidInputError | None]:
-    """Feed column i ([B, Q] ints) to adapters[i] (final=finals[i]) with one range check for the
+def feed_frames(adapters: Sequence[Code2WavAdapter], frames: np.ndarray,
+                finals: Sequence[bool]) -> list[InvalidInputError | None]:
+    """Feed frame i ([B, Q] ints) to adapters[i] (final=finals[i]) with one range check for the
     whole step. Raises InvalidInputError before any adapter changed when the step's array is bad
-    (then `feed()` each column to find the bad stream); returns, per adapter, the error that
-    adapter alone refused its column with (a first column that is not all BOS, a column after
-    the end), or None."""
-    col = np.asarray(columns)
-    k = adapters[0].geometry.num_codebooks if adapters else 0
-    eos = adapters[0].geometry.codebook_size + 1 if adapters else 0
-    if col.ndim != 2 or col.shape != (len(adapters), k) or not np.issubdtype(col.dtype, np.integer):
-        raise InvalidInputError(f"a step's columns are [{len(adapters)}, {k}] integer codes, got {col.dtype} {col.shape}")
-    rows = col.tolist()  # plain ints from here: small numpy calls would release and re-take the GIL
-    if rows and (min(map(min, rows)) < 0 or max(map(max, rows)) > eos):
-        raise InvalidInputError(f"column codes must be in 0..{eos}")
+    (then `feed()` each frame to find the bad stream); returns, per adapter, the error that
+    adapter alone refused its frame with (a frame after the end), or None."""
+    arr = np.asarray(frames)
+    q = adapters[0].geometry.num_codebooks if adapters else 0
+    size = adapters[0].geometry.codebook_size if adapters else 0
+    if arr.ndim != 2 or arr.shape != (len(adapters), q) or not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidInputError(f"a step's frames are [{len(adapters)}, {q}] integer codes, got {arr.dtype} {arr.shape}")
+    rows = arr.tolist()  # plain ints from here: small numpy calls would release and re-take the GIL
+    if rows and (min(map(min, rows)) < 0 or max(map(max, rows)) >= size):
+        raise InvalidInputError(f"frame codes must be in 0..{size - 1}")
     errors: list[InvalidInputError | None] = []
     for adapter, values, final in zip(adapters, rows, finals):
         try:
@@ -209,51 +232,18 @@ def jobs_to_s16le(chunks: Sequence[np.ndarray]) -> list[bytes | None]:
     return out
 
 
-class _FrameReverter:
-    """`engine.delay.ColumnReverter` on Python ints: columns [K] in, complete frames [K] out.
-
-    Frame f takes codebook j from column f + j and is complete once column f + K - 1 arrives;
-    frame 0 (stream BOS) and the frame completed by a final column (EOS) are dropped. Stray ids
-    (outside 0..codebook_size-1) take the codebook's last valid code (`StrayFill`'s causal rule).
-    """
-
-    def __init__(self, num_codebooks: int, codebook_size: int) -> None:
-        self.k, self.codebook_size = num_codebooks, codebook_size
-        self._ring: list[list[int]] = [[0] * num_codebooks for _ in range(num_codebooks)]  # column c at c % K
-        self._count = 0
-        self._last_valid = [STRAY_FALLBACK_CODE] * num_codebooks
-        self.num_replaced = 0
-
-    def push(self, column: list[int], final: bool = False) -> list[int] | None:
-        k = self.k
-        self._ring[self._count % k] = column
-        self._count += 1
-        f = self._count - k  # frame completed by this column (if >= 0)
-        if f < 1 or final:  # not complete yet, the BOS frame, or the EOS frame
-            return None
-        ring, size, last = self._ring, self.codebook_size, self._last_valid
-        frame = [ring[(f + j) % k][j] for j in range(k)]
-        for j, v in enumerate(frame):
-            if v < 0 or v >= size:
-                frame[j] = last[j]
-                self.num_replaced += 1
-        self._last_valid = frame
-        return frame
-
-
 class Code2WavAdapter:
-    """Turns one audio segment's delay-pattern columns into decode jobs (and, over a Codec, PCM).
+    """Turns one audio segment's codec frames into decode jobs (and, over a Codec, PCM).
 
     `Code2WavAdapter(codec_or_geometry, config)` or `Code2WavAdapter(codec, mode=..., schedule=...,
     ramp_holdbacks=...)`. Over a `CodecGeometry` it only plans (`take_jobs`); over a Codec it can
     also decode at once (`push`/`finish`, with a private one-slot `Code2Wav`).
 
-    Columns are reverted incrementally (`_FrameReverter`: the same stray-BOS/EOS rule as the
-    offline `columns_to_frames`). Two ways to end a segment:
-    - `push(column, final=True)` with the last column of the EOS ramp-out (StepEvent.finished):
-      its EOS frame is dropped and the tail is flushed — the frames of `columns_to_frames(cols)`;
-    - `finish()` when the segment stops without one (cut short): every complete frame is kept —
-      `columns_to_frames(cols, ended=False)`. After a final column, `finish()` returns [].
+    A segment ends one of two ways, both flushing its tail to the true end:
+    - `push(frame, final=True)`: the last frame, the stream finished (StepEvent.finished with
+      reason "stop" or "length" and a frame);
+    - `finish()` (or `close()` when planning): no more frames (the stream finished without a frame
+      on its last event, or was cut short). After a final frame, `finish()` returns [].
     """
 
     def __init__(self, decoder: Any, config: AdapterConfig | None = None, **fields: Any) -> None:
@@ -267,10 +257,6 @@ class Code2WavAdapter:
         else:
             raise ConfigError(f"decoder must be a Codec or a CodecGeometry, got {type(decoder).__name__}")
         self.planner = ChunkPlanner(self.config, self.geometry)
-        self.num_columns = 0
-        k = self.geometry.num_codebooks
-        self._bos = self.geometry.codebook_size  # the Higgs stream BOS / EOS ids follow the real codes
-        self._reverter = _FrameReverter(k, self.geometry.codebook_size)
         self._frames: list[list[int]] = []  # known frames [frame_base, available), each Q ints
         self._frame_base = 0
         self._runner: Code2Wav | None = None
@@ -282,36 +268,36 @@ class Code2WavAdapter:
         return self.planner.emitted
 
     @property
+    def num_frames(self) -> int:
+        """Frames fed so far."""
+        return self.planner.available
+
+    @property
     def done(self) -> bool:
         """Ended and every audio sample planned."""
         return self.planner.done
 
-    def feed(self, column: np.ndarray, final: bool = False) -> None:
-        """Append one delay-pattern column (int [Q]); final=True marks the segment's last column."""
-        col = np.asarray(column)
-        k = self.geometry.num_codebooks
-        if col.shape != (k,) or not np.issubdtype(col.dtype, np.integer):
-            raise InvalidInputError(f"a column is {k} integer codes, got {col.dtype} {col.shape}")
-        if col.min() < 0 or col.max() > self._bos + 1:
-            raise InvalidInputError(f"column codes must be in 0..{self._bos + 1}, got {col.tolist()}")
-        self._feed_values(col.tolist(), final)
+    def feed(self, frame: np.ndarray, final: bool = False) -> None:
+        """Append one codec frame (int [Q], codes 0..codebook_size-1); final=True: the segment's last."""
+        arr = np.asarray(frame)
+        q, size = self.geometry.num_codebooks, self.geometry.codebook_size
+        if arr.shape != (q,) or not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidInputError(f"a frame is {q} integer codes, got {arr.dtype} {arr.shape}")
+        if arr.min() < 0 or arr.max() >= size:
+            raise InvalidInputError(f"frame codes must be in 0..{size - 1}, got {arr.tolist()}")
+        self._feed_values(arr.tolist(), final)
 
     def _feed_values(self, values: list[int], final: bool) -> None:
-        """`feed` of a column already checked to be Q ints in 0..EOS."""
+        """`feed` of a frame already checked to be Q ints in 0..codebook_size-1."""
         if self.planner.finished:
-            raise InvalidInputError("column pushed after the segment ended")
-        if self.num_columns == 0 and values.count(self._bos) != len(values):
-            raise InvalidInputError(f"column 0 must be all BOS ({self._bos}), got {values}")
-        frame = self._reverter.push(values, final=final)
-        self.num_columns += 1
-        if frame is not None:
-            self._frames.append(frame)
-            self.planner.available += 1
+            raise InvalidInputError("frame pushed after the segment ended")
+        self._frames.append(values)
+        self.planner.available += 1
         if final:
             self.planner.finished = True
 
     def close(self) -> None:
-        """End the segment without a final column; the next job runs to the true end."""
+        """End the segment without a final frame; the next job runs to the true end."""
         self.planner.finished = True
 
     def take_jobs(self) -> list[Job]:
@@ -336,13 +322,13 @@ class Code2WavAdapter:
 
     # ---- one stream on its own ----
 
-    def push(self, column: np.ndarray, final: bool = False) -> list[np.ndarray]:
-        """Append a column; returns the float32 PCM chunks that became due (none or more)."""
-        self.feed(column, final)
+    def push(self, frame: np.ndarray, final: bool = False) -> list[np.ndarray]:
+        """Append a frame; returns the float32 PCM chunks that became due (none or more)."""
+        self.feed(frame, final)
         return self._decode_due()
 
     def finish(self) -> list[np.ndarray]:
-        """End the segment (if no final column came) and flush the tail, decoded to the true end."""
+        """End the segment (if no final frame came) and flush the tail, decoded to the true end."""
         self.close()
         return self._decode_due()
 

@@ -16,11 +16,11 @@ Two decode paths, both planned here:
   output stays behind what the windows emitted, so when the ramp ends the stateful path simply
   continues (exact from there), with no re-decode.
 
-Column vs frame space (the Higgs delay pattern; the engine will hand frames directly, issue #12):
-column 0 is all-BOS and frame f is complete once column f + K - 1 arrives, so audio frame r is
-known after r + K + 1 columns (the BOS frame is dropped). Time to first audio in columns:
-`first_chunk_columns(cfg, geometry)`. Exact default on the Higgs codec: 8 + 11 = 19 columns
-(11 frames: 1 of audio + 9458 samples of look-ahead); low-latency default: 8 + 1 + 4 = 13.
+The engine hands codec frames (its model family's writer has reverted whatever pattern the
+talker emits in), so time to first audio here is in frames: `first_chunk_frames(cfg, geometry)`.
+Exact default on the Higgs codec: 11 frames (1 of audio + 9458 samples of look-ahead);
+low-latency default: 1 + 4 = 5. How many engine steps a frame takes is the talker's business
+(a delay-pattern talker adds its delay).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError
 
 MODES = ("exact", "low_latency")
-# Low-latency default: holdbacks (frames) of the first chunks, decoded as windows. TTFA 13 columns
-# instead of 19 on the Higgs codec; exact (stateful) after these chunks.
+# Low-latency default: holdbacks (frames) of the first chunks, decoded as windows. TTFA 5 frames
+# instead of 11 on the Higgs codec; exact (stateful) after these chunks.
 LOW_LATENCY_RAMP = (4, 4, 4, 6, 8)
 
 
@@ -208,12 +208,11 @@ class ChunkPlanner:
         return push
 
 
-def first_chunk_columns(cfg: AdapterConfig, geometry: CodecGeometry) -> int:
-    """Columns (BOS column included) that must arrive before the first chunk can be emitted."""
+def first_chunk_frames(cfg: AdapterConfig, geometry: CodecGeometry) -> int:
+    """Frames that must arrive before the first chunk can be emitted."""
     ramp = cfg.ramp(geometry)
-    frames = (cfg.chunk_size(0) + ramp[0] if ramp
-              else math.ceil((cfg.chunk_size(0) * geometry.hop + geometry.lookahead_samples) / geometry.hop))
-    return geometry.num_codebooks + frames
+    return (cfg.chunk_size(0) + ramp[0] if ramp
+            else math.ceil((cfg.chunk_size(0) * geometry.hop + geometry.lookahead_samples) / geometry.hop))
 
 
 def max_step_ratio(cfg: AdapterConfig, geometry: CodecGeometry, horizon: int = 64) -> float:

@@ -38,7 +38,7 @@ class CodecGraphs:
         self.replays = 0
         self.check_max_abs_diff: float | None = None
 
-    def capture(self) -> float:
+    def capture(self, stream: torch.cuda.Stream | None = None) -> float:
         """Capture every shape (largest first, one memory pool), then compare one replay with the
         eager decode on random codes; returns the max |difference| (0.0 expected). A caller that
         gets anything else must not use the graphs."""
@@ -50,7 +50,7 @@ class CodecGraphs:
 
         with torch.no_grad():
             self._graphs, self._outputs = capture_buckets(
-                self.shapes, stage, lambda shape: self.codec.decode_codes(self._inputs[shape]), self.device)
+                self.shapes, stage, lambda shape: self.codec.decode_codes(self._inputs[shape]), self.device, stream)
             if self.shapes:
                 b, f = self.shapes[0]
                 probe = torch.randint(0, self.codebook_size, (b, k, f), generator=torch.Generator().manual_seed(0))

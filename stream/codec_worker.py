@@ -1,15 +1,23 @@
 """The codec worker: one thread that turns the engine thread's rounds of decode jobs into audio.
 
 The engine thread hands it one `Round` per step (`submit`, into a bounded queue of
-`CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). The codec thread
-takes every queued round at once and runs their jobs through one `Code2Wav` (stream/adapter.py):
-every due stream's new frames in one batched step of the stateful decoder, ramp windows in few
-one-shot calls. Deadlines decide the batching: while no listener is about to run dry, a call waits
-up to `hold_s` for more streams' jobs (fewer, larger calls beside the talker); a first chunk or a
-listener within CODEC_URGENT_S of running dry is decoded at once; when more streams are due than one
-call takes (`max_windows`), those whose listeners run dry first (`seg.deadline`) go first. Audio and segment ends reach the event loop in
-one `deliver(items)` call per codec call, each stream's chunks and its end in order. A failed
-decode ends only the segments in that call (their engine streams are cancelled); the thread lives on.
+`CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). Every job carries
+its deadline: when the stream's listener runs dry without it (monotonic seconds; a first chunk's
+deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
+decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
+deadline; then one call takes every job due within `CODEC_AHEAD_S`, most urgent first,
+`max_windows` streams per call. The talker runs streams seconds ahead of their listeners while it
+can, and decoding all of that at once would take the GPU from the talker exactly when new streams
+wait for their first audio; just in time, the codec's share of the GPU follows real time. When no
+stream is starting, everything held is decoded once the oldest job waited `CODEC_HOLD_S` (or at once
+when one is urgent), so a lone request (an HTTP download) gets its audio as fast as it is made. A
+segment's end flushes its jobs at once.
+
+Calls run the jobs through one `Code2Wav` (stream/adapter.py): every due stream's new frames in the
+stateful decoder's few steps, ramp windows in few one-shot calls. Audio and segment ends reach the
+event loop in one `deliver(items)` call per codec call, each stream's chunks and its end in order.
+A failed decode ends only the segments in that call (their engine streams are cancelled); the
+thread lives on.
 
 On CUDA it decodes on its own low-priority stream (`stream_mode="separate"`) or on the talker's
 (`"engine"`: the device then runs them back to back, only the host work overlaps). The stateful
@@ -17,8 +25,7 @@ steps replay from CUDA graphs captured per (streams, frames) bucket by `start()`
 bucketed batches (stream/codec_graphs.py replays them). A CPU codec runs eagerly.
 
 Segments are opaque here: the worker reads `seg.sid` (to cancel a failed one in the engine) and
-`seg.deadline` (monotonic seconds by which its listener needs more audio), and keys the
-stateful decoder's slots by the segment object.
+keys the stateful decoder's slots by the segment object.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,26 +49,65 @@ log = logging.getLogger(__name__)
 CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
 CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
-# graphs; a step outside them runs eagerly. Frames: a 25-frame chunk (+10 flush frames at the end).
+# graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-CODEC_FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 48)
 CODEC_WINDOW_BUCKETS = (1, 2, 4, 8, 16)  # low-latency ramp windows: batch buckets (warmed, graphed)
 CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max streams)
-# Deadline-aware batching: a call waits up to CODEC_HOLD_S for more streams' jobs unless a listener
-# would run dry within CODEC_URGENT_S of audio (first chunks never wait).
-CODEC_HOLD_S = 0.05
+# Just-in-time batching: a call runs once some listener would run dry within CODEC_URGENT_S (first
+# chunks at once) and takes every job needed within CODEC_AHEAD_S.
 CODEC_URGENT_S = 0.3
+CODEC_AHEAD_S = 1.0
+CODEC_HOLD_S = 0.05  # not busy: a job waits at most this long for others to share its call
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
 @dataclass
 class Round:
-    """One engine step's output for the codec thread: windows to decode (jobs[i] belongs to
-    owners[i]) and the segment ends that must follow their audio."""
+    """One engine step's output for the codec thread: decode jobs (jobs[i] belongs to owners[i] and
+    is needed by deadlines[i]) and the segment ends that must follow their audio."""
 
     jobs: list[Job]
     owners: list[Any]  # pipeline segments (opaque here; `.sid` is read on a codec failure)
     ends: list[tuple]  # ("end", seg, reason, error, frames)
+    deadlines: list[float] = field(default_factory=list)  # monotonic s; missing: due now
+
+
+@dataclass
+class Pending:
+    """A job the codec thread holds until it is due."""
+
+    seg: Any
+    job: Job
+    deadline: float
+    taken: float = 0.0  # when the codec thread took it (monotonic s)
+
+
+def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) -> list[Pending]:
+    """The jobs of the next calls, in deadline order (stable: a segment's jobs keep their order).
+    Busy (a stream waits for its first audio): none while no job is within CODEC_URGENT_S of its
+    deadline and no segment is in `flush` (ids of ended segments), else every job due within
+    CODEC_AHEAD_S plus every job of a flushed segment. Not busy: all of them once one is urgent or
+    flushed or the oldest has waited CODEC_HOLD_S."""
+    if not pending:
+        return []
+    urgent = any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending)
+    if not busy:
+        ready = urgent or now - min(p.taken for p in pending) >= CODEC_HOLD_S
+        return sorted(pending, key=lambda p: p.deadline) if ready else []
+    if not urgent:
+        return []
+    take = [p for p in pending if p.deadline - now <= CODEC_AHEAD_S or id(p.seg) in flush]
+    return sorted(take, key=lambda p: p.deadline)
+
+
+def wake_in(pending: list[Pending], now: float, busy: bool = True) -> float | None:
+    """Seconds until `due` would take something without a new round (None: nothing held)."""
+    if not pending:
+        return None
+    first = min(p.deadline for p in pending) - CODEC_URGENT_S
+    if not busy:
+        first = min(first, min(p.taken for p in pending) + CODEC_HOLD_S)
+    return max(0.0, first - now)
 
 
 class CodecWorker:
@@ -72,21 +118,27 @@ class CodecWorker:
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
-                 hold_s: float = CODEC_HOLD_S):
+                 busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
         self.codec = codec
-        self.decoder = codec  # what ramp windows decode with (CodecGraphs after a GPU warm-up)
+        self.window_graphs = None  # CodecGraphs replaying the ramp windows after a GPU warm-up (Code2Wav uses them)
         self.device = cuda_device(getattr(codec, "device", None))
         self.code2wav = Code2Wav(codec, max_slots=max(CODEC_STATE_SLOTS_MIN, 2 * max_streams),
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
-        self.stream_mode, self.max_windows, self.hold_s = stream_mode, max_windows, hold_s
+        self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
+        if codec_sms is not None and stream_mode != "separate":
+            raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
+        self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
+        self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
+        self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
         self.call_s = 0.0  # EMA of one call's wall time
+        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps)
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -100,14 +152,19 @@ class CodecWorker:
         """Pick the CUDA stream (the talker's `engine_stream` in "engine" mode), warm up, start the thread."""
         assert self._thread is None, "codec worker already started"
         self._loop = asyncio.get_running_loop()
-        if self.device is not None:
+        if self.device is not None and self.codec_sms is not None:
+            from higgs_stream.engine.green_context import green_stream
+
+            self._stream = green_stream(self.device, self.codec_sms)
+            log.info("codec on a green context of %d SMs", self.codec_sms)
+        elif self.device is not None:
             self._stream = (engine_stream if self.stream_mode == "engine" and engine_stream is not None
                             else torch.cuda.Stream(self.device, priority=0))
         if self._warm:
             t0 = time.perf_counter()
             shapes = await asyncio.to_thread(self.warm_up)
             log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
-                     time.perf_counter() - t0, len(getattr(self.decoder, "shapes", ())))
+                     time.perf_counter() - t0, len(getattr(self.window_graphs, "shapes", ())))
         self._thread = threading.Thread(target=self._run, name="higgs-codec", daemon=True)
         self._thread.start()
 
@@ -138,58 +195,54 @@ class CodecWorker:
 
     def _run(self) -> None:
         with on_stream(self._stream):
-            while True:
-                rounds = self._collect()
-                stop = rounds[-1] is None
-                rounds = [r for r in rounds if r is not None]
-                if rounds:
-                    self._decode_rounds(rounds)
-                if stop:
-                    return
+            stop = False
+            while not stop:
+                stop = self._take(wake_in(self.pending, time.monotonic(), self.busy()))
+                self._decode_due(everything=stop)
 
-    def _collect(self) -> list[Round | None]:
-        """The rounds of the next call: all that are queued and, while no listener needs audio soon,
-        those that come within `hold_s` (bigger batches: fewer, cheaper calls beside the talker).
-        A job whose listener runs dry within CODEC_URGENT_S (a first chunk: at once) ends the wait."""
-        rounds = [self.rounds.get()]
-        until = time.monotonic() + self.hold_s
-        while rounds[-1] is not None and sum(len(r.jobs) for r in rounds) < self.max_windows:
+    def _take(self, wait: float | None) -> bool:
+        """Move every queued round into `pending` / `_ends`, waiting up to `wait` seconds (None:
+        until one comes) for the first. True when stop() was asked."""
+        try:
+            rnd = self.rounds.get() if wait is None else self.rounds.get(timeout=wait)
+        except queue.Empty:
+            return False
+        while True:
+            if rnd is None:
+                return True
+            deadlines = rnd.deadlines or [0.0] * len(rnd.jobs)
+            now = time.monotonic()
+            self.pending += [Pending(seg, job, d, now) for seg, job, d in zip(rnd.owners, rnd.jobs, deadlines)]
+            self._ends += rnd.ends
             try:
-                nxt = self.rounds.get_nowait()
+                rnd = self.rounds.get_nowait()
             except queue.Empty:
-                wait = self._hold(rounds, until)
-                if wait <= 0:
-                    break
-                try:
-                    nxt = self.rounds.get(timeout=wait)
-                except queue.Empty:
-                    break
-            rounds.append(nxt)
-        return rounds
+                return False
 
-    def _hold(self, rounds: list[Round | None], until: float) -> float:
-        """Seconds the call may still wait for more rounds (<= 0: decode now)."""
-        now = time.monotonic()
-        owners = [seg for r in rounds if r is not None for seg in r.owners]
-        if not owners:
-            return 0.0  # segment ends only: nothing to batch
-        slack = min(getattr(seg, "deadline", 0.0) for seg in owners) - now
-        return min(until - now, slack - CODEC_URGENT_S)
-
-    def _decode_rounds(self, rounds: list[Round]) -> None:
-        """Run the jobs of `rounds` (the most urgent streams first when they exceed one call) and
-        hand audio and ends to the event loop; a codec failure ends the affected segments only."""
-        per_seg: dict[int, list[tuple[Any, Job]]] = {}  # id(seg) -> its (seg, job) pairs, in order
-        for r in rounds:
-            for seg, job in zip(r.owners, r.jobs):
-                per_seg.setdefault(id(seg), []).append((seg, job))
-        order = sorted(per_seg.values(), key=lambda pairs: getattr(pairs[0][0], "deadline", 0.0))
+    def _decode_due(self, everything: bool = False) -> None:
+        """Decode the due jobs of the `max_windows` most urgent streams (everything with `everything`:
+        at stop) in one call — the rest stay held, so a first chunk that comes meanwhile goes in the
+        next call, not after all of them — then hand over the ends whose segments have no held job left."""
+        flush = {id(e[1]) for e in self._ends}
+        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush, self.busy())
+        per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
+        for p in take:
+            per_seg.setdefault(id(p.seg), []).append(p)
+        order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
         for at in range(0, len(order), self.max_windows):
-            self._decode_call([pair for pairs in order[at : at + self.max_windows] for pair in pairs])
-        ends = [e for r in rounds for e in r.ends]
-        for e in ends:  # after all their audio; a segment that ends frees its decoder state
-            self.code2wav.release(e[1])
-        self._send(ends)
+            call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
+            taken = {id(p) for p in call}
+            self.pending = [p for p in self.pending if id(p) not in taken]
+            self._decode_call([(p.seg, p.job) for p in call])
+            if not everything:
+                break
+        if self._ends:
+            held = {id(p.seg) for p in self.pending}
+            ready = [e for e in self._ends if id(e[1]) not in held]
+            self._ends = [e for e in self._ends if id(e[1]) in held]
+            for e in ready:  # after all their audio; a segment that ends frees its decoder state
+                self.code2wav.release(e[1])
+            self._send(ready)
 
     def _decode_call(self, pairs: list[tuple[Any, Job]]) -> None:
         owners, jobs = [seg for seg, _ in pairs], [job for _, job in pairs]
@@ -203,7 +256,11 @@ class CodecWorker:
             self._send([self._fail(seg, f"codec decode failed: {exc!r}") for seg in segs])
             return
         finally:
-            took = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            took = t1 - t0
+            if self.trace is not None:
+                self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
+                                   self.code2wav.steps))
             self.busy_s += took
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
         items: list[tuple] = []
@@ -239,7 +296,9 @@ class CodecWorker:
 
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
-            diff = dec.capture(CODEC_BATCH_BUCKETS, CODEC_FRAME_BUCKETS, graphs=self._use_graphs)
+            frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
+            green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
+            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
@@ -251,18 +310,26 @@ class CodecWorker:
             for b in CODEC_WINDOW_BUCKETS:
                 for w in sorted(lengths):
                     self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
-            count = len(CODEC_BATCH_BUCKETS) * len(CODEC_FRAME_BUCKETS) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
+            count = len(CODEC_BATCH_BUCKETS) * len(frames) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
             if self._use_graphs:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 
                 graphs = CodecGraphs(self.codec, [(b, w) for b in CODEC_WINDOW_BUCKETS for w in lengths])
-                diff = graphs.capture()
+                diff = graphs.capture(stream=green)
                 if diff == 0.0:
-                    self.decoder = graphs
+                    self.window_graphs = graphs
                     self.code2wav.window_decode = graphs.decode
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count
+
+
+def frame_buckets(geometry, steady: int) -> tuple[int, ...]:
+    """Frame widths the stateful steps are padded to: powers of two below the steady chunk (the ramp),
+    the steady chunk itself, and a steady chunk's final push with its look-ahead flush (Higgs v2:
+    1, 2, 4, 8, 16, 25, 35), so the common steps run unpadded."""
+    ramp = [1 << i for i in range(steady.bit_length()) if 1 << i < steady]
+    return tuple(sorted({*ramp, steady, steady + geometry.lookahead_frames}))
 
 
 def cuda_device(device) -> torch.device | None:

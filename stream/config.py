@@ -75,6 +75,8 @@ class ServerConfig:
     pause_ahead_s: float = 3.0  # GPU saturated: pause a stream this far ahead of its listener ...
     resume_ahead_s: float = 2.0  # ... and resume it this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
     admit_step_ratio: float | None = 0.5  # admit while the predicted engine step stays under this share of a frame (None: off)
+    codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
+    codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     saturated_step_ratio: float = 0.25  # the GPU counts as saturated (pausing on) above this share of a frame (10 ms)
 
     # Voices.
@@ -107,6 +109,9 @@ class ServerConfig:
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
         need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")
         need(self.admit_step_ratio is None or 0 < self.admit_step_ratio <= 1, "admit_step_ratio must be in (0, 1] or None")
+        need(self.codec_schedule in ("eager", "just_in_time"), "codec_schedule must be 'eager' or 'just_in_time'")
+        need(self.codec_sms is None or (isinstance(self.codec_sms, int) and self.codec_sms >= 1),
+             "codec_sms must be a positive int or None")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.context_idle_s > 0, "context_idle_s must be > 0")
         need(self.http_body_timeout_s > 0, "http_body_timeout_s must be > 0")

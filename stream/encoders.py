@@ -2,11 +2,14 @@
 request, fed 24 kHz mono s16le PCM as it arrives, returning the encoded bytes ready so far;
 `flush()` returns the rest. mp3, opus (in Ogg), aac (ADTS) and flac are encoded by PyAV (FFmpeg's
 libmp3lame, libopus, aac and flac encoders); wav is a header of unknown length and the PCM; pcm
-is the PCM itself. No I/O: the HTTP driver writes what these return.
+is the PCM itself. A response at another sample rate (`RATES`) passes through a `Resampler`
+(FFmpeg's libswresample) before its encoder, chunk by chunk. No I/O: the HTTP driver writes what
+these return.
 
 Cost, measured on the 2-core CPU box (2026-11-26), per second of audio: mp3 10.8 ms, aac 4.4 ms,
-opus 3.6 ms, flac 0.4 ms. The driver calls `feed` on the event loop (a chunk is ≤ 1 s, so one call
-blocks it ≤ ~11 ms); moving it to a thread needs `close` to wait for a running `feed`.
+opus 3.6 ms, flac 0.4 ms; resampling 0.2 ms (to 16 kHz) to 0.55 ms (to 48 kHz). The driver calls
+`feed` on the event loop (a chunk is ≤ 1 s, so one call blocks it ≤ ~11 ms); moving it to a thread
+needs `close` to wait for a running `feed`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import numpy as np
 from higgs_stream.stream.config import SAMPLE_RATE
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+# Sample rates a response may have: the codec's own and the rates voice pipelines and telephony run
+# at. Opus has no 22.05 / 44.1 kHz mode.
+RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+OPUS_RATES = (8000, 16000, 24000, 48000)
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": f"audio/pcm;rate={SAMPLE_RATE};channels=1"}
 # format -> (FFmpeg muxer, encoder, muxer options). Ogg pages are cut every 20 ms (default 1 s) so
@@ -33,11 +40,22 @@ def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
             + b"data" + struct.pack("<I", 0xFFFFFFFF))
 
 
+def rates_for(fmt: str) -> tuple[int, ...]:
+    """The sample rates `fmt` can be encoded at."""
+    return OPUS_RATES if fmt == "opus" else RATES
+
+
+def content_type(fmt: str, sample_rate: int = SAMPLE_RATE) -> str:
+    if fmt == "pcm":
+        return f"audio/pcm;rate={sample_rate};channels=1"
+    return CONTENT_TYPES[fmt]
+
+
 class PcmEncoder:
     """Raw s16le; `wav` puts the streaming WAV header in front."""
 
-    def __init__(self, wav: bool = False):
-        self._head = wav_header() if wav else b""
+    def __init__(self, wav: bool = False, sample_rate: int = SAMPLE_RATE):
+        self._head = wav_header(sample_rate) if wav else b""
 
     def feed(self, pcm: bytes) -> bytes:
         head, self._head = self._head, b""
@@ -110,11 +128,61 @@ class AvEncoder:
             self._out.close()
 
 
-Encoder = PcmEncoder | AvEncoder
+class Resampler:
+    """24 kHz mono s16le in, `rate` out, chunk by chunk (FFmpeg's libswresample through PyAV).
+
+    The filter holds back a few samples (under 1 ms) between calls; `flush()` returns them. Fed in
+    any pieces, the output equals resampling the whole at once, and its length is within one
+    sample of n · rate / 24000 for n samples fed (tests/stream/test_encoders.py)."""
+
+    def __init__(self, rate: int):
+        import av
+
+        self._av = av
+        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+        self._pts = 0
+
+    def feed(self, pcm: bytes) -> bytes:
+        assert len(pcm) % 2 == 0, "s16 PCM has an even byte count"
+        if not pcm:
+            return b""
+        frame = self._av.AudioFrame.from_ndarray(np.frombuffer(pcm, dtype="<i2").reshape(1, -1),  # [1, S]
+                                                 format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._pts
+        self._pts += frame.samples
+        return self._take(self._resampler.resample(frame))
+
+    def flush(self) -> bytes:
+        return self._take(self._resampler.resample(None))
+
+    @staticmethod
+    def _take(frames) -> bytes:
+        return b"".join(f.to_ndarray().astype("<i2", copy=False).tobytes() for f in frames)  # each [1, S]
 
 
-def make_encoder(fmt: str) -> Encoder:
+class ResampledEncoder:
+    """An encoder at another sample rate, fed 24 kHz PCM like every encoder here."""
+
+    def __init__(self, encoder: PcmEncoder | AvEncoder, rate: int):
+        self._encoder = encoder
+        self._resampler = Resampler(rate)
+
+    def feed(self, pcm: bytes) -> bytes:
+        return self._encoder.feed(self._resampler.feed(pcm))
+
+    def flush(self) -> bytes:
+        return self._encoder.feed(self._resampler.flush()) + self._encoder.flush()
+
+    def close(self) -> None:
+        self._encoder.close()
+
+
+Encoder = PcmEncoder | AvEncoder | ResampledEncoder
+
+
+def make_encoder(fmt: str, sample_rate: int = SAMPLE_RATE) -> Encoder:
     assert fmt in FORMATS, f"unknown response_format {fmt!r}"
-    if fmt in _AV:
-        return AvEncoder(fmt)
-    return PcmEncoder(wav=fmt == "wav")
+    assert sample_rate in rates_for(fmt), f"{fmt} at {sample_rate} Hz is not offered"
+    encoder = AvEncoder(fmt, sample_rate) if fmt in _AV else PcmEncoder(wav=fmt == "wav", sample_rate=sample_rate)
+    return encoder if sample_rate == SAMPLE_RATE else ResampledEncoder(encoder, sample_rate)

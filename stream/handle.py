@@ -50,21 +50,20 @@ Event = Audio | End
 
 @dataclass(eq=False)
 class _Segment:
-    """One engine request. `columns`/`adapter` belong to the engine thread after submission."""
+    """One engine request. `frames`/`adapter` belong to the engine thread after submission."""
 
     handle: StreamHandle
     index: int
     text: str
     request: GenerationRequest
     adapter: Code2WavAdapter
-    keep_columns: bool
+    keep_frames: bool
     submitted_at: float
     sid: int = -1
-    columns: list[np.ndarray] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)
     started: bool = False
     meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
-    deadline: float = 0.0  # engine thread -> codec thread: when its listener runs dry (monotonic s)
 
 
 class StreamHandle:
@@ -182,7 +181,7 @@ class StreamHandle:
             seg = _Segment(
                 handle=self, index=self._index, text=text, request=request,
                 adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(opts.mode)),
-                keep_columns=self._reference is None and cfg.history_segments > 0,
+                keep_frames=self._reference is None and cfg.history_segments > 0,
                 submitted_at=self.pipeline.now(),
             )
             self.pipeline._submit(seg)
@@ -238,7 +237,7 @@ class StreamHandle:
         self.active_at = self.pipeline.now()
         self.pipeline.metrics.engine_streams.dec()
         if reason in ("stop", "length"):
-            if seg.keep_columns and frames is not None and frames.shape[1] > 0:
+            if seg.keep_frames and frames is not None and frames.shape[1] > 0:
                 self._remember(Reference(codes=frames, transcript=seg.text))
             self._pump()
         elif reason == "cancelled":  # not by us (we drop stale segments): the engine gave up on it

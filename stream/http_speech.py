@@ -1,7 +1,8 @@
 """`POST /v1/audio/speech`, OpenAI-compatible and streamed (stream/PROTOCOL.md §2): the body is
 parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out in
-the requested `response_format` (mp3 by default, as OpenAI), encoded chunk by chunk as it arrives
-(stream/encoders.py), as the body or base64 in server-sent events.
+the requested `response_format` (mp3 by default, as OpenAI) and `sample_rate` (24 kHz by default),
+resampled and encoded chunk by chunk as it arrives (stream/encoders.py), as the body or base64 in
+server-sent events.
 
 Independent of the web framework: `speech` answers a `Request` (stream/routes.py) with a JSON
 error `Reply` or a `StreamReply` whose chunks the transport writes. The transport stops iterating
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE
-from higgs_stream.stream.encoders import CONTENT_TYPES, Encoder, make_encoder
+from higgs_stream.stream.encoders import Encoder, content_type, make_encoder
 from higgs_stream.stream.guards import check_request, read_body
 from higgs_stream.stream.handle import Audio, End, StreamHandle
 from higgs_stream.stream.messages import SpeechRequest, parse_speech
@@ -54,16 +55,17 @@ async def speech(state: ServerState, request: Request) -> Reply | StreamReply:
         if isinstance(first, End) and first.error is not None:
             handle.cancel()
             return failure_reply(first.error, state)  # failed before any audio: a plain error
-        encoder = make_encoder(req.response_format)  # before the headers: a failure here is a JSON 500
+        encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure is a JSON 500
     except BaseException:
         handle.cancel()  # frees the engine stream when the client left or the handler failed
         raise
-    content_type = "text/event-stream" if req.stream_format == "sse" else CONTENT_TYPES[req.response_format]
+    body_type = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format, req.sample_rate)
+
     def close() -> None:
         encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
         handle.cancel()  # no-op when it completed; frees the engine stream when the client left
 
-    return StreamReply(200, content_type, _body(state, handle, req, events, encoder), {"Cache-Control": "no-cache"},
+    return StreamReply(200, body_type, _body(state, handle, req, events, encoder), {"Cache-Control": "no-cache"},
                        on_close=close)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.stream.config import MODES, SAMPLE_RATE, ServerConfig
-from higgs_stream.stream.encoders import FORMATS
+from higgs_stream.stream.encoders import FORMATS, rates_for
 from higgs_stream.stream.errors import BadJsonError, TooLargeError, brief
 from higgs_stream.stream.voices import DEFAULT, Voice, VoiceLibrary
 
@@ -244,6 +244,7 @@ class SpeechRequest:
     options: ContextOptions
     response_format: str = "mp3"  # stream/encoders.py FORMATS
     stream_format: str = "audio"  # audio | sse
+    sample_rate: int = SAMPLE_RATE  # of the response (stream/encoders.py RATES); resampled when not 24000
 
 
 def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> SpeechRequest:
@@ -268,7 +269,10 @@ def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> 
         raise InvalidInputError(f"speed must be a number from 0.25 to 4.0, got {brief(speed)}")
     if speed is not None and speed != 1.0:
         raise InvalidInputError(f"speed {brief(speed)} is not supported: this server speaks at speed 1.0 only")
-    check_audio_format(msg)
+    rate = SAMPLE_RATE if msg.get("sample_rate") is None else msg["sample_rate"]
+    if not is_int(rate) or rate not in rates_for(fmt):
+        raise InvalidInputError(f"sample_rate {brief(rate)} is not offered for {fmt}; use one of "
+                                f"{', '.join(map(str, rates_for(fmt)))}")
     raw = {k: msg[k] for k in ("voice", "mode", "seed", "temperature", "top_k", "top_p", "scene") if k in msg}
     if msg.get("instructions") is not None:
         if msg.get("scene") is not None:
@@ -278,4 +282,4 @@ def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> 
         raw["reference"] = {"audio": msg.get("reference_audio"), "transcript": msg.get("reference_text")}
         if not isinstance(raw["reference"]["audio"], str) or not isinstance(raw["reference"]["transcript"], str):
             raise InvalidInputError("reference_audio (base64) and reference_text (str) go together")
-    return SpeechRequest(text, parse_options(raw, cfg, voices), fmt, stream)
+    return SpeechRequest(text, parse_options(raw, cfg, voices), fmt, stream, rate)

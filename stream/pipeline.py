@@ -1,11 +1,11 @@
 """The asyncio pipeline: one engine thread steps every stream, one adapter per segment turns its
-columns into decode jobs, one codec thread runs them (one stateful step for every due stream), and
-each stream's audio waits in a bounded queue for its transport (`stream/handle.py`).
+codec frames into decode jobs, one codec thread runs them (one stateful step for every due
+stream), and each stream's audio waits in a bounded queue for its transport (`stream/handle.py`).
 
     event loop                          engine thread (one)                codec thread (one)
     ----------                          -------------------                ------------------
     Pipeline.open() -> StreamHandle     loop: engine.step()                loop: take rounds
-    handle.say(text) -> engine.add()          route columns -> adapters          one batched decode
+    handle.say(text) -> engine.add()          route frames -> adapters           one batched decode
     handle.cancel()  -> engine.cancel()       a Round of decode jobs + ends      s16le for all chunks
     _deliver(): bounded queue per handle      -> bounded round queue ------>     call_soon_threadsafe
 
@@ -41,7 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.errors import (
     CapacityError,
     HiggsStreamError,
@@ -51,7 +50,7 @@ from higgs_stream.engine.request import Reference
 from higgs_stream.stream.adapter import (
     PushJob,
     WindowJob,
-    feed_columns,
+    feed_frames,
 )
 from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
@@ -97,7 +96,9 @@ class Pipeline:
         one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
-                                        max_windows=codec_max_windows, max_streams=cfg.max_streams)
+                                        max_windows=codec_max_windows, max_streams=cfg.max_streams,
+                                        busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
+                                        codec_sms=cfg.codec_sms)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
@@ -120,6 +121,7 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
+        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s, prefills)
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -127,8 +129,8 @@ class Pipeline:
 
     @property
     def decoder(self):
-        """What the codec thread decodes with (CodecGraphs after a GPU warm-up)."""
-        return self.codec_worker.decoder
+        """What the ramp windows decode with: CodecGraphs after a GPU warm-up, else the codec."""
+        return self.codec_worker.window_graphs or self.codec
 
     @property
     def codec_calls(self) -> int:
@@ -222,6 +224,11 @@ class Pipeline:
         access_log.info("%s id=%s reason=%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
                         handle.samples, "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
 
+    def _starting(self) -> bool:
+        """Whether some stream waits for its first audio (the codec then decodes just in time)."""
+        with self._lock:
+            return any(seg.clock.start is None for seg in self._segments.values())
+
     def _submit(self, seg: _Segment) -> None:
         with self._lock:  # the engine thread must not see this stream's events before it is mapped
             seg.sid = self.engine.add(seg.request)
@@ -273,6 +280,7 @@ class Pipeline:
                 log.error("engine still busy %.0f s after stop; leaving it", STOP_GRACE_S)
                 return
             t0 = time.perf_counter()
+            wait0 = getattr(self.engine, "wait_s", 0.0)
             try:
                 events = self.engine.step()
                 self._failures = 0
@@ -281,6 +289,7 @@ class Pipeline:
                 log.exception("engine step failed (%d in a row)", self._failures)
                 time.sleep(min(1.0, 0.05 * self._failures))  # no hot loop on a broken device
                 continue  # the failed streams' error events come with the next step
+            t_step = time.perf_counter()
             rnd = self._route(events)
             self.steps += 1
             self.metrics.steps.inc()
@@ -288,7 +297,11 @@ class Pipeline:
             self.metrics.step_time.observe(time.perf_counter() - t0)
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
-            self.loop_model.observe(len(events), time.perf_counter() - t0)
+            t_end = time.perf_counter()
+            self.loop_model.observe(len(events), t_end - t0)
+            if self.trace is not None:
+                self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
+                                   getattr(self.engine, "last_prefill", 0)))
 
     def _pace(self) -> float | None:
         """Pause streams far ahead of their listener while the GPU is saturated, resume them in
@@ -327,21 +340,21 @@ class Pipeline:
         return True
 
     def _route(self, events) -> Round:
-        """Columns -> adapters -> due decode windows, plus the segments that ended (each after its
+        """Frames -> adapters -> due decode windows, plus the segments that ended (each after its
         audio: the codec thread delivers a round's audio before its ends)."""
-        rnd = Round([], [], [])
+        rnd = Round([], [], [], [])
         now = time.monotonic()
         with self._lock:  # one acquisition per step
             segs = [self._segments.get(ev.stream_id) for ev in events]
             for ev, seg in zip(events, segs):
                 if seg is not None and ev.finished:
                     del self._segments[ev.stream_id]
-        fed = [i for i, (ev, seg) in enumerate(zip(events, segs)) if seg is not None and ev.column is not None]
+        fed = [i for i, (ev, seg) in enumerate(zip(events, segs)) if seg is not None and ev.frame is not None]
         refused: dict[int, InvalidInputError | None] | None = None  # event index -> its adapter's refusal
         if fed:  # one range check for the whole step; a bad array is fed (and found) per stream below
             finals = [events[i].finished and events[i].reason in ("stop", "length") for i in fed]
             try:
-                errors = feed_columns([segs[i].adapter for i in fed], np.stack([events[i].column for i in fed]), finals)
+                errors = feed_frames([segs[i].adapter for i in fed], np.stack([events[i].frame for i in fed]), finals)
                 refused = dict(zip(fed, errors))
             except (InvalidInputError, ValueError):
                 refused = None
@@ -349,25 +362,31 @@ class Pipeline:
             if seg is None:
                 continue  # a stream driven by someone else (engine.generate in the same process)
             try:
-                ended = ev.finished and ev.reason in ("stop", "length")  # through the EOS ramp-out
-                if ev.column is not None:
-                    if seg.keep_columns:
-                        seg.columns.append(ev.column)
+                ended = ev.finished and ev.reason in ("stop", "length")  # the stream's audio is complete
+                if ev.frame is not None:
+                    if seg.keep_frames:
+                        seg.frames.append(ev.frame)
                     if refused is None:
-                        seg.adapter.feed(ev.column, final=ended)
+                        seg.adapter.feed(ev.frame, final=ended)
                     elif refused[i] is not None:
                         raise refused[i]
+                elif ended:
+                    seg.adapter.close()  # no frame on its last event: nothing more to come
+                if ev.frame is not None or ended:
                     jobs = seg.adapter.take_jobs()
                     if jobs:
-                        seg.deadline = seg.clock.deadline(now)  # the codec serves the driest first
                         rnd.jobs += jobs
                         rnd.owners += [seg] * len(jobs)
+                        deadline = seg.clock.deadline(now)  # when the listener runs dry without them
+                        for job in jobs:
+                            rnd.deadlines.append(deadline)
+                            deadline = max(deadline, now) + _job_samples(job, self.geometry.hop) / SAMPLE_RATE
                         seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
                 if ended:
-                    assert ev.column is not None, f"stream {ev.stream_id} ended ({ev.reason}) without its last column"
                     frames = None
-                    if seg.keep_columns:
-                        frames = columns_to_frames(np.stack(seg.columns, axis=1), codebook_size=self.engine.cfg.codebook_size)
+                    if seg.keep_frames:
+                        q = self.geometry.num_codebooks
+                        frames = np.stack(seg.frames, axis=1) if seg.frames else np.zeros((q, 0), np.int64)
                     rnd.ends.append(("end", seg, ev.reason, None, frames))
                 elif ev.finished:
                     rnd.ends.append(("end", seg, ev.reason, ev.error, None))

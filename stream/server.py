@@ -260,6 +260,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU saturated: pause streams this far ahead of their listener (s)")
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
+    parser.add_argument("--codec-schedule", choices=("eager", "just_in_time"), default=d.codec_schedule,
+                        help="eager: decode audio as the talker makes it (batched over 50 ms); just_in_time: while "
+                             "streams are starting, decode each stream's audio only when its listener needs it within "
+                             "1 s (less codec work beside the talker; thinner client buffers). Default %(default)s")
+    parser.add_argument("--codec-sms", type=int, default=None, metavar="N",
+                        help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
+                             "convolutions never take every SM from the talker; default: every SM")
     parser.add_argument("--admit-step-ratio", type=float, default=d.admit_step_ratio, metavar="R",
                         help="refuse new streams (busy) when the predicted engine step exceeds R x one frame "
                              "(40 ms); 0 = no admission by load (only --max-streams)")
@@ -335,16 +342,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
-                        pause_ahead_s=args.pause_ahead,
-                        resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio or None)
+                        pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
+                        admit_step_ratio=args.admit_step_ratio or None,
+                        codec_schedule=args.codec_schedule, codec_sms=args.codec_sms)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
-    from higgs_stream.engine.checkpoint import resolve_model_dir
+    from higgs_stream.engine.checkpoint_files import resolve_model_dir
     from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.engine.gpu_engine import load_engine
-    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.models.registry import load_codec_for
 
     cfg = config_from_args(args)
     voices = VoiceLibrary.from_config(cfg)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.make_checkpoint import make_checkpoint
-from higgs_stream.engine.make_checkpoint_v3 import make_checkpoint_v3
+from higgs_stream.engine.models.higgs_v2.make_checkpoint import make_checkpoint
+from higgs_stream.engine.models.higgs_v3.make_checkpoint import make_checkpoint_v3
 
 # Tiny models are dominated by per-op overhead: one intra-op thread is several times faster on
 # the 2-core CI machine than two threads fighting each other (and keeps timings steady).

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from higgs_stream import cli
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.model_registry import load_codec_for, model_arch
+from higgs_stream.engine.models.registry import load_codec_for, model_arch
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 HOP, RATE, K = 960, 24000, 8
@@ -65,21 +64,20 @@ def test_synth_writes_wav_and_codes(main, tmp_path, request, capsys, fixture):
     argv = ["synth", "--model", str(model), "--text", TEXT, "--seed", "1", "--max-frames", "20",
             "--out", str(wav_path), "--codes-out", str(codes_path)]
     assert main(argv) == 0
-    columns = np.load(codes_path)
-    frames = columns.shape[1] - 9
-    assert columns.shape == (K, frames + 9) and columns.dtype == np.int64 and 1 <= frames <= 20
-    assert (columns[:, 0] == 1024).all()  # the all-BOS column first
-    assert (columns[:K - 1, -1] == 1025).all()  # the end of the EOS ramp-out last (v3: the all-EOC column)
+    codes = np.load(codes_path)  # the codec frames (the delay pattern reverted by the family's writer)
+    frames = codes.shape[1]
+    assert codes.shape == (K, frames) and codes.dtype == np.int64 and 1 <= frames <= 20
+    assert codes.min() >= 0 and codes.max() < 1024  # real codes only: no BOS/EOS reaches the codec
     pcm, rate = read_wav(wav_path)
     assert rate == RATE and pcm.shape == (frames * HOP,)  # duration = frames * 960 / 24000 s
-    assert f"{frames * HOP / RATE:.2f} s of audio, {frames + 9} columns" in capsys.readouterr().out
+    assert f"{frames * HOP / RATE:.2f} s of audio, {frames} frames" in capsys.readouterr().out
 
-    # the same request through the library gives the same columns and (to 16-bit rounding) the same audio
+    # the same request through the library gives the same codes and (to 16-bit rounding) the same audio
     engine = Engine.from_pretrained(str(model), config=EngineConfig(max_batch=2, kv_pages=64))
     req = GenerationRequest(text=TEXT, max_frames=20, sampling=SamplingParams(seed=1))
-    np.testing.assert_array_equal(engine.generate(req), columns)
+    np.testing.assert_array_equal(engine.generate(req), codes)
     codec = load_codec_for(model)
-    ref = codec.decode(torch.from_numpy(columns_to_frames(columns))[None])[0].numpy()
+    ref = codec.decode(torch.from_numpy(codes)[None])[0].numpy()
     assert np.abs(pcm / 32767.0 - np.clip(ref, -1, 1)).max() <= 1.0 / 32767 + 1e-6
 
 

@@ -1,19 +1,25 @@
-// Gapless PCM player: an AudioWorklet processor that plays s16le mono PCM from a Float32 ring buffer.
+// Two AudioWorklet processors for the demo page.
 //
+// 'pcm-player': gapless playback of s16le mono PCM from a Float32 ring buffer.
 // Main thread -> processor (port messages):
 //   {type: 'pcm', data: ArrayBuffer}   s16le mono samples at `inputRate` (whole samples only)
 //   {type: 'end'}                      no more audio for this utterance: running dry is not an underrun
 //   {type: 'clear'}                    barge-in: drop everything buffered, back to idle
+//   {type: 'waits', on: bool}          on: running dry before 'end' is a wait for more text (text sent
+//                                      in pieces), not an underrun: buffer `prebufferMs` again, count it in `waits`
 // Processor -> main thread:
 //   {type: 'started'}                  first sample of an utterance reached the output
 //   {type: 'drained'}                  buffer ran dry after 'end'
-//   {type: 'stats', buffered, bufferedMs, underruns, underrunQuanta, overflows, quanta, played}
+//   {type: 'stats', buffered, bufferedMs, underruns, underrunQuanta, waits, overflows, quanta, played}
 //
 // Playback of an utterance starts once `prebufferMs` of audio is buffered (0: with the first
 // sample) or its 'end' has arrived. An underrun is counted once each time the ring runs dry while
 // an utterance is playing and its 'end' has not arrived; silence is output until data comes back
 // (no re-buffering delay). When the context rate differs from `inputRate`, samples are linearly
 // interpolated.
+//
+// 'pcm-recorder': hands the main thread its input (the microphone) as Float32 blocks of 128
+// samples at the context's rate, {type: 'pcm', data: Float32Array}, until it gets {type: 'stop'}.
 
 class PCMPlayer extends AudioWorkletProcessor {
   constructor(options) {
@@ -32,6 +38,8 @@ class PCMPlayer extends AudioWorkletProcessor {
     this.ended = false;
     this.underruns = 0;
     this.underrunQuanta = 0;
+    this.waitsForText = false;
+    this.waits = 0;
     this.overflows = 0;
     this.quanta = 0;
     this.played = 0; // output samples that carried audio
@@ -50,6 +58,8 @@ class PCMPlayer extends AudioWorkletProcessor {
     } else if (msg.type === 'end') {
       this.ended = true;
       if (this.state === 'buffering') this.state = 'playing';
+    } else if (msg.type === 'waits') {
+      this.waitsForText = msg.on;
     } else if (msg.type === 'clear') {
       this.readPos = 0;
       this.frac = 0;
@@ -124,6 +134,9 @@ class PCMPlayer extends AudioWorkletProcessor {
           this.ended = false;
           this.postStats();
           this.port.postMessage({ type: 'drained' });
+        } else if (this.waitsForText) {
+          if (this.state === 'playing') this.waits += 1;
+          this.state = 'buffering'; // the next sentence starts after its own prebuffer
         } else {
           if (this.state === 'playing') this.underruns += 1;
           this.state = 'starved';
@@ -145,6 +158,7 @@ class PCMPlayer extends AudioWorkletProcessor {
       bufferedMs: (1000 * this.count) / this.inputRate,
       underruns: this.underruns,
       underrunQuanta: this.underrunQuanta,
+      waits: this.waits,
       overflows: this.overflows,
       quanta: this.quanta,
       played: this.played,
@@ -154,3 +168,21 @@ class PCMPlayer extends AudioWorkletProcessor {
 }
 
 registerProcessor('pcm-player', PCMPlayer);
+
+class PCMRecorder extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.recording = true;
+    this.port.onmessage = (e) => {
+      if (e.data.type === 'stop') this.recording = false;
+    };
+  }
+
+  process(inputs) {
+    const input = inputs[0];
+    if (this.recording && input.length > 0) this.port.postMessage({ type: 'pcm', data: input[0].slice() });
+    return this.recording;
+  }
+}
+
+registerProcessor('pcm-recorder', PCMRecorder);

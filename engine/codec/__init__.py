@@ -12,7 +12,6 @@ from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.load import (
                                             DEFAULT_HUB_ID,
-                                            V3_CODEC_PREFIX,
                                             codec_from_state_dict,
                                             load_codec,
                                             original_names,
@@ -26,7 +25,6 @@ from higgs_stream.engine.codec.streaming import (
 
 __all__ = [
                                             "DEFAULT_HUB_ID",
-                                            "V3_CODEC_PREFIX",
                                             "Codec",
                                             "CodecConfig",
                                             "CodecGeometry",

@@ -2,8 +2,8 @@
 
 Layouts (research/higgs_v2_reference.md §2.4, higgs_v3_peers.md §2):
 - "hf": transformers-native `config.json` (model_type higgs_audio_v2_tokenizer) + `model.safetensors`.
-  Our module names are these names. The v3 checkpoint bundles the same layout under
-  `tied.embedding.modality_embeddings.0.model.` (pass that as `prefix`).
+  Our module names are these names. A talker checkpoint may bundle the same layout under a prefix
+  (Higgs v3: `models/higgs_v3/checkpoint.CODEC_PREFIX`; pass it as `prefix`).
 - "original": Boson's `config.json` (n_q, ratios, D, ...) + `model.pth`, weight-normed DAC convs as
   `weight_g`/`weight_v`. Names differ by module path only; `ORIGINAL_NAMES` below is the table.
 
@@ -28,7 +28,6 @@ from higgs_stream.engine.errors import CheckpointError, ConfigError
 
 Layout = Literal["hf", "original"]
 DEFAULT_HUB_ID = "bosonai/higgs-audio-v2-tokenizer"
-V3_CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 
 _RU = ("snake1", "conv1", "snake2", "conv2")  # residual unit children, in original Sequential order
 

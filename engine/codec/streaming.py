@@ -42,6 +42,12 @@ API:
         CUDA graphs per (B, C) bucket, checked against the eager step; push/step then pad to the smallest
         bucket that holds them and replay; other shapes run eagerly. A final push needs valid +
         lookahead_frames columns, so give frame buckets that hold it. graphs=False: pad, run eagerly.
+        With graphs, every bucket's replay is timed (`step_cost`).
+    dec.partition(slots, valid, final) -> list[list[int]]
+        the rows of one push split into steps that cost least in total: a step pads every row to its
+        widest, so a 1-frame row beside a final 35-frame push costs 35 frames; each extra step costs a
+        launch. Rows are sorted by width and cut between frame buckets where that is cheaper, priced by
+        `step_cost(rows, width)` (the timed replay of the bucket, else the STEP_* model).
 The tensors push/step return may be views of a buffer that the next push/step overwrites (a graph's
 output): copy or convert them before the next call. Codes given on the device are range-checked with
 one device reduction (a host sync); CPU codes are checked on the host.
@@ -71,6 +77,10 @@ log = logging.getLogger(__name__)
 
 OPEN_END = 1 << 40  # "length not known yet" (frames); times any rate still fits int64
 CAPTURE_TOLERANCE = 1e-5  # graph replay vs eager step, max |d| / peak (the same kernels run: 0 expected)
+# Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
+# Fitted to the full-size decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
+STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
+TIMED_REPLAYS = 3  # capture(): replays timed per bucket (the median prices the bucket)
 
 
 # ---------------------------------------------------------------------------- the layer plan
@@ -190,6 +200,7 @@ class StreamingDecoder:
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
         self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
         self.replays = 0
+        self.timings: dict[tuple[int, int], float] = {}  # (B, C) bucket -> seconds per replay (capture)
 
     # ---- slots ----
     @property
@@ -303,6 +314,52 @@ class StreamingDecoder:
         fits = [k for k in self._buckets if k[0] >= n and k[1] >= width]
         return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
 
+    def step_cost(self, n: int, width: int) -> float:
+        """Predicted seconds of one step of n rows, the widest `width` frames."""
+        key = self._bucket(n, width)
+        if key in self.timings:
+            return self.timings[key]
+        b, c = key or (n, width)
+        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
+
+    def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
+        """Frames each row would run through the stack (valid, plus the flush after a final push)."""
+        pad = self.geometry.lookahead_frames
+        out = []
+        for slot, v, f in zip(slots, valid, final):
+            s = self._streams.get(slot)
+            if s is None:
+                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+            out.append(int(v) + (pad if f and s.frames + v > 0 else 0))
+        return out
+
+    def partition(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[list[int]]:
+        """Row indices grouped into the steps that cost least in total (see the module docstring)."""
+        widths = self.widths(slots, valid, final)
+        order = sorted(range(len(widths)), key=widths.__getitem__)
+        frame_buckets = sorted({c for _, c in self._buckets})
+        runs: list[tuple[int, int]] = []  # (end position in `order`, widest width) per frame bucket
+        last_class = None
+        for pos, i in enumerate(order):
+            cls = next((c for c in frame_buckets if c >= widths[i]), widths[i])
+            if runs and cls == last_class:
+                runs[-1] = (pos + 1, widths[i])
+            else:
+                runs.append((pos + 1, widths[i]))
+            last_class = cls
+        best, cut = [0.0] + [float("inf")] * len(runs), [0] * (len(runs) + 1)
+        for j in range(1, len(runs) + 1):  # best[j]: the cheapest steps for the first j runs
+            for i in range(j):
+                cost = best[i] + self.step_cost(runs[j - 1][0] - (runs[i - 1][0] if i else 0), runs[j - 1][1])
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        groups, j = [], len(runs)
+        while j > 0:
+            i = cut[j]
+            groups.append(order[(runs[i - 1][0] if i else 0) : runs[j - 1][0]])
+            j = i
+        return groups[::-1]
+
     def _input_size(self, shape: tuple[int, int]) -> int:
         b, c = shape
         return b * self.geometry.num_codebooks * c + 4 * b
@@ -354,13 +411,15 @@ class StreamingDecoder:
         return x[:, 0, :]  # [B, C * hop]
 
     # ---- CUDA graphs ----
-    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True) -> float:
+    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
+                stream: torch.cuda.Stream | None = None) -> float:
         """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
         CUDA graph captured per bucket. Each graph is checked against the eager step on random inputs;
         returns the largest max |d| / peak (0.0 without graphs). Above CAPTURE_TOLERANCE all graphs and
         buckets are dropped (logged as an error) and steps run eagerly at their exact shapes.
         `graphs=False` keeps the padding but runs eagerly (debugging; the only mode on CPU).
-        The arena's contents are preserved."""
+        The arena's contents are preserved. `stream`: capture on it (a green context's, see
+        engine/green_context.py), else on side streams."""
         if graphs and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
         for b in batch_buckets:
@@ -370,7 +429,7 @@ class StreamingDecoder:
             if not isinstance(c, int) or c < 1:
                 raise ConfigError(f"frame buckets must be positive ints, got {c!r}")
         keys = sorted({(b, c) for b in batch_buckets for c in frame_buckets})
-        self._buckets, self._graphs, self._outputs, self._inputs = keys, {}, {}, {}
+        self._buckets, self._graphs, self._outputs, self._inputs, self.timings = keys, {}, {}, {}, {}
         self.capture_check = 0.0
         if not graphs or not keys:
             return self.capture_check
@@ -382,7 +441,7 @@ class StreamingDecoder:
 
         with torch.no_grad(), self.codec._precision():
             captured, outputs = capture_buckets(keys, stage, lambda key: self._math(self._inputs[key], key),
-                                                self.device)
+                                                self.device, stream)
             saved = [s.clone() for s in self.states]
             try:
                 checks = [self._check_graph(key, captured[key], outputs[key]) for key in keys]
@@ -396,7 +455,24 @@ class StreamingDecoder:
             self._buckets, self._inputs = [], {}
             return self.capture_check
         self._graphs, self._outputs = captured, outputs
+        self.timings = {key: self._time_replay(key) for key in keys}
         return self.capture_check
+
+    def _time_replay(self, key: tuple[int, int]) -> float:
+        """Median seconds of TIMED_REPLAYS replays of the bucket's graph (padding rows only: the arena's
+        streams are untouched)."""
+        inp = self._inputs[key]
+        inp[-4 * key[0]:-3 * key[0]] = self.scratch
+        inp[-3 * key[0]:] = 0
+        times = []
+        for _ in range(TIMED_REPLAYS):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._graphs[key].replay()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+        return sorted(times)[len(times) // 2]
 
     @property
     def graphed(self) -> bool:

@@ -1,10 +1,14 @@
 """The browser demo in headless Chromium (Debian's /usr/bin/chromium driven by Playwright) against a
 live server on the tiny random checkpoint: WebSocket playback through the AudioWorklet, stop =
-cancel, and WebRTC playback."""
+cancel, WebRTC playback, and the demo's features: the level strip, the latency timeline, the WAV
+download, text in LLM-sized pieces and as it is typed, a reference voice from a file or the
+(fake) microphone. Screenshots go to $HIGGS_ARTIFACTS (default: the test's tmp_path); each test
+prints where."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,10 +19,13 @@ if not os.path.exists(CHROMIUM):
 from playwright import async_api as playwright_api  # pip install playwright
 
 from higgs_stream.clients.client import stream_tts
+from higgs_stream.testing import assert_pcm_close
 
 FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required",
+    # getUserMedia answers at once, with Chromium's fake microphone (a beeping tone)
+    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
 ]
 TOKEN = "demo-token"
 # The page's jitter buffer (its default is 100 ms). The CPU test server generates the first chunks
@@ -123,6 +130,8 @@ async def test_webrtc_playback(page):
     assert s["events"].index("audio_start") < s["events"].index("done:completed")
     assert s["bytes"] == 2 * s["done"]["samples"]  # "audio received" shows what the track played
     assert await page.text_content("#received") != "0.00 s"
+    row = s["timeline"]  # audio_start comes when playout starts, done when it ends
+    assert 0 < row["firstAudioMs"] <= row["doneMs"] == row["endMs"], row
 
 
 async def wait_until(pg, pred, what: str, timeout_s: float = 10.0) -> None:
@@ -154,9 +163,11 @@ async def test_a_missing_token_says_so(page):
     other = await page.context.browser.new_page()
     await other.goto(f"{page.live.http}/")  # no ?token=
     await other.evaluate("window.higgs.ready.catch(() => null)")
+    await other.wait_for_function("window.stats.errors.length === 1")  # the voice list: 401
+    assert "?token=" in await other.text_content("#status")
     await other.fill("#text", "Hello there.")
     await other.click("#play")
-    await other.wait_for_function("document.querySelector('#status').textContent.includes('token')", timeout=10_000)
+    await other.wait_for_function("window.stats.errors.length === 2", timeout=10_000)  # the WebSocket: 1008
     assert "?token=" in await other.text_content("#status")
 
 
@@ -167,3 +178,211 @@ async def test_favicon_is_served(page):
         async with http.get(f"{page.live.http}/favicon.ico") as r:
             assert r.status == 200 and r.headers["Content-Type"].startswith("image/svg+xml")
             assert (await r.read()).startswith(b"<svg")
+
+
+# ---------------------------------------------------------------- the demo's features
+
+@pytest.fixture
+def artifacts(request, tmp_path):
+    """Where this test's screenshots and downloads go: $HIGGS_ARTIFACTS/<test name> or tmp_path."""
+    root = os.environ.get("HIGGS_ARTIFACTS")
+    folder = (Path(root) / request.node.name) if root else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nartifacts of {request.node.name}: {folder}")
+    return folder
+
+
+async def screenshot(pg, folder: Path, name: str) -> None:
+    path = folder / f"{name}.png"
+    await pg.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000  # a rendered page, not a blank one
+    print(f"screenshot: {path}")
+
+
+async def drained(pg, event="drained", timeout=60_000) -> dict:
+    """Waits until the latest request played out (or got `event`, e.g. its done); its stats."""
+    await pg.wait_for_function("""event => (e => e.lastIndexOf(event) > e.findLastIndex(x => x.startsWith('play:')))(
+        window.stats.events)""", arg=event, timeout=timeout)
+    s = await stats(pg)
+    assert s["done"]["reason"] == "completed" and not s["errors"], s
+    return s
+
+
+async def test_level_strip_draws_the_played_audio(page, artifacts):
+    await play(page, "ws", TEXT, seed=4)
+    s = await drained(page)
+    strip = s["strip"]
+    # one column per 50 ms of playback; most of the utterance is audible noise on random weights
+    seconds = s["done"]["samples"] / 24000
+    assert strip["drawn"] >= 0.5 * seconds / 0.05 and strip["max"] > 0.05, (strip, seconds)
+    # ... and it is on the canvas: pixels in the strip's colour above and below the middle line
+    painted = await page.evaluate("""() => {
+        const c = document.getElementById('strip');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let above = 0, below = 0;
+        for (let y = 0; y < c.height; y++) for (let x = 0; x < c.width; x++) {
+            if (d[4 * (y * c.width + x) + 3] === 0 || Math.abs(y - c.height / 2) < 3) continue;
+            if (y < c.height / 2) above++; else below++;
+        }
+        return {above, below, width: c.width, height: c.height};
+    }""")
+    print("level strip:", strip, painted)
+    assert painted["above"] > 200 and painted["below"] > 200, painted
+    await screenshot(page, artifacts, "level-strip")
+
+
+async def test_timeline_shows_first_audio_and_done_per_request(page, artifacts):
+    await play(page, "ws", TEXT, seed=4)
+    first = await drained(page)
+    await play(page, "ws", "Hello there.", seed=1)
+    second = await drained(page)
+    rows = await page.eval_on_selector_all("#timeline li", """els => els.map(li => ({
+        first: Number(li.dataset.firstAudioMs), done: Number(li.dataset.doneMs), text: li.textContent}))""")
+    print("timeline:", rows)
+    assert len(rows) == 2 and rows[0]["text"].startswith("#2") and rows[1]["text"].startswith("#1")  # newest first
+    for row, s in zip(rows, (second, first)):
+        assert 0 < row["first"] <= row["done"], row
+        assert row["first"] == s["timeline"]["firstAudioMs"] and row["done"] == s["timeline"]["doneMs"]
+        assert s["timeline"]["endMs"] >= row["done"]  # played out after the server's last audio
+        assert "first audio" in row["text"] and "done" in row["text"] and "played out" in row["text"]
+    assert first["firstByteMs"] == first["timeline"]["firstAudioMs"] <= first["ttfaMs"]
+    await screenshot(page, artifacts, "timeline")
+    await page.emulate_media(color_scheme="dark")
+    await screenshot(page, artifacts, "timeline-dark")
+
+
+async def test_download_is_the_played_audio_as_a_wav(page, artifacts, reference_pcm):
+    import wave
+
+    assert await page.is_disabled("#download")  # nothing played yet
+    await play(page, "ws", TEXT, seed=4)
+    s = await drained(page)
+    async with page.expect_download() as info:
+        await page.click("#download")
+    path = artifacts / "played.wav"
+    await (await info.value).save_as(str(path))
+    with wave.open(str(path), "rb") as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        pcm = w.readframes(w.getnframes())
+    assert len(pcm) // 2 == s["done"]["samples"] == s["bytes"] // 2 == (await stats(page))["download"]["samples"]
+    await page.live.state.pipeline.stop()  # the engine thread is idle; stop it before generate()
+    assert_pcm_close(pcm, reference_pcm(page.live.state, TEXT, 4), what="downloaded WAV")
+    await screenshot(page, artifacts, "download")
+
+
+async def test_llm_sized_pieces_then_end(page, artifacts):
+    text = "Hello there. This text arrives the way a language model streams it, a few words at a time."
+    await page.check("input[name=send][value=llm]")
+    await play(page, "ws", text, seed=2)
+    s = await drained(page, "done:completed")
+    pieces = await page.evaluate("t => window.higgs.llmPieces(t)", text)
+    assert "".join(pieces) == text and len(pieces) >= 8
+    assert s["sent"] == ["text"] * len(pieces) + ["end"] and s["textMessages"] == len(pieces)
+    assert len(s["timeline"]["sends"]) == len(pieces) and s["timeline"]["sends"][0] == 0
+    assert s["bytes"] == 2 * s["done"]["samples"] > 24000
+    await page.wait_for_function("window.stats.maxRms > 0.05")  # it plays
+    assert page.live.state.metrics.requests.value(transport="ws", outcome="completed") == 2  # warm-up + this
+    await screenshot(page, artifacts, "llm-pieces")
+
+
+async def test_type_as_you_talk(page, artifacts):
+    await page.check("input[name=send][value=typing]")
+    assert await page.text_content("#play") == "Start typing"
+    await page.fill("#seed", "3")
+    await page.click("#play")
+    await page.wait_for_function("document.activeElement.id === 'text' && window.stats.mode === 'typing'")
+    await page.keyboard.type("Hello there. How are", delay=10)
+    await page.keyboard.press("Enter")  # speak what is pending at once
+    await page.wait_for_function("window.stats.events.includes('audio_start')", timeout=60_000)
+    await page.keyboard.type("you today? I am fine", delay=10)
+    await page.click("#finish")
+    s = await drained(page, "done:completed")  # all audio is in; the test need not hear it out
+    print("typed:", s["sent"], "waits", s["waits"])
+    # a message per finished word: "Hello ", "there. ", "How ", then Enter sends "are\n" with flush;
+    # "you ", "today? ", "I ", "am ", then Finish sends "fine" and end
+    assert s["sent"] == ["text"] * 3 + ["text:flush"] + ["text"] * 5 + ["end"], s["sent"]
+    assert s["bytes"] == 2 * s["done"]["samples"] > 24000
+    await page.wait_for_function("window.stats.maxRms > 0.05")  # it plays
+    assert page.live.state.metrics.requests.value(transport="ws", outcome="completed") == 2  # one context
+    await screenshot(page, artifacts, "type-as-you-talk")
+
+
+def _reference_wav(seconds: float = 1.5, sr: int = 16000) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(seconds * sr)) / sr
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + np.sin(2 * np.pi * 3 * t)) / 2).astype(np.float32),
+             sr, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+async def assert_spoken_with_reference(pg, audio_b64: str, transcript: str, seed: int, pcm: bytes) -> None:
+    """The page's audio equals offline synthesis conditioned on that reference (within 1 LSB):
+    the server took the reference and used it."""
+    from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+    from higgs_stream.engine.synth import synthesize
+    from higgs_stream.stream.adapter import to_s16le
+    from higgs_stream.stream.voices import VoiceLibrary
+
+    state = pg.live.state
+    await state.pipeline.stop()  # the engine thread is idle; stop it before generate()
+    voice = VoiceLibrary().inline(audio_b64, transcript)
+    wav, sr = voice.decode()
+    ref = Reference(codes=state.pipeline.codec.encode(wav, sr), transcript=voice.transcript)
+    request = GenerationRequest(TEXT, reference=ref, sampling=SamplingParams(seed=seed),
+                                max_frames=state.config.max_frames)
+    assert_pcm_close(pcm, to_s16le(synthesize(state.pipeline.engine, state.pipeline.codec, request)[0]),
+                     what="audio with the reference")
+    plain = GenerationRequest(TEXT, sampling=SamplingParams(seed=seed), max_frames=state.config.max_frames)
+    assert to_s16le(synthesize(state.pipeline.engine, state.pipeline.codec, plain)[0]) != pcm  # it made a difference
+
+
+async def test_uploaded_reference_is_sent_and_used(page, artifacts):
+    import base64
+
+    path = artifacts / "reference.wav"
+    path.write_bytes(_reference_wav())
+    await page.click("#clone summary")
+    await page.set_input_files("#ref-file", str(path))
+    await page.fill("#ref-transcript", "A short hum.")
+    assert await page.is_disabled("#voice")  # the reference replaces the voice menu
+    await play(page, "ws", TEXT, seed=5)
+    s = await drained(page)
+    assert s["reference"] == {"source": "file", "name": "reference.wav", "bytes": path.stat().st_size, "seconds": None}
+    async with page.expect_download() as info:
+        await page.click("#download")
+    await (await info.value).save_as(str(artifacts / "played.wav"))
+    pcm = (artifacts / "played.wav").read_bytes()[44:]
+    assert len(pcm) == s["bytes"]
+    await screenshot(page, artifacts, "reference-file")
+    await assert_spoken_with_reference(page, base64.b64encode(path.read_bytes()).decode(), "A short hum.", 5, pcm)
+
+
+async def test_microphone_reference_is_recorded_sent_and_used(page, artifacts):
+    await page.click("#clone summary")
+    await page.click("#ref-record")
+    await page.wait_for_selector("#ref-record[aria-pressed=true]")  # the microphone is open
+    await page.wait_for_function(
+        "parseFloat((document.getElementById('ref-status').textContent.match(/([0-9.]+) s/) || [0, 0])[1]) >= 1.5",
+        timeout=20_000)
+    await page.click("#ref-record")  # stop
+    await page.wait_for_function("window.higgs.reference.active")
+    info = await page.evaluate("window.higgs.reference.info")
+    assert info["source"] == "mic" and 1.4 <= info["seconds"] < 5
+    assert info["bytes"] == 44 + 2 * round(info["seconds"] * 24000)  # a 24 kHz s16 WAV
+    transcript = await page.input_value("#ref-transcript")
+    assert transcript  # prefilled with the sentence to read aloud
+    await play(page, "ws", TEXT, seed=6)
+    s = await drained(page)
+    assert s["reference"]["source"] == "mic"
+    option = await page.evaluate("window.higgs.reference.option()")
+    async with page.expect_download() as dl:
+        await page.click("#download")
+    await (await dl.value).save_as(str(artifacts / "played.wav"))
+    pcm = (artifacts / "played.wav").read_bytes()[44:]
+    await screenshot(page, artifacts, "reference-microphone")
+    await assert_spoken_with_reference(page, option["audio"], option["transcript"], 6, pcm)

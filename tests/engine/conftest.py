@@ -7,8 +7,8 @@ import pytest
 
 
 def _run_staggered(engine, requests, admit_at, max_steps: int = 500) -> tuple[list[np.ndarray], list[str]]:
-    """Add request i at step admit_at[i] and step until every request finished; returns the columns
-    [K, L] and the finish reason of each request. Any engine with add/step/has_work (the CPU Engine
+    """Add request i at step admit_at[i] and step until every request finished; returns the codec
+    frames [K, F] and the finish reason of each request. Any engine with add/step/has_work (the CPU Engine
     or the GpuEngine, which collects one step late: its trailing steps must yield nothing)."""
     sids: dict[int, int] = {}
     cols: dict[int, list[np.ndarray]] = {}
@@ -20,15 +20,17 @@ def _run_staggered(engine, requests, admit_at, max_steps: int = 500) -> tuple[li
                 sids[engine.add(requests[i])] = i
         for ev in engine.step():
             i = sids[ev.stream_id]
-            if ev.column is not None:
-                cols.setdefault(i, []).append(ev.column)
+            if ev.frame is not None:
+                cols.setdefault(i, []).append(ev.frame)
             if ev.finished:
                 reasons[i] = ev.reason
         step += 1
         assert step < max_steps, "engine did not finish"
     while engine.has_work():
         assert engine.step() == []
-    return [np.stack(cols[i], axis=1) for i in range(len(requests))], [reasons[i] for i in range(len(requests))]
+    k = engine.cfg.num_codebooks
+    frames = [np.stack(cols[i], axis=1) if i in cols else np.zeros((k, 0), np.int64) for i in range(len(requests))]
+    return frames, [reasons[i] for i in range(len(requests))]
 
 
 @pytest.fixture(scope="session")

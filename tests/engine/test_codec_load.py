@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 from higgs_stream.engine.codec import (
-    V3_CODEC_PREFIX,
     CodecConfig,
     codec_from_state_dict,
     load_codec,
@@ -16,6 +15,7 @@ from higgs_stream.engine.codec import (
 from higgs_stream.engine.codec.layers import fold_weight_norm, unfold_weight_norm
 from higgs_stream.engine.codec.load import is_encoder_key
 from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.models.higgs_v3.checkpoint import CODEC_PREFIX as V3_CODEC_PREFIX
 from safetensors.torch import load_file, save_file
 
 TINY = CodecConfig.tiny()

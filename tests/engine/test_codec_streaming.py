@@ -184,6 +184,51 @@ def test_batched_streams_with_different_progress_joining_and_leaving(codec):
         assert err <= BOUND, f"utterance {u} ({lengths[u]} frames): max |d| / peak = {err:.3g}"
 
 
+def test_partition_splits_a_step_only_where_padding_costs_more_than_a_launch(codec):
+    """Padded to its widest row, a step of 20 one-frame rows and one final push (1 + 10 flush frames)
+    costs the model 2 + 32 x (0.11 + 11 x 0.027) = 15.0 ms; two steps cost (2 + 32 x 0.137) + (2 + 1 x 0.407)
+    = 8.8 ms: split. Equal widths never split; pushing the groups one after the other gives each stream
+    its one-shot decode."""
+    dec = StreamingDecoder(codec, max_slots=32)
+    dec.capture([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], graphs=False)
+    assert dec.timings == {}  # nothing timed without graphs: the STEP_* model prices steps
+    assert dec.step_cost(20, 1) == pytest.approx(2.0e-3 + 32 * (0.11e-3 + 0.027e-3))
+    slots = [dec.open() for _ in range(21)]
+    assert dec.partition(slots, [1] * 21, [False] * 21) == [list(range(21))]
+    valid, final = [1] * 20 + [1], [False] * 20 + [True]
+    assert dec.widths(slots, valid, final) == [1] * 20 + [11]
+    assert dec.partition(slots, valid, final) == [list(range(20)), [20]]
+    # a row that is fresh and final with no frames runs nothing: it joins the narrow group
+    assert dec.partition(slots[:3], [0, 2, 2], [True, False, False]) == [[0, 1, 2]]
+    for s in slots:
+        dec.close(s)
+    # mixed widths through partitioned steps: each stream equals its own one-shot decode
+    utts = [random_codes(f, seed=300 + i) for i, f in enumerate([3, 30, 17, 1, 26])]
+    slots = [dec.open() for _ in utts]
+    outs, done = {i: [] for i in range(len(utts))}, [0] * len(utts)
+    sizes = [[1, 2], [1, 2, 4, 8, 15], [16, 1], [1], [25, 1]]
+    for k in range(max(map(len, sizes))):
+        rows = [i for i in range(len(utts)) if k < len(sizes[i])]
+        valid = [sizes[i][k] for i in rows]
+        final = [k == len(sizes[i]) - 1 for i in rows]
+        groups = dec.partition([slots[i] for i in rows], valid, final)
+        assert sorted(r for g in groups for r in g) == list(range(len(rows)))
+        for g in groups:
+            width = max(valid[r] for r in g)
+            codes = torch.zeros((len(g), 8, width), dtype=torch.long)
+            for b, r in enumerate(g):
+                i = rows[r]
+                codes[b, :, :valid[r]] = utts[i][:, done[i]:done[i] + valid[r]]
+                done[i] += valid[r]
+            for b, piece in enumerate(dec.push([slots[rows[r]] for r in g], codes, [valid[r] for r in g],
+                                               [final[r] for r in g])):
+                outs[rows[g[b]]].append(piece.clone())
+    for i, codes in enumerate(utts):
+        assert done[i] == codes.shape[1]
+        err = rel_err(torch.cat(outs[i]), codec.decode(codes[None])[0])
+        assert err <= BOUND, f"utterance {i}: max |d| / peak = {err:.3g}"
+
+
 def test_reopened_slot_starts_fresh(codec):
     dec = StreamingDecoder(codec, max_slots=2)
     other = dec.open()

@@ -30,6 +30,10 @@ def test_graphed_equals_eager_equals_one_shot_at_batch_16(codec):
     graphed, eager = StreamingDecoder(codec, max_slots=16), StreamingDecoder(codec, max_slots=16)
     check = graphed.capture([4, 16], [8, 18])
     assert graphed.graphed and check <= CAPTURE_TOLERANCE, f"capture check {check:.3g}"
+    # every bucket's replay was timed: partition() prices steps with these
+    assert set(graphed.timings) == {(b, c) for b in (4, 16) for c in (8, 18)}
+    assert all(0 < t < 1.0 for t in graphed.timings.values())
+    assert graphed.step_cost(16, 18) == graphed.timings[(16, 18)] and graphed.step_cost(3, 5) == graphed.timings[(4, 8)]
     slots = {"graphed": [graphed.open() for _ in utts], "eager": [eager.open() for _ in utts]}
     out = {k: [[] for _ in utts] for k in slots}
     pos = [0] * len(utts)

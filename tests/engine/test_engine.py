@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.delay import STREAM_BOS, columns_to_frames
+from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.engine import Engine, EngineConfig, StepEvent
 from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigError, HiggsStreamError, InvalidInputError
+from higgs_stream.engine.models.delay_pattern import STREAM_BOS, columns_to_frames
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
-from higgs_stream.engine.talker import StepBatch, StepOutput
 
 
 class Instrumented(torch.nn.Module):
@@ -44,6 +44,16 @@ class Instrumented(torch.nn.Module):
 def make_engine(ckpt, **config) -> Engine:
     base = Engine.from_pretrained(str(ckpt), config=EngineConfig(**{"kv_pages": 256, "max_batch": 8, **config}))
     return Engine(Instrumented(base.talker), base.cfg, base.tokenizer, base.cache, base.config)
+
+
+def generate_with_columns(engine: Engine, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray]:
+    """(codec frames [8, F], the delay-pattern columns [8, L] behind them) of one request: the engine
+    emits frames; the columns are its stream's host rule machine's (`SegmentState.columns`, the
+    AUDIO_INIT column first)."""
+    gen = engine.stream(request)
+    segment = engine._pending[-1].segment  # add() ran: the stream is queued
+    frames = list(gen)
+    return np.stack(frames, axis=1), segment.state.as_array()
 
 
 def codes(t: int, seed: int) -> np.ndarray:
@@ -84,16 +94,22 @@ def test_batched_equals_alone(tiny_ckpt, alone, run_staggered):
     assert engine.cache.allocator.num_used == 0 and engine.num_active == 0 and not engine.has_work()
 
 
-def test_columns_frames_and_reasons(alone):
-    cols, reasons = alone
+def test_frames_and_reasons(tiny_ckpt, alone):
+    """The engine emits codec frames (real codes only), as many as the stream's delay-pattern
+    columns give (the v2 writer: L columns -> L - 9 frames), at most max_frames."""
+    frames, reasons = alone
     assert set(reasons) == {"stop", "length"}, reasons  # both endings occur with these seeds
-    for c, reason, req in zip(cols, reasons, REQUESTS):
-        assert (c[:, 0] == STREAM_BOS).all() and c.min() >= 0 and c.max() <= 1025
-        frames = columns_to_frames(c)
-        assert frames.shape == (8, c.shape[1] - 9) and frames.max() < 1024
-        assert frames.shape[1] <= req.max_frames
+    for f, reason, req in zip(frames, reasons, REQUESTS):
+        assert f.shape[0] == 8 and f.min() >= 0 and f.max() < 1024
+        assert f.shape[1] <= req.max_frames
         if reason == "length":
-            assert frames.shape[1] == req.max_frames
+            assert f.shape[1] == req.max_frames
+    engine = make_engine(tiny_ckpt)
+    got, cols = generate_with_columns(engine, REQUESTS[3])
+    assert (cols[:, 0] == STREAM_BOS).all() and cols.min() >= 0 and cols.max() <= 1025
+    np.testing.assert_array_equal(got, frames[3])
+    np.testing.assert_array_equal(got, columns_to_frames(cols))
+    assert got.shape == (8, cols.shape[1] - 9)
 
 
 def test_seed_decides_the_codes(tiny_ckpt, alone):
@@ -107,7 +123,7 @@ def test_seed_decides_the_codes(tiny_ckpt, alone):
     assert not np.array_equal(unseeded[0][:, :9], unseeded[1][:, :9])  # a fresh seed per request
 
 
-def test_stream_yields_one_column_per_step_and_close_cancels(tiny_ckpt, alone):
+def test_stream_yields_the_frames_one_per_step_and_close_cancels(tiny_ckpt, alone):
     engine = make_engine(tiny_ckpt)
     streamed = list(engine.stream(REQUESTS[2]))
     np.testing.assert_array_equal(np.stack(streamed, axis=1), alone[0][2])
@@ -139,9 +155,9 @@ def test_cancel_frees_pages_and_spares_the_others(tiny_ckpt, alone):
     events = engine.step()
     assert StepEvent(a, None, True, "cancelled") in events
     assert engine.cache.allocator.num_used < used_both and a not in engine.cache.allocator.active_seqs
-    cols = [e.column for e in events if e.stream_id == b]
+    cols = [e.frame for e in events if e.stream_id == b and e.frame is not None]
     while engine.has_work():
-        cols += [e.column for e in engine.step() if e.stream_id == b and e.column is not None]
+        cols += [e.frame for e in engine.step() if e.stream_id == b and e.frame is not None]
     prefix = alone[0][3][:, : alone[0][3].shape[1] - len(cols)]
     np.testing.assert_array_equal(np.concatenate([prefix, np.stack(cols, axis=1)], axis=1), alone[0][3])
 
@@ -162,8 +178,8 @@ def test_a_failing_stream_does_not_affect_the_others(tiny_ckpt, alone):
     ends: dict[int, StepEvent] = {}
     while engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                cols[ev.stream_id].append(ev.column)
+            if ev.frame is not None:
+                cols[ev.stream_id].append(ev.frame)
             if ev.finished:
                 ends[ev.stream_id] = ev
     assert ends[sids[1]].reason == "error" and "non-finite" in ends[sids[1]].error
@@ -184,8 +200,8 @@ def test_kv_capacity_queues_streams_without_changing_codes(tiny_ckpt, alone):
     running_peak = 0
     while engine.has_work():
         for ev in engine.step():
-            if ev.column is not None:
-                cols[ev.stream_id].append(ev.column)
+            if ev.frame is not None:
+                cols[ev.stream_id].append(ev.frame)
         peak = max(peak, engine.cache.allocator.num_used)
         running_peak = max(running_peak, engine.scheduler.num_running)
     assert peak <= 20 and running_peak < len(REQUESTS)
@@ -212,10 +228,11 @@ def test_add_refuses_bad_requests(tiny_ckpt):
     events = []
     while engine.has_work():
         events += [e for e in engine.step() if e.stream_id == sid]
-    n_cols = sum(e.column is not None for e in events)
-    assert n_cols - 9 <= stream.max_frames and stream.prompt_len + n_cols - 1 <= 100
+    n_frames = sum(e.frame is not None for e in events)
+    n_cols = n_frames + 9  # v2: the columns fed back are the frames' plus the delay and the BOS/EOS frames
+    assert n_frames <= stream.max_frames and stream.prompt_len + n_cols - 1 <= 100
     if events[-1].reason == "length":
-        assert n_cols - 9 == stream.max_frames
+        assert n_frames == stream.max_frames
     with pytest.raises(ConfigError):
         EngineConfig(max_batch=8, token_budget=4)
 
@@ -243,13 +260,14 @@ def test_greedy_matches_transformers_generate_until_the_eos_rule_differs(tiny_ck
     that reaches our frame cap differs from HF only in the forced codebook-0 EOS."""
     from transformers import HiggsAudioV2ForConditionalGeneration
 
-    from higgs_stream.engine.prompt import build_prompt
+    from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
 
     hf = HiggsAudioV2ForConditionalGeneration.from_pretrained(str(tiny_ckpt)).eval()
     engine = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(max_batch=4, kv_pages=128))
     req = GenerationRequest(text=text, scene=scene, max_frames=40,
                             sampling=SamplingParams(temperature=0.0, ras_window=0))
-    ours = engine.generate(req)
+    frames, ours = generate_with_columns(engine, req)
+    np.testing.assert_array_equal(frames, columns_to_frames(ours))  # what the engine emits
     ids = torch.from_numpy(build_prompt(engine.tokenizer, req).input_ids)[None]
     with torch.no_grad():
         out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=60,
@@ -286,8 +304,9 @@ def test_context_cap_is_max_seq_len_not_the_hf_config_limit(tiny_ckpt):
     assert engine.max_seq_len == engine.talker.max_positions == 4096
     prompt = engine.policy.build_prompt(req)
     assert 2100 <= len(prompt) < 2200
-    ours = engine.generate(req)  # positions up to len(prompt) + 10
+    frames, ours = generate_with_columns(engine, req)  # positions up to len(prompt) + 10
     assert ours.shape[1] <= 3 + 9
+    np.testing.assert_array_equal(frames, columns_to_frames(ours))
 
     hf = HiggsAudioV2ForConditionalGeneration.from_pretrained(str(tiny_ckpt)).eval()
     ids = torch.from_numpy(prompt.input_ids)[None]
@@ -327,8 +346,8 @@ def test_pausing_a_stream_does_not_change_its_codes(tiny_ckpt, alone):
         if step == 30:
             engine.resume(sids[0])
         for ev in engine.step():
-            if ev.column is not None:
-                got[ev.stream_id].append(ev.column)
+            if ev.frame is not None:
+                got[ev.stream_id].append(ev.frame)
         if 12 <= step < 30:
             assert engine.scheduler.num_paused == 1 or not engine.scheduler.is_running(sids[0])
         step += 1

@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
-from higgs_stream.engine.config_v3 import TalkerV3Config
+from higgs_stream.engine.batch import StepBatch
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.talker import StepBatch, Talker
-from higgs_stream.engine.talker_v3 import TalkerV3
+from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
+from higgs_stream.engine.models.higgs_v2.talker import Talker
+from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
+from higgs_stream.engine.models.higgs_v3.talker import TalkerV3
 from higgs_stream.kernels.flashinfer_attention import RefAttention
 
 

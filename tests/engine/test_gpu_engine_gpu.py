@@ -14,7 +14,7 @@ from higgs_stream.engine.cuda_graph import GraphShapeError
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.gpu_engine import GpuEngine, GpuEngineConfig
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.random_weights import (
+from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
     talker_from_reference,
     tokenizer_and_config,
@@ -55,26 +55,27 @@ def reqs(ras_window: int) -> list[GenerationRequest]:
 
 
 def run(eng, reqs):
+    """Every request's codec frames [8, F], all added at once."""
     sids = {eng.add(r): i for i, r in enumerate(reqs)}
-    cols = {i: [] for i in range(len(reqs))}
+    frames = {i: [] for i in range(len(reqs))}
     while eng.has_work():
         for ev in eng.step():
-            if ev.column is not None:
-                cols[sids[ev.stream_id]].append(ev.column)
-    return [np.stack(cols[i], axis=1) for i in range(len(reqs))]
+            if ev.frame is not None:
+                frames[sids[ev.stream_id]].append(ev.frame)
+    return [np.stack(frames[i], axis=1) if frames[i] else np.zeros((8, 0), np.int64) for i in range(len(reqs))]
 
 
 @pytest.mark.parametrize("ras_window", [0, 7])
 def test_graphs_equal_eager(model, ras_window):
     """4 streams (= a bucket, so the eager step multiplies the same M rows as the graph) run to the
-    frame cap (EOS rows of the random head zeroed): graph replay == eager, column for column."""
+    frame cap (EOS rows of the random head zeroed): graph replay == eager, frame for frame."""
     graphed = engine(model)
     cfg = graphed.cfg
     graphed.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
     eager = engine(model, gpu=GpuEngineConfig(cuda_graphs=False), fast=graphed.fast, talker=graphed.talker)
     a, b = run(graphed, reqs(ras_window)), run(eager, reqs(ras_window))
     for x, y in zip(a, b):
-        assert x.shape[1] == 69 and np.array_equal(x, y)  # 60 frames + 9 columns
+        assert x.shape[1] == 60 and np.array_equal(x, y)  # the frame cap (69 delay-pattern columns)
     sampled = [GenerationRequest(text="Hi there.", max_frames=30, sampling=SamplingParams(seed=3, temperature=0.9))] * 4
     s = run(graphed, sampled)
     assert all(np.array_equal(s[0], x) for x in s[1:])  # same request + seed, same codes
@@ -107,6 +108,6 @@ def test_batched_greedy_codes_equal_each_stream_alone(model):
     together = run(graphed, requests)
     for i, r in enumerate(requests):
         want = alone.generate(r)
-        assert together[i].shape == want.shape == (8, 209), (i, together[i].shape, want.shape)
+        assert together[i].shape == want.shape == (8, 200), (i, together[i].shape, want.shape)
         diff = np.nonzero((together[i] != want).any(axis=0))[0]
-        assert diff.size == 0, f"stream {i} differs from column {diff[0]}"
+        assert diff.size == 0, f"stream {i} differs from frame {diff[0]}"

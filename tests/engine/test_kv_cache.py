@@ -3,9 +3,9 @@ import random
 import pytest
 import torch
 
-from higgs_stream.engine.config import TalkerConfig
 from higgs_stream.engine.errors import CapacityError, NotFoundError
 from higgs_stream.engine.kv_cache import KVCache, KVPool, PageAllocator
+from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
 from higgs_stream.kernels.attention import write_paged_kv_ref
 
 

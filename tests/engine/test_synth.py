@@ -1,4 +1,4 @@
-"""Offline synthesis end to end on the tiny checkpoint: reference WAV -> codes -> prompt -> columns -> WAV."""
+"""Offline synthesis end to end on the tiny checkpoint: reference WAV -> codes -> prompt -> codec frames -> WAV."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
@@ -30,12 +29,12 @@ def test_synthesize_voice_clone(tiny_ckpt, codec, max_frames):
     assert ref.codes.shape[0] == 8 and ref.codes.max() < 1024
     req = GenerationRequest(text="Good morning!", reference=ref, max_frames=max_frames,
                             sampling=SamplingParams(seed=5, temperature=1.0))
-    wav, cols = synthesize(engine(tiny_ckpt), codec, req)
-    frames = cols.shape[1] - 9
-    assert 0 <= frames <= max_frames
+    wav, codes = synthesize(engine(tiny_ckpt), codec, req)
+    frames = codes.shape[1]
+    assert 0 <= frames <= max_frames and codes.shape[0] == 8 and (codes.size == 0 or codes.max() < 1024)
     assert wav.dtype == np.float32 and wav.shape == (frames * codec.hop,) and np.isfinite(wav).all()
-    np.testing.assert_array_equal(cols, engine(tiny_ckpt).generate(req))  # same seed, same columns
-    expect = codec.decode(torch.from_numpy(columns_to_frames(cols))[None])[0].numpy()
+    np.testing.assert_array_equal(codes, engine(tiny_ckpt).generate(req))  # same seed, same frames
+    expect = codec.decode(torch.from_numpy(codes)[None])[0].numpy()
     np.testing.assert_array_equal(wav, expect)
     if max_frames == 12:
         assert frames == 12  # this seed runs into the cap: a clean ramp-out, exactly 12 frames

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from higgs_stream.engine.config import SPECIAL_TOKEN_STRINGS, SpecialTokens
 from higgs_stream.engine.errors import CheckpointError, InvalidInputError
-from higgs_stream.engine.make_checkpoint import build_text_tokenizer, special_ids, write_tokenizer
+from higgs_stream.engine.models.higgs_v2.config import SPECIAL_TOKEN_STRINGS, SpecialTokens
+from higgs_stream.engine.models.higgs_v2.make_checkpoint import build_text_tokenizer, special_ids, write_tokenizer
 from higgs_stream.engine.tokenizer import SOUND_EVENT_TOKENS, TextTokenizer
 
 
@@ -24,7 +24,7 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tok(tok_dir: Path) -> TextTokenizer:
-    return TextTokenizer.from_dir(tok_dir)
+    return TextTokenizer.from_dir(tok_dir, SpecialTokens)
 
 
 TEXTS = [
@@ -61,7 +61,7 @@ def test_special_ids_resolved_from_tokenizer(tok: TextTokenizer) -> None:
 
 
 def test_full_size_tokenizer_uses_the_released_ids() -> None:
-    full = TextTokenizer(build_text_tokenizer(128000))
+    full = TextTokenizer(build_text_tokenizer(128000), specials=SpecialTokens)
     assert full.special == SpecialTokens.llama3_layout()
     assert full.vocab_size == 128256
     assert full.token_id("<|reserved_special_token_6|>") == 128014
@@ -120,22 +120,22 @@ def _tokenizer_without(tok_dir: Path, token: str, tmp_path: Path, keep_in_vocab:
 def test_missing_special_token_is_named(tok_dir: Path, tmp_path: Path, token: str) -> None:
     d = _tokenizer_without(tok_dir, token, tmp_path)
     with pytest.raises(CheckpointError, match="lacks the Higgs special token " + re.escape(token)):
-        TextTokenizer.from_dir(d)
+        TextTokenizer.from_dir(d, SpecialTokens)
 
 
 def test_special_token_only_in_vocab_is_rejected(tok_dir: Path, tmp_path: Path) -> None:
     d = _tokenizer_without(tok_dir, "<|AUDIO|>", tmp_path, keep_in_vocab=True)
     assert Tokenizer.from_file(str(d / "tokenizer.json")).token_to_id("<|AUDIO|>") is not None
     with pytest.raises(CheckpointError, match="not an added special token"):
-        TextTokenizer.from_dir(d)
+        TextTokenizer.from_dir(d, SpecialTokens)
 
 
 def test_missing_or_corrupt_file(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="missing tokenizer.json"):
-        TextTokenizer.from_dir(tmp_path)
+        TextTokenizer.from_dir(tmp_path, SpecialTokens)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="cannot read tokenizer"):
-        TextTokenizer.from_dir(tmp_path)
+        TextTokenizer.from_dir(tmp_path, SpecialTokens)
 
 
 def test_transformers_reads_the_same_tokenizer(tok_dir: Path, tok: TextTokenizer) -> None:

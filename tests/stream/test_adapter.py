@@ -1,6 +1,11 @@
 """Code2Wav streaming adapter: streamed == one-shot, TTFA, low-latency SNR, playback continuity,
 batched decode of many streams, a causal codec through the same code, s16le conversion.
 
+The adapter takes codec frames. The streams here are what a Higgs v2 engine emits: random frames
+(with stray BOS/EOS ids) as delay-pattern columns, turned into frames column by column by the
+family's writer (engine/models/delay_pattern.DelayWriter), so latencies are counted in engine
+columns as a listener sees them.
+
 Exactness is a stated bound, never bit equality (`higgs_stream.testing`): streamed chunks, from the
 stateful decoder, alone or batched with other streams joining and leaving, equal the one-shot
 decode to max |Δ| <= 1e-5 of the peak on CPU fp32 with either conv backend (~3e-6 measured on
@@ -20,8 +25,8 @@ import torch
 from higgs_stream.bench_pipeline import FakeCodec
 from higgs_stream.engine.codec import CodecConfig, codec_from_state_dict
 from higgs_stream.engine.codec.make import build_reference_model
-from higgs_stream.engine.delay import build_delay_pattern, columns_to_frames
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.models.delay_pattern import DelayWriter, build_delay_pattern, columns_to_frames
 from higgs_stream.stream.adapter import (
     Code2Wav,
     Code2WavAdapter,
@@ -30,7 +35,7 @@ from higgs_stream.stream.adapter import (
     decode_windows,
     to_s16le,
 )
-from higgs_stream.stream.chunking import LOW_LATENCY_RAMP, AdapterConfig, first_chunk_columns, max_step_ratio
+from higgs_stream.stream.chunking import LOW_LATENCY_RAMP, AdapterConfig, first_chunk_frames, max_step_ratio
 from higgs_stream.testing import EXACT_REL_TO_PEAK, assert_audio_close, rel_to_peak
 
 BOS, EOS = 1024, 1025
@@ -62,14 +67,26 @@ def one_shot(codec, cols: np.ndarray, ended: bool = True) -> np.ndarray:
     return codec.decode(torch.from_numpy(frames)[None])[0].numpy()  # [F * 960]
 
 
-def stream(adapter: Code2WavAdapter, cols: np.ndarray, final: bool = True) -> list[tuple[int, np.ndarray]]:
-    """Push every column (the last one marked final); returns (column index, chunk) pairs."""
+def engine_frames(cols: np.ndarray, final: bool = True) -> list[tuple[int, np.ndarray | None, bool]]:
+    """What an engine emits for these columns, step by step: (column index, frame or None, last) per
+    column, through the v2 writer (column 0 is its own BOS column; the last is final when `final`)."""
+    writer = DelayWriter(8, 1024, wrapped=True)
     out = []
-    for i, col in enumerate(cols.T):
-        for chunk in adapter.push(col, final=final and i == cols.shape[1] - 1):
-            out.append((i, chunk))
-    for chunk in adapter.finish():
-        out.append((cols.shape[1] - 1, chunk))
+    for i in range(1, cols.shape[1]):
+        last = i == cols.shape[1] - 1
+        frame = writer.push(cols[:, i].tolist(), final=final and last)
+        out.append((i, None if frame is None else np.array(frame, np.int64), last))
+    return out
+
+
+def stream(adapter: Code2WavAdapter, cols: np.ndarray, final: bool = True) -> list[tuple[int, np.ndarray]]:
+    """Push the frames of every column (the stream ends with the last one, like the pipeline: the
+    final frame marked final, or `close()`); returns (column index, chunk) pairs."""
+    out = []
+    for i, frame, last in engine_frames(cols, final):
+        if frame is not None:
+            out += [(i, chunk) for chunk in adapter.push(frame, final=final and last)]
+    out += [(cols.shape[1] - 1, chunk) for chunk in adapter.finish()]
     return out
 
 
@@ -133,7 +150,7 @@ def test_bound_catches_a_real_seam(codec):
 
 
 def test_cut_short_segment_keeps_every_complete_frame(codec):
-    """finish() without a final column = columns_to_frames(..., ended=False), the offline cut."""
+    """finish() without a final frame = columns_to_frames(..., ended=False), the offline cut."""
     rng = np.random.default_rng(1)
     cols = segment_columns(rng, 40)[:, :30]  # stopped mid-segment: 30 columns -> 22 frames
     adapter = Code2WavAdapter(codec)
@@ -152,12 +169,14 @@ def test_first_chunk_column_count(codec, mode, expected):
     """TTFA in AR steps: BOS column + 7 delay columns + the frames the first chunk needs: exact 11
     (1 frame + 9458 samples of look-ahead), low-latency 1 + its 4-frame holdback."""
     cfg = AdapterConfig(mode=mode)
-    assert first_chunk_columns(cfg, codec.geometry) == expected
+    assert first_chunk_frames(cfg, codec.geometry) == expected - 8
     cols = segment_columns(np.random.default_rng(4), 60)
     adapter = Code2WavAdapter(codec, cfg)
-    for i in range(expected - 1):
-        assert adapter.push(cols[:, i]) == [], i
-    first = adapter.push(cols[:, expected - 1])
+    for i, frame, _ in engine_frames(cols)[: expected - 2]:  # columns 1 .. expected - 2
+        assert frame is None or adapter.push(frame) == [], i
+    i, frame, _ = engine_frames(cols)[expected - 2]  # column expected - 1: the first chunk's last frame
+    assert i == expected - 1 and adapter.num_frames == expected - 9
+    first = adapter.push(frame)
     want = 11 * HOP - LOOKAHEAD if mode == "exact" else HOP  # every exact sample there is: 1102
     assert len(first) == 1 and first[0].shape == (want,)
 
@@ -172,7 +191,7 @@ def test_chunk_sizes_follow_the_schedule(codec):
 
 
 def playback_stalls(chunks: list[tuple[int, np.ndarray]], step_ms: float) -> tuple[int, float]:
-    """A listener that starts playing chunk 0 on arrival; column i arrives at i * step_ms.
+    """A listener that starts playing chunk 0 on arrival; column i (engine step i) arrives at i * step_ms.
 
     Returns (underruns, total stall ms).
     """
@@ -257,17 +276,22 @@ def test_batched_streams_join_and_leave_and_each_equals_its_one_shot(codec):
         (100, 11, AdapterConfig(schedule=(2, 6, 25))), (40, 140, AdapterConfig()), (0, 4, AdapterConfig()),
     ]
     cols = [segment_columns(rng, n, stray=0.02) for n, _, _ in specs]
+    frames = [engine_frames(c) for c in cols]
     runner = Code2Wav(codec, max_slots=5)  # fewer slots than streams: the late ones reuse freed slots
     adapters = [Code2WavAdapter(codec.geometry, cfg) for _, _, cfg in specs]
     outs: list[list[np.ndarray]] = [[] for _ in specs]
     shared = 0
-    steps = max(st + c.shape[1] for (_, st, _), c in zip(specs, cols))
+    steps = max(st + len(c) for (_, st, _), c in zip(specs, frames))
     for step in range(steps):
         jobs, owners = [], []
-        for s, ((_, st, _), c, a) in enumerate(zip(specs, cols, adapters)):
+        for s, ((_, st, _), c, a) in enumerate(zip(specs, frames, adapters)):
             i = step - st
-            if 0 <= i < c.shape[1]:
-                a.feed(c[:, i], final=i == c.shape[1] - 1)
+            if 0 <= i < len(c):
+                _, frame, last = c[i]
+                if frame is not None:
+                    a.feed(frame, final=last)
+                elif last:
+                    a.close()
                 for job in a.take_jobs():
                     jobs.append(job)
                     owners.append(s)
@@ -290,16 +314,19 @@ def test_released_streams_free_their_slot(codec):
     a = Code2WavAdapter(codec.geometry)
     cols = segment_columns(np.random.default_rng(10), 30)
     jobs = []
-    for i in range(20):
-        a.feed(cols[:, i])
-        jobs += a.take_jobs()
+    for _, frame, _ in engine_frames(cols)[:19]:  # columns 1..19
+        if frame is not None:
+            a.feed(frame)
+            jobs += a.take_jobs()
     runner.run(["a"] * len(jobs), jobs)
     assert runner.open_streams == 1
     runner.release("a")
     assert runner.open_streams == 0
     b = Code2WavAdapter(codec.geometry)
-    for i, col in enumerate(cols.T):
-        b.feed(col, final=i == cols.shape[1] - 1)
+    for _, frame, _ in engine_frames(cols):
+        if frame is not None:
+            b.feed(frame)
+    b.close()  # a v2 stream's last column yields no frame: the pipeline closes the adapter
     out = runner.run(["b"], b.take_jobs())
     assert_audio_close(np.concatenate(out), one_shot(codec, cols))
 
@@ -311,7 +338,7 @@ def test_a_causal_codec_streams_through_the_same_code():
     codec = FakeCodec()
     for mode in ("exact", "low_latency"):
         cfg = AdapterConfig(mode=mode)
-        assert first_chunk_columns(cfg, codec.geometry) == 8 + 1 and cfg.ramp(codec.geometry) == ()
+        assert first_chunk_frames(cfg, codec.geometry) == 1 and cfg.ramp(codec.geometry) == ()
         cols = segment_columns(np.random.default_rng(11), 60)
         chunks = stream(Code2WavAdapter(codec, cfg), cols)
         assert chunks[0][0] == 8 and [c.size // HOP for _, c in chunks][:6] == [1, 2, 4, 8, 16, 25]
@@ -346,17 +373,17 @@ def test_adapter_rejects_bad_input(codec):
     with pytest.raises(ConfigError):
         Code2WavAdapter(42)
     adapter = Code2WavAdapter(codec)
-    with pytest.raises(InvalidInputError):
-        adapter.push(np.zeros(8, np.int64))  # column 0 must be all BOS
-    for bad in (np.full(7, BOS), np.full(8, 3.0), np.full(8, 1026)):
+    # frames hold real codes only (the engine's writer replaced stray BOS/EOS): 1024 is no code
+    for bad in (np.full(7, 0), np.full(8, 3.0), np.full(8, BOS), np.full(8, -1)):
         with pytest.raises(InvalidInputError):
             adapter.push(bad)
-    adapter.push(np.full(8, BOS), final=True)
+    assert adapter.num_frames == 0
+    adapter.push(np.zeros(8, np.int64), final=True)
     with pytest.raises(InvalidInputError):
-        adapter.push(np.full(8, BOS))
+        adapter.push(np.zeros(8, np.int64))
     planner_only = Code2WavAdapter(codec.geometry)
-    for col in segment_columns(np.random.default_rng(12), 20).T:
-        planner_only.feed(col)
+    for frame in np.random.default_rng(12).integers(0, 1024, size=(20, 8)):
+        planner_only.feed(frame)
     with pytest.raises(ConfigError):  # over a geometry it plans; Code2Wav decodes
         planner_only.finish()
 
@@ -376,50 +403,33 @@ def test_s16le_values():
 # ---------------------------------------------------------------- the pipeline's batched helpers
 
 
-def test_frame_reverter_equals_column_reverter():
-    from higgs_stream.engine.delay import ColumnReverter
-    from higgs_stream.stream.adapter import _FrameReverter
-
-    rng = np.random.default_rng(5)
-    for n in (0, 1, 3, 40):
-        cols = segment_columns(rng, n, stray=0.1)
-        ref, ours = ColumnReverter(8), _FrameReverter(8, 1024)
-        for i, col in enumerate(cols.T):
-            final = i == cols.shape[1] - 1
-            want = ref.push(col, final=final)
-            got = ours.push(col.tolist(), final=final)
-            assert (got is None) == (want.shape[1] == 0)
-            if got is not None:
-                assert got == want[:, 0].tolist()
-        assert ours.num_replaced == ref.num_replaced
-
-
-def test_feed_columns_equals_feed_and_isolates_a_bad_stream(codec):
-    from higgs_stream.stream.adapter import feed_columns
+def test_feed_frames_equals_feed_and_isolates_a_bad_stream(codec):
+    from higgs_stream.stream.adapter import feed_frames
 
     rng = np.random.default_rng(6)
-    cols = [segment_columns(rng, n) for n in (30, 12, 30)]
-    one = [Code2WavAdapter(codec.geometry) for _ in cols]
-    many = [Code2WavAdapter(codec.geometry) for _ in cols]
-    for i in range(30 + 9):
-        live = [s for s, c in enumerate(cols) if i < c.shape[1]]
-        finals = [i == cols[s].shape[1] - 1 for s in live]
+    frames = [rng.integers(0, 1024, size=(8, n)) for n in (30, 12, 30)]
+    one = [Code2WavAdapter(codec.geometry) for _ in frames]
+    many = [Code2WavAdapter(codec.geometry) for _ in frames]
+    for i in range(30):
+        live = [s for s, f in enumerate(frames) if i < f.shape[1]]
+        finals = [i == frames[s].shape[1] - 1 for s in live]
         for s, final in zip(live, finals):
-            one[s].feed(cols[s][:, i], final=final)
-        assert feed_columns([many[s] for s in live], np.stack([cols[s][:, i] for s in live]), finals) == [None] * len(live)
+            one[s].feed(frames[s][:, i], final=final)
+        assert feed_frames([many[s] for s in live], np.stack([frames[s][:, i] for s in live]), finals) == [None] * len(live)
         for s in live:
             a, b = one[s].take_jobs(), many[s].take_jobs()
             assert len(a) == len(b)
             for x, y in zip(a, b):
                 assert type(x) is type(y) and np.array_equal(x.codes, y.codes)
-    # a stream whose first column is not all BOS is refused alone; a bad array is refused before any change
+    # a stream that already ended is refused alone; a bad array is refused before any change
     fresh = [Code2WavAdapter(codec.geometry), Code2WavAdapter(codec.geometry)]
-    errors = feed_columns(fresh, np.stack([np.full(8, BOS), np.zeros(8, np.int64)]), [False, False])
+    fresh[1].close()
+    errors = feed_frames(fresh, np.zeros((2, 8), np.int64), [False, False])
     assert errors[0] is None and isinstance(errors[1], InvalidInputError)
-    assert fresh[0].num_columns == 1 and fresh[1].num_columns == 0
+    assert fresh[0].num_frames == 1 and fresh[1].num_frames == 0
     with pytest.raises(InvalidInputError):
-        feed_columns(fresh, np.stack([np.full(8, BOS), np.full(8, EOS + 1)]), [False, False])
-    assert fresh[0].num_columns == 1
+        feed_frames(fresh, np.stack([np.zeros(8, np.int64), np.full(8, 1024)]), [False, False])
+    assert fresh[0].num_frames == 1
 
 
 def test_jobs_to_s16le_equals_to_s16le():

@@ -1,63 +1,175 @@
-"""The codec worker's deadline-aware batching, without threads or a device: which rounds one call
-takes, and when it stops waiting for more."""
+"""The codec worker's just-in-time batching: which held jobs one call takes and when, without a
+device (FakeCodec); and the thread end to end: every segment's audio, then its end, in order."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from higgs_stream.bench_pipeline import FakeCodec
-from higgs_stream.stream.codec_worker import CODEC_URGENT_S, CodecWorker, Round
+from higgs_stream.stream.adapter import Code2WavAdapter
+from higgs_stream.stream.chunking import AdapterConfig
+from higgs_stream.stream.codec_worker import (
+    CODEC_AHEAD_S,
+    CODEC_HOLD_S,
+    CODEC_URGENT_S,
+    CodecWorker,
+    Pending,
+    Round,
+    due,
+    wake_in,
+)
 
 
-def worker(hold_s: float = 0.05, max_windows: int = 64) -> CodecWorker:
-    return CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, hold_s=hold_s,
-                       max_windows=max_windows)
+def held(seg, *deadlines: float) -> list[Pending]:
+    return [Pending(seg, f"job{i}", d) for i, d in enumerate(deadlines)]
 
 
-def rnd(*deadlines: float) -> Round:
-    """A round with one (opaque) job per owner; each owner's listener runs dry at `deadline`."""
-    owners = [SimpleNamespace(sid=i, deadline=d) for i, d in enumerate(deadlines)]
-    return Round(jobs=[object()] * len(owners), owners=owners, ends=[])
+def test_nothing_runs_until_a_listener_is_about_to_run_dry():
+    now = 100.0
+    a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
+    relaxed = held(a, now + 2.0, now + 3.0) + held(b, now + 0.9)
+    assert due(relaxed, now, set()) == []
+    assert wake_in(relaxed, now) == pytest.approx(0.9 - CODEC_URGENT_S)  # b's job turns urgent first
+    assert wake_in([], now) is None
+    # b turns urgent: the call takes every job needed within CODEC_AHEAD_S, most urgent first
+    later = now + 0.9 - CODEC_URGENT_S + 0.01
+    got = due(relaxed, later, set())
+    assert [(p.seg.sid, p.job) for p in got] == [(2, "job0")] and CODEC_AHEAD_S < 2.0 - (later - now)
+    closer = held(a, now + 0.5, now + 0.95, now + 1.2) + held(b, now + 0.2)
+    assert [(p.seg.sid, p.job) for p in due(closer, now, set())] == [(2, "job0"), (1, "job0"), (1, "job1")]
+    # a first chunk (deadline = its creation time) runs at once
+    assert [p.job for p in due(held(a, now), now, set())] == ["job0"]
 
 
-def test_hold_waits_only_while_every_listener_has_audio_to_spare():
-    w = worker(hold_s=0.05)
+def test_when_no_stream_is_starting_everything_goes_after_a_short_hold():
+    """A lone request (an HTTP download) is not paced: held jobs go as soon as the oldest has waited
+    CODEC_HOLD_S for company, or at once when one is urgent."""
+    now = 100.0
+    a = SimpleNamespace(sid=1)
+    pending = [Pending(a, "job0", now + 5.0, taken=now), Pending(a, "job1", now + 9.0, taken=now + 0.01)]
+    assert due(pending, now + 0.01, set(), busy=False) == []
+    assert wake_in(pending, now + 0.01, busy=False) == pytest.approx(CODEC_HOLD_S - 0.01)
+    assert [p.job for p in due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=False)] == ["job0", "job1"]
+    assert due(pending, now + CODEC_HOLD_S + 1e-6, set(), busy=True) == []  # busy: held until due
+    urgent = pending + [Pending(a, "job2", now + 0.1, taken=now + 0.01)]
+    assert [p.job for p in due(urgent, now + 0.01, set(), busy=False)] == ["job2", "job0", "job1"]
+
+
+def test_an_ended_segment_flushes_its_jobs():
+    now = 100.0
+    a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
+    pending = held(a, now + 5.0, now + 6.0) + held(b, now + 4.0)
+    assert due(pending, now, set()) == []
+    assert [(p.seg.sid, p.job) for p in due(pending, now, {id(a)})] == [(1, "job0"), (1, "job1")]
+
+
+class StubCode2Wav:
+    """Code2Wav's interface: job (seg, k) decodes to 4 samples of value 0.001 * (10 * seg.sid + k)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list] = []
+        self.owners: list[list] = []
+        self.released: list[int] = []
+
+    def run(self, owners, jobs):
+        self.calls.append(list(jobs))
+        self.owners.append(list(owners))
+        return [np.full(4, 0.001 * (10 * seg.sid + k), np.float32) for seg, k in zip(owners, jobs)]
+
+    def release(self, seg) -> None:
+        self.released.append(seg.sid)
+
+
+def test_the_thread_holds_relaxed_jobs_and_flushes_a_segment_at_its_end():
+    """Through the real thread, while streams are starting (busy): a first chunk goes out at once; jobs
+    needed in 30 s are held (a later urgent call does not take them); a segment's end flushes its held
+    jobs, then follows them."""
+
+    async def main() -> tuple[list, StubCode2Wav]:
+        got: list[tuple] = []
+        arrived = asyncio.Event()
+
+        def deliver(items: list[tuple]) -> None:
+            for item in items:
+                got.append((item[0], item[1].sid, item[2] if item[0] == "end" else item[2][:2]))
+            arrived.set()
+
+        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=deliver, warm=False, busy=lambda: True)
+        w.code2wav = stub = StubCode2Wav()
+        await w.start(None)
+        a, b, c = (SimpleNamespace(sid=i) for i in (1, 2, 3))
+
+        async def until(n: int) -> None:
+            while len(got) < n:
+                arrived.clear()
+                await asyncio.wait_for(arrived.wait(), 5.0)
+
+        now = time.monotonic()
+        w.submit(Round([0], [a], [], [now]), timeout=1.0)  # a's first chunk
+        await until(1)
+        w.submit(Round([1, 0], [a, b], [], [now + 30, now + 30]), timeout=1.0)  # relaxed
+        w.submit(Round([0], [c], [], [time.monotonic()]), timeout=1.0)  # urgent: its call leaves the relaxed
+        await until(2)
+        w.submit(Round([], [], [("end", a, "stop", None, None), ("end", b, "stop", None, None)], []), timeout=1.0)
+        await until(6)
+        await w.stop(5.0)
+        return got, stub
+
+    got, stub = asyncio.run(main())
+    s16 = lambda v: int(round(v * 32767)).to_bytes(2, "little", signed=True)
+    assert got[0] == ("audio", 1, s16(0.010)) and got[1] == ("audio", 3, s16(0.030))
+    assert stub.calls[:2] == [[0], [0]]  # the relaxed jobs were held through c's call
+    rest = got[2:]
+    assert [x for x in rest if x[1] == 1] == [("audio", 1, s16(0.011)), ("end", 1, "stop")]
+    assert [x for x in rest if x[1] == 2] == [("audio", 2, s16(0.020)), ("end", 2, "stop")]
+    assert sorted(stub.released) == [1, 2]
+
+
+def test_frame_buckets_fit_the_ramp_the_steady_chunk_and_its_final_push():
+    from higgs_stream.engine.codec.geometry import CodecGeometry
+    from higgs_stream.stream.codec_worker import frame_buckets
+
+    v2 = CodecGeometry(num_codebooks=8, codebook_size=1024, hop=960, sample_rate=24000, receptive_field=10,
+                       lookahead_samples=9458, causal=False)
+    assert v2.lookahead_frames == 10
+    assert frame_buckets(v2, 25) == (1, 2, 4, 8, 16, 25, 35)
+    causal = CodecGeometry(num_codebooks=16, codebook_size=2048, hop=1920, sample_rate=24000, receptive_field=0,
+                           lookahead_samples=0, causal=True)
+    assert frame_buckets(causal, 16) == (1, 2, 4, 8, 16)
+
+
+def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind_it():
+    """Not busy, max_windows 2: five streams' held jobs are due; each pass decodes the two most urgent
+    and leaves the rest held, so a first chunk that arrives after the first call goes in the second."""
+    got: list[list[int]] = []
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
+    w.code2wav = stub = StubCode2Wav()
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
     now = time.monotonic()
-    until = now + 0.05
-    relaxed = [rnd(now + 5.0, now + 2.0)]
-    assert 0.04 < w._hold(relaxed, until) <= 0.05  # everyone has seconds of audio: wait for more streams
-    assert w._hold([rnd(now + 5.0), rnd(now + CODEC_URGENT_S + 0.01)], until) <= 0.011  # nearly urgent
-    assert w._hold([rnd(now + 5.0), rnd(now)], until) < 0  # a first chunk (deadline = now): decode at once
-    assert w._hold([Round([], [], [("end", None, "stop", None, None)])], until) == 0.0  # ends only
-    assert w._hold(relaxed, now - 0.001) < 0  # the hold is over
+    segs = [SimpleNamespace(sid=i) for i in range(6)]
+    w.pending = [Pending(segs[i], 0, now + 1.0 + i, taken=now - 1.0) for i in range(5)]
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w.pending.append(Pending(segs[5], 0, now, taken=now))  # a first chunk (deadline = now)
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    assert got == [[0, 1], [5, 2], [3, 4]] and w.pending == []
 
 
-def test_collect_takes_everything_queued_up_to_max_windows():
-    now = time.monotonic()
-    w = worker(hold_s=0.0, max_windows=3)
-    for r in (rnd(now + 5), rnd(now + 5, now + 5), rnd(now + 5), rnd(now + 5)):
-        w.rounds.put(r)
-    first = w._collect()
-    assert [len(r.jobs) for r in first] == [1, 2]  # 3 jobs reach max_windows: the rest wait for the next call
-    assert [len(r.jobs) for r in w._collect()] == [1, 1]
-    w.rounds.put(rnd(now))
-    w.rounds.put(None)  # stop: the queued work still goes out first
-    assert w._collect()[-1] is None
+def _last(stub: "StubCode2Wav") -> tuple[list, list]:
+    return stub.owners[-1], stub.calls[-1]
 
 
-@pytest.mark.parametrize("urgent", [True, False])
-def test_collect_returns_at_once_when_a_listener_is_about_to_run_dry(urgent):
-    now = time.monotonic()
-    w = worker(hold_s=0.5)
-    w.rounds.put(rnd(now if urgent else now + 30))
-    t0 = time.monotonic()
-    got = w._collect()
-    waited = time.monotonic() - t0
-    assert len(got) == 1
-    if urgent:
-        assert waited < 0.4  # no hold: well under the 0.5 s one (a loaded machine may still take a moment)
-    else:
-        assert waited >= 0.45  # held for the full 0.5 s waiting for more streams, none came
+def test_a_green_context_needs_the_codec_on_its_own_stream():
+    from higgs_stream.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="codec_sms"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, stream_mode="engine", codec_sms=32)
+    assert CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, codec_sms=32).codec_sms == 32

@@ -55,3 +55,16 @@ def test_serve_flags_set_the_limits():
     with pytest.raises(ConfigError, match="origin"):
         config_from_args(parser.parse_args(["--model", "m", "--allow-origin", "evil"]))
     assert config_from_args(parser.parse_args(["--model", "m"])) == ServerConfig(token=args.token)
+
+
+def test_codec_schedule_is_eager_unless_asked():
+    from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.stream.config import ServerConfig
+
+    assert ServerConfig().codec_schedule == "eager"
+    assert ServerConfig(codec_schedule="just_in_time").codec_schedule == "just_in_time"
+    with pytest.raises(ConfigError, match="codec_schedule"):
+        ServerConfig(codec_schedule="lazy")
+    assert ServerConfig().codec_sms is None and ServerConfig(codec_sms=48).codec_sms == 48
+    with pytest.raises(ConfigError, match="codec_sms"):
+        ServerConfig(codec_sms=0)

@@ -54,13 +54,27 @@ def test_speed_other_than_one_is_a_typed_error_naming_it(voices, speed):
     ({"input": "x", "voice": "nobody"}, "not_found"),
     ({"input": "x", "reference_audio": "AAAA"}, "invalid_input"),
     ({"input": "x", "reference_audio": base64.b64encode(b"junk" * 100).decode(), "reference_text": "t"}, "bad_audio"),
-    ({"input": "x", "sample_rate": 16000}, "invalid_input"),
+    ({"input": "x", "sample_rate": 11025}, "invalid_input"),
     ({"input": "x", "colour": "blue"}, "invalid_input"),
 ])
 def test_parse_speech_errors(voices, body, code):
     with pytest.raises(HiggsStreamError) as e:
         speech(voices, **body)
     assert e.value.code == code
+
+
+def test_sample_rate_is_the_response_rate_from_a_fixed_list(voices):
+    assert speech(voices, input="Hi").sample_rate == 24000
+    for rate in (8000, 16000, 22050, 24000, 44100, 48000):
+        assert speech(voices, input="Hi", response_format="pcm", sample_rate=rate).sample_rate == rate
+    assert speech(voices, input="Hi", response_format="opus", sample_rate=48000).sample_rate == 48000
+    assert speech(voices, input="Hi", sample_rate=None).sample_rate == 24000
+    for fmt, rate in [("pcm", 11025), ("pcm", 16000.0), ("pcm", "16000"), ("pcm", True), ("pcm", [16000]),
+                      ("opus", 22050), ("opus", 44100)]:
+        with pytest.raises(HiggsStreamError) as e:
+            speech(voices, input="Hi", response_format=fmt, sample_rate=rate)
+        allowed = "8000, 16000, 24000, 48000" if fmt == "opus" else "8000, 16000, 22050, 24000, 44100, 48000"
+        assert e.value.code == "invalid_input" and f"use one of {allowed}" in str(e.value), (fmt, rate, str(e.value))
 
 
 def test_parse_speech_not_json(voices, wav_bytes):

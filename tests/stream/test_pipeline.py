@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.delay import columns_to_frames
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError, HiggsStreamError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -23,8 +22,8 @@ from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.handle import Audio, End
-from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.messages import ContextOptions
+from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
 
@@ -129,9 +128,9 @@ async def test_segments_chain_history_and_seeds(make_pipeline, ref_engine, codec
     assert [r.sampling.seed for r in requests] == [5, 6, 7]
     assert requests[0].history == ()
     # segment 2 is conditioned on exactly the codes generated for segment 1 (bounded to 1 segment)
-    cols1 = ref_engine.generate(requests[0])
+    frames1 = ref_engine.generate(requests[0])
     assert len(requests[1].history) == 1 and requests[1].history[0].transcript == "First part."
-    np.testing.assert_array_equal(requests[1].history[0].codes, columns_to_frames(cols1))
+    np.testing.assert_array_equal(requests[1].history[0].codes, frames1)
     assert [h_.transcript for h_ in requests[2].history] == ["Second part."]
     # and the streamed audio is the three offline syntheses back to back
     expected = b"".join(to_s16le(synthesize(ref_engine, codec, r)[0]) for r in requests)
@@ -262,7 +261,7 @@ async def test_engine_failure_ends_only_the_affected_stream(make_pipeline, engin
 
 def fake_pcm(engine, sid: int) -> bytes:
     """What the frame-local FakeCodec makes of stream `sid`'s frames: code 0 / 2048, held for a frame."""
-    frames = columns_to_frames(engine.columns[sid])  # [8, F]
+    frames = engine.frames[sid]  # [8, F]
     return to_s16le(np.repeat(frames[0].astype(np.float32) / np.float32(2048.0), 960))
 
 

@@ -46,7 +46,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 TOKEN = "s3cret"
 MAX_FRAMES = 300
 MAX_STREAMS = 4  # per replica: Serve's max_ongoing_requests and the replica's own admission
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint
 FLAGS = {"device": "cpu", "max_streams": MAX_STREAMS, "max_frames": MAX_FRAMES, "kv_pages": 1024,
          "admit_step_ratio": 0, "max_message_bytes": 4096, "token": TOKEN, "gpus_per_replica": 0,
          "cpus_per_replica": 0, "max_queued": 1, "drain_timeout": 30}

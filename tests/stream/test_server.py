@@ -22,9 +22,9 @@ from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream import routes, server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.encoders import wav_header
 from higgs_stream.stream.asgi import serve_asgi
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
@@ -34,6 +34,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
 TRANSPORTS = ["aiohttp", "asgi"]
 
 
@@ -44,7 +45,6 @@ async def serve_on(transport: str, state):
         return runner, bound_port(runner)
     server = await serve_asgi(state, "127.0.0.1", 0)
     return server, server.port
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 238 columns on the tiny checkpoint (max 300)
 
 
 @pytest.fixture(scope="module")
@@ -462,7 +462,7 @@ async def test_idle_connection_is_closed_with_a_typed_error(start_server, refere
 
 async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     """The same service serves Higgs Audio v3: WebSocket and HTTP PCM equal `synthesize` within 1 LSB."""
-    from higgs_stream.engine.model_registry import load_codec_for
+    from higgs_stream.engine.models.registry import load_codec_for
 
     codec = load_codec_for(tiny_v3_ckpt)
     offline = Engine.from_pretrained(str(tiny_v3_ckpt), config=EngineConfig(kv_pages=256))
@@ -492,6 +492,34 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     assert engine.cache.allocator.num_used == 0
 
 
+async def test_http_speech_at_another_sample_rate_is_the_resampled_stream(start_server, reference):
+    """`sample_rate` (our extension, PROTOCOL.md §2): the response is the 24 kHz stream resampled as
+    it arrives, equal to resampling the offline synthesis in one go within 3 LSB (a 1-LSB input
+    difference passes through the resampling filter; measured 1 here), at the headers' rate."""
+    host, _ = await start_server()
+    expected = reference("Hello there.", 3)
+    body = {"input": "Hello there.", "seed": 3}
+    async with aiohttp.ClientSession() as http:
+        url = f"http://{host}/v1/audio/speech"
+        for rate in (16000, 8000, 48000):
+            whole = Resampler(rate)
+            want = whole.feed(expected) + whole.flush()
+            async with http.post(url, json={**body, "response_format": "pcm", "sample_rate": rate}) as r:
+                assert r.status == 200 and r.headers["Content-Type"] == f"audio/pcm;rate={rate};channels=1"
+                got = await r.read()
+            lsb = assert_pcm_close(got, want, max_lsb=3, what=f"pcm at {rate} Hz")
+            print(f"{rate} Hz: {len(got) // 2} samples for {len(expected) // 2} at 24 kHz, max {lsb} LSB from one-shot")
+            assert abs(len(got) // 2 - len(expected) // 2 * rate / 24000) <= 1
+        async with http.post(url, json={**body, "response_format": "wav", "sample_rate": 16000}) as r:
+            data = await r.read()
+        wav, sr = sf.read(io.BytesIO(data), dtype="int16")
+        assert sr == 16000 and data[:44] == wav_header(16000) and abs(len(wav) - len(expected) // 2 * 2 / 3) <= 1
+        async with http.post(url, json={**body, "response_format": "opus", "sample_rate": 44100}) as r:
+            err = (await r.json())["error"]
+            assert r.status == 400 and err["code"] == "invalid_input"
+            assert "use one of 8000, 16000, 24000, 48000" in err["message"], err
+
+
 def test_serve_help_shows_the_default_address():
     import argparse
 
@@ -514,3 +542,14 @@ def test_startup_line_names_webrtc_when_mounted():
     line = server_mod.startup_line(app, "0.0.0.0", 8000)
     assert line == ("serving on http://0.0.0.0:8000 (WebSocket /v1/tts/stream, POST /v1/audio/speech, "
                     "WebRTC POST /v1/webrtc/offer)")
+
+
+def test_serve_flags_reach_the_codec_schedule_and_green_context():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    server_mod.add_arguments(parser)
+    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x"]))
+    assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
+    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
+    assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48

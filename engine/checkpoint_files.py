@@ -1,0 +1,188 @@
+"""A checkpoint directory on disk, whatever the family: hub resolution, config.json, safetensors
+headers, and building a module with its parameters on the meta device.
+
+Every family's loader (`models/<family>/checkpoint.py`) reads its files through these helpers:
+headers are checked against the family's key table before a byte of weight data is read, then
+tensors stream shard by shard into a module whose parameters start on the meta device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+from safetensors import safe_open
+from torch import nn
+
+from higgs_stream.engine.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+SINGLE_WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+# What a talker checkpoint needs from a hub repo (fnmatch patterns; none reaches a subfolder).
+TALKER_ALLOW_PATTERNS = (
+    CONFIG_FILE,
+    "generation_config.json",
+    "model*.safetensors",
+    INDEX_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+_FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------- keys
+def swap_prefix(key: str, pairs: Iterable[tuple[str, str]]) -> str | None:
+    """`key` with the first matching (old, new) prefix pair applied; None when no pair matches."""
+    for old, new in pairs:
+        if key.startswith(old):
+            return new + key[len(old):]
+    return None
+
+
+# ------------------------------------------------------------------------------- model dir
+def resolve_model_dir(
+    model: str | Path,
+    *,
+    revision: str | None = None,
+    allow_patterns: tuple[str, ...] = TALKER_ALLOW_PATTERNS,
+) -> Path:
+    """An existing local directory, else a hub repo id fetched with `snapshot_download`.
+
+    The hub download shows huggingface_hub's tqdm progress bar and fetches only
+    `allow_patterns`. Offline / unknown repo / bad id all raise CheckpointError.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    text = str(model)
+    if path.exists():
+        raise CheckpointError(f"model path {text} is not a directory")
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"model {text!r} is neither an existing directory nor a hub id (owner/name)")
+    try:
+        local = snapshot_download(repo_id=text, revision=revision, allow_patterns=list(allow_patterns))
+    except HFValidationError as e:
+        raise CheckpointError(f"invalid hub id {text!r}: {e}") from e
+    except LocalEntryNotFoundError as e:
+        raise CheckpointError(
+            f"cannot download {text!r} from the hub and it is not in the local cache (offline?): {e}"
+        ) from e
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"hub download of {text!r} failed (repo missing, gated or no access?): {e}") from e
+    except OSError as e:
+        raise CheckpointError(f"hub download of {text!r} failed: {e}") from e
+    root = Path(local)
+    if not (root / CONFIG_FILE).is_file():
+        raise CheckpointError(f"hub repo {text!r} has no {CONFIG_FILE}; is it a Higgs talker checkpoint?")
+    return root
+
+
+# ------------------------------------------------------------------------------ inspection
+@dataclass(frozen=True)
+class TensorEntry:
+    """One checkpoint tensor: where it lives and what the header says about it."""
+
+    file: Path
+    stored_key: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def read_config_json(root: Path) -> dict[str, Any]:
+    """A checkpoint directory's config.json (either family); CheckpointError when missing or unreadable."""
+    file = root / CONFIG_FILE
+    if not file.is_file():
+        raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """Safetensors files of the checkpoint and the index weight map (None for a single file)."""
+    index = root / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"cannot read weight_map from {index}: {e}") from e
+        files = [root / name for name in dict.fromkeys(weight_map.values())]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"missing shard file {f.name} (listed in {INDEX_FILE}) in {root}")
+        return files, weight_map
+    single = root / SINGLE_WEIGHTS_FILE
+    if single.is_file():
+        return [single], None
+    others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
+    raise CheckpointError(
+        f"no {SINGLE_WEIGHTS_FILE} or {INDEX_FILE} in {root}"
+        + (f" (found {others}; only safetensors with the standard names are supported)" if others else "")
+    )
+
+
+def read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[str, TensorEntry]:
+    """Stored key -> entry for every tensor of every file (headers only, no data)."""
+    entries: dict[str, TensorEntry] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    view = f.get_slice(key)
+                    dtype_name = view.get_dtype()
+                    if dtype_name not in _FLOAT_DTYPES:
+                        raise CheckpointError(f"{file.name}: tensor {key} has unsupported dtype {dtype_name}")
+                    if key in entries:
+                        raise CheckpointError(f"tensor {key} appears in both {entries[key].file.name} and {file.name}")
+                    entries[key] = TensorEntry(file, key, tuple(view.get_shape()), _FLOAT_DTYPES[dtype_name])
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises SafetensorError (an Exception) on corrupt headers
+            raise CheckpointError(f"cannot read safetensors header of {file}: {e}") from e
+    if weight_map is not None:
+        for key, name in weight_map.items():
+            if key not in entries:
+                raise CheckpointError(f"{INDEX_FILE} lists tensor {key} in {name}, but no shard contains it")
+            if entries[key].file.name != name:
+                raise CheckpointError(f"{INDEX_FILE} lists tensor {key} in {name}, but it is in {entries[key].file.name}")
+        unlisted = [k for k in entries if k not in weight_map]
+        if unlisted:
+            raise CheckpointError(f"tensor {unlisted[0]} (in {entries[unlisted[0]].file.name}) is not listed in {INDEX_FILE}")
+    return entries
+
+
+# --------------------------------------------------------------------------------- loading
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get meta parameters (no memory, no init) and real buffers.
+
+    Buffers (RoPE tables, codebook offsets) are derived from the config and absent from
+    checkpoints, so they must be computed for real; parameters are filled from the files.
+    """
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]

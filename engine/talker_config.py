@@ -1,0 +1,72 @@
+"""What every family's talker config shares: the transformer backbone's dimensions and their checks.
+
+Each family's config (`models/<family>/config.py`) is a frozen dataclass that declares the fields
+`BackboneConfig` reads (`BACKBONE_INT_FIELDS`, `rms_norm_eps`, `rope_theta`, the stream BOS/EOS ids,
+`special`) and calls `validate_backbone()` when built. The engine, the KV cache and the fast path
+only read these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from higgs_stream.engine.errors import ConfigError
+
+
+def positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def require_field(d: Mapping[str, Any], key: str, where: str) -> Any:
+    """d[key]; a ConfigError naming `where` (e.g. "v3 text_config") when it is missing or null."""
+    if d.get(key) is None:
+        raise ConfigError(f"{where} lacks required field {key!r}")
+    return d[key]
+
+
+BACKBONE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                       "head_dim", "num_codebooks", "codebook_size", "max_position_embeddings")
+
+
+class BackboneConfig:
+    """Validation and derived values shared by every family's talker config (frozen dataclasses
+    that declare the fields used here)."""
+
+    def validate_backbone(self) -> None:
+        """The checks every family shares; normalises `rope_theta` to float. ConfigError on the first violation."""
+        for name in BACKBONE_INT_FIELDS:
+            positive_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2 != 0:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not (isinstance(self.rms_norm_eps, float) and 0.0 < self.rms_norm_eps < 1.0):
+            raise ConfigError(f"rms_norm_eps must be a float in (0, 1), got {self.rms_norm_eps!r}")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 1.0):
+            raise ConfigError(f"rope_theta must be > 1, got {self.rope_theta!r}")
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        if self.audio_stream_bos_id != self.codebook_size or self.audio_stream_eos_id != self.codebook_size + 1:
+            raise ConfigError(
+                f"expected stream BOS/EOS (BOC/EOC) ids {self.codebook_size}/{self.codebook_size + 1} right after "
+                f"the {self.codebook_size} codes, got {self.audio_stream_bos_id}/{self.audio_stream_eos_id}"
+            )
+        if self.special is not None:
+            too_big = {k: v for k, v in self.special.as_dict().items() if v is not None and v >= self.vocab_size}
+            if too_big:
+                raise ConfigError(f"special token ids outside vocab_size={self.vocab_size}: {too_big}")
+
+    @property
+    def audio_vocab(self) -> int:
+        """Per-codebook vocabulary: the codes plus stream BOS and EOS (1026)."""
+        return self.codebook_size + 2
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def with_special(self, special: Any) -> Any:
+        """A copy with the special token ids set (the loader's last step)."""
+        return dataclasses.replace(self, special=special)

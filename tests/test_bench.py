@@ -1,0 +1,35 @@
+"""The in-process benchmark's trace summary (higgs_stream/bench.py): where a run's time went."""
+
+import pytest
+from higgs_stream.bench import trace_summary
+
+
+def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
+    trace = [  # (kind, t0, t_step, t_end, rows, wait) for steps; (kind, t0, t1, jobs, frames, steps) for calls
+        ("step", 0.000, 0.004, 0.005, 8, 0.001),
+        ("codec", 0.0045, 0.012, 3, 75, 1),
+        ("step", 0.005, 0.013, 0.014, 8, 0.006),  # overlaps the call
+        ("step", 0.020, 0.024, 0.025, 8, 0.001, 2),  # two prompt chunks in this step
+        ("codec", 0.030, 0.031, 1, 25, 3),  # two steps in this call (partition)
+    ]
+    s = trace_summary(trace, wall_s=0.05)
+    assert s["steps"] == 3 and s["codec_calls"] == 2 and s["codec_steps"] == 3
+    assert s["engine_host_ms"] == pytest.approx((3 + 2 + 3) / 3)  # engine.step minus device waits
+    assert s["engine_wait_ms"] == pytest.approx((1 + 6 + 1) / 3)
+    assert s["route_ms"] == pytest.approx(1.0)
+    assert s["share_of_steps_with_codec"] == pytest.approx(2 / 3)  # the first step ends after the call starts
+    assert s["step_ms_with_codec"] == pytest.approx((5 + 9) / 2)
+    assert s["step_ms_without_codec"] == pytest.approx(5.0)
+    assert s["codec_frames_mean"] == pytest.approx(50.0)
+    assert s["codec_busy_share"] == pytest.approx((0.0075 + 0.001) / 0.05)
+    assert s["step_ms_with_prefill"] == pytest.approx(5.0) and s["share_of_steps_with_prefill"] == pytest.approx(1 / 3)
+    assert s["step_ms_without_prefill"] == pytest.approx((5 + 9) / 2)
+    assert trace_summary([], 1.0) == {}
+
+
+def test_replay_device_time_beside_and_apart_from_codec_calls():
+    trace = [("step", 0.0, 0.004, 0.005, 8, 0.0), ("codec", 0.010, 0.020, 2, 50, 1),
+             ("replay", 0.001, 8, 0.005), ("replay", 0.012, 8, 0.009), ("replay", 0.030, 4, 0.004)]
+    s = trace_summary(trace, wall_s=0.05)
+    assert s["replay_ms_alone"] == pytest.approx(4.5) and s["replay_ms_beside_codec"] == pytest.approx(9.0)
+    assert s["replay_rows_mean"] == pytest.approx(20 / 3)
