@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up: a venv in .venv with torch 2.11 (+ torchaudio, which the
 # transformers codec reference needs), this package in editable mode and its test extras.
-# Usage: scripts/setup.sh [extra ...]   (extras: test, webrtc, pipecat, browser)
+# Usage: scripts/setup.sh [extra ...]   (extras: test, webrtc, pipecat, browser, ray)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -2,9 +2,12 @@
 parsed like one WebSocket context that gets the whole input and then `end`; its audio goes out in
 the requested `response_format` (mp3 by default, as OpenAI) and `sample_rate` (24 kHz by default),
 resampled and encoded chunk by chunk as it arrives (stream/encoders.py), as the body or base64 in
-server-sent events. aiohttp cancels the handler when the client leaves
-(`handler_cancellation=True`), and `finally` cancels the stream, so its engine pages are freed
-within one step.
+server-sent events.
+
+Independent of the web framework: `speech` answers a `Request` (stream/routes.py) with a JSON
+error `Reply` or a `StreamReply` whose chunks the transport writes. The transport stops iterating
+when the client leaves and closes the reply, whose `on_close` cancels the stream, so its engine
+pages are freed within one step.
 """
 
 from __future__ import annotations
@@ -13,15 +16,16 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import AsyncIterator
 
-from aiohttp import web
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream.config import SAMPLE_RATE
 from higgs_stream.stream.encoders import Encoder, content_type, make_encoder
-from higgs_stream.stream.guards import check_request, error_response, read_body
-from higgs_stream.stream.messages import SpeechRequest, parse_speech
+from higgs_stream.stream.guards import check_request, read_body
 from higgs_stream.stream.handle import Audio, End, StreamHandle
-from higgs_stream.stream.server_state import STATE
+from higgs_stream.stream.messages import SpeechRequest, parse_speech
+from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply, failure_reply
+from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.text import TextBuffer
 
 log = logging.getLogger(__name__)
@@ -31,16 +35,16 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def speech(request: web.Request) -> web.StreamResponse:
-    """POST /v1/audio/speech (PROTOCOL.md §2)."""
-    state = request.app[STATE]
+async def speech(state: ServerState, request: Request) -> Reply | StreamReply:
+    """POST /v1/audio/speech (PROTOCOL.md §2). Headers go out once the first audio (or the end)
+    is there: an error found before that is a plain JSON error with its status."""
     cfg = state.config
     try:
         check_request(request, cfg, json_body=True)
         req = parse_speech(await read_body(request, cfg), cfg, state.voices)
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:
-        return error_response(e, state.metrics)
+        return failure_reply(e, state)
     try:
         text = TextBuffer(cfg.max_segment_chars)
         for segment in text.append(req.input, 0.0) + text.flush():
@@ -49,71 +53,67 @@ async def speech(request: web.Request) -> web.StreamResponse:
         events = await handle.next(cfg.max_send_bytes, first_alone=True)
         first = events[0]
         if isinstance(first, End) and first.error is not None:
-            return error_response(first.error, state.metrics)  # failed before any audio: a plain error
-        sse = req.stream_format == "sse"
-        resp = web.StreamResponse(status=200)
-        body_type = content_type(req.response_format, req.sample_rate)
-        resp.headers["Content-Type"] = "text/event-stream" if sse else body_type
-        resp.headers["Cache-Control"] = "no-cache"
-        encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure here is a JSON 500
-        try:
-            await _speech_body(request, resp, handle, req, events, encoder)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception:  # headers are out: no JSON error possible; the client sees a truncated body
-            log.exception("speech stream failed after its headers were sent")
-            state.metrics.errors.inc(code="internal")
-            if request.transport is not None:
-                request.transport.close()
-        return resp
-    finally:
+            handle.cancel()
+            return failure_reply(first.error, state)  # failed before any audio: a plain error
+        encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure is a JSON 500
+    except BaseException:
+        handle.cancel()  # frees the engine stream when the client left or the handler failed
+        raise
+    body_type = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format, req.sample_rate)
+
+    def close() -> None:
+        encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
         handle.cancel()  # no-op when it completed; frees the engine stream when the client left
 
+    return StreamReply(200, body_type, _body(state, handle, req, events, encoder), {"Cache-Control": "no-cache"},
+                       on_close=close)
 
-async def _speech_body(request: web.Request, resp: web.StreamResponse, handle: StreamHandle, req: SpeechRequest,
-                       events: list, encoder: Encoder) -> None:
-    """Send the headers, then encode and write the audio until the stream ends."""
+
+async def _body(state: ServerState, handle: StreamHandle, req: SpeechRequest, events: list,
+                encoder: Encoder) -> AsyncIterator[bytes]:
+    """The encoded audio until the stream ends; StreamAborted after a failure (the headers are
+    out: no JSON error is possible, the client sees a truncated body)."""
     try:
-        await resp.prepare(request)
-        await _encode_and_send(request, resp, handle, req, events, encoder)
-    finally:
-        encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
+        async for piece in _encode(state, handle, req, events, encoder):
+            yield piece
+    except (ConnectionError, asyncio.CancelledError, GeneratorExit, StreamAborted):
+        raise
+    except Exception:
+        log.exception("speech stream failed after its headers were sent")
+        state.metrics.errors.inc(code="internal")
+        raise StreamAborted("speech stream failed") from None
 
 
-async def _encode_and_send(request: web.Request, resp: web.StreamResponse, handle: StreamHandle,
-                           req: SpeechRequest, events: list, encoder: Encoder) -> None:
-    state = request.app[STATE]
+async def _encode(state: ServerState, handle: StreamHandle, req: SpeechRequest, events: list,
+                  encoder: Encoder) -> AsyncIterator[bytes]:
     cfg = state.config
     sse = req.stream_format == "sse"
 
-    async def send(data: bytes) -> None:
-        if data:
-            await resp.write(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-                             if sse else data)
+    def delta(data: bytes) -> bytes:
+        return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}) if sse else data
 
     samples = 0
     while True:
         for ev in events:
             if isinstance(ev, Audio):
                 samples += len(ev.pcm) // 2
-                await send(encoder.feed(ev.pcm))
+                if data := encoder.feed(ev.pcm):
+                    yield delta(data)
                 continue
             if ev.reason == "completed":
-                await send(encoder.flush())
+                if data := encoder.flush():
+                    yield delta(data)
                 if sse:
                     tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
                     frames = samples // (SAMPLE_RATE // 25)
-                    await resp.write(_sse({"type": "speech.audio.done", "usage": {
-                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}}))
-                await resp.write_eof()
+                    yield _sse({"type": "speech.audio.done", "usage": {
+                        "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
                 return
             error = ev.error or HiggsStreamError(f"stream ended: {ev.reason}")
             state.metrics.errors.inc(code=error.code)
             log.warning("speech stream failed after its headers were sent: %s: %s", error.code, error)
             if sse:
-                await resp.write(_sse({"type": "error", "error": {"code": error.code, "message": str(error)}}))
-                await resp.write_eof()
+                yield _sse({"type": "error", "error": {"code": error.code, "message": str(error)}})
                 return
-            request.transport.close()  # no final chunk: the client sees a truncated body
-            return
+            raise StreamAborted(f"stream ended: {ev.reason}")  # no final chunk: the client sees a truncated body
         events = await handle.next(cfg.max_send_bytes)

@@ -66,6 +66,12 @@ class Counter(_Metric):
             items = sorted(self._values.items())
         return [f"{self.name}{_labels(self.label_names, k)} {_fmt(v)}" for k, v in items]
 
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """(series name, labels, value) of every series, as `render` shows them."""
+        with self._lock:
+            items = sorted(self._values.items())
+        return [(self.name, dict(zip(self.label_names, k)), v) for k, v in items]
+
 
 class Gauge(Counter):
     kind = "gauge"
@@ -111,6 +117,16 @@ class Histogram(_Metric):
     @property
     def sum(self) -> float:
         return self._sum
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """(series name, labels, value): the cumulative buckets (label `le`), `_sum` and `_count`."""
+        with self._lock:
+            counts, total, n = list(self._counts), self._sum, self._count
+        out, running = [], 0
+        for upper, c in zip(self.buckets, counts):
+            running += c
+            out.append((f"{self.name}_bucket", {"le": _fmt(upper)}, float(running)))
+        return [*out, (f"{self.name}_sum", {}, total), (f"{self.name}_count", {}, float(n))]
 
     def render(self) -> list[str]:
         with self._lock:

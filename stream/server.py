@@ -1,261 +1,167 @@
 """The aiohttp app on one port: WebSocket streaming, health, metrics, voices, the demo, and the
 routes of stream/http_speech.py and stream/webrtc.py; the `higgs-stream serve` command.
 
-Transports are thin drivers over the sans-I/O `Session` (stream/session.py) and the `Pipeline`
-(stream/pipeline.py); every request passes the checks of stream/guards.py first. Every stream
-handler watches its peer while it writes (the WebSocket runs a reader task beside its writer; HTTP
-handlers are cancelled by aiohttp when the connection drops, which needs
-`handler_cancellation=True`, as `serve()` sets), and every stream it opens is cancelled in
-`finally`, so a dropped client frees its engine pages within one step.
-Every accepted context ends with `done` or `error`: a failing message fails alone, a context left
-open and idle times out, and should the session itself fail, its contexts end with `internal`
-and the socket closes with 1011. Wire format: stream/PROTOCOL.md.
+A thin adapter: what each route does is written once, independent of the web framework
+(stream/routes.py, stream/http_speech.py, stream/driver.py), and stream/asgi.py is the other
+adapter (Starlette / ASGI, what Ray Serve's proxy speaks). Here an aiohttp request becomes a
+`Request`, a reply becomes an aiohttp response, and a WebSocket a `Connection`. HTTP handlers are
+cancelled by aiohttp when the connection drops, which needs `handler_cancellation=True` (as
+`serve()` sets). Wire format: stream/PROTOCOL.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from importlib import resources
-from pathlib import Path
 
-from aiohttp import WSCloseCode, WSMsgType, web
-from higgs_stream.engine.errors import ConfigError, HiggsStreamError
+from aiohttp import WSMsgType, web
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream import routes
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.errors import ForbiddenOriginError, IdleTimeoutError
-from higgs_stream.stream.guards import (
-    CORS_ROUTES,
-    add_cors_headers,
-    authorized,
-    check_origin,
-    check_request,
-    cors_preflight,
-    error_response,
-    json_errors,
-)
+from higgs_stream.stream.driver import CLOSE_NORMAL, SessionRunner, close_sockets, run_websocket, websocket_refusal
+from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.guards import CORS_ROUTES, error_reply
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.handle import Audio, StreamHandle
 from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
 from higgs_stream.stream.server_state import STATE, ServerState
-from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, Speak
 from higgs_stream.stream.voices import VoiceLibrary
+
+__all__ = ["SessionRunner", "make_app", "serve", "bound_port", "add_arguments", "build_state", "run"]
 
 log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------- transport-neutral session driver
+# ---------------------------------------------------------------- aiohttp <-> routes
 
-class SessionRunner:
-    """Runs the WebSocket protocol (PROTOCOL.md §1) over any message channel.
+def request_view(request: web.Request) -> Request:
+    """The framework-neutral view of an aiohttp request (its body read within `client_max_size`)."""
 
-    `send_text(str)` / `send_bytes(bytes)` deliver to the peer; `receive()` returns the next
-    client message (str or bytes) or None once the peer has gone. A reader task and a writer
-    task run side by side; whichever ends first ends the session and cancels every open stream.
-    """
-
-    def __init__(self, state: ServerState, send_text: Callable[[str], Awaitable], send_bytes: Callable[[bytes], Awaitable],
-                 query: dict[str, str] | None = None, transport: str = "ws"):
-        self.state = state
-        self.transport = transport  # metrics label
-        self._send_text, self._send_bytes = send_text, send_bytes
-        self.session = Session(state.config, state.voices, query, on_error=self._count_error)
-        self.handles: dict[str, StreamHandle] = {}
-        self._wake = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-
-    def _count_error(self, code: str) -> None:
-        self.state.metrics.errors.inc(code=code)
-
-    async def run(self, receive: Callable[[], Awaitable[str | bytes | None]]) -> None:
-        """Until the peer goes or the session fails. A failure (a server bug) ends every live context
-        with `error{internal}` + `done` (sent as far as the channel still takes them), then raises."""
-        reader = asyncio.create_task(self._read(receive), name="session-reader")
-        writer = asyncio.create_task(self._write(), name="session-writer")
-        failure = None
+    async def read() -> bytes:
         try:
-            await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (reader, writer):
-                task.cancel()
-            results = await asyncio.gather(reader, writer, return_exceptions=True)
-            for handle in self.handles.values():
-                handle.cancel()
-            self.handles.clear()
-            failure = next((r for r in results if isinstance(r, BaseException)
-                            and not isinstance(r, (ConnectionError, asyncio.CancelledError))), None)
-            if failure is not None:
-                self.session.fail_all(HiggsStreamError("internal error: the session failed"))
-                await self._flush_quietly()
-        if failure is not None:
-            raise failure
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise TooLargeError(f"request body over {request.app[STATE].config.hard_message_bytes} bytes") from None
 
-    async def _flush_quietly(self) -> None:
+    return Request(request.method, request.path, request.headers, request.query, request.host or "", read)
+
+
+async def respond(request: web.Request, reply: Reply | StreamReply) -> web.StreamResponse:
+    """An aiohttp response for a route's reply; a StreamReply is written as it is produced."""
+    if isinstance(reply, Reply):
+        headers = dict(reply.headers)
+        if reply.content_type:
+            headers["Content-Type"] = reply.content_type
+        return web.Response(status=reply.status, body=reply.body, headers=headers)
+    try:
+        resp = web.StreamResponse(status=reply.status, headers={**reply.headers, "Content-Type": reply.content_type})
+        await resp.prepare(request)
         try:
-            async with asyncio.timeout(1.0):
-                await self._flush()
-        except Exception as e:  # noqa: BLE001 -- the channel is failing too; the transport closes it next
-            log.info("could not send the final errors: %r", e)
+            async for chunk in reply.chunks:
+                await resp.write(chunk)
+        except StreamAborted:
+            if request.transport is not None:
+                request.transport.close()  # no final chunk: the client sees a truncated body
+            return resp
+        await resp.write_eof()
+        return resp
+    finally:
+        await reply.close()
 
-    async def _read(self, receive) -> None:
-        idle_s = self.state.config.idle_timeout_s
-        while True:
-            try:  # the idle clock runs only while no context is open (audio may take long to finish)
-                message = await (receive() if self.handles else asyncio.wait_for(receive(), idle_s))
-            except TimeoutError:
-                self._count_error(IdleTimeoutError.code)
-                await self._send_text(json.dumps({"type": "error", "code": IdleTimeoutError.code,
-                                                  "message": f"no message and no open context for {idle_s:g} s"}))
-                return
-            if message is None:
-                return
-            self._execute(self.session.receive(message, self._loop.time()))
-            self._wake.set()
 
-    def _execute(self, commands: list[Command]) -> None:
-        for cmd in commands:
-            if isinstance(cmd, Open):
-                try:
-                    handle = self.state.pipeline.open(cmd.options, transport=self.transport, stream_id=cmd.context_id)
-                except Exception as e:
-                    if not isinstance(e, HiggsStreamError):
-                        log.exception("opening context %r failed", cmd.context_id)
-                        e = HiggsStreamError(f"internal error: {type(e).__name__}")
-                    self.session.reject(cmd.context_id, e)
-                    continue
-                handle.set_waker(self._wake.set)
-                self.handles[cmd.context_id] = handle
-                continue
-            handle = self.handles.get(cmd.context_id)
-            if handle is None:
-                continue  # its Open was rejected
-            if isinstance(cmd, Speak):
-                handle.say(cmd.text)
-            elif isinstance(cmd, Close):
-                handle.close()
-            elif isinstance(cmd, Cancel):
-                del self.handles[cmd.context_id]
-                handle.cancel()
+def error_response(error, metrics: Metrics, status: int | None = None) -> web.Response:
+    """A JSON error response (PROTOCOL.md §3) for aiohttp routes outside stream/routes.py (WebRTC)."""
+    metrics.errors.inc(code=error.code)
+    status, body, headers = error_reply(error, status)
+    return web.json_response(body, status=status, headers=headers)
 
-    async def _write(self) -> None:
-        max_bytes = self.state.config.max_send_bytes
-        while True:
-            self._wake.clear()
-            now = self._loop.time()
-            self._execute(self.session.tick(now))
-            self._time_out_idle(now)
-            await self._flush()
-            head = self.session.head
-            if head is not None:
-                handle = self.handles[head]
-                events = handle.take(max_bytes, first_alone=not self.session.audio_started(head))
-                if events:
-                    self.session.touch(head, self._loop.time())
-                    for ev in events:
-                        if isinstance(ev, Audio):
-                            self.session.audio(head, ev.pcm)
-                        else:
-                            del self.handles[head]
-                            self.session.finished(head, ev.reason, ev.error)
-                    continue
-            deadline = self.session.deadline()
-            timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
 
-    def _time_out_idle(self, now: float) -> None:
-        """End the open contexts that neither the client nor the pipeline touched for `context_idle_s`."""
-        for cid in self.session.idle(now):
-            handle = self.handles.get(cid)
-            if handle is not None and (handle.busy or now - handle.active_at < self.state.config.context_idle_s):
-                self.session.touch(cid, now if handle.busy else handle.active_at)
-                continue
-            self._execute(self.session.time_out(cid))
+class AiohttpSocket:
+    """An aiohttp WebSocket as a `Connection` (stream/driver.py)."""
 
-    async def _flush(self) -> None:
-        for frame in self.session.outgoing():
-            if isinstance(frame, bytes):
-                await self._send_bytes(frame)
-            else:
-                await self._send_text(frame)
+    def __init__(self, ws: web.WebSocketResponse):
+        self.ws = ws
+
+    async def receive(self) -> str | bytes | None:
+        msg = await self.ws.receive()
+        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return msg.data
+        if msg.type == WSMsgType.ERROR:  # e.g. over max_msg_size: aiohttp closed it with 1009
+            log.info("websocket closed with an error: %s", self.ws.exception())
+        return None  # CLOSE / CLOSING / CLOSED / ERROR
+
+    async def send_text(self, text: str) -> None:
+        await self.ws.send_str(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        if not self.ws.closed:
+            await self.ws.close(code=code, message=reason.encode())
 
 
 # ---------------------------------------------------------------- handlers
 
 async def ws_stream(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
+    view = request_view(request)
+    refusal = websocket_refusal(state, view)  # cross-site WebSocket hijacking: no upgrade
+    if refusal is not None:
+        return await respond(request, refusal)
     cfg = state.config
-    try:
-        check_origin(request, cfg)  # cross-site WebSocket hijacking: no upgrade
-    except ForbiddenOriginError as e:
-        return error_response(e, state.metrics)
     ws = web.WebSocketResponse(heartbeat=cfg.heartbeat_s, max_msg_size=cfg.hard_message_bytes, compress=False)
     await ws.prepare(request)
-    state.sockets.add(ws)
-    state.metrics.connections.inc()
-    try:
-        if not authorized(request, cfg.token):
-            state.metrics.errors.inc(code="unauthorized")
-            await ws.send_str(json.dumps({"type": "error", "code": "unauthorized", "message": "wrong or missing token"}))
-            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"unauthorized")
-            return ws
-
-        async def receive() -> str | bytes | None:
-            msg = await ws.receive()
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                return msg.data
-            if msg.type == WSMsgType.ERROR:
-                log.info("websocket closed with an error: %s", ws.exception())
-            return None  # CLOSE / CLOSING / CLOSED / ERROR
-
-        query = {k: v for k, v in request.query.items()}
-        runner = SessionRunner(state, ws.send_str, ws.send_bytes, query)
-        try:
-            await runner.run(receive)
-        except Exception:
-            log.exception("websocket session failed")
-            await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
-    finally:
-        state.metrics.connections.dec()
-        state.sockets.discard(ws)
-        if not ws.closed:
-            await ws.close()
+    await run_websocket(state, view, AiohttpSocket(ws))
     return ws
 
 
+async def http_speech(request: web.Request) -> web.StreamResponse:
+    return await respond(request, await speech(request.app[STATE], request_view(request)))
+
+
 async def healthz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    p = state.pipeline
-    body = {"status": "ok" if p.healthy else "unhealthy", "active_streams": p.active,
-            "max_streams": state.config.max_streams, "steps": p.steps}
-    return web.json_response(body, status=200 if p.healthy else 503)
+    return await respond(request, routes.healthz(request.app[STATE]))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[STATE].metrics.render()
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})
+    return await respond(request, routes.metrics(request.app[STATE]))
 
 
 async def voices(request: web.Request) -> web.Response:
+    return await respond(request, routes.voices(request.app[STATE], request_view(request)))
+
+
+async def cors_preflight(request: web.Request) -> web.Response:
+    return await respond(request, routes.preflight(request.app[STATE], request_view(request)))
+
+
+async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: a listed origin may read the response (also a streamed body or an error)."""
+    for name, value in routes.cors_headers(request.app[STATE], request_view(request)).items():
+        if name == "Vary":
+            response.headers.add(name, value)
+        else:
+            response.headers[name] = value
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """A handler's unexpected failure, an unknown path and a wrong method are JSON errors
+    (stream/routes.py), never aiohttp's text/plain page."""
     state = request.app[STATE]
     try:
-        check_request(request, state.config)
-    except HiggsStreamError as e:
-        return error_response(e, state.metrics)
-    return web.json_response(state.voices.describe())
-
-
-def web_dir() -> Path | None:
-    """The browser demo's folder inside the installed `higgs_stream.clients` package (if present)."""
-    folder = Path(str(resources.files("higgs_stream.clients") / "web"))
-    return folder if (folder / "index.html").is_file() else None
+        return await handler(request)
+    except web.HTTPNotFound:
+        return await respond(request, routes.not_found(state, request_view(request)))
+    except web.HTTPMethodNotAllowed as e:
+        return await respond(request, routes.method_not_allowed(state, request_view(request), list(e.allowed_methods)))
+    except (web.HTTPException, ConnectionError):
+        raise
+    except Exception:
+        return await respond(request, routes.internal_error(state, request_view(request)))
 
 
 # ---------------------------------------------------------------- app
@@ -265,7 +171,7 @@ def make_app(state: ServerState) -> web.Application:
     app = web.Application(client_max_size=state.config.hard_message_bytes, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_get("/v1/tts/stream", ws_stream)
-    app.router.add_post("/v1/audio/speech", speech)
+    app.router.add_post("/v1/audio/speech", http_speech)
     app.router.add_get("/v1/voices", voices)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
@@ -273,30 +179,20 @@ def make_app(state: ServerState) -> web.Application:
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
     _mount_webrtc(app, state)
-    folder = web_dir()
-    if folder is not None:
-        # One route per file of the (flat) demo folder, so any other path is the JSON 404 of
-        # `json_errors` (aiohttp's static route answers a missing file with an empty 404 itself).
-        def serve_file(path):
-            async def handler(request: web.Request) -> web.FileResponse:
-                return web.FileResponse(path)
-            return handler
 
-        app.router.add_get("/", serve_file(folder / "index.html"))
-        if (folder / "favicon.svg").is_file():  # browsers ask for /favicon.ico whatever the page says
-            app.router.add_get("/favicon.ico", serve_file(folder / "favicon.svg"))
-        for path in sorted(folder.iterdir()):
-            if path.is_file() and not path.is_symlink():
-                app.router.add_get(f"/{path.name}", serve_file(path))
-    else:
-        log.warning("no browser demo found (higgs_stream.clients/web/index.html); GET / is not served")
+    def serve_file(path):
+        async def handler(request: web.Request) -> web.FileResponse:
+            return web.FileResponse(path)
+        return handler
+
+    for url, path in routes.demo_files(routes.web_dir()).items():
+        app.router.add_get(url, serve_file(path))
 
     async def start(app: web.Application) -> None:
         await state.pipeline.start()
 
     async def stop(app: web.Application) -> None:
-        for ws in list(state.sockets):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        await close_sockets(state)
         await state.pipeline.stop()
 
     app.on_startup.append(start)
@@ -395,6 +291,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer 408 when an HTTP request body has not arrived within S seconds")
     parser.add_argument("--max-reference-s", type=float, default=d.max_reference_s, metavar="S",
                         help="longest reference audio, checked from the file header before decoding")
+    parser.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, metavar="N",
+                        help="largest WebSocket message / HTTP body (too_large); twice this closes the socket (1009)")
+    add_ray_arguments(parser)
+
+
+# Ray Serve (stream/ray_app.py): `serve --ray` and these flags; the replicas get the others.
+RAY_FLAGS = ("ray", "ray_address", "replicas", "max_replicas", "gpus_per_replica", "cpus_per_replica",
+             "max_queued", "drain_timeout")
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Ray Serve (--ray)", "many GPUs and hosts behind one endpoint (README, Scale-out); "
+                                  "needs the `ray` extra: pip install 'higgs-stream[ray]'")
+    g.add_argument("--ray", action="store_true",
+                   help="run under Ray Serve, one replica per GPU (--host/--port: Serve's proxy)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to join (default: $RAY_ADDRESS, a running local one, else start one here)")
+    g.add_argument("--replicas", type=int, default=None, help="replicas (default: one per GPU of the cluster, else 1)")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale from --replicas up to this many on ongoing streams (target 0.7 x --max-streams "
+                        "per replica)")
+    g.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 when the cluster has GPUs, else 0")
+    g.add_argument("--cpus-per-replica", type=float, default=1.0)
+    g.add_argument("--max-queued", type=int, default=64,
+                   help="requests that may wait at each proxy for a replica (a free stream slot, or just their "
+                        "assignment during a burst); beyond them, 503 busy at once")
+    g.add_argument("--drain-timeout", type=float, default=600.0, metavar="S",
+                   help="graceful_shutdown_timeout_s: a replica being stopped lets its streams finish for this long")
 
 
 def _cuda() -> bool:
@@ -417,8 +341,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         cors_origins=tuple(args.cors_origin),
                         ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
-                        max_reference_s=args.max_reference_s, pause_ahead_s=args.pause_ahead,
-                        resume_ahead_s=args.resume_ahead, admit_step_ratio=args.admit_step_ratio or None,
+                        max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
+                        pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
+                        admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms)
 
 
@@ -464,6 +389,12 @@ def startup_line(app: web.Application, host: str, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        try:
+            from higgs_stream.stream import ray_app
+        except ImportError as e:
+            raise ConfigError(f"--ray needs Ray Serve ({e}): pip install 'higgs-stream[ray]'") from e
+        return ray_app.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
     app = make_app(state)

@@ -47,9 +47,10 @@ from higgs_stream.engine.errors import (
     InvalidInputError,
 )
 from higgs_stream.stream.config import ICE_SERVER, SAMPLE_RATE
-from higgs_stream.stream.guards import check_request, error_response, read_body
+from higgs_stream.stream.driver import SessionRunner
+from higgs_stream.stream.guards import check_request, read_body
 from higgs_stream.stream.messages import check_unicode, parse_json
-from higgs_stream.stream.server import SessionRunner
+from higgs_stream.stream.server import error_response, request_view
 from higgs_stream.stream.server_state import STATE, ServerState
 
 log = logging.getLogger(__name__)
@@ -371,8 +372,9 @@ async def offer(request: web.Request) -> web.Response:
     cfg = state.config
     peers: dict[str, WebRTCPeer] = request.app[PEERS]
     try:
-        check_request(request, cfg, json_body=True)
-        description = _parse_offer(await read_body(request, cfg), cfg.max_message_bytes)
+        view = request_view(request)
+        check_request(view, cfg, json_body=True)
+        description = _parse_offer(await read_body(view, cfg), cfg.max_message_bytes)
         if len(peers) >= cfg.max_streams:
             raise CapacityError(f"server holds its limit of {cfg.max_streams} WebRTC peers")
     except HiggsStreamError as e:

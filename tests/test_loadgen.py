@@ -12,6 +12,7 @@ import random
 import statistics
 import sys
 
+import aiohttp
 import pytest
 from higgs_stream.engine.random_weights import build_random
 from higgs_stream.stream.config import ServerConfig
@@ -128,6 +129,21 @@ def test_summary_counts_busy_apart_from_errors():
     assert summarize(Scenario("open", 1, 1.0), [], 1.0, None, [])["gpu_busy"] is None
 
 
+def test_requests_per_replica_and_a_refused_upgrade_is_busy():
+    """Behind Ray Serve each connection names its replica, and the proxy refuses an upgrade over
+    capacity with 503: that is `busy`, not an error."""
+    from higgs_stream.loadgen.client import _refusal
+
+    recs = [{**_rec("completed", 0.1, 24000), "replica": r} for r in ("a", "b", "a")] + [_rec("busy", code="busy")]
+    s = summarize(Scenario("closed", 4, 1.0), recs, wall_s=1.0, gpu=None, lags=[])
+    assert s["replicas"] == {"a": 2, "b": 1} and s["busy"] == 1
+    refused = aiohttp.WSServerHandshakeError(request_info=None, history=(), status=503, message="busy")
+    assert _refusal(refused) == ("busy", "busy")
+    assert _refusal(aiohttp.WSServerHandshakeError(request_info=None, history=(), status=500)) == (
+        "error", "connect: WSServerHandshakeError")
+    assert _refusal(ConnectionRefusedError()) == ("error", "connect: ConnectionRefusedError")
+
+
 def test_time_budget_skips_what_would_not_fit(capsys):
     cfg = LoadConfig(url="ws://127.0.0.1:9/v1/tts/stream", open_rates=(5.0,), closed=(4,), duration_s=30.0, procs=0,
                      warmup=0, time_budget_s=10.0)
@@ -157,10 +173,10 @@ async def _serve(tiny, **cfg):
 SCENARIO_KEYS = {"name", "kind", "load", "duration_s", "seed", "count", "requests", "completed", "errored", "busy",
                  "timed_out", "error_codes", "ttfa_ms", "underruns", "underrun_s", "streams_with_audio",
                  "streams_with_underrun", "underrun_share", "max_stall_ms", "continuity", "audio_s", "wall_s",
-                 "audio_s_per_s", "samples_per_stream", "gpu_busy", "gpu_samples", "client", "streams"}
+                 "audio_s_per_s", "samples_per_stream", "gpu_busy", "gpu_samples", "replicas", "client", "streams"}
 STREAM_KEYS = {"id", "proc", "worker", "scheduled", "sent", "first_audio", "done", "outcome", "reason", "error_code",
                "samples", "server_samples", "underruns", "stall_s", "max_stall_s", "stalls", "max_gap_s",
-               "connect_s", "ttfa_s"}
+               "connect_s", "ttfa_s", "replica"}
 
 
 async def test_open_and_closed_loop_against_a_live_server(tiny, tmp_path):

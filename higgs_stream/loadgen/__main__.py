@@ -45,6 +45,11 @@ def _ints(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.split(",") if x.strip())
 
 
+def _gpus(s: str) -> int | tuple[int, ...]:
+    ids = _ints(s)
+    return ids[0] if len(ids) == 1 else ids
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = LoadConfig(url="")
     ap = argparse.ArgumentParser(prog="python -m higgs_stream.loadgen", description=__doc__,
@@ -65,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--busy-backoff", type=float, default=d.busy_backoff_s)
     ap.add_argument("--warmup", type=int, default=d.warmup, help="concurrent warm-up requests before the scenarios")
     ap.add_argument("--time-budget", type=float, default=None, help="skip scenarios that would not finish in this many s")
-    ap.add_argument("--gpu-index", type=int, default=0)
+    ap.add_argument("--gpu-index", type=_gpus, default=0,
+                    help="GPU(s) to sample for the busy share: 0, or 0,1 for the replicas of a Ray Serve run (mean)")
     ap.add_argument("--spawn", default=None, help="start this server command, wait for /healthz, run, stop it")
     ap.add_argument("--spawn-timeout", type=float, default=600.0)
     ap.add_argument("--spawn-log", default=None, help="the spawned server's log (default: next to --out)")

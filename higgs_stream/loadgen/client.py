@@ -19,6 +19,16 @@ from higgs_stream.loadgen.listener import listen
 from higgs_stream.loadgen.schedule import Part
 
 NET_ERRORS = (aiohttp.ClientError, OSError, ValueError, asyncio.TimeoutError)  # a connection's failures
+REPLICA_HEADER = "X-Higgs-Replica"  # the Ray Serve replica that took a connection (stream/ray_app.py)
+PREWARM_TIMEOUT_S = 10.0  # a connection opened before t0 that a server behind Ray Serve queues: give up on it
+
+
+def _refusal(e: BaseException) -> tuple[str, str]:
+    """(outcome, error code) of a connection that could not be opened: a 503 on the upgrade is
+    `busy` (Ray Serve's proxy refuses connections over capacity), anything else an error."""
+    if isinstance(e, aiohttp.WSServerHandshakeError) and e.status == 503:
+        return "busy", "busy"
+    return "error", f"connect: {type(e).__name__}"
 
 
 class Pool:
@@ -28,11 +38,20 @@ class Pool:
         self.url, self.idle = url, []
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))  # no cap on connections
         self.all: set = set()
+        self.replica: dict[Any, str | None] = {}  # connection -> the Serve replica behind it (None: no header)
 
     async def open(self):
         ws = await self.session.ws_connect(self.url, autoping=True, compress=0, max_msg_size=0)
         self.all.add(ws)
+        response = getattr(ws, "_response", None)  # the upgrade response (aiohttp keeps it there)
+        self.replica[ws] = response.headers.get(REPLICA_HEADER) if response is not None else None
         return ws
+
+    async def prewarm(self, n: int) -> None:
+        """Open up to `n` idle connections; one refused or held in a proxy's queue is left out."""
+        opened = await asyncio.gather(*(asyncio.wait_for(self.open(), PREWARM_TIMEOUT_S) for _ in range(n)),
+                                      return_exceptions=True)
+        self.idle = [ws for ws in opened if not isinstance(ws, BaseException)]
 
     async def get(self) -> tuple[Any, float | None]:
         while self.idle:
@@ -112,8 +131,7 @@ async def run_part(part: Part, go: Any) -> dict:
     lags: list[float] = []
     stop = asyncio.Event()
     try:
-        n_conns = part.prewarm if part.kind == "open" else len(part.workers)
-        pool.idle = list(await asyncio.gather(*(pool.open() for _ in range(n_conns))))
+        await pool.prewarm(part.prewarm if part.kind == "open" else len(part.workers))
         t0 = await loop.run_in_executor(None, go)
         lag_task = loop.create_task(_loop_lag(stop, lags))
         t_stop, hard_end = t0 + part.duration_s, t0 + part.duration_s + part.drain_s
@@ -125,7 +143,7 @@ async def run_part(part: Part, go: Any) -> dict:
             except NET_ERRORS as e:  # the connection broke under us: this request's error, not the run's
                 await ws.close()
                 rec = _failed(idx, worker, scheduled, f"client: {type(e).__name__}")
-            rec.update(id=idx, worker=worker, scheduled=scheduled, connect_s=connect_s,
+            rec.update(id=idx, worker=worker, scheduled=scheduled, connect_s=connect_s, replica=pool.replica.get(ws),
                        ttfa_s=None if rec["first_audio"] is None else rec["first_audio"] - scheduled)
             records.append(rec)
             return rec
@@ -135,8 +153,9 @@ async def run_part(part: Part, go: Any) -> dict:
             await asyncio.sleep(scheduled - time.monotonic())
             try:
                 ws, connect_s = await pool.get()
-            except NET_ERRORS as e:  # a refused connection is this request's error
-                records.append(_failed(idx, None, scheduled, f"connect: {type(e).__name__}"))
+            except NET_ERRORS as e:  # a refused connection is this request's error (or busy)
+                outcome, code = _refusal(e)
+                records.append(_failed(idx, None, scheduled, code, outcome))
                 return
             rec = await one(ws, idx, scheduled, connect_s, None)
             if rec["outcome"] != "timeout":
@@ -144,17 +163,18 @@ async def run_part(part: Part, go: Any) -> dict:
 
         async def worker(w: int, start: float) -> None:
             await asyncio.sleep(t0 + start - time.monotonic())
-            ws, connect_s, k = pool.idle.pop(), None, 0
+            ws, connect_s, k = pool.idle.pop() if pool.idle else None, None, 0
             while time.monotonic() < t_stop and (part.count is None or k < part.count):
                 idx = w * 1_000_000 + k
                 k += 1
-                if ws.closed:
+                if ws is None or ws.closed:
                     try:
                         t = time.monotonic()
                         ws = await pool.open()
                         connect_s = time.monotonic() - t
                     except NET_ERRORS as e:
-                        records.append(_failed(idx, w, time.monotonic(), f"connect: {type(e).__name__}"))
+                        outcome, code = _refusal(e)
+                        records.append(_failed(idx, w, time.monotonic(), code, outcome))
                         await asyncio.sleep(part.busy_backoff_s)
                         continue
                 rec = await one(ws, idx, time.monotonic(), connect_s, w)
@@ -176,12 +196,12 @@ async def run_part(part: Part, go: Any) -> dict:
     return {"records": records, "loop_lag_s_max": max(lags, default=0.0)}
 
 
-def _failed(idx: int, worker: int | None, scheduled: float, code: str) -> dict:
+def _failed(idx: int, worker: int | None, scheduled: float, code: str, outcome: str = "error") -> dict:
     now = time.monotonic()
     return {"id": idx, "worker": worker, "scheduled": scheduled, "sent": now, "first_audio": None, "done": now,
-            "outcome": "error", "reason": None, "error_code": code, "samples": 0, "server_samples": None,
+            "outcome": outcome, "reason": None, "error_code": code, "samples": 0, "server_samples": None,
             "underruns": 0, "stall_s": 0.0, "max_stall_s": 0.0, "stalls": [], "max_gap_s": 0.0, "connect_s": None,
-            "ttfa_s": None}
+            "ttfa_s": None, "replica": None}
 
 
 def _proc_main(conn: Connection) -> None:

@@ -9,50 +9,58 @@ import time
 
 
 class GpuMonitor:
-    """GPU utilization (% of time a kernel ran) every 200 ms, from pynvml or `nvidia-smi -lms 200`."""
+    """GPU utilization (% of time a kernel ran) every 200 ms, from pynvml or `nvidia-smi -lms 200`;
+    with several GPUs (`index` a tuple: the replicas of a Ray Serve run) each sample is their mean."""
 
-    def __init__(self, index: int = 0, period_s: float = 0.2) -> None:
+    def __init__(self, index: int | tuple[int, ...] = 0, period_s: float = 0.2) -> None:
         self.samples: list[tuple[float, float]] = []
         self.source: str | None = None
         self._stop = threading.Event()
         self._proc: subprocess.Popen | None = None
-        reader = self._nvml(index, period_s) or self._smi(index, period_s)
+        indices = (index,) if isinstance(index, int) else tuple(index)
+        reader = self._nvml(indices, period_s) or self._smi(indices, period_s)
         if reader is not None:
             threading.Thread(target=reader, daemon=True, name="gpu-monitor").start()
 
-    def _nvml(self, index: int, period_s: float):
+    def _nvml(self, indices: tuple[int, ...], period_s: float):
         try:
             import pynvml
         except ImportError:
             return None
         try:
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            pynvml.nvmlDeviceGetUtilizationRates(handle)
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            for handle in handles:
+                pynvml.nvmlDeviceGetUtilizationRates(handle)
         except pynvml.NVMLError:  # no driver or no such GPU: try nvidia-smi
             return None
         self.source = "pynvml"
 
         def read() -> None:
             while not self._stop.wait(period_s):
-                self.samples.append((time.monotonic(), float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
+                busy = [float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in handles]
+                self.samples.append((time.monotonic(), sum(busy) / len(busy)))
         return read
 
-    def _smi(self, index: int, period_s: float):
+    def _smi(self, indices: tuple[int, ...], period_s: float):
         exe = shutil.which("nvidia-smi")
         if exe is None:
             return None
         self._proc = subprocess.Popen([exe, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                       "-lms", str(int(period_s * 1000)), "-i", str(index)],
+                                       "-lms", str(int(period_s * 1000)), "-i", ",".join(map(str, indices))],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.source = "nvidia-smi"
 
-        def read() -> None:
+        def read() -> None:  # one line per GPU per period, in index order: average each group
+            group: list[float] = []
             for line in self._proc.stdout:
                 try:
-                    self.samples.append((time.monotonic(), float(line.strip())))
+                    group.append(float(line.strip()))
                 except ValueError:
                     continue
+                if len(group) == len(indices):
+                    self.samples.append((time.monotonic(), sum(group) / len(group)))
+                    group = []
         return read
 
     def window(self, t0: float, t1: float) -> list[float] | None:

@@ -48,6 +48,10 @@ def summarize(scenario: Scenario, records: list[dict], wall_s: float, gpu: list[
         if r["error_code"]:
             codes[r["error_code"]] = codes.get(r["error_code"], 0) + 1
     with_underrun = sum(r["underruns"] > 0 for r in heard)
+    replicas: dict[str, int] = {}  # requests per Ray Serve replica (none for a standalone server)
+    for r in records:
+        if r.get("replica"):
+            replicas[r["replica"]] = replicas.get(r["replica"], 0) + 1
     return {
         "name": scenario.name, "kind": scenario.kind, "load": scenario.load, "duration_s": scenario.duration_s,
         "seed": scenario.seed, "count": scenario.count, "requests": len(records),
@@ -63,7 +67,7 @@ def summarize(scenario: Scenario, records: list[dict], wall_s: float, gpu: list[
         "audio_s": audio_s, "wall_s": wall_s, "audio_s_per_s": audio_s / wall_s if wall_s > 0 else None,
         "samples_per_stream": {"min": min((r["samples"] for r in heard), default=None),
                                "max": max((r["samples"] for r in heard), default=None)},
-        "gpu_busy": sum(gpu) / len(gpu) / 100 if gpu else None, "gpu_samples": len(gpu or ()),
+        "gpu_busy": sum(gpu) / len(gpu) / 100 if gpu else None, "gpu_samples": len(gpu or ()), "replicas": replicas,
         "client": {"procs": len(lags), "send_lag_ms": _ms([r["sent"] - r["scheduled"] for r in records]),
                    "connect_ms": _ms([r["connect_s"] for r in records if r["connect_s"] is not None]),
                    "loop_lag_ms_max": max((x["loop_lag_s_max"] for x in lags), default=0.0) * 1e3},

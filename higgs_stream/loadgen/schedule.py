@@ -73,7 +73,7 @@ class LoadConfig:
     prewarm_s: float = 1.0  # open: connections opened before t0 = rate x this
     warmup: int = 2
     time_budget_s: float | None = None
-    gpu_index: int = 0
+    gpu_index: int | tuple[int, ...] = 0  # several: the GPUs of a Ray Serve run, averaged
 
     def __post_init__(self) -> None:
         checks = {"open rates must be > 0": all(r > 0 for r in self.open_rates),

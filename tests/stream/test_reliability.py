@@ -33,6 +33,7 @@ from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.asgi import serve_asgi
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.session import Open, Session
@@ -44,6 +45,16 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 MAX_FRAMES = 30
+TRANSPORTS = ["aiohttp", "asgi"]
+
+
+async def serve_on(transport: str, state):
+    """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
+    if transport == "aiohttp":
+        runner = await serve(state, "127.0.0.1", 0)
+        return runner, bound_port(runner)
+    server = await serve_asgi(state, "127.0.0.1", 0)
+    return server, server.port
 ERROR_CODES = {"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
                "unauthorized", "slow_client", "idle_timeout", "internal"}  # PROTOCOL.md §3, WebSocket side
 
@@ -73,10 +84,10 @@ def reference(tiny_ckpt, codec):
     return pcm
 
 
-@pytest.fixture
-async def start_server(engine, codec, caplog):
-    """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state). On teardown: no stream, no KV page
-    and no logged traceback is left behind."""
+@pytest.fixture(params=TRANSPORTS)
+async def start_server(request, engine, codec, caplog):
+    """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the ASGI
+    app (uvicorn). On teardown: no stream, no KV page and no logged traceback is left behind."""
     runners = []
 
     async def start(**cfg):
@@ -84,9 +95,9 @@ async def start_server(engine, codec, caplog):
         config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
         metrics = Metrics()
         state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-        runner = await serve(state, "127.0.0.1", 0)
+        runner, port = await serve_on(request.param, state)
         runners.append(runner)
-        return f"127.0.0.1:{bound_port(runner)}", state
+        return f"127.0.0.1:{port}", state
 
     yield start
     for runner in runners:
@@ -164,9 +175,9 @@ async def raw_request(host: str, head: bytes, body: bytes = b"", timeout: float 
         writer.write(head + b"\r\n" + body)
         async with asyncio.timeout(timeout):
             status_and_headers = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            headers = dict(line.split(": ", 1) for line in status_and_headers[1:] if ": " in line)
-            payload = await reader.readexactly(int(headers["Content-Length"]))
-        assert headers["Content-Type"].startswith("application/json"), headers
+            headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in status_and_headers[1:] if ": " in line)}
+            payload = await reader.readexactly(int(headers["content-length"]))
+        assert headers["content-type"].startswith("application/json"), headers
         return int(status_and_headers[0].split()[1]), json.loads(payload)
     finally:
         writer.close()

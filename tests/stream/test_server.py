@@ -19,12 +19,13 @@ from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import server as server_mod
+from higgs_stream.stream import routes, server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.asgi import serve_asgi
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
@@ -34,6 +35,16 @@ from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
 LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
+TRANSPORTS = ["aiohttp", "asgi"]
+
+
+async def serve_on(transport: str, state):
+    """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
+    if transport == "aiohttp":
+        runner = await serve(state, "127.0.0.1", 0)
+        return runner, bound_port(runner)
+    server = await serve_asgi(state, "127.0.0.1", 0)
+    return server, server.port
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +73,10 @@ def reference(tiny_ckpt, codec):
     return pcm
 
 
-@pytest.fixture
-async def start_server(engine, codec):
+@pytest.fixture(params=TRANSPORTS)
+async def start_server(request, engine, codec):
+    """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the
+    ASGI app (uvicorn): one protocol implementation, the same tests on both transports."""
     runners = []
 
     async def start(**cfg):
@@ -71,9 +84,9 @@ async def start_server(engine, codec):
         config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
         metrics = Metrics()
         state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-        runner = await serve(state, "127.0.0.1", 0)
+        runner, port = await serve_on(request.param, state)
         runners.append(runner)
-        return f"127.0.0.1:{bound_port(runner)}", state
+        return f"127.0.0.1:{port}", state
 
     yield start
     for runner in runners:
@@ -374,7 +387,7 @@ async def test_busy_when_full(start_server):
 async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatch):
     (tmp_path / "index.html").write_text("<html>demo</html>")
     (tmp_path / "app.js").write_text("console.log('hi')")
-    monkeypatch.setattr(server_mod, "web_dir", lambda: tmp_path)
+    monkeypatch.setattr(routes, "web_dir", lambda: tmp_path)
     host, state = await start_server()
     good_ref = io.BytesIO()
     sf.write(good_ref, 0.3 * np.sin(np.arange(4800) / 10.0), 24000, format="WAV")
