@@ -26,35 +26,20 @@ import soundfile as sf
 from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError
-from higgs_stream.engine.request import GenerationRequest, SamplingParams
-from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream import http_speech
-from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.asgi import serve_asgi
-from higgs_stream.stream.server import bound_port, serve
-from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.session import Open, Session
 from higgs_stream.stream.voices import Voice, VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
+from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 MAX_FRAMES = 30
-TRANSPORTS = ["aiohttp", "asgi"]
 
 
-async def serve_on(transport: str, state):
-    """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
-    if transport == "aiohttp":
-        runner = await serve(state, "127.0.0.1", 0)
-        return runner, bound_port(runner)
-    server = await serve_asgi(state, "127.0.0.1", 0)
-    return server, server.port
 ERROR_CODES = {"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
                "unauthorized", "slow_client", "idle_timeout", "internal"}  # PROTOCOL.md §3, WebSocket side
 
@@ -72,36 +57,16 @@ def engine(tiny_ckpt):
 @pytest.fixture(scope="module")
 def reference(tiny_ckpt, codec):
     """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
-    eng = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=512))
-    cache: dict = {}
-
-    def pcm(text: str, seed: int, max_frames: int = MAX_FRAMES) -> bytes:
-        if (text, seed, max_frames) not in cache:
-            req = GenerationRequest(text, sampling=SamplingParams(seed=seed), max_frames=max_frames)
-            cache[text, seed, max_frames] = to_s16le(synthesize(eng, codec, req)[0])
-        return cache[text, seed, max_frames]
-
-    return pcm
+    return synth_reference(tiny_ckpt, codec, MAX_FRAMES)
 
 
 @pytest.fixture(params=TRANSPORTS)
 async def start_server(request, engine, codec, caplog):
     """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the ASGI
     app (uvicorn). On teardown: no stream, no KV page and no logged traceback is left behind."""
-    runners = []
-
-    async def start(**cfg):
-        cfg.setdefault("max_frames", MAX_FRAMES)
-        config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
-        metrics = Metrics()
-        state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-        runner, port = await serve_on(request.param, state)
-        runners.append(runner)
-        return f"127.0.0.1:{port}", state
-
+    start = ServerStarter(request.param, engine, codec, MAX_FRAMES)
     yield start
-    for runner in runners:
-        await runner.cleanup()
+    await start.close()
     assert engine.num_active == 0 and engine.cache.allocator.num_used == 0, "KV pages leaked"
     tracebacks = [r for r in caplog.get_records("call") if r.exc_info and r.levelno >= logging.ERROR]
     assert not tracebacks, f"server logged a traceback: {tracebacks[0].getMessage()}"

@@ -25,26 +25,18 @@ from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.encoders import Resampler, wav_header
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.asgi import serve_asgi
 from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
+from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
 LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
-TRANSPORTS = ["aiohttp", "asgi"]
 
 
-async def serve_on(transport: str, state):
-    """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
-    if transport == "aiohttp":
-        runner = await serve(state, "127.0.0.1", 0)
-        return runner, bound_port(runner)
-    server = await serve_asgi(state, "127.0.0.1", 0)
-    return server, server.port
 
 
 @pytest.fixture(scope="module")
@@ -60,37 +52,16 @@ def engine(tiny_ckpt):
 @pytest.fixture(scope="module")
 def reference(tiny_ckpt, codec):
     """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
-    eng = Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=512))
-    cache: dict = {}
-
-    def pcm(text: str, seed: int, max_frames: int = MAX_FRAMES) -> bytes:
-        key = (text, seed, max_frames)
-        if key not in cache:
-            req = GenerationRequest(text, sampling=SamplingParams(seed=seed), max_frames=max_frames)
-            cache[key] = to_s16le(synthesize(eng, codec, req)[0])
-        return cache[key]
-
-    return pcm
+    return synth_reference(tiny_ckpt, codec, MAX_FRAMES)
 
 
 @pytest.fixture(params=TRANSPORTS)
 async def start_server(request, engine, codec):
     """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the
     ASGI app (uvicorn): one protocol implementation, the same tests on both transports."""
-    runners = []
-
-    async def start(**cfg):
-        cfg.setdefault("max_frames", MAX_FRAMES)
-        config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})  # load admission: its own tests
-        metrics = Metrics()
-        state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-        runner, port = await serve_on(request.param, state)
-        runners.append(runner)
-        return f"127.0.0.1:{port}", state
-
+    start = ServerStarter(request.param, engine, codec, MAX_FRAMES)
     yield start
-    for runner in runners:
-        await runner.cleanup()
+    await start.close()
     assert engine.num_active == 0 and engine.cache.allocator.num_used == 0, "KV pages leaked"
 
 
