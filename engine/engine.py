@@ -37,6 +37,7 @@ from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerL
 from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, RowOut, Runner
+from higgs_stream.engine.quantize import check_mode, check_supported, quantize_talker
 from higgs_stream.engine.ref_runner import RefRunner
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.sampling import make_generator, resolve_seed
@@ -128,13 +129,16 @@ class Engine:
     @classmethod
     def from_pretrained(
         cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
-        config: EngineConfig | None = None, runner: ModelRunnerConfig | None = None,
+        config: EngineConfig | None = None, runner: ModelRunnerConfig | None = None, quantize: str = "none",
     ) -> Engine:
-        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored."""
+        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored.
+        `quantize`: none | int8 | fp8, applied to the loaded talker's backbone linears (engine/quantize.py)."""
         from higgs_stream.engine.models.registry import load_model
 
         config = config or EngineConfig()
+        check_mode(quantize)
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
+        quantize_talker(talker, quantize, kernels=runner.kernels if runner is not None else "fast")
         cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
                                device=device)
         return cls(talker, cfg, tokenizer, cache, config, runner)
@@ -347,14 +351,21 @@ def _distinct(seqs: Iterable[Sequence]) -> list[Sequence]:
 
 
 def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast") -> Engine:
+                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast",
+                quantize: str = "none") -> Engine:
     """The engine `serve` and `synth` run: on CUDA the fast path (`ModelRunner`: Triton + FlashInfer
     kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`), bf16 unless
-    `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`)."""
-    if torch.device(device).type == "cuda":
-        return Engine.from_pretrained(model, device=device, dtype=dtype or torch.bfloat16, config=config,
+    `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`). `quantize`
+    (none | int8 | fp8, engine/quantize.py) is checked against the device before the checkpoint is read."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dtype = dtype or torch.bfloat16
+        check_supported(quantize, dev, dtype, kernels)
+        return Engine.from_pretrained(model, device=device, dtype=dtype, config=config,
                                       runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
-                                                               kernels=kernels))
+                                                               kernels=kernels), quantize=quantize)
     if not cuda_graphs:
         log.info("--no-cuda-graphs has no effect on %s", device)
-    return Engine.from_pretrained(model, device=device, dtype=dtype or torch.float32, config=config)
+    dtype = dtype or torch.float32
+    check_supported(quantize, dev, dtype)
+    return Engine.from_pretrained(model, device=device, dtype=dtype, config=config, quantize=quantize)

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="debug: on cuda, run decode steps eagerly")
     p.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                    help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
+    p.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
+                   help="backbone linears at load: fp8 (W8A8, CUDA compute capability >= 8.9) or int8 "
+                        "(weight-only, any device); embeddings, heads, norms and the codec stay as loaded")
     p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
     p.add_argument("--codes-out", default=None, help="write the codec frames [K, F] as .npy (what the codec decodes)")
 
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
     codec = load_codec_for(args.model, args.codec, device=args.device)
-    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
+    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels,
+                         quantize=args.quantize)
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))
