@@ -3,7 +3,9 @@ channel (scale [N]); activations stay in their float dtype.
 
 `int8_linear_ref` is the definition (fp32 math, one cast); `int8_linear` the fast path:
 
-* CPU: torch's own `aten._weight_int8pack_mm` (int8 weight read once, fp32 accumulation);
+* CPU: torch's own `aten._weight_int8pack_mm` (int8 weight read once, fp32 accumulation), always with
+  fp32 activations: its bf16 path returns NaN or segfaults for some shapes (torch 2.11 on an AMD
+  EPYC: [1, 7] @ [5, 7]^T gives NaN, [2, 33] @ [300, 33]^T segfaults); the CPU engine runs fp32 anyway;
 * CUDA: a Triton kernel that converts each int8 weight tile in registers and accumulates in fp32
   (the weight is read once, as int8). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
   kernel, and torchao's int8 weight-only linear is `mm(x, q.to(x.dtype)) * scale` (fast only when
@@ -40,8 +42,8 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     _check(x, q, scale)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()  # [M, K]
-    if x.device.type == "cpu":  # the op wants the scales in the activation dtype
-        out = torch.ops.aten._weight_int8pack_mm(x2, q, scale.to(x.dtype))
+    if x.device.type == "cpu":  # in fp32 whatever x's dtype (the op's bf16 path: see the module docstring)
+        out = torch.ops.aten._weight_int8pack_mm(x2.float(), q, scale).to(x.dtype)
     else:
         require_cuda(x2, q, scale, what="int8_linear")
         out = torch.empty((x2.shape[0], q.shape[0]), dtype=x.dtype, device=x.device)
