@@ -3,9 +3,12 @@ channel (scale [N]); activations stay in their float dtype.
 
 `int8_linear_ref` is the definition (fp32 math, one cast); `int8_linear` the fast path:
 
-* CPU: torch's own `aten._weight_int8pack_mm` (int8 weight read once, fp32 accumulation), always with
-  fp32 activations: its bf16 path returns NaN or segfaults for some shapes (torch 2.11 on an AMD
-  EPYC: [1, 7] @ [5, 7]^T gives NaN, [2, 33] @ [300, 33]^T segfaults); the CPU engine runs fp32 anyway;
+* CPU: torch's own `aten._weight_int8pack_mm`. Its vectorized kernel (AVX512/AVX2) takes bf16
+  activations and reads 16 (AVX512) or 8 (AVX2) values of K per step with aligned loads: with K a
+  multiple of 16 and 32-byte aligned rows it is used in bf16 (activations rounded to bf16 once, fp32
+  accumulation, scales applied in fp32 after: ~2^-8 relative to |x| @ |w|^T); with any other K its
+  fp32 version runs (scalar, exact to fp32, slow). Its bf16 kernel given another K reads past the
+  rows (NaN, or a segfault: torch 2.11), so it is never called so.
 * CUDA: a Triton kernel that converts each int8 weight tile in registers and accumulates in fp32
   (the weight is read once, as int8). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
   kernel, and torchao's int8 weight-only linear is `mm(x, q.to(x.dtype)) * scale` (fast only when
@@ -42,14 +45,30 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     _check(x, q, scale)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()  # [M, K]
-    if x.device.type == "cpu":  # in fp32 whatever x's dtype (the op's bf16 path: see the module docstring)
-        out = torch.ops.aten._weight_int8pack_mm(x2.float(), q, scale).to(x.dtype)
+    if x.device.type == "cpu":
+        out = _cpu(x2, q, scale).to(x.dtype)
     else:
         require_cuda(x2, q, scale, what="int8_linear")
         out = torch.empty((x2.shape[0], q.shape[0]), dtype=x.dtype, device=x.device)
         if x2.shape[0]:
             launch(_kernel(), x2, q, scale, out)
     return out.view(*lead, q.shape[0])
+
+
+def cpu_vectorized(k: int, q: torch.Tensor) -> bool:
+    """Whether ATen's vectorized bf16 kernel can run this K and weight (see the module docstring)."""
+    return k % 16 == 0 and q.data_ptr() % 32 == 0
+
+
+def _cpu(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[M, K] float -> [M, N] fp32 through ATen's int8 kernel."""
+    if not cpu_vectorized(x2.shape[1], q):
+        return torch.ops.aten._weight_int8pack_mm(x2.float(), q, scale)  # scalar fp32 kernel, any shape
+    a = x2.to(torch.bfloat16)
+    if a.data_ptr() % 64 or a.data_ptr() == x2.data_ptr():  # a fresh, aligned copy for the aligned loads
+        a = a.clone()
+    ones = torch.ones(q.shape[0], dtype=torch.bfloat16)  # the fp32 scales are applied after, unrounded
+    return torch.ops.aten._weight_int8pack_mm(a, q, ones).float() * scale
 
 
 def block_sizes(m: int) -> tuple[int, int, int, int, int]:
