@@ -37,7 +37,8 @@ from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerL
 from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, RowOut, Runner
-from higgs_stream.engine.quantize import check_mode, check_supported, quantize_talker
+from higgs_stream.engine.quantize import check_fp8_device, check_mode, check_supported, quantize_talker
+from higgs_stream.kernels.attention import FP8_KV
 from higgs_stream.engine.ref_runner import RefRunner
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.sampling import make_generator, resolve_seed
@@ -46,6 +47,14 @@ from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 
 log = logging.getLogger(__name__)
+
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The K/V pool dtype of `EngineConfig.kv_cache_dtype`: the model's, or fp8 e4m3."""
+    return FP8_KV if name == "fp8" else model_dtype
 
 
 @dataclass(frozen=True)
@@ -58,12 +67,15 @@ class EngineConfig:
     max_seq_len: int = DEFAULT_MAX_POSITIONS
     kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
     page_size: int = 16
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 pages (half of bf16's bytes, unscaled)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine {name} must be a positive int, got {value!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.token_budget < self.max_batch:
             raise ConfigError(f"token_budget ({self.token_budget}) must be >= max_batch ({self.max_batch})")
 
@@ -139,7 +151,8 @@ class Engine:
         check_mode(quantize)
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
         quantize_talker(talker, quantize, kernels=runner.kernels if runner is not None else "fast")
-        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
+        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
+                               dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype),
                                device=device)
         return cls(talker, cfg, tokenizer, cache, config, runner)
 
@@ -361,6 +374,8 @@ def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dty
     if dev.type == "cuda":
         dtype = dtype or torch.bfloat16
         check_supported(quantize, dev, dtype, kernels)
+        if config is not None and config.kv_cache_dtype == "fp8" and kernels == "fast":
+            check_fp8_device(dev, "--kv-cache-dtype fp8")
         return Engine.from_pretrained(model, device=device, dtype=dtype, config=config,
                                       runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
                                                                kernels=kernels), quantize=quantize)

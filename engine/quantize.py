@@ -82,17 +82,22 @@ def check_supported(mode: str, device: torch.device, dtype: torch.dtype, kernels
     check_mode(mode)
     if mode != "fp8" or kernels == "ref":
         return
-    need = f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]}"
-    if device.type != "cuda":
-        raise ConfigError(f"--quantize fp8 needs an NVIDIA GPU of compute capability >= {need} (Ada, Hopper); "
-                          f"the model is on {device}: use --quantize int8")
-    cap = torch.cuda.get_device_capability(device)
-    if tuple(cap) < FP8_CAPABILITY:
-        raise ConfigError(f"--quantize fp8 needs compute capability >= {need} (Ada, Hopper); {device} "
-                          f"({torch.cuda.get_device_name(device)}) has compute capability {cap[0]}.{cap[1]}: "
-                          f"use --quantize int8")
+    check_fp8_device(device, "--quantize fp8", "use --quantize int8")
     if dtype != torch.bfloat16:
         raise ConfigError(f"--quantize fp8 runs with a bfloat16 model (its scaled GEMM writes bf16); got {dtype}")
+
+
+def check_fp8_device(device: torch.device, what: str, instead: str = "") -> None:
+    """ConfigError unless `device` is a CUDA GPU with e4m3 support (compute capability >= 8.9)."""
+    need = f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]}"
+    tail = f": {instead}" if instead else ""
+    if device.type != "cuda":
+        raise ConfigError(f"{what} needs an NVIDIA GPU of compute capability >= {need} (Ada, Hopper); "
+                          f"the model is on {device}{tail}")
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) < FP8_CAPABILITY:
+        raise ConfigError(f"{what} needs compute capability >= {need} (Ada, Hopper); {device} "
+                          f"({torch.cuda.get_device_name(device)}) has compute capability {cap[0]}.{cap[1]}{tail}")
 
 
 @torch.no_grad()

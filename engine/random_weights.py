@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.engine import Engine, EngineConfig, kv_cache_dtype
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.request import GenerationRequest
 
@@ -122,8 +122,8 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
     quantize_talker(talker, quantize, kernels)
     if not eos:
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
-    cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
-                           device=device)
+    cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
+                           dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype), device=device)
     runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels)
     engine = Engine(talker, cfg, tokenizer, cache, config, runner)
     if not eos:

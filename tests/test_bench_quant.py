@@ -10,15 +10,16 @@ from higgs_stream import bench_quant
 
 def test_dry_run_reports_every_mode(tmp_path, capsys):
     out = tmp_path / "quant.json"
-    assert bench_quant.main(["--dry-run", "--out", str(out), "--modes", "none,fp8,int8"]) == 0
+    assert bench_quant.main(["--dry-run", "--out", str(out), "--modes", "none,fp8,int8,none/kv8"]) == 0
     r = json.loads(out.read_text())
-    assert set(r["model"]) == {"none", "fp8", "int8"} and "gemm" not in r
+    assert set(r["model"]) == {"none", "fp8", "int8", "none/kv8"} and "gemm" not in r
+    assert r["model"]["none/kv8"]["kv_cache_dtype"] == "fp8" and r["model"]["none/kv8"]["quantized"]["linears"] == 0
     for mode, m in r["model"].items():
         assert m["eos_suppressed"]["length"] == m["eos_suppressed"]["streams"] and m["eos_suppressed"]["length_at_cap"]
         assert m["eos_reachable"]["all_ended_by_eos_or_cap"] and m["eos_reachable"]["runaway"] == 0
         p = m["parity_random_columns"]
         assert (p["mean_abs_delta_nat"] < 1e-5) == (mode == "none"), (mode, p)
-        assert (m["quantize"]["linears"] > 0) == (mode != "none")
+        assert (m["quantized"]["linears"] > 0) == (m["quantize"] != "none")
     assert r["model"]["int8"]["audio_step_weight_bytes"] < r["model"]["none"]["audio_step_weight_bytes"]
     assert "[fp8] weights" in capsys.readouterr().out
 

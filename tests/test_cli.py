@@ -107,13 +107,15 @@ def test_synth_errors_are_typed(main, tmp_path, tiny_ckpt, tiny_v3_ckpt, capsys)
     assert not Path(out).exists()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_ckpt", "tiny_v3_ckpt"])
-def test_synth_quantize_int8(main, tmp_path, request, fixture):
-    """`synth --quantize int8` writes the codes of the library's int8 engine (the CPU's RefRunner)."""
+@pytest.mark.parametrize("fixture, kv", [("tiny_ckpt", "auto"), ("tiny_v3_ckpt", "auto"), ("tiny_v3_ckpt", "fp8")])
+def test_synth_quantize_int8(main, tmp_path, request, fixture, kv):
+    """`synth --quantize int8 [--kv-cache-dtype fp8]` writes the codes of the library's engine so built
+    (the CPU's RefRunner)."""
     model = request.getfixturevalue(fixture)
     out = tmp_path / "x.npy"
     assert main(["synth", "--model", str(model), "--text", TEXT, "--seed", "1", "--max-frames", "20",
-                 "--quantize", "int8", "--codes-out", str(out)]) == 0
-    engine = Engine.from_pretrained(str(model), config=EngineConfig(max_batch=2, kv_pages=64), quantize="int8")
+                 "--quantize", "int8", "--kv-cache-dtype", kv, "--codes-out", str(out)]) == 0
+    engine = Engine.from_pretrained(str(model), config=EngineConfig(max_batch=2, kv_pages=64, kv_cache_dtype=kv),
+                                    quantize="int8")
     req = GenerationRequest(text=TEXT, max_frames=20, sampling=SamplingParams(seed=1))
     np.testing.assert_array_equal(engine.generate(req), np.load(out))
