@@ -30,6 +30,7 @@ scales) when the engine quantized the talker's backbone linears at load (`--quan
 every `x @ W^T` goes through `Kernels.linear`, which runs the matching kernel (cuBLAS for bf16, Triton
 for int8, per-token fp8 quantization + torch's row-wise scaled GEMM for fp8; the fp32 definitions
 with kernels="ref"). Embeddings, norms and the audio head are never quantized.
+
 RoPE tables cover `max_positions` (the engine's context cap), not the checkpoint config's
 `max_position_embeddings` (2048 in the transformers-native v2 config.json; not a limit).
 """
