@@ -10,9 +10,10 @@ quantize.py, the same rule per output channel).
 `fp8_linear_ref` / `quantize_per_token_ref` are the definitions (plain torch, any device: fp8 is
 emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the fast path (CUDA,
 compute capability >= 8.9): one Triton kernel quantizes the activations per token, then torch's
-row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: CUTLASS on
-Hopper, the kernel torchao's `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`
-dispatches to) multiplies, both CUDA-graph safe (no host synchronisation).
+row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
+with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, both
+CUDA-graph safe (no host synchronisation).
 """
 
 from __future__ import annotations
