@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,6 +82,11 @@ def _fp8_torch_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch
     return torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=s[None], out_dtype=x.dtype)
 
 
+def _int8_dequant_mm(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """What torchao's int8 weight-only linear runs eagerly: a bf16 copy of the weight, then the mm."""
+    return F.linear(x, q.to(x.dtype)) * s.to(x.dtype)
+
+
 def _torchao_linears(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     try:
         from torchao.quantization import (
@@ -117,18 +123,19 @@ def gemm_sweep(batches: list[int], bw: float) -> list[dict]:
         for m in batches:
             x = torch.randn(m, k, device="cuda").bfloat16()
             impls: dict[str, Callable[[], Any]] = {
-                "bf16_cublas": lambda: F.linear(x, w),
-                "int8_triton": lambda: int8_linear(x, q8.qweight, q8.scale),
-                "int8_dequant_mm": lambda: F.linear(x, q8.qweight.to(x.dtype)) * q8.scale.to(x.dtype),
+                "bf16_cublas": partial(F.linear, x, w),
+                "int8_triton": partial(int8_linear, x, q8.qweight, q8.scale),
+                "int8_dequant_mm": partial(_int8_dequant_mm, x, q8.qweight, q8.scale),
             }
             if m <= 16:  # one thread per output element: minutes at large M
-                impls["int8_aten_cuda"] = lambda: torch.ops.aten._weight_int8pack_mm(x, q8.qweight, q8.scale.to(x.dtype))
+                impls["int8_aten_cuda"] = partial(torch.ops.aten._weight_int8pack_mm, x, q8.qweight,
+                                                  q8.scale.to(x.dtype))
             if q_fp8 is not None:
-                impls["fp8_triton_quant_scaled_mm"] = lambda: fp8_linear(x, q_fp8.qweight, q_fp8.scale)
-                impls["fp8_triton_quant_scaled_mm_fast_accum"] = lambda: fp8_linear(x, q_fp8.qweight, q_fp8.scale, True)
-                impls["fp8_torch_quant_scaled_mm"] = lambda: _fp8_torch_quant(x, q_fp8.qweight, q_fp8.scale)
+                impls["fp8_triton_quant_scaled_mm"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale)
+                impls["fp8_triton_quant_scaled_mm_fast_accum"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale, True)
+                impls["fp8_torch_quant_scaled_mm"] = partial(_fp8_torch_quant, x, q_fp8.qweight, q_fp8.scale)
             for key, lin in ao.items():
-                impls[key] = lambda lin=lin: lin(x)
+                impls[key] = partial(lin, x)
             row = {"linear": name, "n": n, "k": k, "m": m, "floor_us": {key: v * 1e6 for key, v in floors.items()}}
             for key, fn in impls.items():
                 try:
@@ -140,7 +147,6 @@ def gemm_sweep(batches: list[int], bw: float) -> list[dict]:
             times = {key: v for key, v in row.items() if key in impls and v is not None}
             log(f"gemm {name} m={m}: " + ", ".join(f"{key} {v:.1f}" for key, v in sorted(times.items(), key=lambda t: t[1]))
                 + f" us (floor bf16 {floors['bf16'] * 1e6:.1f}, 8-bit {floors['fp8'] * 1e6:.1f})")
-        del w, q8, q_fp8, ao
     return rows
 
 

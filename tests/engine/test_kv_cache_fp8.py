@@ -46,8 +46,9 @@ def test_both_stores_write_the_rounded_fp32_values():
     qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen) * 30
     pos, slots = torch.tensor([0, 3, 7, 8, 20]), torch.tensor([9, 2, 5, 30, 17])
     cs = cos_sin_table(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), 64, "cpu")
-    pools = {dt: (torch.zeros(8, 4, hkv, d, dtype=dt), torch.zeros(8, 4, hkv, d, dtype=dt)) for dt in (torch.float32, FP8_KV)}
-    for dt, (k, v) in pools.items():
+    pools = {dt: (torch.zeros(8, 4, hkv, d, dtype=dt), torch.zeros(8, 4, hkv, d, dtype=dt))
+             for dt in (torch.float32, FP8_KV)}
+    for k, v in pools.values():
         rope_store_kv_ref(qkv, pos, cs, slots, k, v, hq, hkv, d)
     (k32, v32), (k8, v8) = pools[torch.float32], pools[FP8_KV]
     assert torch.equal(k8.float(), to_kv(k32, FP8_KV).float()) and torch.equal(v8.float(), to_kv(v32, FP8_KV).float())
