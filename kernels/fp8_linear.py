@@ -88,7 +88,7 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K, eps, fp8_max, BLOCK: tl.constexpr):
+    def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, eps, fp8_max, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)

@@ -1,8 +1,15 @@
 """FP8 (e4m3) linear, the plain-torch definitions on the CPU: per-row scales (max |x| -> 448), every
-value within half an e4m3 step, and the emulated product within the bound those steps imply."""
+value within half an e4m3 step, and the emulated product within the bound those steps imply; the
+CUDA quantization kernel's logic through Triton's interpreter."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 from higgs_stream.engine.quantize import quantize_weight
@@ -57,3 +64,29 @@ def test_dtype_and_shapes_follow_the_activations():
     x = torch.randn(2, 3, 16).bfloat16()
     y = fp8_linear_ref(x, qw.qweight, qw.scale)
     assert y.shape == (2, 3, 8) and y.dtype == torch.bfloat16
+
+
+SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import fp8_linear as f
+kernel, out = f._kernel(), []
+for m, k in [(1, 3072), (3, 100), (2, 2500), (4, 9728)]:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
+    x[-1] = 0  # an all-zero row
+    y, s = torch.full((m, k), float("nan")), torch.empty(m)
+    kernel[(m,)](x, y, s, k, f.EPS, f.FP8_MAX, BLOCK=1024, num_warps=4)  # fp32 out: the values before the cast
+    want = x.abs().amax(1).clamp(min=f.EPS) / f.FP8_MAX
+    out.append([torch.equal(s, want), torch.equal(y, (x / want[:, None]).clamp(-f.FP8_MAX, f.FP8_MAX))])
+print(json.dumps(out))
+"""
+
+
+def test_triton_quantization_in_the_interpreter():
+    """The CUDA per-token quantization kernel's two passes over K (tails, zero rows) run by Triton's
+    interpreter on the CPU, writing fp32: scales and scaled values bit-for-bit torch's (the e4m3 cast
+    itself is checked on the GPU; the interpreter's fp8 rounding is not the hardware's)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, True]] * 4
