@@ -56,8 +56,8 @@ class DecodeGraphs:
         self._staging = torch.zeros((4, self.max_batch), dtype=torch.long).pin_memory()
         self._out_rows = torch.arange(self.max_batch, device=dev)
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
-        self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype)
-                      for b in self.buckets}
+        self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype,
+                                              kv_dtype=k_pool.dtype) for b in self.buckets}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (packed, logits)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -148,8 +148,8 @@ class ChunkAttention:
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [L, Hq, D], pools [P, page, Hkv, D] -> [L, Hq, D]."""
         group = self.hq // self.hkv
-        k = k_cache.view(-1, self.hkv, self.d)[self.kv_slots]  # [L, Hkv, D]
-        v = v_cache.view(-1, self.hkv, self.d)[self.kv_slots]
+        k = k_cache.view(-1, self.hkv, self.d)[self.kv_slots].to(q.dtype)  # [L, Hkv, D] (an fp8 pool: widened)
+        v = v_cache.view(-1, self.hkv, self.d)[self.kv_slots].to(q.dtype)
         k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1)[None] for t in (k, v))  # [1, Hq, L, D]
         o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, is_causal=True,
                                                              scale=self.d**-0.5)  # [1, Hq, L, D]

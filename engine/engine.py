@@ -37,6 +37,8 @@ from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerL
 from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, RowOut, Runner
+from higgs_stream.engine.quantize import check_fp8_device, check_mode, check_supported, quantize_talker
+from higgs_stream.kernels.attention import FP8_KV
 from higgs_stream.engine.ref_runner import RefRunner
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.sampling import make_generator, resolve_seed
@@ -45,6 +47,14 @@ from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 
 log = logging.getLogger(__name__)
+
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The K/V pool dtype of `EngineConfig.kv_cache_dtype`: the model's, or fp8 e4m3."""
+    return FP8_KV if name == "fp8" else model_dtype
 
 
 @dataclass(frozen=True)
@@ -57,12 +67,15 @@ class EngineConfig:
     max_seq_len: int = DEFAULT_MAX_POSITIONS
     kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
     page_size: int = 16
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 pages (half of bf16's bytes, unscaled)
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"engine {name} must be a positive int, got {value!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.token_budget < self.max_batch:
             raise ConfigError(f"token_budget ({self.token_budget}) must be >= max_batch ({self.max_batch})")
 
@@ -128,14 +141,18 @@ class Engine:
     @classmethod
     def from_pretrained(
         cls, model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = torch.float32,
-        config: EngineConfig | None = None, runner: ModelRunnerConfig | None = None,
+        config: EngineConfig | None = None, runner: ModelRunnerConfig | None = None, quantize: str = "none",
     ) -> Engine:
-        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored."""
+        """An engine for a checkpoint of any family (by config.json model_type); dtype None: as stored.
+        `quantize`: none | int8 | fp8, applied to the loaded talker's backbone linears (engine/quantize.py)."""
         from higgs_stream.engine.models.registry import load_model
 
         config = config or EngineConfig()
+        check_mode(quantize)
         talker, cfg, tokenizer = load_model(model, device=device, dtype=dtype, max_positions=config.max_seq_len)
-        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
+        quantize_talker(talker, quantize, kernels=runner.kernels if runner is not None else "fast")
+        cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
+                               dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype),
                                device=device)
         return cls(talker, cfg, tokenizer, cache, config, runner)
 
@@ -347,14 +364,23 @@ def _distinct(seqs: Iterable[Sequence]) -> list[Sequence]:
 
 
 def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast") -> Engine:
+                config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast",
+                quantize: str = "none") -> Engine:
     """The engine `serve` and `synth` run: on CUDA the fast path (`ModelRunner`: Triton + FlashInfer
     kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`), bf16 unless
-    `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`)."""
-    if torch.device(device).type == "cuda":
-        return Engine.from_pretrained(model, device=device, dtype=dtype or torch.bfloat16, config=config,
+    `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`). `quantize`
+    (none | int8 | fp8, engine/quantize.py) is checked against the device before the checkpoint is read."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dtype = dtype or torch.bfloat16
+        check_supported(quantize, dev, dtype, kernels)
+        if config is not None and config.kv_cache_dtype == "fp8" and kernels == "fast":
+            check_fp8_device(dev, "--kv-cache-dtype fp8")
+        return Engine.from_pretrained(model, device=device, dtype=dtype, config=config,
                                       runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
-                                                               kernels=kernels))
+                                                               kernels=kernels), quantize=quantize)
     if not cuda_graphs:
         log.info("--no-cuda-graphs has no effect on %s", device)
-    return Engine.from_pretrained(model, device=device, dtype=dtype or torch.float32, config=config)
+    dtype = dtype or torch.float32
+    check_supported(quantize, dev, dtype)
+    return Engine.from_pretrained(model, device=device, dtype=dtype, config=config, quantize=quantize)

@@ -132,7 +132,11 @@ class ModelFamily(Protocol):
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, Any, Any]:
-        """(talker, config with special ids, tokenizer) from a checkpoint directory; dtype None: as stored."""
+        """(talker, config with special ids, tokenizer) from a checkpoint directory; dtype None: as stored.
+
+        The talker (an nn.Module) provides `forward(StepBatch, KVCache) -> StepOutput`, `fast_weights()`
+        (the fast path's packing), `backbone_linears()` (the linears `--quantize` may quantize, by
+        module name: engine/quantize.py), `cfg`, `dtype` and `audio_head_weight`."""
         ...
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:

@@ -24,12 +24,20 @@ step) touches only attention, the audio branch, the audio embedding rows and the
 
 kernels="fast" runs Triton kernels (CUDA only; a missing Triton raises `KernelUnavailable`, never
 a silent fallback); kernels="ref" runs the plain-torch definitions from kernels/ on any device.
+
+A linear weight is a tensor, or a `quantize.QuantizedWeight` (int8 or fp8 values and per-output-channel
+scales) when the engine quantized the talker's backbone linears at load (`--quantize`, engine/quantize.py):
+every `x @ W^T` goes through `Kernels.linear`, which runs the matching kernel (cuBLAS for bf16, Triton
+for int8, per-token fp8 quantization + torch's row-wise scaled GEMM for fp8; the fp32 definitions
+with kernels="ref"). Embeddings, norms and the audio head are never quantized.
+
 RoPE tables cover `max_positions` (the engine's context cap), not the checkpoint config's
 `max_position_embeddings` (2048 in the transformers-native v2 config.json; not a limit).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,7 +45,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from higgs_stream.engine import quantize
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.quantize import Weight
 from higgs_stream.kernels import activation, fused_norm, rope_kv
 from higgs_stream.kernels._triton import KernelUnavailableError, triton_modules
 from higgs_stream.kernels.rope import llama3_inv_freq
@@ -59,11 +69,13 @@ class Kernels:
     add_rms_norm: Callable[..., torch.Tensor]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_store_kv: Callable[..., torch.Tensor]
+    linear: Callable[[torch.Tensor, Weight], torch.Tensor]  # x [N, K] @ W^T, W plain or quantized
 
     @classmethod
     def named(cls, name: str, device: torch.device) -> Kernels:
         if name == "ref":
-            return cls("ref", fused_norm.add_rms_norm_ref, activation.silu_and_mul_ref, rope_kv.rope_store_kv_ref)
+            return cls("ref", fused_norm.add_rms_norm_ref, activation.silu_and_mul_ref, rope_kv.rope_store_kv_ref,
+                       functools.partial(quantize.linear, kernels="ref"))
         if name != "fast":
             raise ConfigError(f"kernels must be 'fast' or 'ref', got {name!r}")
         if device.type != "cuda":
@@ -73,7 +85,8 @@ class Kernels:
             triton_modules()
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
-        return cls("fast", fused_norm.add_rms_norm, activation.silu_and_mul, rope_kv.rope_store_kv)
+        return cls("fast", fused_norm.add_rms_norm, activation.silu_and_mul, rope_kv.rope_store_kv,
+                   functools.partial(quantize.linear, kernels="fast"))
 
 
 @dataclass
@@ -135,13 +148,14 @@ class FastTalker:
         return self.k.add_rms_norm(delta, x, weight, self.eps, inp.select, self.dtype)
 
     def _mlp(self, h: torch.Tensor, layer: FastLayer, inp: FastInputs) -> torch.Tensor:
+        lin = self.k.linear
         if len(layer.gate_up) == 1 or inp.all_audio:  # one MLP for every row: the only one, or the audio one
-            return F.linear(self.k.silu_and_mul(F.linear(h, layer.gate_up[-1])), layer.down[-1])
+            return lin(self.k.silu_and_mul(lin(h, layer.gate_up[-1])), layer.down[-1])
         out = torch.empty_like(h)
         for branch, rows in ((TEXT, inp.text_rows), (AUDIO, inp.audio_rows)):
             if rows.numel():
                 sub = h[rows]
-                out[rows] = F.linear(self.k.silu_and_mul(F.linear(sub, layer.gate_up[branch])), layer.down[branch])
+                out[rows] = lin(self.k.silu_and_mul(lin(sub, layer.gate_up[branch])), layer.down[branch])
         return out
 
     def _qk_norm(self, qkv: torch.Tensor, weight: torch.Tensor, select: torch.Tensor) -> None:
@@ -164,12 +178,12 @@ class FastTalker:
         delta = None
         for i, layer in enumerate(self.layers):
             h = self._norm(delta, x, layer.input_norm, inp)
-            qkv = F.linear(h, layer.qkv)  # [N, (Hq + 2 Hkv) D]
+            qkv = self.k.linear(h, layer.qkv)  # [N, (Hq + 2 Hkv) D]
             if layer.qk_norm is not None:
                 self._qk_norm(qkv, layer.qk_norm, qk_select)
             q = self.k.rope_store_kv(qkv, inp.positions, self.cos_sin, inp.kv_slots, k_pool[i], v_pool[i], hq, hkv, d)
             o = attn.run(q, k_pool[i], v_pool[i])  # [N, Hq, D]
-            h = self._norm(F.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
+            h = self._norm(self.k.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
             delta = self._mlp(h, layer, inp)  # [N, H]
         x.add_(delta.float())
         last = x[inp.out_rows]  # [R, H]
@@ -192,9 +206,9 @@ class FastTalker:
     def audio_step_bytes(self) -> int:
         """Bytes of weights an all-audio decode step reads (attention, the audio branch's norms and
         MLP, QK-norms, the audio head, the final norm) plus one column's embedding rows; KV reads
-        come on top."""
-        def nbytes(*ts: torch.Tensor | None) -> int:
-            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        come on top. A quantized linear counts its int8/fp8 values and its scales."""
+        def nbytes(*ts: Weight | None) -> int:
+            return sum(quantize.nbytes(t) for t in ts)
 
         per_layer = sum(nbytes(layer.qkv, layer.o, layer.gate_up[-1], layer.down[-1], layer.input_norm[-1],
                                layer.post_norm[-1], layer.qk_norm) for layer in self.layers)
@@ -206,10 +220,10 @@ class FastTalker:
 class FastLayer:
     """One layer's weights as the fast path reads them."""
 
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    o: torch.Tensor  # [H, Hq D]
-    gate_up: tuple[torch.Tensor, ...]  # [2I, H] per branch: (text, audio) for DualFFN, (shared,) for Qwen3
-    down: tuple[torch.Tensor, ...]  # [H, I] per branch
+    qkv: Weight  # [(Hq + 2 Hkv) D, H]
+    o: Weight  # [H, Hq D]
+    gate_up: tuple[Weight, ...]  # [2I, H] per branch: (text, audio) for DualFFN, (shared,) for Qwen3
+    down: tuple[Weight, ...]  # [H, I] per branch
     input_norm: torch.Tensor  # [W, H], one row per branch
     post_norm: torch.Tensor  # [W, H]
     qk_norm: torch.Tensor | None = None  # [2, D] (q, k) per-head RMSNorm weights (Qwen3), else None
@@ -226,16 +240,15 @@ class FastWeights:
     audio_head: torch.Tensor  # [K*1026, H]
 
 
-@torch.no_grad()
-def fuse_linears(*linears: Any) -> torch.Tensor:
-    """Concatenate Linear weights along the output axis; the modules' weights become views of it."""
-    fused = torch.cat([m.weight.detach() for m in linears], dim=0).contiguous()
-    start = 0
-    for m in linears:
-        rows = m.weight.shape[0]
-        m.weight.data = fused[start:start + rows]
-        start += rows
-    return fused
+def fuse_linears(*linears: Any) -> Weight:
+    """Concatenate Linear weights along the output axis; the modules' weights become views of it
+    (quantized linears: their values and scales, `quantize.fuse`)."""
+    return quantize.fuse(*linears)
+
+
+def linear_weight(linear: Any) -> Weight:
+    """A Linear's weight as the fast path reads it (a tensor, or its QuantizedWeight)."""
+    return quantize.weight_of(linear)
 
 
 def stack_norms(*norms: Any) -> torch.Tensor:

@@ -27,6 +27,8 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), no biases."""
 
+    LINEARS = ("gate_proj", "up_proj", "down_proj")  # what `--quantize` may quantize (engine/quantize.py)
+
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
@@ -42,6 +44,8 @@ class Attention(nn.Module):
 
     `project_qkv` is the hook a variant overrides to transform q/k/v before RoPE (Qwen3: QK-norm).
     """
+
+    LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")  # what `--quantize` may quantize (engine/quantize.py)
 
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()

@@ -51,12 +51,13 @@ from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.quantize import check_fp8_device
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, Scheduler, SchedulerConfig
 from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
-from higgs_stream.kernels.attention import PagedLayout
+from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
@@ -144,6 +145,8 @@ class ModelRunner:
         positions = max_seq_len + LAG_SLACK + 1
         if fast is not None and (fast.k.name != self.config.kernels or fast.max_positions < positions):
             raise ConfigError("the shared FastTalker was built for other kernels or fewer positions")
+        if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
+            check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions)
         alloc = cache.allocator
         alloc.reserve(SCRATCH_SEQ, 1)
@@ -184,7 +187,8 @@ class ModelRunner:
             return RefAttention(self.cfg.head_dim)
         try:
             return FlashInferAttention(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
-                                       self.cache.allocator.page_size, self.device, self.fast.dtype)
+                                       self.cache.allocator.page_size, self.device, self.fast.dtype,
+                                       kv_dtype=self.cache.pool.k.dtype)
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
 

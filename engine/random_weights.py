@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.engine import Engine, EngineConfig, kv_cache_dtype
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.request import GenerationRequest
 
@@ -55,7 +55,7 @@ def random_preset(model: str) -> str | None:
 
 def build_random(model: str, arch: str | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, config: EngineConfig | None = None, cuda_graphs: bool = True,
-                 kernels: str = "fast", seed: int = 0) -> tuple[Engine, Any]:
+                 kernels: str = "fast", seed: int = 0, quantize: str = "none") -> tuple[Engine, Any]:
     """(engine, codec) for `random:tiny` or `random:full` of the family `arch` (the registry's
     default when None), EOS suppressed. `config`: the engine's EngineConfig (KV pages, max batch);
     the rest as `engine.load_engine`."""
@@ -70,12 +70,12 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
     log.warning(WARNING, model, arch)
     t0 = time.perf_counter()
     if preset == "tiny":
-        engine, codec = _tiny(arch, device, dtype, config, cuda_graphs, kernels, seed)
+        engine, codec = _tiny(arch, device, dtype, config, cuda_graphs, kernels, seed, quantize)
     else:
         if torch.device(device).type != "cuda":
             raise ConfigError(f"{model} runs on CUDA only (ModelRunner, ~8 GB of bf16 weights); "
                               f"use {PREFIX}tiny on {device}")
-        engine, codec = _full(arch, device, dtype or torch.bfloat16, config, cuda_graphs, kernels, seed)
+        engine, codec = _full(arch, device, dtype or torch.bfloat16, config, cuda_graphs, kernels, seed, quantize)
     log.warning("random %s %s model ready in %.1f s (%s on %s); its output is noise, never speech",
                 preset, arch, time.perf_counter() - t0, type(engine).__name__, engine.device)
     return engine, codec
@@ -83,7 +83,7 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
 
 # ---------------------------------------------------------------------------------- builders
 def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfig, cuda_graphs: bool,
-          kernels: str, seed: int) -> tuple[Engine, Any]:
+          kernels: str, seed: int, quantize: str) -> tuple[Engine, Any]:
     from higgs_stream.engine.checkpoint_writer import write_checkpoint
     from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
@@ -92,7 +92,7 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
     try:  # everything is read into memory; the directory goes once loaded
         root = write_checkpoint(tmp / arch, arch=arch, preset="tiny", seed=seed)
         engine = load_engine(str(root), device=device, dtype=dtype, config=config, cuda_graphs=cuda_graphs,
-                             kernels=kernels)
+                             kernels=kernels, quantize=quantize)
         codec = load_codec_for(root, device=device)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -101,23 +101,29 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
 
 
 def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda_graphs: bool, kernels: str,
-          seed: int) -> tuple[Engine, Any]:
-    return in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed), random_full_codec(seed)
+          seed: int, quantize: str) -> tuple[Engine, Any]:
+    return (in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed, quantize=quantize),
+            random_full_codec(seed))
 
 
 def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, config: EngineConfig,
-                     cuda_graphs: bool = True, kernels: str = "fast", seed: int = 0, eos: bool = False) -> Engine:
+                     cuda_graphs: bool = True, kernels: str = "fast", seed: int = 0, eos: bool = False,
+                     quantize: str = "none") -> Engine:
     """An engine with the ModelRunner over a random talker drawn in memory (no files), EOS suppressed unless `eos`.
-    `random:full` uses it with preset "full" on CUDA; tests run it with "tiny" on the CPU (kernels="ref")."""
+    `random:full` uses it with preset "full" on CUDA; tests run it with "tiny" on the CPU (kernels="ref").
+    `quantize`: none | int8 | fp8 (engine/quantize.py), applied before the runner packs the weights."""
     from higgs_stream.engine.model_runner import ModelRunnerConfig
     from higgs_stream.engine.kv_cache import KVCache
     from higgs_stream.engine.models.registry import family_named
+    from higgs_stream.engine.quantize import check_supported, quantize_talker
 
+    check_supported(quantize, torch.device(device), dtype, kernels)  # before drawing ~8 GB of weights
     talker, cfg, tokenizer = family_named(arch).random_talker(preset, device, dtype, config.max_seq_len, seed)
+    quantize_talker(talker, quantize, kernels)
     if not eos:
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
-    cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size, dtype=talker.dtype,
-                           device=device)
+    cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
+                           dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype), device=device)
     runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels)
     engine = Engine(talker, cfg, tokenizer, cache, config, runner)
     if not eos:

@@ -12,6 +12,8 @@ Sections (all in one run, on one GPU, numbers named after the card):
             under N concurrent streams arriving over time: TTFA, per-stream RTF, underruns of a
             real-time listener, aggregate audio seconds per second
 Random weights never stop by themselves: utterances end at the frame cap (250 frames = 10 s).
+`--quantize fp8|int8` runs every section on the quantized talker; `python -m higgs_stream.bench_quant`
+runs the modes side by side.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from higgs_stream.engine.models.higgs_v2.random_weights import (
     talker_from_reference,
     tokenizer_and_config,
 )
+from higgs_stream.engine.quantize import quantize_talker
 from higgs_stream.engine.random_weights import EOS_TOP_K, random_full_codec, suppress_eos
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
@@ -511,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run N > 1 with the codec on a green context of these many SMs")
     ap.add_argument("--trace", action="store_true", help="time every engine step and codec call of N > 1 runs")
     ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
+    ap.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
+                    help="quantize the talker's backbone linears before every section (side by side: bench_quant)")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
@@ -536,7 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     hf = random_reference(cfg, "cuda")
     talker = talker_from_reference(hf, cfg, torch.bfloat16)
-    log(f"random full-size model built in {time.perf_counter() - t0:.1f} s")
+    quantize_talker(talker, args.quantize)
+    result["quantize"] = args.quantize
+    log(f"random full-size model built in {time.perf_counter() - t0:.1f} s (quantize {args.quantize})")
     config = EngineConfig(max_batch=256, token_budget=4096, max_waiting=1024, max_seq_len=4096,
                           kv_pages=args.kv_pages, page_size=16)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=torch.bfloat16, device="cuda")

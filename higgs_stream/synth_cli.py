@@ -24,6 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="debug: on cuda, run decode steps eagerly")
     p.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                    help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
+    p.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
+                   help="backbone linears at load: fp8 (W8A8, CUDA compute capability >= 8.9) or int8 "
+                        "(weight-only, any device); embeddings, heads, norms and the codec stay as loaded")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                   help="K/V pages in the model dtype (auto) or fp8 e4m3 (half of bf16's bytes)")
     p.add_argument("--out", default=None, help="output WAV (24 kHz mono s16le)")
     p.add_argument("--codes-out", default=None, help="write the codec frames [K, F] as .npy (what the codec decodes)")
 
@@ -33,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.errors import InvalidInputError
-    from higgs_stream.engine.engine import load_engine
+    from higgs_stream.engine.engine import EngineConfig, load_engine
     from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize
@@ -44,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
     codec = load_codec_for(args.model, args.codec, device=args.device)
-    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels)
+    engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels,
+                         quantize=args.quantize, config=EngineConfig(kv_cache_dtype=args.kv_cache_dtype))
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))

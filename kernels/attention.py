@@ -89,6 +89,27 @@ class PagedLayout:
         )
 
 
+FP8_KV = torch.float8_e4m3fn  # the fp8 K/V pool dtype (`EngineConfig.kv_cache_dtype="fp8"`)
+FP8_KV_MAX = 448.0
+
+
+def to_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Values as a pool of `dtype` stores them: an fp8 pool saturates at +-448 (unscaled: K and V
+    are O(1)..O(10) in these models) where a plain cast would give NaN."""
+    if dtype == FP8_KV:
+        return x.float().clamp(-FP8_KV_MAX, FP8_KV_MAX).to(dtype)
+    return x.to(dtype)
+
+
+def store_rows(flat: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """flat[slots] = to_kv(values): an fp8 pool through its byte view (the CPU's index_copy_ has no fp8)."""
+    v = to_kv(values, flat.dtype)
+    if flat.dtype == FP8_KV:
+        flat.view(torch.uint8).index_copy_(0, slots, v.view(torch.uint8))
+    else:
+        flat.index_copy_(0, slots, v)
+
+
 def write_paged_kv_ref(
     k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -97,8 +118,8 @@ def write_paged_kv_ref(
     assert slot_mapping.shape == (k.shape[0],), f"slot_mapping {slot_mapping.shape} for {k.shape[0]} tokens"
     k_flat = k_pool.view(-1, *k_pool.shape[2:])  # [P * page_size, Hkv, D]
     v_flat = v_pool.view(-1, *v_pool.shape[2:])
-    k_flat.index_copy_(0, slot_mapping, k.to(k_pool.dtype))
-    v_flat.index_copy_(0, slot_mapping, v.to(v_pool.dtype))
+    store_rows(k_flat, slot_mapping, k)
+    store_rows(v_flat, slot_mapping, v)
 
 
 def paged_attention_ref(

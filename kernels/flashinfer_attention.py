@@ -107,13 +107,14 @@ class FlashInferAttention:
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  device: torch.device, dtype: torch.dtype = torch.bfloat16,
-                 workspace: torch.Tensor | None = None) -> None:
+                 workspace: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None) -> None:
+        """`dtype`: the queries'; `kv_dtype`: the pools' (None: the same; fp8 e4m3 pools, unscaled)."""
         fi = flashinfer_module()
         if torch.device(device).type != "cuda":
             raise KernelUnavailableError(f"FlashInfer attention needs a CUDA device, got {device}")
         check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
-        self.page_size, self.dtype = page_size, dtype
+        self.page_size, self.dtype, self.kv_dtype = page_size, dtype, kv_dtype or dtype
         self.workspace = workspace if workspace is not None else torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
@@ -124,11 +125,11 @@ class FlashInferAttention:
         if decode:
             assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
             self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
-                              q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=d**-0.5)
+                              q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=d**-0.5)
             self._active = self._decode
         else:
             self._prefill.plan(csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d,
-                               self.page_size, causal=True, q_data_type=self.dtype, kv_data_type=self.dtype,
+                               self.page_size, causal=True, q_data_type=self.dtype, kv_data_type=self.kv_dtype,
                                sm_scale=d**-0.5)
             self._active = self._prefill
         self._num_tokens = csr.num_tokens
@@ -150,12 +151,12 @@ class GraphDecodeAttention:
 
     def __init__(self, batch_size: int, max_pages: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, device: torch.device, workspace: torch.Tensor,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
+                 dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None) -> None:
         fi = flashinfer_module()
         self.batch_size, self.max_pages = batch_size, max_pages
         check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
-        self.page_size, self.dtype = page_size, dtype
+        self.page_size, self.dtype, self.kv_dtype = page_size, dtype, kv_dtype or dtype
         self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
         self._indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
         self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices, uploaded
@@ -176,7 +177,7 @@ class GraphDecodeAttention:
         indices = self._indices_in[:n]
         indices.copy_(csr.kv_indices.pin_memory(), non_blocking=True)
         self._wrapper.plan(csr.kv_indptr, indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
-                           q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=d**-0.5)
+                           q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=d**-0.5)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"

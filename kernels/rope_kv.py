@@ -10,7 +10,8 @@ The rotation angles come from a precomputed table `cos_sin` [max_pos, D] fp32 wh
 cos(p * inv_freq) in its first D/2 entries and sin(p * inv_freq) in the rest (`cos_sin_table`),
 inv_freq from `kernels.rope.llama3_inv_freq`: the same angles as `kernels.rope.rope_cos_sin`.
 The rotation is done in fp32 and cast once. K/V pools are [P, page_size, Hkv, D] (NHD), slots
-index their flattened [P * page_size] token axis.
+index their flattened [P * page_size] token axis; an fp8 (e4m3) pool stores values saturated at
++-448 (`attention.to_kv`).
 
 `rope_store_kv_ref` is the plain-torch definition; `rope_store_kv` the Triton kernel (CUDA only,
 one program per token and head).
@@ -23,6 +24,7 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels.attention import FP8_KV, FP8_KV_MAX, store_rows
 
 
 def cos_sin_table(inv_freq: torch.Tensor, max_positions: int, device: torch.device | str) -> torch.Tensor:
@@ -63,8 +65,8 @@ def rope_store_kv_ref(
     rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)  # [N, Hq+Hkv, D]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [P * page, Hkv, D]
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-    k_flat.index_copy_(0, slots, rot[:, num_q_heads:].to(k_cache.dtype))
-    v_flat.index_copy_(0, slots, heads[:, num_q_heads + num_kv_heads:].to(v_cache.dtype))
+    store_rows(k_flat, slots, rot[:, num_q_heads:])
+    store_rows(v_flat, slots, heads[:, num_q_heads + num_kv_heads:])
     return rot[:, :num_q_heads].contiguous()
 
 
@@ -74,7 +76,8 @@ def _kernel():
 
     @triton.jit
     def rope_store_kv_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-                             HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+                             HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV_FP8: tl.constexpr,
+                             KV_MAX: tl.constexpr):
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         half: tl.constexpr = D // 2
@@ -96,10 +99,14 @@ def _kernel():
             kv_head = head - HQ
             slot = tl.load(slot_ptr + tok).to(tl.int64)
             dst = k_ptr + (slot * HKV + kv_head) * D
+            j = tl.arange(0, D)
+            v = tl.load(qkv_ptr + tok * width + (HQ + HKV + kv_head) * D + j).to(tl.float32)
+            if KV_FP8:  # saturate, as to_kv: e4m3 has no infinity
+                o1 = tl.clamp(o1, -KV_MAX, KV_MAX)
+                o2 = tl.clamp(o2, -KV_MAX, KV_MAX)
+                v = tl.clamp(v, -KV_MAX, KV_MAX)
             tl.store(dst + i, o1.to(k_ptr.dtype.element_ty))
             tl.store(dst + half + i, o2.to(k_ptr.dtype.element_ty))
-            j = tl.arange(0, D)
-            v = tl.load(qkv_ptr + tok * width + (HQ + HKV + kv_head) * D + j)
             tl.store(v_ptr + (slot * HKV + kv_head) * D + j, v.to(v_ptr.dtype.element_ty))
 
     return rope_store_kv_kernel
@@ -125,5 +132,6 @@ def rope_store_kv(
     q = torch.empty((n, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if n:
         kernel[(n, num_q_heads + num_kv_heads)](qkv, positions, cos_sin, slots, q, k_cache, v_cache,
-                                                HQ=num_q_heads, HKV=num_kv_heads, D=head_dim, num_warps=1)
+                                                HQ=num_q_heads, HKV=num_kv_heads, D=head_dim,
+                                                KV_FP8=k_cache.dtype == FP8_KV, KV_MAX=FP8_KV_MAX, num_warps=1)
     return q

@@ -270,6 +270,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admit-step-ratio", type=float, default=d.admit_step_ratio, metavar="R",
                         help="refuse new streams (busy) when the predicted engine step exceeds R x one frame "
                              "(40 ms); 0 = no admission by load (only --max-streams)")
+    parser.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
+                        help="backbone linears at load: fp8 (W8A8, CUDA compute capability >= 8.9) or int8 "
+                             "(weight-only, any device); embeddings, heads, norms and the codec stay as loaded")
+    parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                        help="K/V pages in the model dtype (auto) or fp8 e4m3: --kv-pages then take half of "
+                             "bf16's memory")
     parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
@@ -357,9 +363,10 @@ def build_state(args: argparse.Namespace) -> ServerState:
     voices = VoiceLibrary.from_config(cfg)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
-    engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+    engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
+                              **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
-                   "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels}
+                   "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize}
     if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
         from higgs_stream.engine.random_weights import build_random
 

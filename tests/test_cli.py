@@ -98,9 +98,24 @@ def test_synth_errors_are_typed(main, tmp_path, tiny_ckpt, tiny_v3_ckpt, capsys)
         (["--model", str(tiny_v3_ckpt), "--codec", str(tiny_ckpt / "audio_tokenizer")], "[bad_config]", "codec bundled"),
         (["--model", str(tiny_v3_ckpt), "--scene", "A loud street."], "[invalid_input]", "no scene"),
         (["--model", str(tmp_path / "missing")], "[checkpoint]", "missing"),
+        (["--model", str(tiny_ckpt), "--quantize", "fp8"], "[bad_config]", "compute capability >= 8.9"),
     ]
     for args, code, detail in cases:
         assert main(["synth", *args, "--text", TEXT, "--out", out]) == 2
         err = capsys.readouterr().err
         assert f"error {code}" in err and detail in err, err
     assert not Path(out).exists()
+
+
+@pytest.mark.parametrize("fixture, kv", [("tiny_ckpt", "auto"), ("tiny_v3_ckpt", "auto"), ("tiny_v3_ckpt", "fp8")])
+def test_synth_quantize_int8(main, tmp_path, request, fixture, kv):
+    """`synth --quantize int8 [--kv-cache-dtype fp8]` writes the codes of the library's engine so built
+    (the CPU's RefRunner)."""
+    model = request.getfixturevalue(fixture)
+    out = tmp_path / "x.npy"
+    assert main(["synth", "--model", str(model), "--text", TEXT, "--seed", "1", "--max-frames", "20",
+                 "--quantize", "int8", "--kv-cache-dtype", kv, "--codes-out", str(out)]) == 0
+    engine = Engine.from_pretrained(str(model), config=EngineConfig(max_batch=2, kv_pages=64, kv_cache_dtype=kv),
+                                    quantize="int8")
+    req = GenerationRequest(text=TEXT, max_frames=20, sampling=SamplingParams(seed=1))
+    np.testing.assert_array_equal(engine.generate(req), np.load(out))

@@ -109,3 +109,15 @@ def test_serve_flags_reach_the_codec_and_the_pacing_config():
     assert (state.config.pause_ahead_s, state.config.resume_ahead_s, state.config.admit_step_ratio) == (4.0, 1.5, 0.6)
     default = server.build_state(args("--model", "random:tiny"))
     assert default.pipeline.codec.allow_tf32 is False  # exact unless asked
+
+
+def test_serve_quantize_flag_reaches_the_engine():
+    from higgs_stream.engine.quantize import QuantLinear
+
+    state = server.build_state(args("--model", "random:tiny", "--arch", "v3", "--quantize", "int8"))
+    talker = state.pipeline.engine.talker
+    assert {n for n, m in talker.named_modules() if isinstance(m, QuantLinear)} == set(talker.backbone_linears())
+    with pytest.raises(ConfigError, match="compute capability"):
+        server.build_state(args("--model", "random:tiny", "--quantize", "fp8"))
+    with pytest.raises(SystemExit):  # argparse: not a mode
+        args("--model", "random:tiny", "--quantize", "int4")

@@ -33,3 +33,24 @@ def test_matches_ref_and_rope(n):
     q32 = qkv.float().view(n, -1, d)[:, :hq]
     err = ((apply_rope_ref(q32, cos, sin) - got.float()).norm() / got.float().norm()).item()
     assert err < 4e-3, err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 pages need compute capability >= 8.9")
+def test_fp8_pages_store_the_saturated_rounding():
+    """An e4m3 pool (--kv-cache-dtype fp8): K within one e4m3 step of the reference's (its rotation
+    is rounded to bf16 before the fp8 cast; the kernel casts from fp32), V equal, large values
+    saturated at 448 (never NaN)."""
+    hq, hkv, d, pages, ps, n = 24, 8, 128, 64, 16, 77
+    table = cos_sin_table(llama3_inv_freq(d, 500000.0, SCALING), 9000, "cuda")
+    qkv = (torch.randn(n, (hq + 2 * hkv) * d, device="cuda") * 150).bfloat16()  # many values past 448
+    positions = torch.randint(0, 9000, (n,), device="cuda")
+    slots = torch.randperm(pages * ps, device="cuda")[:n]
+    pools = [torch.zeros(pages, ps, hkv, d, device="cuda", dtype=torch.float8_e4m3fn) for _ in range(2)]
+    ref_pools = [p.clone() for p in pools]
+    rope_store_kv_ref(qkv, positions, table, slots, *ref_pools, hq, hkv, d)
+    rope_store_kv(qkv, positions, table, slots, *pools, hq, hkv, d)
+    k, k_ref = pools[0].float(), ref_pools[0].float()
+    assert torch.isfinite(k).all() and torch.isfinite(pools[1].float()).all() and k.abs().max() == 448
+    assert ((k - k_ref).abs() <= k_ref.abs() / 8 + 2.0**-9).all()  # one e4m3 step: 2^-3 relative
+    assert torch.equal(pools[1].view(torch.uint8), ref_pools[1].view(torch.uint8))

@@ -30,7 +30,7 @@ from torch import nn
 
 from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
 from higgs_stream.engine.errors import InvalidInputError
-from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, stack_norms
+from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
@@ -191,6 +191,15 @@ class Talker(nn.Module):
             text_logits[rows] = self.text_lm_head(last[rows]).float()  # [Bt, V]
         return StepOutput(audio_logits=audio_logits, text_logits=text_logits)
 
+    def backbone_linears(self) -> dict[str, nn.Module]:
+        """The linears `--quantize` quantizes (engine/quantize.py), by module name: every layer's
+        attention q/k/v/o and both DualFFN MLPs (text and audio). Not the audio embedding, the audio
+        or text head, the text embedding or any norm: those stay as loaded."""
+        paths = [f"self_attn.{n}" for n in Attention.LINEARS] + [f"{mlp}.{n}" for mlp in ("mlp", "audio_mlp")
+                                                                  for n in MLP.LINEARS]
+        return {f"model.layers.{i}.{p}": layer.get_submodule(p) for i, layer in enumerate(self.model.layers)
+                for p in paths}
+
     def fast_weights(self) -> FastWeights:
         """The fast path's view of these weights (engine/fast_talker.py): DualFFN Llama-3, every layer
         with a text and an audio branch, a separate audio head. q/k/v and gate/up are fused into one
@@ -198,10 +207,10 @@ class Talker(nn.Module):
         def layer(b: Any) -> FastLayer:
             attn = b.self_attn
             return FastLayer(
-                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
+                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
                 gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),
                          fuse_linears(b.audio_mlp.gate_proj, b.audio_mlp.up_proj)),
-                down=(b.mlp.down_proj.weight.detach(), b.audio_mlp.down_proj.weight.detach()),
+                down=(linear_weight(b.mlp.down_proj), linear_weight(b.audio_mlp.down_proj)),
                 input_norm=stack_norms(b.input_layernorm, b.audio_input_layernorm),
                 post_norm=stack_norms(b.post_attention_layernorm, b.audio_post_attention_layernorm),
             )

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
-from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, stack_norms
+from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
@@ -187,6 +187,14 @@ class TalkerV3(nn.Module):
             text_logits[rows] = self.text_logits(last[rows])  # [Bt, V]
         return StepOutput(audio_logits=audio_logits, text_logits=text_logits)
 
+    def backbone_linears(self) -> dict[str, nn.Module]:
+        """The linears `--quantize` quantizes (engine/quantize.py), by module name: every layer's
+        attention q/k/v/o and MLP. Not the tied audio table (embedding and head), the text
+        embedding (also the text head), the QK-norms or any other norm: those stay as loaded."""
+        paths = [f"self_attn.{n}" for n in Attention.LINEARS] + [f"mlp.{n}" for n in MLP.LINEARS]
+        return {f"body.layers.{i}.{p}": layer.get_submodule(p) for i, layer in enumerate(self.body.layers)
+                for p in paths}
+
     def fast_weights(self) -> FastWeights:
         """The fast path's view of these weights (engine/fast_talker.py): Qwen3, one branch per layer,
         QK-norm; the fused audio matrix is both embedding and head. q/k/v and gate/up are fused into
@@ -194,8 +202,8 @@ class TalkerV3(nn.Module):
         def layer(b: Any) -> FastLayer:
             attn = b.self_attn
             return FastLayer(
-                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
-                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(b.mlp.down_proj.weight.detach(),),
+                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
+                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(linear_weight(b.mlp.down_proj),),
                 input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
                 qk_norm=stack_norms(attn.q_norm, attn.k_norm),
             )

@@ -1,0 +1,107 @@
+"""FP8 (e4m3) linear with per-output-channel weight scales and per-token dynamic activation scales:
+
+    x_scale[m] = max(amax(|x[m, :]|), EPS) / 448            # one fp32 scale per row (token), at run time
+    xq = e4m3(x / x_scale)                                   # round to nearest even, |xq| <= 448
+    y  = (xq @ q^T) * x_scale[:, None] * w_scale[None, :]   # fp32 accumulation, out in x's dtype
+
+`q` [N, K] e4m3 and `w_scale` [N] fp32 come from quantizing the weight once at load (the engine's
+quantize.py, the same rule per output channel).
+
+`fp8_linear_ref` / `quantize_per_token_ref` are the definitions (plain torch, any device: fp8 is
+emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the fast path (CUDA,
+compute capability >= 8.9): one Triton kernel quantizes the activations per token, then torch's
+row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
+with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, both
+CUDA-graph safe (no host synchronisation).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from higgs_stream.kernels._triton import require_cuda, triton_modules
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (e4m3 [M, K], fp32 scale [M]) with one scale per row (max |x| -> 448)."""
+    assert x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}"
+    xf = x.float()
+    scale = xf.abs().amax(dim=1).clamp(min=EPS) / FP8_MAX  # [M]
+    return (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+quantize_per_token_ref = quantize_rows_ref  # activations: one row per token
+
+
+def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """x [..., K] float, q [N, K] e4m3, w_scale [N] fp32 -> [..., N] in x's dtype (emulated in fp32)."""
+    _check(x, q, w_scale)
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, x_scale = quantize_per_token_ref(x.reshape(-1, k))
+    y = (xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]  # [M, N] fp32
+    return y.to(x.dtype).view(*lead, q.shape[0])
+
+
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
+    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16). `fast_accum`: cuBLAS/CUTLASS
+    fast accumulation (Hopper's reduced-precision fp8 accumulator); off by default."""
+    _check(x, q, w_scale)
+    require_cuda(x, q, w_scale, what="fp8_linear")
+    assert x.dtype == torch.bfloat16, f"fp8_linear's row-wise scaled GEMM writes bf16; x is {x.dtype}"
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, x_scale = quantize_per_token(x.reshape(-1, k))
+    if xq.shape[0] == 0:
+        return x.new_empty(*lead, q.shape[0])
+    y = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=x.dtype,
+                         use_fast_accum=fast_accum)  # [M, N]; q.t() is the column-major operand
+    return y.view(*lead, q.shape[0])
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton version of `quantize_per_token_ref` (CUDA): one program per row, two passes over K."""
+    assert x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}"
+    require_cuda(x, what="quantize_per_token")
+    x = x.contiguous()
+    m, k = x.shape
+    xq = torch.empty((m, k), dtype=FP8, device=x.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m:
+        _kernel()[(m,)](x, xq, scale, k, EPS, FP8_MAX, BLOCK=1024, num_warps=4)
+    return xq, scale
+
+
+def _check(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> None:
+    assert q.dtype == FP8 and q.dim() == 2, f"q must be float8_e4m3fn [N, K], got {q.dtype} {tuple(q.shape)}"
+    assert x.shape[-1] == q.shape[1], f"x [..., {x.shape[-1]}] vs q [N, {q.shape[1]}]"
+    assert w_scale.shape == (q.shape[0],) and w_scale.dtype == torch.float32, "w_scale must be fp32 [N]"
+
+
+@functools.cache
+def _kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, eps, fp8_max, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, K, BLOCK):
+            c = start + cols
+            x = tl.load(x_ptr + row * K + c, mask=c < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), eps), fp8_max)  # IEEE division, as torch
+        tl.store(s_ptr + row, scale)
+        for start in range(0, K, BLOCK):
+            c = start + cols
+            x = tl.load(x_ptr + row * K + c, mask=c < K, other=0.0).to(tl.float32)
+            y = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
+            tl.store(q_ptr + row * K + c, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=c < K)
+
+    return quantize_per_token_kernel

@@ -1,0 +1,92 @@
+"""FP8 (e4m3) linear, the plain-torch definitions on the CPU: per-row scales (max |x| -> 448), every
+value within half an e4m3 step, and the emulated product within the bound those steps imply; the
+CUDA quantization kernel's logic through Triton's interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from higgs_stream.engine.quantize import quantize_weight
+from higgs_stream.kernels.fp8_linear import FP8, FP8_MAX, fp8_linear_ref, quantize_per_token_ref
+
+HALF_STEP_REL = 2.0**-4  # e4m3 normals: 3 mantissa bits, so rounding moves a value by <= 2^-4 of it
+HALF_STEP_SUB = 2.0**-10  # subnormals (|v| < 2^-6): spacing 2^-9
+
+
+def step_bound(v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Largest rounding error of v (already in real units) quantized with per-row `scale` [R]."""
+    return torch.maximum(v.abs() * HALF_STEP_REL, HALF_STEP_SUB * scale[:, None])
+
+
+def test_per_token_scales_and_rounding():
+    torch.manual_seed(0)
+    x = torch.randn(6, 200) * torch.logspace(-3, 2, 6)[:, None]  # rows over five decades
+    x[3] = 0.0  # an all-zero row: a tiny scale, zeros out
+    xq, scale = quantize_per_token_ref(x)
+    assert xq.dtype == FP8 and scale.dtype == torch.float32 and scale.shape == (6,)
+    live = [0, 1, 2, 4, 5]
+    assert torch.equal(xq.float()[live].abs().amax(1), torch.full((5,), FP8_MAX))  # max |x| -> 448 per row
+    torch.testing.assert_close(scale[live], x[live].abs().amax(1) / FP8_MAX, rtol=0, atol=0)
+    assert not xq.float()[3].any() and scale[3] > 0
+    err = (xq.float() * scale[:, None] - x).abs()
+    assert (err <= step_bound(x, scale) * (1 + 1e-6)).all()
+
+
+def test_weight_rows_quantize_like_tokens():
+    torch.manual_seed(1)
+    w = torch.randn(40, 64) * (0.1 + torch.rand(40, 1))
+    qw = quantize_weight(w, "fp8")
+    q, s = quantize_per_token_ref(w)
+    assert qw.mode == "fp8" and torch.equal(qw.qweight.view(torch.uint8), q.view(torch.uint8)) and torch.equal(qw.scale, s)
+
+
+def test_emulated_product_is_within_the_rounding_bound():
+    """|x^ w^ - x w| <= e_x |w^| + |x| e_w, with e the per-element rounding bounds, plus fp32 slack."""
+    torch.manual_seed(2)
+    x, w = torch.randn(7, 96), torch.randn(33, 96) * 0.05
+    qw = quantize_weight(w, "fp8")
+    _, xs = quantize_per_token_ref(x)
+    got, dense = fp8_linear_ref(x, qw.qweight, qw.scale), x @ w.t()
+    bound = step_bound(x, xs) @ qw.dequantize().abs().t() + x.abs() @ step_bound(w, qw.scale).t()
+    assert ((got - dense).abs() <= bound + 1e-5 * (x.abs() @ w.abs().t())).all()
+    rel = ((got - dense).norm() / dense.norm()).item()
+    assert 1e-3 < rel < 5e-2, rel  # quantized (not silently dense), and typical e4m3 error on random data
+
+
+def test_dtype_and_shapes_follow_the_activations():
+    qw = quantize_weight(torch.randn(8, 16), "fp8")
+    x = torch.randn(2, 3, 16).bfloat16()
+    y = fp8_linear_ref(x, qw.qweight, qw.scale)
+    assert y.shape == (2, 3, 8) and y.dtype == torch.bfloat16
+
+
+SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import fp8_linear as f
+kernel, out = f._kernel(), []
+for m, k in [(1, 3072), (3, 100), (2, 2500), (4, 9728)]:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 3
+    x[-1] = 0  # an all-zero row
+    y, s = torch.full((m, k), float("nan")), torch.empty(m)
+    kernel[(m,)](x, y, s, k, f.EPS, f.FP8_MAX, BLOCK=1024, num_warps=4)  # fp32 out: the values before the cast
+    want = x.abs().amax(1).clamp(min=f.EPS) / f.FP8_MAX
+    out.append([torch.equal(s, want), torch.equal(y, (x / want[:, None]).clamp(-f.FP8_MAX, f.FP8_MAX))])
+print(json.dumps(out))
+"""
+
+
+def test_triton_quantization_in_the_interpreter():
+    """The CUDA per-token quantization kernel's two passes over K (tails, zero rows) run by Triton's
+    interpreter on the CPU, writing fp32: scales and scaled values bit-for-bit torch's (the e4m3 cast
+    itself is checked on the GPU; the interpreter's fp8 rounding is not the hardware's)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, True]] * 4

@@ -1,0 +1,94 @@
+"""Int8 weight-only linear on the CPU: the definition vs the dense fp32 product (a derived bound),
+ATen's int8 kernels (the CPU fast path: vectorized bf16 for K % 16 == 0, scalar fp32 otherwise) vs
+the definition, and the CUDA Triton kernel's indexing run through Triton's interpreter on the CPU
+(fp32; the compiled kernel is checked in *_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from higgs_stream.engine.quantize import quantize_weight
+from higgs_stream.kernels.int8_linear import cpu_vectorized, int8_linear, int8_linear_ref
+
+
+def weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * (0.5 + torch.rand(n, 1, generator=g))  # rows of different scale
+
+
+def test_definition_is_within_half_a_step_per_weight():
+    """|y - x @ w^T| <= sum_k |x_k| * scale_n / 2 (each int8 weight is within half a step of w), plus fp32 slack."""
+    w, x = weights(48, 96), torch.randn(5, 96)
+    qw = quantize_weight(w, "int8")
+    assert qw.qweight.dtype == torch.int8 and qw.scale.dtype == torch.float32 and qw.scale.shape == (48,)
+    assert qw.qweight.abs().max() == 127  # the largest |w| of a row maps to 127
+    assert ((qw.dequantize() - w).abs() <= qw.scale[:, None] / 2 * (1 + 1e-6)).all()
+    got, dense = int8_linear_ref(x, qw.qweight, qw.scale), x @ w.t()
+    bound = x.abs() @ (qw.scale[:, None] / 2).expand_as(w).t() + 1e-5 * (x.abs() @ w.abs().t())
+    assert ((got - dense).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 5, 7), (3, 48, 64), (17, 130, 96), (2, 300, 33), (4, 64, 3072)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_kernel_matches_the_definition(m, n, k, dtype):
+    """ATen's `_weight_int8pack_mm` vs the fp32 definition, elementwise against |x| @ |w|^T: K a
+    multiple of 16 takes its vectorized bf16 kernel (activations and the unscaled sums each rounded to
+    bf16 once: 2 * 2^-9), any other K its scalar fp32 kernel (fp32 rounding); bf16 outputs, both
+    rounded from fp32 values that differ slightly, may land one bf16 step (2^-8) apart."""
+    qw = quantize_weight(weights(n, k), "int8")
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m * k)).to(dtype)
+    got, want = int8_linear(x, qw.qweight, qw.scale), int8_linear_ref(x, qw.qweight, qw.scale)
+    assert got.shape == (m, n) and got.dtype == dtype and torch.isfinite(got).all()
+    rel = (2 * 2.0**-9 if cpu_vectorized(k, qw.qweight) else 1e-5) + (2.0**-8 if dtype == torch.bfloat16 else 0)
+    assert ((got.float() - want.float()).abs() <= rel * (x.float().abs() @ qw.dequantize().abs().t()) + 1e-6).all()
+
+
+def test_cpu_kernel_choice_follows_k_and_alignment():
+    q = torch.zeros(8, 64, dtype=torch.int8)
+    assert cpu_vectorized(64, q) and not cpu_vectorized(72, torch.zeros(8, 72, dtype=torch.int8))
+    x = torch.randn(3, 65)[:, 1:]  # a view whose rows start off the 64-byte grid: copied before the kernel
+    qw = quantize_weight(weights(16, 64), "int8")
+    torch.testing.assert_close(int8_linear(x, qw.qweight, qw.scale), int8_linear(x.clone(), qw.qweight, qw.scale),
+                               rtol=0, atol=0)
+
+
+def test_leading_dims_and_empty_batch():
+    qw = quantize_weight(weights(8, 16), "int8")
+    x = torch.randn(2, 3, 16)
+    assert int8_linear(x, qw.qweight, qw.scale).shape == (2, 3, 8)
+    assert int8_linear(torch.zeros(0, 16), qw.qweight, qw.scale).shape == (0, 8)
+
+
+SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import int8_linear as m
+kernel = m.build_kernel()
+errs = []
+for rows, n, k in [(1, 40, 300), (5, 64, 128), (16, 33, 129), (17, 70, 72), (40, 130, 256)]:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=g)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    s = torch.rand(n, generator=g)
+    out = torch.full((rows, n), float("nan"))
+    m.launch(kernel, x, q, s, out)
+    want = m.int8_linear_ref(x, q, s)
+    errs.append(((out - want).abs().max() / (x.abs() @ q.float().abs().t() * s).max()).item())
+print(json.dumps(errs))
+"""
+
+
+def test_triton_kernel_in_the_interpreter():
+    """The CUDA kernel's tiling, masks (M, N and K tails) and scale epilogue, run by Triton's
+    interpreter on the CPU in fp32 (a subprocess: TRITON_INTERPRET must be set before Triton loads)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(errs) == 5 and max(errs) < 1e-6, errs  # every output written (no NaN left), fp32 rounding only
