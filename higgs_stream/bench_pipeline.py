@@ -184,7 +184,8 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
     from higgs_stream.stream.voices import Voice
 
     engine, codec = FakeEngine(step_ms / 1e3), FakeCodec(codec_ms / 1e3)
-    cfg = ServerConfig(max_streams=streams + 8, max_frames=frames, history_segments=0, stream_buffer_s=600.0)
+    cfg = ServerConfig(max_streams=streams + 8, max_frames=frames, history_segments=0, stream_buffer_s=600.0,
+                       admit_step_ratio=None)  # host cost of N streams: admission by load would refuse some
     pipeline = Pipeline(engine, codec, cfg)
     prof = cProfile.Profile() if profile else None
     if prof is not None:

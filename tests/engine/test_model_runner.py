@@ -221,7 +221,8 @@ def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):
     other = GenerationRequest(text="Something else entirely.", sampling=SamplingParams(seed=9), max_frames=40)
     _, gpu = engines(tiny_ckpt)
     alone = gpu.generate(req)
-    a, b = gpu.add(req), gpu.add(other)
+    a = gpu.add(req)
+    gpu.add(other)  # a second stream shares the steps
     cols: list[np.ndarray] = []
     for step in range(400):
         if step == 10:

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 from higgs_stream.bench_pipeline import FakeCodec
-from higgs_stream.stream.adapter import Code2WavAdapter
-from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
     CODEC_AHEAD_S,
     CODEC_HOLD_S,
