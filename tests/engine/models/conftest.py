@@ -1,14 +1,17 @@
-"""Helpers shared by the model-family tests: one decode step of a family's device rules
-(`DeviceStreamState.sample_and_advance`) beside its host oracle (the family's policy.py)."""
+"""Helpers shared by the model-family tests: one ragged talker step over slices of test sequences
+(`step_batch`), and one decode step of a family's device rules (`DeviceStreamState.sample_and_advance`)
+beside its host oracle (the family's policy.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from higgs_stream.engine.batch import StepBatch
 from higgs_stream.engine.gpu_sampling import IGNORED, LENGTH, RUNNING, STOP, DeviceStreamState
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, warp_logits
@@ -51,3 +54,26 @@ def host_status(segment) -> int:
 def device_oracle() -> SimpleNamespace:
     """`draw(logits, params, noise)`, `step(state, slots, logits, rng)`, `status(segment)`: see above."""
     return SimpleNamespace(draw=host_draw, step=device_step, status=host_status)
+
+
+def step_batch(parts: list[tuple[int, Any, int, int]], want_text: bool = True) -> StepBatch:
+    """parts: (seq_id, seq, start, stop) -> one ragged step over seq[start:stop] of each (a family
+    test's seq holds ids [T], codes [T, K] and is_audio [T]); every sequence wants audio logits."""
+    rows = [(seq, torch.arange(start, stop)) for _, seq, start, stop in parts]
+    b = len(parts)
+    return StepBatch(
+        seq_ids=[p[0] for p in parts],
+        qo_lens=[stop - start for _, _, start, stop in parts],
+        input_ids=torch.cat([seq.ids[r] for seq, r in rows]),
+        audio_codes=torch.cat([seq.codes[r] for seq, r in rows]),
+        is_audio=torch.cat([seq.is_audio[r] for seq, r in rows]),
+        positions=torch.cat([r for _, r in rows]),
+        want_text=torch.full((b,), want_text),
+        want_audio=torch.ones(b, dtype=torch.bool),
+    )
+
+
+@pytest.fixture(scope="session", name="step_batch")
+def step_batch_fixture():
+    """`step_batch(parts, want_text=True)`: see above (the talker tests' one ragged step)."""
+    return step_batch
