@@ -1,11 +1,13 @@
 """One ragged forward step: what the engine hands a talker and what it gets back.
 
 `StepBatch` is the host batch of the plain-torch path (every family's talker implements
-`forward(StepBatch, KVCache) -> StepOutput`); `DEFAULT_MAX_POSITIONS` is the serving context cap.
+`forward(StepBatch, KVCache) -> StepOutput`, its heads run through `logits_at_rows`);
+`DEFAULT_MAX_POSITIONS` is the serving context cap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,3 +68,18 @@ class StepBatch:
 class StepOutput:
     audio_logits: torch.Tensor  # [B, num_codebooks, audio_vocab] float32; NaN rows where not wanted
     text_logits: torch.Tensor | None  # [B, V] float32 (NaN rows where not wanted) or None if none wanted
+
+
+def logits_at_rows(head: Callable[[torch.Tensor], torch.Tensor], last: torch.Tensor, want: torch.Tensor,
+                   shape: tuple[int, ...]) -> torch.Tensor:
+    """A head over the rows a step wants (`StepBatch.want_audio` / `want_text`): last [B, H] -> [B, *shape]
+    float32, head(last[b]) where want[b] (host bool [B]), NaN elsewhere; the head runs on wanted rows only."""
+    rows = want.nonzero().flatten().tolist()
+    b = last.shape[0]
+    if len(rows) == b:  # the usual decode step: every sequence wants it
+        return head(last).float().view(b, *shape)
+    out = torch.full((b, *shape), float("nan"), device=last.device)
+    if rows:
+        index = torch.tensor(rows, device=last.device)
+        out[index] = head(last[index]).float().view(len(rows), *shape)
+    return out

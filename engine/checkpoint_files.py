@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,18 @@ def read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[s
 
 
 # --------------------------------------------------------------------------------- loading
+def read_tensors(entries: Mapping[str, TensorEntry]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every entry (`name`: the caller's key for it), one file open at a time,
+    files in the order of their first entry; each tensor as stored (its dtype) on the CPU."""
+    by_file: dict[Path, list[tuple[str, TensorEntry]]] = {}
+    for name, entry in entries.items():
+        by_file.setdefault(entry.file, []).append((name, entry))
+    for file, items in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name, entry in items:
+                yield name, f.get_tensor(entry.stored_key)
+
+
 @contextlib.contextmanager
 def parameters_on_meta() -> Iterator[None]:
     """Modules built inside get meta parameters (no memory, no init) and real buffers.

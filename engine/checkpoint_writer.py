@@ -15,13 +15,14 @@ import argparse
 import hashlib
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from higgs_stream.engine.checkpoint_files import INDEX_FILE, SINGLE_WEIGHTS_FILE
 from higgs_stream.engine.errors import ConfigError
 
 PRESETS = ("tiny", "full")
@@ -142,6 +143,24 @@ def write_safetensors(path: Path, entries: list[tuple[str, tuple[int, ...], torc
         assert f.tell() == 8 + len(blob) + offset, f"{path}: wrote {f.tell()} bytes, header promises {offset}"
 
 
+def write_shards(out: Path, plan: list[tuple[str, Any]], sizes: list[int], shard_bytes: int,
+                 write: Callable[[Path, list[tuple[str, Any]]], Iterable[str]]) -> list[str]:
+    """Write `plan` (one (key, item) per tensor, `sizes[i]` its bytes) as one `model.safetensors`, or as
+    `model-0000i-of-0000n.safetensors` shards of at most `shard_bytes` (HF semantics: a bigger tensor
+    gets a shard of its own) plus `model.safetensors.index.json`. `write(path, items)` writes one file
+    of the items in order and returns the keys it stored there. Returns the file names, in order."""
+    shards = shard_layout(sizes, shard_bytes)
+    n = shards[-1] + 1
+    names = [SINGLE_WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    weight_map: dict[str, str] = {}
+    for shard_idx, items in group_by_shard(plan, shards):
+        weight_map.update(dict.fromkeys(write(out / names[shard_idx], items), names[shard_idx]))
+    if n > 1:
+        write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
+                                       "weight_map": dict(sorted(weight_map.items()))})
+    return names
+
+
 def group_by_shard(plan: list[tuple[str, tuple[int, ...]]], shards: list[int]) -> Iterator[tuple[int, list]]:
     current: list = []
     for i, item in enumerate(plan):
@@ -161,6 +180,16 @@ def numel(shape: tuple[int, ...]) -> int:
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def empty_output_dir(out: str | Path) -> Path:
+    """`out`, created with its parents when missing; ConfigError when it exists and is not an empty
+    directory (a checkpoint is never written over another)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"output {out} exists and is not an empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 # ------------------------------------------------------------------------------ the command

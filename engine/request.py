@@ -116,6 +116,21 @@ class GenerationRequest:
             raise InvalidInputError(f"max_frames must be an int >= 1, got {self.max_frames!r}")
         object.__setattr__(self, "history", tuple(_as_segment(h) for h in self.history))
 
+    @property
+    def audio_segments(self) -> tuple[Reference, ...]:
+        """Every piece of prompt audio: the reference (if any), then the history, oldest first."""
+        return ((self.reference,) if self.reference is not None else ()) + self.history
+
+    def check_codes(self, num_codebooks: int, codebook_size: int) -> None:
+        """InvalidInputError unless every audio segment's codes are [num_codebooks, T] in
+        0..codebook_size-1 (a model's own codebooks; the dataclasses check only shape and sign)."""
+        for i, seg in enumerate(self.audio_segments):
+            what = "reference" if i == 0 and self.reference is not None else "history"
+            if seg.codes.shape[0] != num_codebooks:
+                raise InvalidInputError(f"{what} codes must have {num_codebooks} codebooks, got {seg.codes.shape[0]}")
+            if seg.codes.max() >= codebook_size:
+                raise InvalidInputError(f"{what} codes must lie in 0..{codebook_size - 1}, got max {seg.codes.max()}")
+
 
 def _as_segment(item: Reference | tuple[str, np.ndarray]) -> Reference:
     if isinstance(item, Reference):

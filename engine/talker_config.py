@@ -27,6 +27,23 @@ def require_field(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+def backbone_dims(d: Mapping[str, Any], where: str) -> dict[str, int]:
+    """The backbone dimensions of a transformers-style (Llama, Qwen3) config dict, under our field
+    names: vocab, hidden and intermediate size, layers, heads, KV heads (default: heads) and head_dim
+    (default: hidden // heads). ConfigError naming `where` for a missing required field."""
+    hidden = int(require_field(d, "hidden_size", where))
+    heads = int(require_field(d, "num_attention_heads", where))
+    return dict(
+        vocab_size=int(require_field(d, "vocab_size", where)),
+        hidden_size=hidden,
+        intermediate_size=int(require_field(d, "intermediate_size", where)),
+        num_layers=int(require_field(d, "num_hidden_layers", where)),
+        num_heads=heads,
+        num_kv_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(d.get("head_dim") or hidden // heads),
+    )
+
+
 BACKBONE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                        "head_dim", "num_codebooks", "codebook_size", "max_position_embeddings")
 

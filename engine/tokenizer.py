@@ -6,8 +6,9 @@ literal text `<|AUDIO_OUT|>` inside a prompt piece encodes to exactly one id. RE
 each prompt piece with `encode(piece, add_special_tokens=False)`; `encode` does the same.
 
 Which tokens are resolved is the model family's: `specials` is the family's dataclass of ids to
-fill (each family's config.py), whose class attributes name each field's token string
-(`TOKEN_STRINGS`) and the fields that may be absent (`OPTIONAL`).
+fill (each family's config.py, on engine/special_tokens.py's `SpecialTokenIds`), whose class
+attributes name each field's token string (`TOKEN_STRINGS`) and the fields that may be absent
+(`OPTIONAL`).
 """
 
 from __future__ import annotations

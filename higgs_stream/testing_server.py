@@ -1,10 +1,16 @@
 """A live server on loopback for the tests, on either transport: the aiohttp server or the ASGI app
-(uvicorn), one protocol implementation behind both (stream/driver.py, stream/routes.py)."""
+(uvicorn), one protocol implementation behind both (stream/driver.py, stream/routes.py); and `Peer`,
+one WebSocket connection to it as the tests read it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -67,3 +73,70 @@ class ServerStarter:
         for runner in self._runners:
             await runner.cleanup()
         self._runners = []
+
+
+class Peer:
+    """One WebSocket connection read as the protocol says (stream/PROTOCOL.md): every JSON event in
+    order; PCM per context, from binary frames (they belong to the context of the last audio_start,
+    until its done) or base64 `chunk` events; each context's `done` (`done`: the last, `dones`: every
+    one, in order); the `error` events; the largest gap between two audio frames of a context.
+    With `error_codes`, every error must carry one of those codes and a message."""
+
+    def __init__(self, ws: Any, error_codes: Collection[str] | None = None) -> None:
+        self.ws, self.error_codes = ws, error_codes
+        self.events: list[dict] = []
+        self.pcm: dict[str, bytearray] = {}
+        self.done: dict[str, dict] = {}
+        self.dones: dict[str, list[dict]] = {}
+        self.errors: list[dict] = []
+        self.max_gap: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self.playing: str | None = None
+
+    async def until(self, pred: Callable[[], Any], timeout: float = 60.0) -> None:
+        """Read messages until `pred()` holds (TimeoutError after `timeout` s)."""
+        async with asyncio.timeout(timeout):
+            while not pred():
+                self.handle(await self.ws.recv())
+
+    def handle(self, msg: str | bytes) -> None:
+        now = time.monotonic()
+        if isinstance(msg, bytes):
+            assert self.playing is not None, "binary frame outside an audio_start/done bracket"
+            self._frame(self.playing, msg, now)
+            return
+        ev = json.loads(msg)
+        self.events.append(ev)
+        kind, cid = ev["type"], ev.get("context_id")
+        if kind == "audio_start":
+            assert self.playing is None, f"audio_start {cid} while {self.playing} plays"
+            self.playing = cid
+            self.pcm[cid] = bytearray()
+        elif kind == "chunk":
+            assert cid == self.playing, f"chunk of {cid} while {self.playing} plays"
+            self._frame(cid, base64.b64decode(ev["data"]), now)
+        elif kind == "done":
+            self.done[cid] = ev
+            self.dones.setdefault(cid, []).append(ev)
+            if cid == self.playing:
+                self.playing = None
+        elif kind == "error":
+            if self.error_codes is not None:
+                assert ev["code"] in self.error_codes and ev["message"], ev
+            self.errors.append(ev)
+
+    def _frame(self, cid: str, data: bytes, now: float) -> None:
+        assert len(data) % 2 == 0 and data, f"{len(data)} bytes of s16 PCM"
+        if cid in self._last:
+            self.max_gap[cid] = max(self.max_gap.get(cid, 0.0), now - self._last[cid])
+        self._last[cid] = now
+        self.pcm[cid] += data
+
+    def ended(self, cid: str) -> bool:
+        return cid in self.done
+
+    async def say(self, cid: str, text: str, seed: int, end: bool = True, **opts: Any) -> None:
+        """A `text` message for context `cid` (extra fields `opts`), then its `end` unless `end=False`."""
+        await self.ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
+        if end:
+            await self.ws.send(json.dumps({"type": "end", "context_id": cid}))

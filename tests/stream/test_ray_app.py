@@ -40,6 +40,7 @@ with warnings.catch_warnings():
 from higgs_stream.stream.adapter import to_s16le  # noqa: E402
 from higgs_stream.stream.encoders import wav_header  # noqa: E402
 from higgs_stream.testing import assert_pcm_close  # noqa: E402
+from higgs_stream.testing_server import Peer as WsPeer  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 
@@ -132,54 +133,20 @@ async def until_replicas(n: int, gone: str | None = None, timeout: float = 90.0)
             await asyncio.sleep(0.2)
 
 
-class Peer:
-    """One WebSocket: events, PCM per context (binary frames belong to the last audio_start), done
-    and errors by context, the close code, and the replica that serves it."""
+class Peer(WsPeer):
+    """One WebSocket (higgs_stream/testing_server.py), plus the replica that serves it and how it closed."""
 
     def __init__(self, ws):
-        self.ws = ws
+        super().__init__(ws)
         self.replica = ws.response.headers.get(ray_app.REPLICA_HEADER)
-        self.events, self.errors = [], []
-        self.pcm: dict[str, bytearray] = {}
-        self.done: dict[str, dict] = {}
-        self.playing = None
         self.closed_at: float | None = None
         self.close_code: int | None = None
-
-    async def until(self, pred, timeout: float = 60.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                self.handle(await self.ws.recv())
 
     async def until_closed(self, timeout: float = 60.0) -> None:
         try:
             await self.until(lambda: False, timeout)
         except ConnectionClosed as e:
             self.closed_at, self.close_code = time.monotonic(), e.rcvd.code if e.rcvd else None
-
-    def handle(self, msg) -> None:
-        if isinstance(msg, bytes):
-            assert self.playing is not None and len(msg) % 2 == 0
-            self.pcm[self.playing] += msg
-            return
-        ev = json.loads(msg)
-        self.events.append(ev)
-        kind, cid = ev["type"], ev.get("context_id")
-        if kind == "audio_start":
-            assert self.playing is None
-            self.playing, self.pcm[cid] = cid, bytearray()
-        elif kind == "chunk":
-            self.pcm[cid] += base64.b64decode(ev["data"])
-        elif kind == "done":
-            self.done[cid] = ev
-            self.playing = None if cid == self.playing else self.playing
-        elif kind == "error":
-            self.errors.append(ev)
-
-    async def say(self, cid: str, text: str, seed: int, end: bool = True, **opts) -> None:
-        await self.ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
-        if end:
-            await self.ws.send(json.dumps({"type": "end", "context_id": cid}))
 
 
 async def open_peer(base: str, query: str = "") -> Peer:

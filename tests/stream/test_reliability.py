@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import io
 import json
 import logging
@@ -32,6 +33,7 @@ from higgs_stream.stream.session import Open, Session
 from higgs_stream.stream.voices import Voice, VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
 from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
+from higgs_stream.testing_server import Peer as WsPeer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
@@ -79,50 +81,9 @@ async def until(pred, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
-class Peer:
-    """One WebSocket connection: every JSON event in order, PCM per context (binary frames belong to
-    the context of the last audio_start), `done` and `error` messages by context."""
-
-    def __init__(self, ws):
-        self.ws = ws
-        self.events: list[dict] = []
-        self.pcm: dict[str, bytearray] = {}
-        self.done: dict[str, list[dict]] = {}
-        self.errors: list[dict] = []
-        self.playing: str | None = None
-
-    async def until(self, pred, timeout: float = 60.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                self.handle(await self.ws.recv())
-
-    def handle(self, msg: str | bytes) -> None:
-        if isinstance(msg, bytes):
-            assert self.playing is not None and len(msg) % 2 == 0, "binary frame outside audio_start ... done"
-            self.pcm[self.playing] += msg
-            return
-        ev = json.loads(msg)
-        self.events.append(ev)
-        kind, cid = ev["type"], ev.get("context_id")
-        if kind == "audio_start":
-            assert self.playing is None
-            self.playing = cid
-            self.pcm[cid] = bytearray()
-        elif kind == "done":
-            self.done.setdefault(cid, []).append(ev)
-            if cid == self.playing:
-                self.playing = None
-        elif kind == "error":
-            assert ev["code"] in ERROR_CODES and ev["message"], ev
-            self.errors.append(ev)
-
-    def ended(self, cid: str) -> bool:
-        return cid in self.done
-
-    async def say(self, cid: str, text: str, seed: int, end: bool = True, **opts) -> None:
-        await self.ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
-        if end:
-            await self.ws.send(json.dumps({"type": "end", "context_id": cid}))
+# One WebSocket connection (higgs_stream/testing_server.py) whose every error must carry a code of
+# PROTOCOL.md §3 and a message.
+Peer = functools.partial(WsPeer, error_codes=ERROR_CODES)
 
 
 def tone_wav(seconds: float = 0.2, sr: int = 24000) -> bytes:
@@ -191,7 +152,7 @@ async def test_deep_json_and_lone_surrogates_fail_alone(start_server, reference)
         await peer.until(lambda: peer.ended("a"))
         assert [(e["code"], e.get("context_id")) for e in peer.errors] == [
             ("bad_json", None), ("invalid_input", "s"), ("invalid_input", "a")]
-        assert peer.done["a"][0]["reason"] == "completed" and "s" not in peer.done
+        assert peer.dones["a"][0]["reason"] == "completed" and "s" not in peer.done
         assert_pcm_close(bytes(peer.pcm["a"]), reference("Hello there.", 3), what="context a")
     async with aiohttp.ClientSession() as http:
         url = f"http://{host}/v1/audio/speech"
@@ -233,7 +194,7 @@ async def test_a_failing_session_ends_its_contexts_and_closes_1011(start_server,
         with pytest.raises(ConnectionClosed) as closed:
             await peer.until(lambda: False)
         assert closed.value.rcvd.code == 1011
-    assert {cid: [d["reason"] for d in ds] for cid, ds in peer.done.items()} == {"a": ["error"], "b": ["error"]}
+    assert {cid: [d["reason"] for d in ds] for cid, ds in peer.dones.items()} == {"a": ["error"], "b": ["error"]}
     assert {(e["code"], e["context_id"]) for e in peer.errors} == {("internal", "a"), ("internal", "b")}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"http://{host}/v1/audio/speech", json={"input": "Hi."}) as r:
@@ -273,7 +234,7 @@ async def test_reference_audio_is_checked_from_its_header_and_decoded_off_the_lo
             assert r.status == 200
         release.set()
         await peer.until(lambda: peer.ended("ok"))
-        assert peer.done["ok"][0]["reason"] == "completed" and len(peer.pcm["ok"]) > 0
+        assert peer.dones["ok"][0]["reason"] == "completed" and len(peer.pcm["ok"]) > 0
         async with http.post(f"http://{host}/v1/audio/speech", json={
                 "input": "Hi.", "reference_audio": bomb, "reference_text": "t"}) as r:
             assert r.status == 400 and (await r.json())["error"]["code"] == "bad_audio"
@@ -290,14 +251,14 @@ async def test_idle_contexts_time_out_and_free_their_streams(start_server, refer
             await holder.say(f"h{i}", "Hi.", i, end=False, flush=True)
         await holder.until(lambda: len(holder.done) == 4, timeout=60)
         for i in range(4):
-            (done,) = holder.done[f"h{i}"]
+            (done,) = holder.dones[f"h{i}"]
             assert done["reason"] == "error"
         assert sorted(e["context_id"] for e in holder.errors if e["code"] == "idle_timeout") == ["h0", "h1", "h2", "h3"]
         peer = Peer(ws)  # the server is free again
         await peer.say("next", "Hello there.", 3)
         await peer.until(lambda: peer.ended("next"))
         assert_pcm_close(bytes(peer.pcm["next"]), reference("Hello there.", 3), what="after the timeouts")
-        assert not peer.errors and peer.done["next"][0]["reason"] == "completed"  # ended: no idle clock
+        assert not peer.errors and peer.dones["next"][0]["reason"] == "completed"  # ended: no idle clock
     status, body = await raw_request(host, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
                                            b"Content-Type: application/json\r\nContent-Length: 100\r\n", b'{"input": ')
     assert status == 408 and body["error"]["code"] == "timeout"
@@ -567,7 +528,7 @@ async def soak(host: str, state, reference, seconds: float, workers: int = 6) ->
     counts: dict[str, int] = {}
     url = f"ws://{host}/v1/tts/stream"
 
-    def settled(peer: Peer, cid: str) -> bool:  # done, or refused at admission (busy: never created)
+    def settled(peer: WsPeer, cid: str) -> bool:  # done, or refused at admission (busy: never created)
         return peer.ended(cid) or any(e.get("context_id") == cid and e["code"] == "busy" for e in peer.errors)
 
     async def normal_ws(rnd):
@@ -580,7 +541,7 @@ async def soak(host: str, state, reference, seconds: float, workers: int = 6) ->
             assert {e["code"] for e in peer.errors} <= {"busy"}, peer.errors
             for i, (text, seed) in enumerate(chosen):
                 if peer.ended(f"c{i}"):
-                    (done,) = peer.done[f"c{i}"]
+                    (done,) = peer.dones[f"c{i}"]
                     assert done["reason"] == "completed", done
                     assert_pcm_close(bytes(peer.pcm[f"c{i}"]), reference(text, seed), what=f"soak ws {text!r}")
 
@@ -609,7 +570,7 @@ async def soak(host: str, state, reference, seconds: float, workers: int = 6) ->
             await peer.until(lambda: peer.pcm.get("x") or settled(peer, "x"))
             await ws.send(json.dumps({"type": "cancel", "context_id": "x"}))
             await peer.until(lambda: settled(peer, "x"))
-            assert len(peer.done.get("x", [])) <= 1
+            assert len(peer.dones.get("x", [])) <= 1
 
     async def slow_reader(rnd):
         async with connect(url, max_queue=1) as ws:
@@ -626,7 +587,7 @@ async def soak(host: str, state, reference, seconds: float, workers: int = 6) ->
             await peer.say("o", "Hi.", 5, end=False, flush=True)
             await peer.until(lambda: settled(peer, "o"))
             if peer.ended("o"):
-                assert peer.done["o"][0]["reason"] == "error" and peer.errors[-1]["code"] == "idle_timeout"
+                assert peer.dones["o"][0]["reason"] == "error" and peer.errors[-1]["code"] == "idle_timeout"
 
     behaviours = [normal_ws, normal_http, disconnect, cancel, slow_reader, left_open]
 

@@ -29,7 +29,7 @@ from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
-from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
+from higgs_stream.testing_server import TRANSPORTS, Peer, ServerStarter, synth_reference
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -71,56 +71,6 @@ async def pages_freed(engine, timeout=5.0):
             await asyncio.sleep(0.01)
 
 
-class Listener:
-    """Reads one connection: JSON events, PCM per context (binary frames attributed by the
-    audio_start/done brackets, or base64 chunks), the largest gap between a context's frames."""
-
-    def __init__(self, ws):
-        self.ws = ws
-        self.events: list[dict] = []
-        self.pcm: dict[str, bytearray] = {}
-        self.done: dict[str, dict] = {}
-        self.errors: list[dict] = []
-        self.max_gap: dict[str, float] = {}
-        self._last: dict[str, float] = {}
-        self.playing: str | None = None
-
-    async def until(self, pred, timeout=60.0):
-        async with asyncio.timeout(timeout):
-            while not pred():
-                self.handle(await self.ws.recv())
-
-    def handle(self, msg):
-        now = time.monotonic()
-        if isinstance(msg, bytes):
-            assert self.playing is not None, "binary frame outside an audio_start/done bracket"
-            self._frame(self.playing, msg, now)
-            return
-        ev = json.loads(msg)
-        self.events.append(ev)
-        kind, cid = ev["type"], ev.get("context_id")
-        if kind == "audio_start":
-            assert self.playing is None, f"audio_start {cid} while {self.playing} plays"
-            self.playing = cid
-            self.pcm[cid] = bytearray()
-        elif kind == "chunk":
-            assert cid == self.playing
-            self._frame(cid, base64.b64decode(ev["data"]), now)
-        elif kind == "done":
-            self.done[cid] = ev
-            if cid == self.playing:
-                self.playing = None
-        elif kind == "error":
-            self.errors.append(ev)
-
-    def _frame(self, cid, data, now):
-        assert len(data) % 2 == 0 and data
-        if cid in self._last:
-            self.max_gap[cid] = max(self.max_gap.get(cid, 0.0), now - self._last[cid])
-        self._last[cid] = now
-        self.pcm[cid] += data
-
-
 async def speak(ws, cid, text, seed, **opts):
     await ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
     await ws.send(json.dumps({"type": "end", "context_id": cid}))
@@ -131,7 +81,7 @@ async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
     expected = reference("Hello there.", 3)
     assert len(expected) > 10_000
     async with connect(f"ws://{host}/v1/tts/stream", compression=None) as ws:
-        lis = Listener(ws)
+        lis = Peer(ws)
         await speak(ws, "a", "Hello there.", 3)
         await lis.until(lambda: "a" in lis.done)
         kinds = [e["type"] for e in lis.events]
@@ -139,7 +89,7 @@ async def test_ws_and_http_equal_offline_synthesis(start_server, reference):
         assert lis.done["a"] == {"type": "done", "context_id": "a", "reason": "completed", "samples": len(expected) // 2}
         assert_pcm_close(bytes(lis.pcm["a"]), expected, what="ws binary")
     async with connect(f"ws://{host}/v1/tts/stream?audio=base64") as ws:
-        lis = Listener(ws)
+        lis = Peer(ws)
         await speak(ws, "b", "Hello there.", 3)
         await lis.until(lambda: "b" in lis.done)
         assert lis.events[0]["audio"] == "base64"
@@ -186,7 +136,7 @@ async def test_eight_contexts_on_four_connections(start_server, reference, engin
     expected = {cid: reference(text, seed) for cid, (text, seed) in jobs.items()}
     sockets = [await connect(f"ws://{host}/v1/tts/stream", compression=None) for _ in range(4)]
     try:
-        listeners = [Listener(ws) for ws in sockets]
+        listeners = [Peer(ws) for ws in sockets]
         for i, ws in enumerate(sockets):  # two contexts per connection, text for both before any audio
             for j in range(2):
                 await ws.send(json.dumps({"type": "text", "context_id": f"c{i}-{j}", "text": jobs[f"c{i}-{j}"][0],
@@ -218,7 +168,7 @@ async def test_cancel_and_disconnect_only_affect_their_context(start_server, ref
     host, state = await start_server(max_frames=300)
     expected_b = reference("Hello there.", 3, max_frames=300)
     async with connect(f"ws://{host}/v1/tts/stream") as wa, connect(f"ws://{host}/v1/tts/stream") as wb:
-        la, lb = Listener(wa), Listener(wb)
+        la, lb = Peer(wa), Peer(wb)
         await wa.send(json.dumps({"type": "text", "context_id": "long", "text": LONG_TEXT, "seed": LONG_SEED}))
         await la.until(lambda: len(la.pcm.get("long", b"")) > 0)
         assert engine.cache.allocator.num_used > 0
@@ -239,7 +189,7 @@ async def test_cancel_and_disconnect_only_affect_their_context(start_server, ref
         assert_pcm_close(bytes(la.pcm["again"]), expected_b)
     # abrupt disconnect mid-stream (no close handshake)
     ws = await connect(f"ws://{host}/v1/tts/stream")
-    lis = Listener(ws)
+    lis = Peer(ws)
     await ws.send(json.dumps({"type": "text", "context_id": "x", "text": LONG_TEXT, "seed": LONG_SEED}))
     await lis.until(lambda: len(lis.pcm.get("x", b"")) > 0)
     ws.transport.abort()
@@ -269,7 +219,7 @@ async def test_bad_input_gets_typed_errors_and_connection_survives(start_server,
         (b"\x00\x01binary", "bad_json", None),
     ]
     async with connect(f"ws://{host}/v1/tts/stream") as ws:
-        lis = Listener(ws)
+        lis = Peer(ws)
         for raw, code, cid in bad:
             await ws.send(raw)
             n = len(lis.errors)
@@ -339,7 +289,7 @@ async def test_auth(start_server):
 async def test_busy_when_full(start_server):
     host, _ = await start_server(max_streams=1)
     async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
-        lis = Listener(ws)
+        lis = Peer(ws)
         await ws.send(json.dumps({"type": "text", "context_id": "hold", "text": "waiting for more"}))
         await ws.send(json.dumps({"type": "text", "context_id": "second", "text": "Hi."}))
         await lis.until(lambda: lis.errors)
@@ -398,7 +348,7 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
 async def test_idle_text_is_spoken_after_the_buffer_delay(start_server, reference):
     host, _ = await start_server()
     async with connect(f"ws://{host}/v1/tts/stream") as ws:
-        lis = Listener(ws)
+        lis = Peer(ws)
         await ws.send(json.dumps({"type": "config", "max_buffer_delay_ms": 300}))
         await ws.send(json.dumps({"type": "text", "context_id": "t", "text": "Hello", "seed": 3}))
         await ws.send(json.dumps({"type": "text", "context_id": "t", "text": " there."}))
@@ -423,7 +373,7 @@ async def test_idle_connection_is_closed_with_a_typed_error(start_server, refere
             await ws.recv()
     # a connection whose context outlives the idle time is not cut while audio is pending
     async with connect(f"ws://{host}/v1/tts/stream") as ws:
-        listener = Listener(ws)
+        listener = Peer(ws)
         await speak(ws, "c1", "Hello there.", seed=1)
         await listener.until(lambda: "c1" in listener.done)
         assert listener.done["c1"]["reason"] == "completed" and not listener.errors
@@ -448,7 +398,7 @@ async def test_v3_checkpoint_streams_equal_offline_synthesis(tiny_v3_ckpt):
     try:
         host = f"127.0.0.1:{bound_port(runner)}"
         async with connect(f"ws://{host}/v1/tts/stream") as ws:
-            lis = Listener(ws)
+            lis = Peer(ws)
             await speak(ws, "v3", "Hello there.", 5)
             await lis.until(lambda: "v3" in lis.done)
             assert lis.done["v3"]["reason"] == "completed"

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS
@@ -33,6 +32,7 @@ from higgs_stream.engine.checkpoint_files import (
     parameters_on_meta,
     read_config_json,
     read_headers,
+    read_tensors,
     resolve_model_dir,
     swap_prefix,
     weight_files,
@@ -219,14 +219,8 @@ def iter_tensors(
     ckpt: TalkerCheckpoint, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(native key, tensor) for every planned tensor, one shard open at a time."""
-    by_file: dict[Path, list[tuple[str, TensorEntry]]] = {}
-    for native, entry in ckpt.tensors.items():
-        by_file.setdefault(entry.file, []).append((native, entry))
-    for file, items in by_file.items():
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for native, entry in items:
-                t = f.get_tensor(entry.stored_key)
-                yield native, t.to(device=device, dtype=dtype or t.dtype)
+    for native, t in read_tensors(ckpt.tensors):
+        yield native, t.to(device=device, dtype=dtype or t.dtype)
 
 
 def load_talker(

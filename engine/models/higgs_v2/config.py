@@ -15,13 +15,13 @@ loader fills them from the tokenizer; the presets only exist for random-weight m
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.engine.talker_config import BackboneConfig, require_field
+from higgs_stream.engine.special_tokens import SpecialTokenIds
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, require_field
 
 # The token string of every `SpecialTokens` field, as spelled in the Higgs tokenizer.
 SPECIAL_TOKEN_STRINGS: dict[str, str] = {
@@ -66,12 +66,12 @@ _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 
 
 @dataclass(frozen=True)
-class SpecialTokens:
-    """Ids of the special text tokens the prompt builder and generation loop use."""
+class SpecialTokens(SpecialTokenIds):
+    """Ids of the special text tokens the prompt builder and generation loop use (checks and
+    constructors: engine/special_tokens.py)."""
 
-    # what tokenizer.TextTokenizer resolves: field -> token string, and the fields that may be absent
+    # what tokenizer.TextTokenizer resolves: field -> token string; every one is required
     TOKEN_STRINGS: ClassVar[Mapping[str, str]] = SPECIAL_TOKEN_STRINGS
-    OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
     begin_of_text: int
     end_of_text: int
@@ -86,38 +86,6 @@ class SpecialTokens:
     audio_out: int
     scene_desc_start: int
     scene_desc_end: int
-
-    def __post_init__(self) -> None:
-        ids = self.as_dict()
-        for name, value in ids.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"special token {name} must be a non-negative int, got {value!r}")
-        if len(set(ids.values())) != len(ids):
-            raise ConfigError(f"special token ids must be distinct, got {ids}")
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_lookup(cls, lookup: Callable[[str], int]) -> SpecialTokens:
-        """Build from a token-string -> id function (e.g. a tokenizer's `token_to_id`).
-
-        `lookup` must raise (typically CheckpointError) or return None for an unknown token;
-        None becomes a ConfigError naming the token.
-        """
-        ids = {}
-        for name, token in SPECIAL_TOKEN_STRINGS.items():
-            value = lookup(token)
-            if value is None:
-                raise ConfigError(f"tokenizer has no special token {token} ({name})")
-            ids[name] = int(value)
-        return cls(**ids)
-
-    @classmethod
-    def consecutive(cls, first_id: int) -> SpecialTokens:
-        """Ids first_id, first_id+1, ... in field order (for tiny random test models)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{name: first_id + i for i, name in enumerate(names)})
 
     @classmethod
     def llama3_layout(cls) -> SpecialTokens:
@@ -213,18 +181,10 @@ class TalkerConfig(BackboneConfig):
                 f"codes+2 with BOS/EOS at the end (1026 for the released model); got codebook_size={rows} "
                 f"with audio_stream_bos_id={bos}, audio_stream_eos_id={eos}"
             )
-        hidden = int(require_field(d, "hidden_size", where))
-        heads = int(require_field(d, "num_attention_heads", where))
-        head_dim = d.get("head_dim") or hidden // heads
+        dims = backbone_dims(d, where)
         theta, scaling = _rope_from_dict(d, cls.rope_theta)
         return cls(
-            vocab_size=int(require_field(d, "vocab_size", where)),
-            hidden_size=hidden,
-            intermediate_size=int(require_field(d, "intermediate_size", where)),
-            num_layers=int(require_field(d, "num_hidden_layers", where)),
-            num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
+            **dims,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -260,19 +220,11 @@ class TalkerConfig(BackboneConfig):
             raise ConfigError(f"unsupported original-config options enabled: {unsupported}")
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias") or text.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
-        hidden = int(require_field(text, "hidden_size", "original text_config"))
-        heads = int(require_field(text, "num_attention_heads", "original text_config"))
-        head_dim = text.get("head_dim") or hidden // heads
+        dims = backbone_dims(text, "original text_config")
         theta, scaling = _rope_from_dict(text, cls.rope_theta)
         codes = int(d.get("audio_codebook_size", 1024))
         return cls(
-            vocab_size=int(require_field(text, "vocab_size", "original text_config")),
-            hidden_size=hidden,
-            intermediate_size=int(require_field(text, "intermediate_size", "original text_config")),
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
+            **dims,
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-5)),
             rope_theta=theta,
             rope_scaling=scaling,

@@ -32,17 +32,17 @@ from typing import Any
 import torch
 from tokenizers import AddedToken, Tokenizer, processors
 
-from higgs_stream.engine.checkpoint_files import CONFIG_FILE, INDEX_FILE, SINGLE_WEIGHTS_FILE
+from higgs_stream.engine.checkpoint_files import CONFIG_FILE
 from higgs_stream.engine.checkpoint_writer import (
     PRESETS,
     check_seed,
-    group_by_shard,
+    empty_output_dir,
     numel,
     random_tensor,
-    shard_layout,
     train_bpe,
     write_json,
     write_safetensors,
+    write_shards,
 )
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.models.higgs_v2.checkpoint import to_layout_key
@@ -317,22 +317,17 @@ def write_weights(out: Path, cfg: TalkerConfig, layout: str, seed: int, preset: 
     plan = tensor_plan(cfg)
     elem = torch.empty((), dtype=preset.dtype).element_size()
     sizes = [elem * numel(shape) for _, shape in plan]
-    shards = shard_layout(sizes, shard_bytes or preset.shard_bytes)
-    n = shards[-1] + 1
-    names = [SINGLE_WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    weight_map: dict[str, str] = {}
-    for shard_idx, items in group_by_shard(plan, shards):
+
+    def write(path: Path, items: list[tuple[str, tuple[int, ...]]]) -> list[str]:
         stored = [(to_layout_key(key, layout), key, shape) for key, shape in items]
         write_safetensors(
-            out / names[shard_idx],
+            path,
             [(name, shape, preset.dtype) for name, _, shape in stored],
             (random_tensor(key, shape, seed, preset.init_std, preset.dtype) for _, key, shape in stored),
         )
-        weight_map.update({name: names[shard_idx] for name, _, _ in stored})
-    if n > 1:
-        write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
-                                       "weight_map": dict(sorted(weight_map.items()))})
-    return names
+        return [name for name, _, _ in stored]
+
+    return write_shards(out, plan, sizes, shard_bytes or preset.shard_bytes, write)
 
 
 # ------------------------------------------------------------------------------ top level
@@ -347,10 +342,7 @@ def make_checkpoint(out: str | Path, preset: str = "tiny", layout: str = "hf", s
     if layout not in LAYOUTS:
         raise ConfigError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     check_seed(seed)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} exists and is not an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = empty_output_dir(out)
     cfg = talker_config(preset)
     config = hf_config_dict(cfg, p) if layout == "hf" else original_config_dict(cfg, p)
     write_json(out / CONFIG_FILE, config)

@@ -27,7 +27,7 @@ import numpy as np
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.family import Prompt, TokenizerLike
 from higgs_stream.engine.models.delay_pattern import delayed_prompt_audio
-from higgs_stream.engine.request import GenerationRequest, Reference
+from higgs_stream.engine.request import GenerationRequest
 
 DEFAULT_SYSTEM = "Generate audio following instruction."
 DEFAULT_SCENE = "Audio is recorded from a quiet room."
@@ -111,8 +111,7 @@ def build_prompt(
     tok: TokenizerLike, request: GenerationRequest, num_codebooks: int = 8, codebook_size: int = 1024
 ) -> Prompt:
     """The expanded prompt of `request`; InvalidInputError on malformed codes or control tokens in text."""
-    for i, seg in enumerate(_audio_segments(request)):
-        _check_codes(seg, num_codebooks, codebook_size, "reference" if i == 0 and request.reference else "history")
+    request.check_codes(num_codebooks, codebook_size)
     b = _Builder(tok, num_codebooks)
     bos, eos = codebook_size, codebook_size + 1
 
@@ -127,7 +126,7 @@ def build_prompt(
         b.tokens([b.sp.scene_desc_end])
     b.tokens([b.sp.eot])
 
-    for seg in _audio_segments(request):
+    for seg in request.audio_segments:
         b.user_turn(seg.transcript, "transcript")
         b.assistant_audio_turn(delayed_prompt_audio(seg.codes, bos, eos))
 
@@ -136,13 +135,3 @@ def build_prompt(
     b.tokens([b.sp.audio_out_bos])
     return b.build()
 
-
-def _audio_segments(request: GenerationRequest) -> list[Reference]:
-    return ([request.reference] if request.reference is not None else []) + list(request.history)
-
-
-def _check_codes(seg: Reference, num_codebooks: int, codebook_size: int, what: str) -> None:
-    if seg.codes.shape[0] != num_codebooks:
-        raise InvalidInputError(f"{what} codes must have {num_codebooks} codebooks, got {seg.codes.shape[0]}")
-    if seg.codes.max() >= codebook_size:
-        raise InvalidInputError(f"{what} codes must lie in 0..{codebook_size - 1}, got max {seg.codes.max()}")

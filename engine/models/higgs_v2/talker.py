@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
+from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput, logits_at_rows
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
@@ -170,25 +170,13 @@ class Talker(nn.Module):
             x = layer(x, route, rope, cache.pool.k[i], cache.pool.v[i], layout)
         last = self.model.norm(x[layout.last_token_index])  # [B, H]; the final norm is per row
 
-        b = len(batch.seq_ids)
-        want_audio = batch.want_audio.nonzero().flatten().tolist()
-        if len(want_audio) == b:  # the usual decode step: every sequence samples a column
-            audio_logits = self.audio_lm_head(last).float().view(b, cfg.num_codebooks, cfg.audio_vocab)
-        else:
-            audio_logits = torch.full((b, cfg.num_codebooks, cfg.audio_vocab), float("nan"), device=device)
-        if want_audio and len(want_audio) < b:
-            rows = torch.tensor(want_audio, device=device)
-            logits = self.audio_lm_head(last[rows]).float()  # [Ba, 8 * 1026]
-            audio_logits[rows] = logits.view(len(want_audio), cfg.num_codebooks, cfg.audio_vocab)
-
+        audio_logits = logits_at_rows(self.audio_lm_head, last, batch.want_audio,
+                                      (cfg.num_codebooks, cfg.audio_vocab))  # [B, 8, 1026]
         text_logits = None
-        want_text = batch.want_text.nonzero().flatten().tolist()
-        if want_text:
+        if batch.want_text.any():
             if self.text_lm_head is None:
                 raise InvalidInputError("text logits requested from a talker built without a text head")
-            rows = torch.tensor(want_text, device=device)
-            text_logits = torch.full((b, cfg.vocab_size), float("nan"), device=device)
-            text_logits[rows] = self.text_lm_head(last[rows]).float()  # [Bt, V]
+            text_logits = logits_at_rows(self.text_lm_head, last, batch.want_text, (cfg.vocab_size,))  # [B, V]
         return StepOutput(audio_logits=audio_logits, text_logits=text_logits)
 
     def backbone_linears(self) -> dict[str, nn.Module]:

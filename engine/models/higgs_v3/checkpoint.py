@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS
 from higgs_stream.engine.checkpoint_files import (
@@ -32,6 +31,7 @@ from higgs_stream.engine.checkpoint_files import (
     parameters_on_meta,
     read_config_json,
     read_headers,
+    read_tensors,
     resolve_model_dir,
     swap_prefix,
     weight_files,
@@ -177,15 +177,7 @@ def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, Text
 
 def _read(entries: Mapping[str, TensorEntry], keys: list[str]) -> dict[str, torch.Tensor]:
     """The tensors `keys`, one file open at a time, in their stored dtype, on CPU."""
-    by_file: dict[Path, list[str]] = {}
-    for key in keys:
-        by_file.setdefault(entries[key].file, []).append(key)
-    out: dict[str, torch.Tensor] = {}
-    for file, file_keys in by_file.items():
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for key in file_keys:
-                out[key] = f.get_tensor(key)
-    return out
+    return dict(read_tensors({key: entries[key] for key in keys}))
 
 
 def load_talker_v3(

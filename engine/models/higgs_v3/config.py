@@ -9,13 +9,13 @@ Reference: research/higgs_v3_peers.md §1.2.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.engine.talker_config import BackboneConfig, require_field
+from higgs_stream.engine.special_tokens import SpecialTokenIds
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, require_field
 
 MODEL_TYPE_V3 = "higgs_multimodal_qwen3"
 
@@ -47,12 +47,14 @@ _FULL_PRESET_IDS: dict[str, int] = {
 
 
 @dataclass(frozen=True)
-class V3SpecialTokens:
-    """Ids of the v3 prompt tokens and stop tokens, resolved from the tokenizer."""
+class V3SpecialTokens(SpecialTokenIds):
+    """Ids of the v3 prompt tokens and stop tokens, resolved from the tokenizer (checks and
+    constructors: engine/special_tokens.py)."""
 
     # what tokenizer.TextTokenizer resolves: field -> token string, and the fields that may be absent
     TOKEN_STRINGS: ClassVar[Mapping[str, str]] = V3_SPECIAL_TOKEN_STRINGS
     OPTIONAL: ClassVar[tuple[str, ...]] = _OPTIONAL_SPECIALS
+    LABEL: ClassVar[str] = "v3 special token"
 
     tts: int
     text: int
@@ -62,40 +64,10 @@ class V3SpecialTokens:
     audio_end: int
     ref_text: int | None = None
 
-    def __post_init__(self) -> None:
-        ids = self.as_dict()
-        for name, value in ids.items():
-            if value is None and name in _OPTIONAL_SPECIALS:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"v3 special token {name} must be a non-negative int, got {value!r}")
-        present = [v for v in ids.values() if v is not None]
-        if len(set(present)) != len(present):
-            raise ConfigError(f"v3 special token ids must be distinct, got {ids}")
-
-    def as_dict(self) -> dict[str, int | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
     @property
     def stop_ids(self) -> tuple[int, int]:
         """Text ids that end a v3 stream: `<|endoftext|>` and `<|audio_end|>`."""
         return (self.end_of_text, self.audio_end)
-
-    @classmethod
-    def from_lookup(cls, lookup: Callable[[str], int | None]) -> V3SpecialTokens:
-        """From a token-string -> id function returning None for unknown tokens."""
-        ids: dict[str, int | None] = {}
-        for name, token in V3_SPECIAL_TOKEN_STRINGS.items():
-            value = lookup(token)
-            if value is None and name not in _OPTIONAL_SPECIALS:
-                raise ConfigError(f"tokenizer has no v3 special token {token} ({name})")
-            ids[name] = None if value is None else int(value)
-        return cls(**ids)
-
-    @classmethod
-    def consecutive(cls, first_id: int) -> V3SpecialTokens:
-        """Ids first_id, first_id+1, ... in V3_SPECIAL_TOKEN_STRINGS order (tiny test models)."""
-        return cls(**{name: first_id + i for i, name in enumerate(V3_SPECIAL_TOKEN_STRINGS)})
 
     @classmethod
     def full_preset(cls) -> V3SpecialTokens:
@@ -150,8 +122,8 @@ class TalkerV3Config(BackboneConfig):
             raise ConfigError(f"v3 audio_encoder_config.encoder_type must be 'discrete', got {audio.get('encoder_type')!r}")
         if audio.get("tie_word_embeddings") is not True or audio.get("use_delay_pattern") is not True:
             raise ConfigError("v3 audio_encoder_config must have tie_word_embeddings=true and use_delay_pattern=true")
-        hidden = int(require_field(text, "hidden_size", "v3 text_config"))
-        heads = int(require_field(text, "num_attention_heads", "v3 text_config"))
+        dims = backbone_dims(text, "v3 text_config")
+        hidden = dims["hidden_size"]
         out_dim = int(audio.get("out_dim", hidden))
         if out_dim != hidden:
             raise ConfigError(f"v3 audio_encoder_config.out_dim {out_dim} != text hidden_size {hidden}")
@@ -168,13 +140,7 @@ class TalkerV3Config(BackboneConfig):
             raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
         rows = int(require_field(audio, "vocab_size", "v3 audio_encoder_config"))  # ids per codebook (1026)
         return cls(
-            vocab_size=int(require_field(text, "vocab_size", "v3 text_config")),
-            hidden_size=hidden,
-            intermediate_size=int(require_field(text, "intermediate_size", "v3 text_config")),
-            num_layers=int(require_field(text, "num_hidden_layers", "v3 text_config")),
-            num_heads=heads,
-            num_kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(text.get("head_dim") or hidden // heads),
+            **dims,
             rms_norm_eps=float(require_field(text, "rms_norm_eps", "v3 text_config")),
             rope_theta=float(theta),
             max_position_embeddings=int(text.get("max_position_embeddings", 32768)),

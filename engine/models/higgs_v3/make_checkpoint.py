@@ -27,16 +27,16 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer
 
-from higgs_stream.engine.checkpoint_files import CONFIG_FILE, INDEX_FILE, SINGLE_WEIGHTS_FILE
+from higgs_stream.engine.checkpoint_files import CONFIG_FILE
 from higgs_stream.engine.checkpoint_writer import (
     PRESETS,
     check_seed,
-    group_by_shard,
+    empty_output_dir,
     numel,
     random_tensor,
-    shard_layout,
     train_bpe,
     write_json,
+    write_shards,
 )
 from higgs_stream.engine.codec.make import build_reference_model, preset_config
 from higgs_stream.engine.errors import ConfigError
@@ -111,10 +111,7 @@ def make_checkpoint_v3(out: str | Path, preset: str = "tiny", seed: int = 0, *, 
     """Write a random-weight v3 checkpoint to `out` (missing or an empty directory); returns it."""
     p = preset_v3(preset)
     check_seed(seed)
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"output {out} exists and is not an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = empty_output_dir(out)
     cfg = p.config
     assert cfg.special is not None
     config = {**cfg.to_hf_dict(), "dtype": _DTYPE_NAMES[p.dtype], "transformers_version": "4.57.1"}
@@ -132,18 +129,12 @@ def make_checkpoint_v3(out: str | Path, preset: str = "tiny", seed: int = 0, *, 
     elem = torch.empty((), dtype=p.dtype).element_size()
     sizes = [elem * numel(shape) for _, shape in talker] + [t.numel() * t.element_size() for t in codec.values()]
     plan: list[tuple[str, object]] = [(k, s) for k, s in talker] + list(codec.items())
-    shards = shard_layout(sizes, shard_bytes or p.shard_bytes)
-    n = shards[-1] + 1
-    names = [SINGLE_WEIGHTS_FILE] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    weight_map: dict[str, str] = {}
-    for shard_idx, items in group_by_shard(plan, shards):
+
+    def write(path: Path, items: list[tuple[str, object]]) -> list[str]:
         tensors = {key: (value if isinstance(value, torch.Tensor)
                          else random_tensor(key, value, seed, p.init_std, p.dtype)) for key, value in items}
-        save_file(tensors, str(out / names[shard_idx]), metadata={"format": "pt"})
-        weight_map.update({k: names[shard_idx] for k in tensors})
-        del tensors
-    if n > 1:
-        write_json(out / INDEX_FILE, {"metadata": {"total_size": sum(sizes)},
-                                       "weight_map": dict(sorted(weight_map.items()))})
-    return out
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        return list(tensors)
 
+    write_shards(out, plan, sizes, shard_bytes or p.shard_bytes, write)
+    return out

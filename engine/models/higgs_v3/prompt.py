@@ -22,7 +22,7 @@ from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.family import Prompt
 from higgs_stream.engine.models.delay_pattern import build_delay_pattern
 from higgs_stream.engine.models.higgs_v3.config import V3SpecialTokens
-from higgs_stream.engine.request import GenerationRequest, Reference
+from higgs_stream.engine.request import GenerationRequest
 
 
 class Encoder(Protocol):
@@ -58,13 +58,8 @@ def build_prompt_v3(
             raise InvalidInputError(f"{what} contains v3 control tokens (ids {bad}); remove them")
         return ids
 
-    segments: list[Reference] = ([request.reference] if request.reference is not None else []) + list(request.history)
-    for seg in segments:
-        what = "reference" if seg is request.reference else "history"
-        if seg.codes.shape[0] != num_codebooks:
-            raise InvalidInputError(f"{what} codes must have {num_codebooks} codebooks, got {seg.codes.shape[0]}")
-        if seg.codes.max() >= codebook_size:
-            raise InvalidInputError(f"{what} codes must lie in 0..{codebook_size - 1}, got max {seg.codes.max()}")
+    request.check_codes(num_codebooks, codebook_size)
+    segments = request.audio_segments
 
     ids: list[int] = [special.tts]
     rows = np.zeros((0, num_codebooks), np.int64)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput
+from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput, logits_at_rows
 from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
@@ -172,19 +172,11 @@ class TalkerV3(nn.Module):
         cfg = self.cfg
         states, layout = self.hidden_states(batch, cache)
         last = states[-1][layout.last_token_index]  # [B, H]
-        device = last.device
-        b = len(batch.seq_ids)
-        audio_logits = torch.full((b, cfg.num_codebooks, cfg.audio_vocab), float("nan"), device=device)
-        want_audio = batch.want_audio.nonzero().flatten().tolist()
-        if want_audio:
-            rows = torch.tensor(want_audio, device=device)
-            audio_logits[rows] = self.audio.logits(last[rows])  # [Ba, K, V] float32
+        audio_logits = logits_at_rows(self.audio.logits, last, batch.want_audio,
+                                      (cfg.num_codebooks, cfg.audio_vocab))  # [B, K, V] float32
         text_logits = None
-        want_text = batch.want_text.nonzero().flatten().tolist()
-        if want_text:  # never on v3 audio steps; kept for parity tests and text-mode callers
-            rows = torch.tensor(want_text, device=device)
-            text_logits = torch.full((b, cfg.vocab_size), float("nan"), device=device)
-            text_logits[rows] = self.text_logits(last[rows])  # [Bt, V]
+        if batch.want_text.any():  # never on v3 audio steps; kept for parity tests and text-mode callers
+            text_logits = logits_at_rows(self.text_logits, last, batch.want_text, (cfg.vocab_size,))  # [B, V]
         return StepOutput(audio_logits=audio_logits, text_logits=text_logits)
 
     def backbone_linears(self) -> dict[str, nn.Module]:

@@ -4,7 +4,7 @@
 Logits are built with few competing ids so RAS hits often, and EOS is planted now and then so
 ramp-outs start at various codebooks; frame caps end other streams. The RAS candidate and the
 sampled token the device must have used are recomputed on the host from the same counter-based
-noise (a pure function of seed and column index).
+noise (a pure function of seed and column index; tests/engine/models/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from higgs_stream.engine.gpu_sampling import IGNORED, LENGTH, RUNNING, STOP, Dev
 from higgs_stream.engine.models.higgs_v2.device_rules import V2DeviceRules
 from higgs_stream.engine.models.higgs_v2.policy import SegmentState
 from higgs_stream.engine.request import SamplingParams
-from higgs_stream.engine.sampling import SamplingTensors, warp_logits
-from higgs_stream.kernels.sampling_noise import exp_noise_ref
 
 K, V = 8, 1026
 PARAMS = [
@@ -31,18 +29,8 @@ PARAMS = [
 MAX_FRAMES = [40, 6, 25, 12, 9]
 
 
-def host_draw(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> tuple[list[int], list[int]]:
-    """What the device must sample for one row: (token, RAS candidate) per codebook."""
-    st = SamplingTensors.build([params], V, logits.device)
-    st = SamplingTensors(st.temperature, st.top_k, st.top_p_cut, st.greedy, True, True)
-    probs = warp_logits(logits[None], st).softmax(-1)[0]
-    token = logits.argmax(-1) if params.greedy else (probs / noise[0]).argmax(-1)
-    cand = (logits.softmax(-1) / noise[1]).argmax(-1)
-    return token.tolist(), cand.tolist()
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_segment_state(seed):
+def test_matches_segment_state(seed, device_oracle):
     rng = np.random.default_rng(seed)
     n = len(PARAMS)
     state = DeviceStreamState(num_slots=6, scratch_slots=2, num_codebooks=K, codebook_size=1024, device="cpu",
@@ -61,22 +49,16 @@ def test_matches_segment_state(seed):
         for i in range(n):
             if rng.random() < 0.08:  # plant an EOS on a random codebook
                 logits[i, rng.integers(0, K), 1025] = 5.0
-        order = rng.permutation(n)
-        rows = [slots[i] for i in order] + [6]  # plus one padded row on a scratch slot
-        valid = torch.tensor([True] * n + [False])
-        noise = exp_noise_ref(state.seed[rows], state.ncols[rows], 2 * K * V).view(-1, 2, K, V)
-        packed = state.sample_and_advance(logits[list(order) + [n]], torch.tensor(rows), valid)
-        assert packed[-1, K] == IGNORED
+        order, packed, noise = device_oracle.step(state, slots, logits, rng)  # + a padded row, IGNORED
         for r, i in enumerate(order):
             h = host[i]
             if h.finished:
                 assert packed[r, K] == IGNORED
                 continue
-            token, cand = host_draw(logits[i], PARAMS[i], noise[r])
+            token, cand = device_oracle.draw(logits[i], PARAMS[i], noise[r])
             col = h.advance(token, cand)
             assert packed[r, :K].tolist() == list(col), f"step {step} stream {i}"
-            status = int(packed[r, K])
-            want = {"stop": STOP, "length": LENGTH}[h.reason] if h.finished else RUNNING
+            status, want = int(packed[r, K]), device_oracle.status(h)
             assert status == want, f"step {step} stream {i}: status {status}, want {want}"
             seen[status] += 1
     assert seen[STOP] >= 1 and seen[LENGTH] >= 1 and seen[RUNNING] > 30

@@ -15,7 +15,6 @@ import pytest
 import torch
 from transformers import DynamicCache, HiggsAudioV2Config, HiggsAudioV2ForConditionalGeneration
 
-from higgs_stream.engine.batch import StepBatch
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
@@ -91,22 +90,6 @@ def hf_full_logits(hf, cfg: TalkerConfig, seq: Seq) -> tuple[torch.Tensor, torch
         return hf.audio_lm_head(hidden).view(len(seq), cfg.num_codebooks, cfg.audio_vocab), hf.text_lm_head(hidden)
 
 
-def step_batch(cfg: TalkerConfig, parts: list[tuple[int, Seq, int, int]], want_text: bool = True) -> StepBatch:
-    """parts: (seq_id, seq, start, stop) -> one ragged step over seq[start:stop] of each."""
-    rows = [(seq, torch.arange(start, stop)) for _, seq, start, stop in parts]
-    b = len(parts)
-    return StepBatch(
-        seq_ids=[p[0] for p in parts],
-        qo_lens=[stop - start for _, _, start, stop in parts],
-        input_ids=torch.cat([seq.ids[r] for seq, r in rows]),
-        audio_codes=torch.cat([seq.codes[r] for seq, r in rows]),
-        is_audio=torch.cat([seq.is_audio[r] for seq, r in rows]),
-        positions=torch.cat([r for _, r in rows]),
-        want_text=torch.full((b,), want_text),
-        want_audio=torch.ones(b, dtype=torch.bool),
-    )
-
-
 @pytest.mark.parametrize("heads", HEADS)
 def test_state_dict_keys_equal_hf(heads):
     cfg = TalkerConfig.tiny(num_heads=heads[0], num_kv_heads=heads[1])
@@ -117,7 +100,7 @@ def test_state_dict_keys_equal_hf(heads):
 
 
 @pytest.mark.parametrize("heads,layers", [(HEADS[0], 2), (HEADS[1], 3), (HEADS[2], 2)])
-def test_prefill_every_position_matches_hf(heads, layers):
+def test_prefill_every_position_matches_hf(heads, layers, step_batch):
     """Sequence t of the batch is the prompt's prefix of length t+1, so one ragged prefill call
     returns our logits at every prompt position; compare with the reference's full forward."""
     cfg = TalkerConfig.tiny(num_heads=heads[0], num_kv_heads=heads[1], num_layers=layers)
@@ -128,14 +111,14 @@ def test_prefill_every_position_matches_hf(heads, layers):
     cache = KVCache.create(cfg, num_pages=128, page_size=4)
     for t in range(len(seq)):
         cache.allocator.reserve(t, t + 1)
-    out = ours(step_batch(cfg, [(t, seq, 0, t + 1) for t in range(len(seq))]), cache)
+    out = ours(step_batch([(t, seq, 0, t + 1) for t in range(len(seq))]), cache)
     assert out.audio_logits.dtype == torch.float32 and out.audio_logits.shape == (len(seq), 8, 1026)
     assert rel_err(out.audio_logits, ref_audio) <= TOL
     assert rel_err(out.text_logits, ref_text) <= TOL
 
 
 @pytest.mark.parametrize("heads", HEADS)
-def test_chunked_prefill_then_decode_matches_hf_cache(heads):
+def test_chunked_prefill_then_decode_matches_hf_cache(heads, step_batch):
     """Ours: prompt in chunks 5/7/rest, then 1-token steps; reference: one cached prefill, then its
     cached decode path (audio steps passed as audio_input_ids only, text steps as input_ids)."""
     cfg = TalkerConfig.tiny(num_heads=heads[0], num_kv_heads=heads[1])
@@ -180,7 +163,7 @@ def test_chunked_prefill_then_decode_matches_hf_cache(heads):
     bounds = [0, 5, 12, n_prompt] + list(range(n_prompt + 1, len(seq) + 1))
     for start, stop in zip(bounds[:-1], bounds[1:]):
         cache.allocator.reserve(0, stop)
-        out = ours(step_batch(cfg, [(0, seq, start, stop)]), cache)
+        out = ours(step_batch([(0, seq, start, stop)]), cache)
         if stop >= n_prompt:
             got_audio.append(out.audio_logits)
             got_text.append(out.text_logits)
@@ -188,7 +171,7 @@ def test_chunked_prefill_then_decode_matches_hf_cache(heads):
     assert rel_err(torch.cat(got_text), ref_text) <= TOL
 
 
-def test_batched_mixed_prefill_and_decode_match_each_alone():
+def test_batched_mixed_prefill_and_decode_match_each_alone(step_batch):
     """Four sequences of different lengths share a fragmented page pool; every call mixes prefill
     chunks of some with decode steps of others (one joins late). Logits at each chunk end equal
     the reference's forward over that sequence alone."""
@@ -221,7 +204,7 @@ def test_batched_mixed_prefill_and_decode_match_each_alone():
                 stop = cursor[i] + schedules[i][done[i]]
                 cache.allocator.reserve(10 + i, stop)
                 parts.append((10 + i, seqs[i], cursor[i], stop))
-        out = ours(step_batch(cfg, parts), cache)
+        out = ours(step_batch(parts), cache)
         for row, (sid, _, _, stop) in enumerate(parts):
             i = sid - 10
             worst = max(worst, rel_err(out.audio_logits[row], refs[i][0][stop - 1]),
@@ -243,7 +226,7 @@ def count_calls(modules: dict[str, torch.nn.Module]) -> dict[str, int]:
     return counts
 
 
-def test_branches_run_only_for_their_rows():
+def test_branches_run_only_for_their_rows(step_batch):
     cfg = TalkerConfig.tiny()
     _, ours = make_pair(cfg)
     layer = ours.model.layers[0]
@@ -253,22 +236,22 @@ def test_branches_run_only_for_their_rows():
     seq = make_seq(cfg, torch.Generator().manual_seed(5), n_text=4, n_audio=4)
     cache = KVCache.create(cfg, num_pages=8, page_size=4)
     cache.allocator.reserve(0, 5)
-    ours(step_batch(cfg, [(0, seq, 0, 5)], want_text=False), cache)  # text-only prefill
+    ours(step_batch([(0, seq, 0, 5)], want_text=False), cache)  # text-only prefill
     assert counts == {"mlp": 1, "text_norm": 1, "audio_mlp": 0, "embed_tokens": 1, "text_head": 0, "audio_head": 1}
     cache.allocator.reserve(0, 9)
-    out = ours(step_batch(cfg, [(0, seq, 5, 9)], want_text=False), cache)  # audio-only decode-like step
+    out = ours(step_batch([(0, seq, 5, 9)], want_text=False), cache)  # audio-only decode-like step
     assert counts == {"mlp": 1, "text_norm": 1, "audio_mlp": 1, "embed_tokens": 1, "text_head": 0, "audio_head": 2}
     assert out.text_logits is None
 
 
-def test_want_flags_select_rows():
+def test_want_flags_select_rows(step_batch):
     cfg = TalkerConfig.tiny()
     _, ours = make_pair(cfg)
     seq = make_seq(cfg, torch.Generator().manual_seed(6), n_text=3, n_audio=3)
     cache = KVCache.create(cfg, num_pages=8, page_size=4)
     cache.allocator.reserve(0, 4)
     cache.allocator.reserve(1, 7)
-    batch = step_batch(cfg, [(0, seq, 0, 4), (1, seq, 0, 7)])
+    batch = step_batch([(0, seq, 0, 4), (1, seq, 0, 7)])
     batch.want_audio = torch.tensor([False, True])
     batch.want_text = torch.tensor([True, False])
     out = ours(batch, cache)
@@ -276,24 +259,24 @@ def test_want_flags_select_rows():
     assert out.text_logits[0].isfinite().all() and out.text_logits[1].isnan().all()
 
 
-def test_bad_batches_raise_typed_errors():
+def test_bad_batches_raise_typed_errors(step_batch):
     cfg = TalkerConfig.tiny()
     _, ours = make_pair(cfg)
     seq = make_seq(cfg, torch.Generator().manual_seed(8), n_text=2, n_audio=2)
     cache = KVCache.create(cfg, num_pages=8, page_size=4)
     cache.allocator.reserve(0, len(seq))
-    bad_code = step_batch(cfg, [(0, seq, 0, len(seq))])
+    bad_code = step_batch([(0, seq, 0, len(seq))])
     bad_code.audio_codes[-1, 3] = cfg.audio_vocab  # 1026 is out of range
     with pytest.raises(InvalidInputError, match="audio codes"):
         ours(bad_code, cache)
-    bad_text = step_batch(cfg, [(0, seq, 0, len(seq))])
+    bad_text = step_batch([(0, seq, 0, len(seq))])
     bad_text.input_ids[0] = cfg.vocab_size
     with pytest.raises(InvalidInputError, match="text ids"):
         ours(bad_text, cache)
-    bad_len = step_batch(cfg, [(0, seq, 0, len(seq))])
+    bad_len = step_batch([(0, seq, 0, len(seq))])
     bad_len.qo_lens = [len(seq) - 1]
     with pytest.raises(InvalidInputError):
         ours(bad_len, cache)
     no_head = Talker(cfg, use_text_head=False)
     with pytest.raises(InvalidInputError, match="text head"):
-        no_head(step_batch(cfg, [(0, seq, 0, len(seq))]), cache)
+        no_head(step_batch([(0, seq, 0, len(seq))]), cache)

@@ -3,7 +3,8 @@
 EOC is planted on codebook 0 now and then, inside the ramp-up too (where v3 ignores it), and BOC
 competes with the codes, so countdowns start at various rows; frame caps end other streams, some
 in the middle of a countdown. The sampled token the device must have used is recomputed on the
-host from the same counter-based noise. RAS settings in the requests must have no effect.
+host from the same counter-based noise (tests/engine/models/conftest.py). RAS settings in the
+requests must have no effect.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from higgs_stream.engine.gpu_sampling import IGNORED, LENGTH, RUNNING, STOP, Dev
 from higgs_stream.engine.models.higgs_v3.device_rules import V3DeviceRules
 from higgs_stream.engine.models.higgs_v3.policy import V3Segment
 from higgs_stream.engine.request import SamplingParams
-from higgs_stream.engine.sampling import SamplingTensors, warp_logits
-from higgs_stream.kernels.sampling_noise import exp_noise_ref
 
 K, V, BOC, EOC = 8, 1026, 1024, 1025
 PARAMS = [
@@ -30,20 +29,13 @@ PARAMS = [
 MAX_FRAMES = [40, 3, 25, 12, 9]
 
 
-def host_token(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> list[int]:
-    st = SamplingTensors.build([params], V, logits.device)
-    st = SamplingTensors(st.temperature, st.top_k, st.top_p_cut, st.greedy, True, True)
-    probs = warp_logits(logits[None], st).softmax(-1)[0]
-    return (logits.argmax(-1) if params.greedy else (probs / noise[0]).argmax(-1)).tolist()
-
-
 def device_state(num_slots: int = 6, scratch: int = 2) -> DeviceStreamState:
     return DeviceStreamState(num_slots=num_slots, scratch_slots=scratch, num_codebooks=K, codebook_size=1024,
                              device="cpu", rules=V3DeviceRules(K))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_v3_segment(seed):
+def test_matches_v3_segment(seed, device_oracle):
     rng = np.random.default_rng(seed)
     n = len(PARAMS)
     state = device_state()
@@ -63,21 +55,16 @@ def test_matches_v3_segment(seed):
             if rng.random() < 0.1:  # EOC on codebook 0
                 logits[i, 0, EOC] = 6.0
                 eoc_in_ramp += len(host[i].state.rows) < K and not host[i].finished
-        order = rng.permutation(n)
-        rows = [slots[i] for i in order] + [6]  # plus one padded row on a scratch slot
-        valid = torch.tensor([True] * n + [False])
-        noise = exp_noise_ref(state.seed[rows], state.ncols[rows], 2 * K * V).view(-1, 2, K, V)
-        packed = state.sample_and_advance(logits[list(order) + [n]], torch.tensor(rows), valid)
-        assert packed[-1, K] == IGNORED
+        order, packed, noise = device_oracle.step(state, slots, logits, rng)  # + a padded row, IGNORED
         for r, i in enumerate(order):
             h = host[i]
             if h.finished:
                 assert packed[r, K] == IGNORED
                 continue
-            cols = h.advance(host_token(logits[i], PARAMS[i], noise[r]))
+            token, _ = device_oracle.draw(logits[i], PARAMS[i], noise[r])
+            cols = h.advance(token)
             assert cols == [tuple(packed[r, :K].tolist())], f"step {step} stream {i}"
-            status = int(packed[r, K])
-            want = {"stop": STOP, "length": LENGTH}[h.reason] if h.finished else RUNNING
+            status, want = int(packed[r, K]), device_oracle.status(h)
             assert status == want, f"step {step} stream {i}: status {status}, want {want}"
             seen[status] += 1
     assert seen[STOP] >= 1 and seen[LENGTH] >= 1 and seen[RUNNING] > 30

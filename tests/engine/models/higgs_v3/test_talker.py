@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-from higgs_stream.engine.batch import StepBatch
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.models.higgs_v3.checkpoint import AUDIO_MATRIX, talker_key_shapes, to_qwen3_key
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
@@ -97,18 +96,6 @@ class Seq:
         return x[None]
 
 
-def step_batch(parts: list[tuple[int, Seq, int, int]]) -> StepBatch:
-    """parts: (seq_id, seq, start, stop) -> one ragged step over seq[start:stop] of each."""
-    rows = [(seq, torch.arange(start, stop)) for _, seq, start, stop in parts]
-    b = len(parts)
-    return StepBatch(
-        seq_ids=[p[0] for p in parts], qo_lens=[stop - start for _, _, start, stop in parts],
-        input_ids=torch.cat([seq.ids[r] for seq, r in rows]), audio_codes=torch.cat([seq.codes[r] for seq, r in rows]),
-        is_audio=torch.cat([seq.is_audio[r] for seq, r in rows]), positions=torch.cat([r for _, r in rows]),
-        want_text=torch.ones(b, dtype=torch.bool), want_audio=torch.ones(b, dtype=torch.bool),
-    )
-
-
 def test_state_dict_keys_are_the_checkpoint_key_table():
     cfg = TalkerV3Config.tiny()
     sd = TalkerV3(cfg).state_dict()
@@ -121,7 +108,7 @@ def test_state_dict_keys_are_the_checkpoint_key_table():
 
 
 @pytest.mark.parametrize("heads,layers", [((4, 2), 2), ((4, 1), 3), ((4, 4), 2)])
-def test_prefill_and_every_decode_step_match_qwen3(heads, layers):
+def test_prefill_and_every_decode_step_match_qwen3(heads, layers, step_batch):
     """Ours: the prompt in chunks 6/9/rest, then one <|audio|> step per decode row; reference: one
     cached prefill over inputs_embeds, then its cached decode path. All hidden states + logits."""
     cfg = TalkerV3Config.tiny(num_heads=heads[0], num_kv_heads=heads[1], num_layers=layers)
@@ -174,7 +161,7 @@ def test_prefill_and_every_decode_step_match_qwen3(heads, layers):
         assert rel_err(out.text_logits[0], ref_logits[bounds.index(start)][-1]) <= TOL
 
 
-def test_ragged_batch_mixes_prefill_and_decode():
+def test_ragged_batch_mixes_prefill_and_decode(step_batch):
     """Two sequences: one decodes while the other prefills in the same call; each equals its solo run."""
     cfg = TalkerV3Config.tiny(num_layers=2)
     hf, ours = make_pair(cfg, seed=5)
