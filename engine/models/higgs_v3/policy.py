@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import Prompt, TokenizerLike
@@ -135,11 +136,11 @@ class V3Policy:
         if cfg.special is None:
             raise ConfigError("TalkerV3Config.special (the v3 token ids) must be set to build prompts")
         self.cfg, self.tokenizer, self.special = cfg, tokenizer, cfg.special
+        self.head_codebooks = cfg.num_codebooks  # the fused audio head samples whole rows
 
-    @property
-    def continuation_id(self) -> int:
-        """Text id of a decode step's input position (its embedding is replaced by the fed-back row)."""
-        return self.special.audio
+    def process_logits(self, logits: torch.Tensor, segments: Sequence[V3Segment]) -> torch.Tensor:
+        """No logits processors: the rules (ramp-up, EOC countdown) act on the sampled rows."""
+        return logits
 
     @property
     def stop_ids(self) -> tuple[int, int]:
