@@ -7,6 +7,7 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     talker.py           the plain-torch talker and code predictor
     prompt.py           the three variants' prompt (CustomVoice, VoiceDesign, Base x-vector / ICL)
     policy.py           the engine's generation policy: request -> prompt, group-0 rules, frame writer
+    tokenizer.py        the Qwen2 BPE text tokenizer from the hub files
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
     codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
     make_checkpoint.py  random-weight checkpoints in the hub layout
@@ -45,8 +46,10 @@ class Qwen3TTS:
              max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
         from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 
+        from higgs_stream.engine.models.qwen3_tts.tokenizer import QwenTextTokenizer
+
         model = load_model(root, device=device, dtype=dtype)
-        return model, model.cfg, None
+        return model, model.cfg, QwenTextTokenizer.from_dir(root)
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:
         """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder)."""

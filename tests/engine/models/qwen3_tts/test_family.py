@@ -27,7 +27,7 @@ def test_the_registry_knows_the_fixture_checkpoint(tiny_dir):
 def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
     out = write_checkpoint(tmp_path / "q", arch="qwen3-tts", preset="tiny", seed=3)
     assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
-                                              "speech_tokenizer"}
+                                              "speech_tokenizer", "vocab.json", "merges.txt", "tokenizer_config.json"}
     model = load_model(out)
     cfg = model.cfg
     assert cfg == preset("tiny") and cfg.variant == "custom_voice"
