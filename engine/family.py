@@ -124,6 +124,8 @@ class GenerationPolicy(Protocol):
 
     sample_at_prompt_end: bool  # the prompt's last position yields a sampled row (else a forced start row)
     head_codebooks: int  # codebooks of a row the talker's head samples; the rest: talker.complete_rows
+    takes_history: bool  # a request may carry earlier segments' audio (GenerationRequest.history)
+    speakers: tuple[str, ...]  # the checkpoint's built-in voices (GenerationRequest.speaker); () if none
 
     def build_prompt(self, request: GenerationRequest) -> Prompt: ...
 

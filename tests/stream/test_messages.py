@@ -25,8 +25,8 @@ def test_parse_speech_openai_shape(voices, wav_bytes):
     r = speech(voices, input="Hi", voice={"id": "belinda"}, stream_format="sse", instructions="calm", seed=5,
                temperature=0.3, top_k=50, top_p=0.9, mode="low_latency")
     o = r.options
-    assert (o.voice.name, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
-        "belinda", "calm", 5, 0.3, 50, 0.9, "low_latency")
+    assert (o.voice.name, o.instructions, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
+        "belinda", "calm", None, 5, 0.3, 50, 0.9, "low_latency")  # instructions: the model's (v2: its scene)
     r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
     assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
     assert speech(voices, input="Hi", response_format="wav").response_format == "wav"

@@ -174,6 +174,8 @@ class V2Policy:
     """
 
     sample_at_prompt_end = False
+    takes_history = True  # earlier segments as assistant audio turns
+    speakers: tuple[str, ...] = ()
 
     def __init__(self, cfg: TalkerConfig, tokenizer: TokenizerLike) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer

@@ -131,6 +131,8 @@ class V3Policy:
     """The engine's generation policy for v3 streams (engine/family.py GenerationPolicy)."""
 
     sample_at_prompt_end = True  # the prompt's last position yields row 0
+    takes_history = True  # earlier segments join the reference slot
+    speakers: tuple[str, ...] = ()
 
     def __init__(self, cfg: TalkerV3Config, tokenizer: TokenizerLike) -> None:
         if cfg.special is None:

@@ -16,6 +16,7 @@ tokens' names are ours, their ids are what the model reads).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -60,6 +61,34 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
 
 
+RESIDUAL_GAIN = 0.3  # the decoder blocks' residual branches (their last 1x1 conv)
+LAYER_SCALE = 0.01  # transformer layer scales and ConvNeXt gammas (the reference config's initial scale)
+TARGET_RMS = 0.25  # pre-clamp output level on random codes
+
+
+def _condition_decoder(codec: QwenCodec, seed: int) -> None:
+    """Keep a random decoder's activations O(1), as scripts/qwen3_reference_fixtures.py does for its
+    fixture: unit-gain residual branches and layer scales make the waveform grow block after block
+    (and amplify fp32 rounding by orders of magnitude), and the output would sit in the final clamp.
+    So: residual branches at RESIDUAL_GAIN, layer scales at LAYER_SCALE, and the last conv scaled for
+    an output rms of TARGET_RMS on random codes."""
+    dec = codec.decoder
+    with torch.no_grad():
+        for name, p in dec.named_parameters():
+            if re.search(r"^decoder\.\d+\.block\.[234]\.conv2\.", name):
+                p.mul_(RESIDUAL_GAIN)
+            elif name.endswith((".gamma", "layer_scale.scale")):
+                p.fill_(LAYER_SCALE)
+        last = dec.decoder[-1].conv  # linear in its weight and bias: scaling both scales the output
+        last.weight.mul_(1e-3)
+        last.bias.mul_(1e-3)  # far inside the clamp now
+        codes = torch.randint(0, codec.cfg.codebook_size, (1, codec.num_codebooks, 16),
+                              generator=torch.Generator().manual_seed(seed))
+        rms = float(codec.decode_codes(codes).pow(2).mean().sqrt())
+        last.weight.mul_(TARGET_RMS / rms)
+        last.bias.mul_(TARGET_RMS / rms)
+
+
 def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int = 0,
                          variant: str = "custom_voice") -> Path:
     if preset_name not in PRESET_NAMES:
@@ -83,8 +112,7 @@ def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int =
     (codec_dir / "config.json").write_text(json.dumps(codec_cfg.to_json(), indent=2) + "\n")
     codec = QwenCodec(codec_cfg)
     _randomize(codec.decoder, seed + 1)
-    with torch.no_grad():
-        codec.decoder.decoder[-1].conv.weight.mul_(0.1)
+    _condition_decoder(codec, seed + 2)
     save_file({f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()},
               codec_dir / "model.safetensors", metadata={"format": "pt"})
     write_text_tokenizer(out, cfg)

@@ -136,7 +136,7 @@ class QwenPolicy:
 
     def qwen_prompt(self, request: GenerationRequest) -> QwenPrompt:
         cfg, variant = self.cfg, self.cfg.variant
-        if request.scene is not None or request.system is not None:
+        if request.scene or request.system:
             raise InvalidInputError("Qwen3-TTS has no scene or system text; describe the voice with instructions")
         if request.history:
             raise InvalidInputError("Qwen3-TTS takes no history segments")
