@@ -120,7 +120,7 @@ async def pages_freed(engine, timeout: float = 5.0) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_streamed_pcm_equals_the_one_shot_decode(custom, servers, transport):
-    host, state = await servers(custom, transport)
+    host, _ = await servers(custom, transport)
     want = custom.pcm("Hello there.", 5, speaker="dylan")
     assert len(want) >= 20 * HOP_BYTES  # several chunks of the schedule (1, 2, 4, 8, ... frames)
     heard = await ws_context(host, [{"type": "text", "context_id": "a", "text": "Hello there.", "seed": 5,
@@ -139,7 +139,7 @@ async def test_streamed_pcm_equals_the_one_shot_decode(custom, servers, transpor
 
 
 async def test_speakers_are_voices(custom, servers):
-    host, state = await servers(custom)
+    host, _ = await servers(custom)
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://{host}/v1/voices") as r:
             listing = await r.json()
