@@ -201,3 +201,18 @@ async def test_what_a_variant_does_not_take_is_a_typed_error(custom, base, serve
     assert status == 400 and err["error"]["code"] == "invalid_input" and "not supported yet" in err["error"]["message"]
     heard = await ws_context(host, [{"type": "text", "context_id": "a", "text": "Hi."}, {"type": "end", "context_id": "a"}])
     assert [e["code"] for e in heard.errors] == ["invalid_input"] and heard.done["a"]["reason"] == "error"
+
+
+def test_serve_builds_the_speakers_into_its_voices(tiny_qwen_ckpt):
+    import argparse
+
+    from higgs_stream.stream import server
+
+    def args(*argv):
+        parser = argparse.ArgumentParser()
+        server.add_arguments(parser)
+        return parser.parse_args(["--device", "cpu", *argv])
+
+    state = server.build_state(args("--model", str(tiny_qwen_ckpt), "--max-streams", "2"))
+    assert state.voices.describe()["speakers"] == ["aiden", "dylan"] and state.pipeline.geometry.hop == 1920
+    assert type(state.pipeline.engine.runner).__name__ == "RefRunner"
