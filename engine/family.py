@@ -59,9 +59,9 @@ class Prompt:
     is_audio: np.ndarray  # [P] bool: the row's codec track is a whole row of codes
     audio_out: np.ndarray  # [K, A] int64 every audio row of the prompt, in order (e.g. the RAS window)
     codec_ids: np.ndarray | None = None  # [P] int64 one codec-vocabulary id per row (NO_ID: none), or None
-    vector_rows: np.ndarray = field(default_factory=_no_ids)  # [V] int64 rows that add an input vector (a speaker embedding)
-    vectors: np.ndarray | None = None  # [V, H] float32 those vectors
-    text_track: np.ndarray = field(default_factory=_no_ids)  # [T] int64 text ids the decode steps feed, one per step, in order
+    vector_rows: np.ndarray = field(default_factory=_no_ids)  # [V] int64 rows that add an input vector
+    vectors: np.ndarray | None = None  # [V, H] float32 those vectors (e.g. a speaker embedding)
+    text_track: np.ndarray = field(default_factory=_no_ids)  # [T] int64 text ids decode steps feed, one each
     text_pad: int = NO_ID  # the text id every decode step after the track feeds
 
     def __post_init__(self) -> None:
