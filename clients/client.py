@@ -40,7 +40,7 @@ from higgs_stream.engine.errors import (
 
 SAMPLE_RATE = 24000
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/tts/stream"
-_OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene")
+_OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions")
 
 
 class ClientConnectionError(HiggsStreamError):
@@ -168,7 +168,7 @@ async def stream_tts(
     """Stream one utterance: yields s16le mono 24 kHz PCM chunks as the server sends them.
 
     `options` are the per-context options of the protocol: voice, reference (see
-    `reference_from_file`), mode, seed, temperature, top_k, top_p, scene. Server errors raise
+    `reference_from_file`), mode, seed, temperature, top_k, top_p, scene, instructions. Server errors raise
     typed `HiggsStreamError`s; a server-side cancel raises `CancelledStream`.
     """
     context_id = uuid.uuid4().hex
@@ -315,6 +315,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--scene", default=None, help="scene description")
+    parser.add_argument("--instructions", default=None, help="voice/style description (Qwen3-TTS VoiceDesign)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -328,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     stats = asyncio.run(say(args.url, args.text, args.output, token=args.token, voice=args.voice,
                             reference=reference, mode=args.mode, seed=args.seed,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            scene=args.scene))
+                            scene=args.scene, instructions=args.instructions))
     wall = time.perf_counter() - stats.started
     first = f"{stats.first_audio_s * 1000:.0f} ms" if stats.first_audio_s is not None else "never"
     where = "stdout" if args.output == "-" else args.output

@@ -33,7 +33,7 @@ from websockets.protocol import State
 from higgs_stream.engine.errors import InvalidInputError
 
 SERVER_SAMPLE_RATE = 24000  # protocol version 1 serves 24 kHz s16le mono only
-_OPTION_KEYS = ("mode", "seed", "temperature", "top_k", "top_p", "scene", "reference")
+_OPTION_KEYS = ("mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions", "reference")
 
 
 class HiggsStreamTTSService(WebsocketTTSService):
@@ -52,7 +52,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
         """`url`: the server's WebSocket endpoint. `token`: sent as `Authorization: Bearer`.
         `voice`: preset name (runtime-updatable through `TTSUpdateSettingsFrame`).
         Per-context generation options go in kwargs: mode, seed, temperature, top_k, top_p,
-        scene, reference (`{"audio": base64, "transcript": str}`). `sample_rate`: the rate
+        scene, instructions, reference (`{"audio": base64, "transcript": str}`). `sample_rate`: the rate
         of the frames pushed downstream (None: the pipeline's); the server's 24 kHz PCM is
         resampled here when they differ. Other kwargs go to `WebsocketTTSService`.
         """

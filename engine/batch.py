@@ -34,6 +34,10 @@ class StepBatch:
     positions: torch.Tensor  # [N] long, RoPE positions
     want_text: torch.Tensor  # [B] bool, compute text logits for these sequences
     want_audio: torch.Tensor  # [B] bool, compute audio logits for these sequences
+    # tracks only some families' prompts carry (family.Prompt); None when no row of the step has them
+    codec_ids: torch.Tensor | None = None  # [N] long, one codec-vocabulary id per row, -1 where none
+    vector_rows: torch.Tensor | None = None  # [V] long, rows (of the N) that add an input vector
+    vectors: torch.Tensor | None = None  # [V, H] float32, those vectors
 
     def validate(self, cfg: BackboneConfig, max_positions: int) -> None:
         """Shape and value checks (positions in [0, max_positions)); InvalidInputError on the first violation."""
@@ -66,8 +70,10 @@ class StepBatch:
 
 @dataclass
 class StepOutput:
-    audio_logits: torch.Tensor  # [B, num_codebooks, audio_vocab] float32; NaN rows where not wanted
+    audio_logits: torch.Tensor  # [B, head codebooks, audio_vocab] float32; NaN rows where not wanted
     text_logits: torch.Tensor | None  # [B, V] float32 (NaN rows where not wanted) or None if none wanted
+    hidden: torch.Tensor | None = None  # [B, H] final-normed state at each sequence's last row, for a
+    #                                     family that completes rows from it (family.RowCompleter)
 
 
 def logits_at_rows(head: Callable[[torch.Tensor], torch.Tensor], last: torch.Tensor, want: torch.Tensor,

@@ -7,8 +7,9 @@ The engine owns what every family and device share: admission (`add`, `cancel`, 
 `Sequence` per stream (sequence.py), and the step's postprocessing: each stream's rows go through
 its family's `FrameWriter` (Higgs: the delay-pattern revert) into codec frames, one `StepEvent`
 per frame, the stream's end `finished` on its last frame or an event of its own. What differs
-between families is the `policy` (family.GenerationPolicy: prompt, host rule machine, writer, the
-text id of a decode step's input); what differs between devices is the `runner`
+between families is the `policy` (family.GenerationPolicy: prompt with the text track its decode
+steps feed, host rule machine, writer, logits processors, how many codebooks the head samples before
+the talker completes the row); what differs between devices is the `runner`
 (model_runner.py): `ModelRunner` (the fast path: device-resident rules, CUDA graphs) when a
 `ModelRunnerConfig` is given, else `RefRunner` (ref_runner.py: the plain-torch reference).
 

@@ -13,15 +13,24 @@ checkpoint's config.json `model_type`. Nothing outside `engine/models/` imports 
 
 What the families share with the engine is data: a `Prompt` (positions of text ids and audio
 codes) in, codec frames [num_codebooks] out (`StepEvent.frame`). A row of codes is what one
-talker step emits (Higgs: one delay-pattern column); how rows become codec frames is the family's
-`FrameWriter`, so the stream side sees frames only, laid out as the codec declares
-(engine/codec/geometry.py).
+talker step emits (Higgs: one delay-pattern column; Qwen3-TTS: one whole frame); how rows become
+codec frames is the family's `FrameWriter`, so the stream side sees frames only, laid out as the
+codec declares (engine/codec/geometry.py).
+
+A decode step feeds back a stream's last row on the codec track and, on the text track, the next
+id of its prompt's `text_track` (then `text_pad` for ever): the Higgs families feed their
+continuation token every step; Qwen3-TTS streams the rest of the text one id per step.
+
+A family whose talker head samples only the first `head_codebooks` codebooks of a row has the
+rest written per step by its talker's `complete_rows` (Qwen3-TTS's code predictor: groups 1..15
+from the talker's hidden state and group 0), batched over every stream of the step; its
+`process_logits` runs the family's logits processors on the head's logits before sampling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,24 +40,45 @@ import torch
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 Row = tuple[int, ...]  # the codes one talker step emits for one stream (K ids, family-defined range)
+Pick = Callable[[int, torch.Tensor], torch.Tensor]  # (codebook, logits [S, V] fp32) -> sampled ids [S]
+NO_ID = -1  # an empty track at a position (Prompt.input_ids, Prompt.codec_ids)
+
+
+def _no_ids() -> np.ndarray:
+    return np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """The positions of one prompt; row i is RoPE position i."""
+    """The positions of one prompt; row i is RoPE position i. How a row's tracks combine into its
+    input is the family talker's (Higgs: an audio row's codes replace its text; Qwen3-TTS: the
+    tracks are summed)."""
 
-    input_ids: np.ndarray  # [P] int64 text ids (a family placeholder at audio rows)
+    input_ids: np.ndarray  # [P] int64 text ids (a family placeholder at Higgs audio rows; NO_ID: empty)
     audio_codes: np.ndarray  # [P, K] int64 audio codes at audio rows, 0 elsewhere
-    is_audio: np.ndarray  # [P] bool
+    is_audio: np.ndarray  # [P] bool: the row's codec track is a whole row of codes
     audio_out: np.ndarray  # [K, A] int64 every audio row of the prompt, in order (e.g. the RAS window)
+    codec_ids: np.ndarray | None = None  # [P] int64 one codec-vocabulary id per row (NO_ID: none), or None
+    vector_rows: np.ndarray = field(default_factory=_no_ids)  # [V] int64 rows that add an input vector
+    vectors: np.ndarray | None = None  # [V, H] float32 those vectors (e.g. a speaker embedding)
+    text_track: np.ndarray = field(default_factory=_no_ids)  # [T] int64 text ids decode steps feed, one each
+    text_pad: int = NO_ID  # the text id every decode step after the track feeds
 
     def __post_init__(self) -> None:
         p = self.input_ids.shape[0]
         assert self.audio_codes.shape[0] == p and self.is_audio.shape == (p,), "prompt arrays disagree in length"
         assert int(self.is_audio.sum()) == self.audio_out.shape[1], "audio rows != audio-out columns"
+        assert self.codec_ids is None or self.codec_ids.shape == (p,), "codec_ids disagree in length"
+        n = self.vector_rows.shape[0]
+        assert (self.vectors is None) == (n == 0) and (n == 0 or self.vectors.shape[0] == n), "vectors != vector rows"
+        assert n == 0 or (0 <= self.vector_rows.min() and self.vector_rows.max() < p), "vector rows outside the prompt"
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def step_text_id(self, step: int) -> int:
+        """The text id decode step `step` (0: the first decode step after the prompt) feeds."""
+        return int(self.text_track[step]) if step < self.text_track.shape[0] else self.text_pad
 
 
 class TokenizerLike(Protocol):
@@ -93,15 +123,32 @@ class GenerationPolicy(Protocol):
     """What differs between model families in the engine's loop, per stream."""
 
     sample_at_prompt_end: bool  # the prompt's last position yields a sampled row (else a forced start row)
-
-    @property
-    def continuation_id(self) -> int: ...  # text id of a decode step's input position
+    head_codebooks: int  # codebooks of a row the talker's head samples; the rest: talker.complete_rows
+    takes_history: bool  # a request may carry earlier segments' audio (GenerationRequest.history)
+    speakers: tuple[str, ...]  # the checkpoint's built-in voices (GenerationRequest.speaker); () if none
 
     def build_prompt(self, request: GenerationRequest) -> Prompt: ...
+
+    def process_logits(self, logits: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
+        """The family's logits processors before sampling: head logits [S, head_codebooks, V] fp32 of
+        the step's sampled rows and their streams' segments -> processed logits, same shape
+        (identity for the Higgs families; Qwen3-TTS: special ids suppressed, EOS held off for the
+        first frames, repetition penalty)."""
+        ...
 
     def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> Segment: ...
 
     def new_writer(self) -> FrameWriter: ...  # what the engine runs over a stream's emitted rows
+
+
+class RowCompleter(Protocol):
+    """The talker of a family whose head samples only the first codebooks of a row."""
+
+    def complete_rows(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
+        """hidden [S, H] (the talker's final-normed state at each sampled row, `StepOutput.hidden`),
+        head [S, head_codebooks] sampled ids -> whole rows [S, K] int64; `pick(codebook, logits)`
+        samples each further codebook (every stream with its own generator and parameters)."""
+        ...
 
 
 class DeviceRules(Protocol):
@@ -111,6 +158,11 @@ class DeviceRules(Protocol):
     uses_ras: bool  # whether rows take RAS (the state's window is seeded only then)
 
     def cap(self, max_frames: int) -> int: ...  # the state's `cap_column` for a stream of max_frames
+
+    def start_row(self, num_codebooks: int, codebook_size: int) -> Row:
+        """A stream's row before its first sample: what the state feeds back and seeds the RAS
+        window with at the prompt's end (Higgs: the all-BOS AUDIO_INIT column)."""
+        ...
 
     def advance(self, state: Any, tokens: torch.Tensor, clean: torch.Tensor, noise: torch.Tensor,
                 slots: torch.Tensor, live: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
@@ -136,7 +188,8 @@ class ModelFamily(Protocol):
 
         The talker (an nn.Module) provides `forward(StepBatch, KVCache) -> StepOutput`, `fast_weights()`
         (the fast path's packing), `backbone_linears()` (the linears `--quantize` may quantize, by
-        module name: engine/quantize.py), `cfg`, `dtype` and `audio_head_weight`."""
+        module name: engine/quantize.py), `cfg`, `dtype` and `audio_head_weight`; a family whose
+        policy's `head_codebooks` < K also `complete_rows` (`RowCompleter`)."""
         ...
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:

@@ -83,7 +83,8 @@ class DeviceStreamState:
 
     # ------------------------------------------------------------------ host -> device (AUDIO_INIT)
     def start(self, starts: Sequence[StreamStart]) -> None:
-        """Reset the slots of streams that reach AUDIO_INIT: their all-BOS column is emitted now."""
+        """Reset the slots of streams that reach AUDIO_INIT: their start row (the family's; Higgs:
+        the all-BOS column) is emitted now."""
         if not starts:
             return
         if not self.rules.uses_ras:  # no window, whatever the request says
@@ -95,10 +96,11 @@ class DeviceStreamState:
         n, k, w = len(starts), self.k, self.w
         window = np.zeros((n, w, k), np.int64)
         fill = np.zeros(n, np.int64)
-        for i, st in enumerate(starts):  # context audio (last ras_window columns), then the BOS column
+        start_row = np.array(self.rules.start_row(k, self.bos), np.int64)  # [K], the family's (Higgs: all BOS)
+        for i, st in enumerate(starts):  # context audio (last ras_window columns), then the start row
             r = st.params.ras_window
             ctx = st.context_audio[:, max(0, st.context_audio.shape[1] - r):].T if r > 0 else np.zeros((0, k), np.int64)
-            cols = np.concatenate([ctx, np.full((1, k), self.bos, np.int64)])[-w:]
+            cols = np.concatenate([ctx, start_row[None]])[-w:]
             window[i, : len(cols)] = cols
             fill[i] = len(cols)
         slots = upload([st.slot for st in starts], self.device, torch.long)
@@ -116,7 +118,7 @@ class DeviceStreamState:
         self.temperature[slots] = floats[0]
         self.top_p_cut[slots] = floats[1]
         self.greedy[slots] = upload([st.params.greedy for st in starts], self.device, torch.bool)
-        self.last_col[slots] = self.bos
+        self.last_col[slots] = upload(start_row, self.device)
         self.ncols[slots] = 1
         self.num_delay[slots] = 0
         self.num_remaining[slots] = -1

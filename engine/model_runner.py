@@ -137,6 +137,11 @@ class ModelRunner:
                  family: ModelFamily, max_batch: int, max_seq_len: int, config: ModelRunnerConfig | None = None,
                  fast: FastTalker | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
+        if policy.head_codebooks != cfg.num_codebooks:
+            raise ConfigError(f"the fast path samples whole rows of {cfg.num_codebooks} codebooks in its graphed step; "
+                              f"{family.name} samples {policy.head_codebooks} and completes each row with a second "
+                              f"model (family.RowCompleter), which only the plain-torch RefRunner runs yet "
+                              f"(serve it with --device cpu)")
         self.config = config or ModelRunnerConfig()
         self.cfg, self.cache, self.policy = cfg, cache, policy
         self.device = dev = next(talker.parameters()).device

@@ -53,16 +53,26 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Reference:
-    """A voice sample as codec codes [num_codebooks, T] (0..codebook_size-1) plus its transcript.
+    """A voice sample as codec codes [num_codebooks, T] (0..codebook_size-1) plus its transcript,
+    and for a model that conditions on one (Qwen3-TTS Base) the sample's speaker embedding.
 
     Also the type of one long-form history segment (earlier text and the codes spoken for it).
-    The codes are copied into a read-only int64 array.
+    The codes (and the embedding) are copied into read-only arrays.
     """
 
     codes: np.ndarray
     transcript: str
+    embedding: np.ndarray | None = None  # [H] float32 speaker embedding (x-vector), or None
 
     def __post_init__(self) -> None:
+        if self.embedding is not None:
+            emb = np.asarray(self.embedding)
+            if emb.ndim != 1 or emb.shape[0] < 1 or not np.issubdtype(emb.dtype, np.number) \
+                    or not np.isfinite(emb).all():
+                raise InvalidInputError(f"a reference embedding must be a finite 1-D vector, got shape {emb.shape}")
+            emb = np.array(emb, dtype=np.float32, copy=True)
+            emb.setflags(write=False)
+            object.__setattr__(self, "embedding", emb)
         codes = np.asarray(self.codes)
         if codes.ndim != 2 or codes.shape[1] < 1:
             raise InvalidInputError(f"reference codes must be [num_codebooks, T>=1], got shape {codes.shape}")
@@ -88,8 +98,15 @@ class GenerationRequest:
     system: None = "Generate audio following instruction.", else that system text.
     history: earlier segments of the same long-form context, as Reference objects or
     (text, codes) pairs; they go after the reference turns, oldest first.
-    max_frames: hard cap on generated frames (25/s); on reaching it the stream ends cleanly with
+    max_frames: hard cap on generated frames; on reaching it the stream ends cleanly with
     reason "length" (the engine may lower it further to fit its context length).
+
+    What only some model families take (a family refuses, with InvalidInputError, what it cannot
+    express): speaker: one of the checkpoint's built-in voices (Qwen3-TTS CustomVoice);
+    instructions: a natural-language description of voice and style (Qwen3-TTS VoiceDesign and
+    1.7B CustomVoice; Higgs v2 takes it as its scene description); language: a language the
+    checkpoint names, None = automatic; stream_text: feed the text one id per decode step (True)
+    or put it all in the prompt (False), None = the checkpoint's default (Qwen3-TTS).
     """
 
     text: str
@@ -99,6 +116,10 @@ class GenerationRequest:
     history: tuple[Reference, ...] = field(default=())
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_frames: int = DEFAULT_MAX_FRAMES
+    speaker: str | None = None
+    instructions: str | None = None
+    language: str | None = None
+    stream_text: bool | None = None
 
     def __post_init__(self) -> None:
         _check_text("text", self.text)
@@ -114,6 +135,15 @@ class GenerationRequest:
             raise InvalidInputError(f"sampling must be SamplingParams, got {type(self.sampling).__name__}")
         if not _is_int(self.max_frames) or self.max_frames < 1:
             raise InvalidInputError(f"max_frames must be an int >= 1, got {self.max_frames!r}")
+        for name in ("speaker", "language"):
+            if getattr(self, name) is not None:
+                _check_text(name, getattr(self, name))
+        if self.instructions is not None:  # "" = no instructions
+            if not isinstance(self.instructions, str):
+                raise InvalidInputError(f"instructions must be a string or None, got {type(self.instructions).__name__}")
+            _check_unicode("instructions", self.instructions)
+        if self.stream_text is not None and not isinstance(self.stream_text, bool):
+            raise InvalidInputError(f"stream_text must be True, False or None, got {self.stream_text!r}")
         object.__setattr__(self, "history", tuple(_as_segment(h) for h in self.history))
 
     @property
@@ -130,6 +160,17 @@ class GenerationRequest:
                 raise InvalidInputError(f"{what} codes must have {num_codebooks} codebooks, got {seg.codes.shape[0]}")
             if seg.codes.max() >= codebook_size:
                 raise InvalidInputError(f"{what} codes must lie in 0..{codebook_size - 1}, got max {seg.codes.max()}")
+
+
+def refuse_fields(request: GenerationRequest, names: tuple[str, ...], model: str) -> None:
+    """InvalidInputError naming the first of `names` the request sets (a field `model` cannot express);
+    "embedding" stands for a reference's speaker embedding."""
+    for name in names:
+        given = (any(r.embedding is not None for r in (request.reference, *request.history) if r is not None)
+                 if name == "embedding" else getattr(request, name) is not None)
+        if given:
+            what = "a reference speaker embedding" if name == "embedding" else name
+            raise InvalidInputError(f"{model} takes no {what}")
 
 
 def _as_segment(item: Reference | tuple[str, np.ndarray]) -> Reference:

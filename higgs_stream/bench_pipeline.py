@@ -38,6 +38,7 @@ class FakeEngine:
 
     def __init__(self, step_s: float = 0.0, seed: int = 0) -> None:
         self.cfg = SimpleNamespace(codebook_size=1024, num_codebooks=8)
+        self.policy = SimpleNamespace(takes_history=True, speakers=())  # a Higgs family's answers
         self.device = torch.device("cpu")
         self.step_s = step_s
         self._rng = np.random.default_rng(seed)

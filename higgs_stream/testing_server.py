@@ -64,7 +64,7 @@ class ServerStarter:
         config = ServerConfig(port=0, **{"admit_step_ratio": None, **cfg})
         metrics = Metrics()
         state = ServerState(config, Pipeline(self.engine, self.codec, config, metrics),
-                            VoiceLibrary.from_config(config), metrics)
+                            VoiceLibrary.from_config(config, speakers=self.engine.policy.speakers), metrics)
         runner, port = await serve_on(self.transport, state)
         self._runners.append(runner)
         return f"127.0.0.1:{port}", state

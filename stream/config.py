@@ -48,6 +48,7 @@ class ServerConfig:
     max_reference_s: float = 30.0  # checked from the file's header before it is decoded
     max_transcript_chars: int = 2000
     max_scene_chars: int = 1000
+    max_instructions_chars: int = 1000  # a voice/style description (Qwen3-TTS VoiceDesign; v2: its scene)
 
     # Text segmentation.
     max_segment_chars: int = 400
@@ -93,7 +94,7 @@ class ServerConfig:
         for name in (
             "max_streams", "max_contexts", "max_message_bytes", "max_text_chars",
             "max_context_chars", "max_reference_bytes", "max_transcript_chars",
-            "max_scene_chars", "max_segment_chars", "max_frames", "max_send_ms",
+            "max_scene_chars", "max_instructions_chars", "max_segment_chars", "max_frames", "max_send_ms",
         ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         need(self.max_reference_s > 0, "max_reference_s must be > 0")

@@ -171,17 +171,18 @@ class StreamHandle:
         text = self._texts.popleft()
         opts, cfg = self.options, self.pipeline.cfg
         seed = None if opts.seed is None else (opts.seed + self._index) % 2**63
+        history = self._reference is None and self.pipeline.takes_history  # earlier segments' audio as context
         try:
             request = GenerationRequest(
-                text=text, reference=self._reference, scene=opts.scene,
-                history=tuple(self._history) if self._reference is None else (),
+                text=text, reference=self._reference, scene=opts.scene, instructions=opts.instructions,
+                speaker=voice.speaker, history=tuple(self._history) if history else (),
                 sampling=SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, seed=seed),
                 max_frames=cfg.max_frames,
             )
             seg = _Segment(
                 handle=self, index=self._index, text=text, request=request,
                 adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(opts.mode)),
-                keep_frames=self._reference is None and cfg.history_segments > 0,
+                keep_frames=history and cfg.history_segments > 0,
                 submitted_at=self.pipeline.now(),
             )
             self.pipeline._submit(seg)

@@ -19,7 +19,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from higgs_stream.engine.errors import HiggsStreamError
-from higgs_stream.stream.config import SAMPLE_RATE
 from higgs_stream.stream.encoders import Encoder, content_type, make_encoder
 from higgs_stream.stream.guards import check_request, read_body
 from higgs_stream.stream.handle import Audio, End, StreamHandle
@@ -105,7 +104,7 @@ async def _encode(state: ServerState, handle: StreamHandle, req: SpeechRequest, 
                     yield delta(data)
                 if sse:
                     tokens = len(state.pipeline.engine.tokenizer.encode(req.input))
-                    frames = samples // (SAMPLE_RATE // 25)
+                    frames = samples // state.pipeline.geometry.hop  # codec frames
                     yield _sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
                 return

@@ -17,7 +17,7 @@ from higgs_stream.stream.encoders import FORMATS, rates_for
 from higgs_stream.stream.errors import BadJsonError, TooLargeError, brief
 from higgs_stream.stream.voices import DEFAULT, Voice, VoiceLibrary
 
-OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene")
+OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions")
 CONFIG_KEYS = (*OPTION_KEYS, "audio", "sample_rate", "encoding", "max_buffer_delay_ms")
 QUERY_KEYS = ("audio", "voice", "sample_rate", "encoding")  # besides `token`
 AUDIO_FRAMINGS = ("binary", "base64")
@@ -121,6 +121,7 @@ class ContextOptions:
     top_k: int | None = None
     top_p: float = DEFAULT_TOP_P
     scene: str | None = None
+    instructions: str | None = None  # a voice/style description (the model decides what it takes)
 
 
 def parse_voice(raw: dict, voices: VoiceLibrary) -> Voice | None:
@@ -168,8 +169,16 @@ def parse_options(raw: dict, cfg: ServerConfig, voices: VoiceLibrary, voice: Voi
             raise InvalidInputError(f"scene must be a string or null, got {type(scene).__name__}")
         if len(scene) > cfg.max_scene_chars:
             raise TooLargeError(f"scene has {len(scene)} chars, limit {cfg.max_scene_chars}")
+    instructions = raw.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise InvalidInputError(f"instructions must be a string or null, got {type(instructions).__name__}")
+        if len(instructions) > cfg.max_instructions_chars:
+            raise TooLargeError(f"instructions have {len(instructions)} chars, limit {cfg.max_instructions_chars}")
+        if scene is not None:
+            raise InvalidInputError("give either instructions or scene, not both")
     return ContextOptions(voice=voice, mode=mode, seed=seed, temperature=float(temperature),
-                          top_k=top_k, top_p=float(top_p), scene=scene)
+                          top_k=top_k, top_p=float(top_p), scene=scene, instructions=instructions)
 
 
 # ---- WebSocket messages (§1.1): their schema; what they do is the session's ----
@@ -273,11 +282,8 @@ def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> 
     if not is_int(rate) or rate not in rates_for(fmt):
         raise InvalidInputError(f"sample_rate {brief(rate)} is not offered for {fmt}; use one of "
                                 f"{', '.join(map(str, rates_for(fmt)))}")
-    raw = {k: msg[k] for k in ("voice", "mode", "seed", "temperature", "top_k", "top_p", "scene") if k in msg}
-    if msg.get("instructions") is not None:
-        if msg.get("scene") is not None:
-            raise InvalidInputError("give either instructions or scene, not both")
-        raw["scene"] = msg["instructions"]
+    raw = {k: msg[k] for k in ("voice", "mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions")
+           if k in msg}
     if msg.get("reference_audio") is not None or msg.get("reference_text") is not None:
         raw["reference"] = {"audio": msg.get("reference_audio"), "transcript": msg.get("reference_text")}
         if not isinstance(raw["reference"]["audio"], str) or not isinstance(raw["reference"]["transcript"], str):

@@ -101,6 +101,7 @@ class Pipeline:
                                         codec_sms=cfg.codec_sms)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
+        self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
                                    resume_ahead_s=cfg.resume_ahead_s, admit_ratio=cfg.admit_step_ratio,
                                    saturated_ratio=cfg.saturated_step_ratio)

@@ -360,7 +360,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     from higgs_stream.engine.models.registry import load_codec_for
 
     cfg = config_from_args(args)
-    voices = VoiceLibrary.from_config(cfg)
+    voices = VoiceLibrary.from_config(cfg)  # a bad voices folder fails before the model loads
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
@@ -384,6 +384,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
         codec.allow_tf32 = True
         log.warning("--codec-precision tf32: streamed audio is NOT the exact one-shot decode (about 1e-3 of peak "
                     "off, docs/PERF.md); the default 'exact' mode is")
+    if engine.policy.speakers:  # the model's built-in voices join the presets
+        voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 

@@ -1,8 +1,11 @@
-"""Voices: preset reference clips from a folder, OpenAI voice names as aliases, inline references.
+"""Voices: preset reference clips from a folder, the model's built-in speakers, OpenAI voice names
+as aliases, inline references.
 
-A preset is `DIR/NAME.wav` (or .flac/.ogg) plus `DIR/NAME.txt` holding its transcript. `default`
-is the preset of that name if present, else the model's own voice (no reference). OpenAI's voice
-names resolve to a preset of the same name, else to a configured alias, else to `default`
+A preset is `DIR/NAME.wav` (or .flac/.ogg) plus `DIR/NAME.txt` holding its transcript. A speaker is
+one of the checkpoint's built-in voices (Qwen3-TTS CustomVoice), named case-insensitively; a preset
+of the same name wins. `default` is the preset of that name if present, else the model's own voice
+(no reference; a model with speakers uses its default speaker). OpenAI's voice names resolve to a
+preset or speaker of the same name, else to a configured alias, else to `default`
 (stream/PROTOCOL.md §2.4). This module only finds audio files and checks their headers, which is
 cheap enough for the event loop; decoding (`Voice.decode`) and encoding into codec codes are the
 pipeline's job, on its encode thread (cached there by `Voice.key`).
@@ -33,6 +36,7 @@ class Voice:
 
     name: str
     audio: bytes | None = None  # the reference file (WAV/FLAC/OGG) as sent, header checked
+    speaker: str | None = None  # one of the model's built-in speakers (no audio)
     transcript: str | None = None
     key: str = ""  # identifies the audio + transcript (cache key for encoded codes); "" = none
     duration_s: float = 0.0  # as the file's header announces it
@@ -58,7 +62,7 @@ def _content_key(audio: bytes, transcript: str) -> str:
 class VoiceLibrary:
     def __init__(self, voices_dir: str | Path | None = None, aliases: dict[str, str] | None = None,
                  *, max_reference_bytes: int = 6 << 20, max_reference_s: float = 30.0,
-                 max_transcript_chars: int = 2000):
+                 max_transcript_chars: int = 2000, speakers: tuple[str, ...] = ()):
         self.max_reference_bytes = max_reference_bytes
         self.max_reference_s = max_reference_s
         self.max_transcript_chars = max_transcript_chars
@@ -66,18 +70,23 @@ class VoiceLibrary:
         if voices_dir is not None:
             self.presets = self._load_presets(Path(voices_dir))
         self.default = self.presets.get(DEFAULT, Voice(name=DEFAULT))
-        self.aliases: dict[str, str] = {name: DEFAULT for name in OPENAI_VOICES if name not in self.presets}
+        self.speakers = {s.lower(): Voice(name=s.lower(), speaker=s.lower()) for s in speakers
+                         if s.lower() not in self.presets}  # the model's built-in voices
+        self.aliases: dict[str, str] = {name: DEFAULT for name in OPENAI_VOICES
+                                        if name not in self.presets and name not in self.speakers}
         for alias, target in (aliases or {}).items():
-            if target != DEFAULT and target not in self.presets:
-                raise ConfigError(f"voice alias {alias!r} -> {target!r}: no preset named {target!r}")
-            if alias in self.presets:
-                raise ConfigError(f"voice alias {alias!r} shadows a preset of the same name")
+            if target != DEFAULT and target not in self.presets and target not in self.speakers:
+                raise ConfigError(f"voice alias {alias!r} -> {target!r}: no preset or speaker named {target!r}")
+            if alias in self.presets or alias in self.speakers:
+                raise ConfigError(f"voice alias {alias!r} shadows a preset or speaker of the same name")
             self.aliases[alias] = target
 
     @classmethod
-    def from_config(cls, cfg: ServerConfig) -> VoiceLibrary:
+    def from_config(cls, cfg: ServerConfig, speakers: tuple[str, ...] = ()) -> VoiceLibrary:
+        """The server's voices; `speakers`: the model's built-in ones (`engine.policy.speakers`)."""
         return cls(cfg.voices_dir, cfg.voice_aliases, max_reference_bytes=cfg.max_reference_bytes,
-                   max_reference_s=cfg.max_reference_s, max_transcript_chars=cfg.max_transcript_chars)
+                   max_reference_s=cfg.max_reference_s, max_transcript_chars=cfg.max_transcript_chars,
+                   speakers=speakers)
 
     def _load_presets(self, folder: Path) -> dict[str, Voice]:
         if not folder.is_dir():
@@ -106,14 +115,16 @@ class VoiceLibrary:
         return presets
 
     def names(self) -> list[str]:
-        return sorted({DEFAULT, *self.presets, *self.aliases})
+        return sorted({DEFAULT, *self.presets, *self.speakers, *self.aliases})
 
     def resolve(self, name: str) -> Voice:
-        """A preset, `default`, or an alias; unknown names raise NotFoundError."""
+        """A preset, a speaker (any case), `default`, or an alias; unknown names raise NotFoundError."""
         if not isinstance(name, str):
             raise InvalidInputError(f"voice must be a string, got {type(name).__name__}")
         if name in self.presets:
             return self.presets[name]
+        if name.lower() in self.speakers:
+            return self.speakers[name.lower()]
         if name == DEFAULT:
             return self.default
         if name in self.aliases:
@@ -155,5 +166,6 @@ class VoiceLibrary:
             "default": DEFAULT,
             "voices": [{"name": v.name, "transcript": v.transcript, "seconds": round(v.duration_s, 2)}
                        for v in self.presets.values()],
+            "speakers": list(self.speakers),
             "aliases": dict(sorted(self.aliases.items())),
         }

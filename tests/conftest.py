@@ -2,7 +2,8 @@
 
 The v2 ones hold the talker, the text tokenizer and the codec (`<dir>/audio_tokenizer`), exactly
 as `higgs-stream make-checkpoint DIR --preset tiny --layout hf|original --seed 0` writes them; the
-v3 one is `make-checkpoint DIR --arch v3 --preset tiny --seed 0` (codec bundled in the weights).
+v3 one is `make-checkpoint DIR --arch v3 --preset tiny --seed 0` (codec bundled in the weights);
+the Qwen3-TTS one `make-checkpoint DIR --arch qwen3-tts --preset tiny --seed 0` (CustomVoice).
 Session-scoped and read-only: copy a checkpoint before modifying it.
 """
 
@@ -17,6 +18,7 @@ import torch
 
 from higgs_stream.engine.models.higgs_v2.make_checkpoint import make_checkpoint
 from higgs_stream.engine.models.higgs_v3.make_checkpoint import make_checkpoint_v3
+from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint_qwen
 
 # Tiny models are dominated by per-op overhead: one intra-op thread is several times faster on
 # the 2-core CI machine than two threads fighting each other (and keeps timings steady).
@@ -40,6 +42,12 @@ def tiny_ckpt_original(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_v3_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny Higgs Audio v3 checkpoint (Qwen3 talker, codec bundled under the v3 prefix)."""
     return make_checkpoint_v3(tmp_path_factory.mktemp("ckpt") / "tiny-v3", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Qwen3-TTS CustomVoice checkpoint (hub layout, speakers aiden and dylan, stand-in text tokenizer)."""
+    return make_checkpoint_qwen(tmp_path_factory.mktemp("ckpt") / "tiny-qwen", "tiny", seed=0)
 
 
 def _flac_announcing(total_frames: int, sr: int = 48000, channels: int = 2) -> bytes:

@@ -9,9 +9,10 @@ import base64
 import json
 
 import pytest
-from higgs_stream.engine.errors import AudioInputError, HiggsStreamError
+from higgs_stream.engine.errors import AudioInputError, HiggsStreamError, InvalidInputError
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.messages import parse_speech
+from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.messages import parse_options, parse_speech
 from higgs_stream.stream.voices import VoiceLibrary
 
 
@@ -25,8 +26,8 @@ def test_parse_speech_openai_shape(voices, wav_bytes):
     r = speech(voices, input="Hi", voice={"id": "belinda"}, stream_format="sse", instructions="calm", seed=5,
                temperature=0.3, top_k=50, top_p=0.9, mode="low_latency")
     o = r.options
-    assert (o.voice.name, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
-        "belinda", "calm", 5, 0.3, 50, 0.9, "low_latency")
+    assert (o.voice.name, o.instructions, o.scene, o.seed, o.temperature, o.top_k, o.top_p, o.mode) == (
+        "belinda", "calm", None, 5, 0.3, 50, 0.9, "low_latency")  # instructions: the model's (v2: its scene)
     r = speech(voices, input="Hi", reference_audio=base64.b64encode(wav_bytes()).decode(), reference_text="clip")
     assert r.options.voice.has_reference and r.options.voice.transcript == "clip"
     assert speech(voices, input="Hi", response_format="wav").response_format == "wav"
@@ -91,3 +92,17 @@ def test_bad_reference_audio_error_names_the_problem_not_an_address(voices):
     with pytest.raises(AudioInputError) as e:
         speech(voices, input="x", reference_audio=base64.b64encode(b"junk" * 100).decode(), reference_text="t")
     assert e.value.code == "bad_audio" and "0x" not in str(e.value) and "not a WAV, FLAC, OGG or MP3" in str(e.value)
+
+
+def test_instructions_are_an_option_of_their_own(voices):
+    cfg = ServerConfig()
+    assert parse_options({"instructions": "A calm voice."}, cfg, voices).instructions == "A calm voice."
+    assert parse_options({"instructions": ""}, cfg, voices).instructions == ""  # "": none
+    with pytest.raises(TooLargeError, match="instructions have 1001 chars"):
+        parse_options({"instructions": "x" * 1001}, cfg, voices)
+    with pytest.raises(InvalidInputError, match="either instructions or scene"):
+        parse_options({"instructions": "calm", "scene": "a hall"}, cfg, voices)
+    with pytest.raises(InvalidInputError, match="instructions must be a string"):
+        parse_options({"instructions": 3}, cfg, voices)
+    with pytest.raises(InvalidInputError, match="either instructions or scene"):
+        speech(voices, input="Hi", instructions="calm", scene="a hall")

@@ -119,3 +119,21 @@ def test_inline_reference_is_not_decoded(monkeypatch, flac_announcing):
     assert v.duration_s == pytest.approx(0.1)
     with pytest.raises(AudioInputError, match="announces 3600.00 s > 30 s"):
         lib.inline(base64.b64encode(flac_announcing(3600 * 48000)).decode(), "t")
+
+
+def test_model_speakers_are_voices(tmp_path):
+    """A model's built-in speakers resolve by name in any case; a preset of the same name wins; OpenAI
+    names stay aliases of `default` unless a speaker takes the name."""
+    (tmp_path / "dylan.wav").write_bytes(tone(0.5, 16000))
+    (tmp_path / "dylan.txt").write_text("Hi, I am the preset Dylan.")
+    lib = VoiceLibrary(tmp_path, speakers=("aiden", "Dylan", "nova"))
+    assert lib.resolve("AIDEN").speaker == "aiden" and not lib.resolve("aiden").has_reference
+    assert lib.resolve("dylan").has_reference and lib.resolve("dylan").speaker is None  # the preset
+    assert lib.resolve("nova").speaker == "nova" and "nova" not in lib.aliases
+    assert lib.resolve("alloy") is lib.default and lib.default.speaker is None  # the model's own default
+    assert lib.describe()["speakers"] == ["aiden", "nova"] and {"aiden", "nova", "dylan"} <= set(lib.names())
+    with pytest.raises(NotFoundError, match="unknown voice"):
+        lib.resolve("vivian")
+    assert VoiceLibrary(None, {"calm": "aiden"}, speakers=("aiden",)).resolve("calm").speaker == "aiden"
+    with pytest.raises(ConfigError, match="shadows a preset or speaker"):
+        VoiceLibrary(None, {"aiden": "default"}, speakers=("aiden",))

@@ -19,6 +19,11 @@ from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, ST
 class V2DeviceRules:
     uses_ras = True
 
+    @staticmethod
+    def start_row(num_codebooks: int, codebook_size: int) -> tuple[int, ...]:
+        """The all-BOS column (id codebook_size in every codebook)."""
+        return (codebook_size,) * num_codebooks
+
     def cap(self, max_frames: int) -> int:
         """At column max_frames + 1 the frame cap forces EOS on codebook 0 (`SegmentState.cap_column`)."""
         return max_frames + 1

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from higgs_stream.engine.family import Prompt, TokenizerLike
 from higgs_stream.engine.models.delay_pattern import DelayWriter, stack_rows
@@ -173,13 +174,16 @@ class V2Policy:
     """
 
     sample_at_prompt_end = False
+    takes_history = True  # earlier segments as assistant audio turns
+    speakers: tuple[str, ...] = ()
 
     def __init__(self, cfg: TalkerConfig, tokenizer: TokenizerLike) -> None:
         self.cfg, self.tokenizer = cfg, tokenizer
+        self.head_codebooks = cfg.num_codebooks  # the audio head samples whole columns
 
-    @property
-    def continuation_id(self) -> int:
-        return self.tokenizer.special.audio_out
+    def process_logits(self, logits: torch.Tensor, segments: Sequence[V2Segment]) -> torch.Tensor:
+        """No logits processors: the rules (ramps, RAS) act on the sampled columns."""
+        return logits
 
     def build_prompt(self, request: GenerationRequest) -> Prompt:
         return build_prompt(self.tokenizer, request, self.cfg.num_codebooks, self.cfg.codebook_size)

@@ -22,12 +22,14 @@ ignores at audio rows.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.family import Prompt, TokenizerLike
 from higgs_stream.engine.models.delay_pattern import delayed_prompt_audio
-from higgs_stream.engine.request import GenerationRequest
+from higgs_stream.engine.request import GenerationRequest, refuse_fields
 
 DEFAULT_SYSTEM = "Generate audio following instruction."
 DEFAULT_SCENE = "Audio is recorded from a quiet room."
@@ -97,6 +99,7 @@ class _Builder:
             audio_codes=codes,
             is_audio=is_audio,
             audio_out=np.ascontiguousarray(codes[is_audio].T),
+            text_pad=self.sp.audio_out,  # every decode step is an <|AUDIO_OUT|> position
         )
 
 
@@ -110,7 +113,13 @@ def system_content(request: GenerationRequest) -> tuple[str, str | None]:
 def build_prompt(
     tok: TokenizerLike, request: GenerationRequest, num_codebooks: int = 8, codebook_size: int = 1024
 ) -> Prompt:
-    """The expanded prompt of `request`; InvalidInputError on malformed codes or control tokens in text."""
+    """The expanded prompt of `request`; InvalidInputError on malformed codes or control tokens in text,
+    or a field v2 cannot express. `instructions` is the scene description (OpenAI's field name)."""
+    refuse_fields(request, ("speaker", "language", "stream_text", "embedding"), "Higgs Audio v2")
+    if request.instructions is not None:
+        if request.scene is not None:
+            raise InvalidInputError("give either instructions or scene, not both")
+        request = replace(request, scene=request.instructions, instructions=None)
     request.check_codes(num_codebooks, codebook_size)
     b = _Builder(tok, num_codebooks)
     bos, eos = codebook_size, codebook_size + 1

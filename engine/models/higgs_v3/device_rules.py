@@ -23,6 +23,11 @@ class V3DeviceRules:
     def __init__(self, num_codebooks: int) -> None:
         self.k = num_codebooks
 
+    @staticmethod
+    def start_row(num_codebooks: int, codebook_size: int) -> tuple[int, ...]:
+        """The all-BOS column (id codebook_size in every codebook)."""
+        return (codebook_size,) * num_codebooks
+
     def cap(self, max_frames: int) -> int:
         """The frame cap in rows: max_frames + K - 1 (`RowState.max_rows`)."""
         return max_frames + self.k - 1

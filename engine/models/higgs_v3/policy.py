@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import Prompt, TokenizerLike
@@ -130,16 +131,18 @@ class V3Policy:
     """The engine's generation policy for v3 streams (engine/family.py GenerationPolicy)."""
 
     sample_at_prompt_end = True  # the prompt's last position yields row 0
+    takes_history = True  # earlier segments join the reference slot
+    speakers: tuple[str, ...] = ()
 
     def __init__(self, cfg: TalkerV3Config, tokenizer: TokenizerLike) -> None:
         if cfg.special is None:
             raise ConfigError("TalkerV3Config.special (the v3 token ids) must be set to build prompts")
         self.cfg, self.tokenizer, self.special = cfg, tokenizer, cfg.special
+        self.head_codebooks = cfg.num_codebooks  # the fused audio head samples whole rows
 
-    @property
-    def continuation_id(self) -> int:
-        """Text id of a decode step's input position (its embedding is replaced by the fed-back row)."""
-        return self.special.audio
+    def process_logits(self, logits: torch.Tensor, segments: Sequence[V3Segment]) -> torch.Tensor:
+        """No logits processors: the rules (ramp-up, EOC countdown) act on the sampled rows."""
+        return logits
 
     @property
     def stop_ids(self) -> tuple[int, int]:

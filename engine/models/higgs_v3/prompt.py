@@ -22,7 +22,7 @@ from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.family import Prompt
 from higgs_stream.engine.models.delay_pattern import build_delay_pattern
 from higgs_stream.engine.models.higgs_v3.config import V3SpecialTokens
-from higgs_stream.engine.request import GenerationRequest
+from higgs_stream.engine.request import GenerationRequest, refuse_fields
 
 
 class Encoder(Protocol):
@@ -47,8 +47,9 @@ def build_prompt_v3(
     goes there too: reference then history segments, oldest first, concatenated in time, their
     transcripts joined by spaces. A scene or system text has no place in the v3 prompt.
     """
-    if request.scene or request.system:
-        raise InvalidInputError("the v3 prompt has no scene or system text; send text (+ reference) only")
+    if request.scene or request.system or request.instructions:
+        raise InvalidInputError("the v3 prompt has no scene, system text or instructions; send text (+ reference) only")
+    refuse_fields(request, ("speaker", "language", "stream_text", "embedding"), "Higgs Audio v3")
     control = {v for v in special.as_dict().values() if v is not None}
 
     def user_text(text: str, what: str) -> list[int]:
@@ -81,4 +82,4 @@ def build_prompt_v3(
     codes[ref_start:ref_start + rows.shape[0]] = rows
     is_audio[ref_start:ref_start + rows.shape[0]] = True
     return Prompt(input_ids=np.array(ids, np.int64), audio_codes=codes, is_audio=is_audio,
-                  audio_out=np.ascontiguousarray(rows.T))
+                  audio_out=np.ascontiguousarray(rows.T), text_pad=special.audio)  # decode steps: <|audio|>

@@ -6,12 +6,16 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     checkpoint.py       the hub on-disk layout, its loader and typed errors
     talker.py           the plain-torch talker and code predictor
     prompt.py           the three variants' prompt (CustomVoice, VoiceDesign, Base x-vector / ICL)
+    policy.py           the engine's generation policy: request -> prompt, group-0 rules, frame writer
+    tokenizer.py        the Qwen2 BPE text tokenizer from the hub files
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
     codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
     make_checkpoint.py  random-weight checkpoints in the hub layout
 
-Not wired yet: the engine's batched step (`policy`, `device_rules` raise a ConfigError saying so),
-the text tokenizer, the Base variant's audio front end (speaker encoder, Mimi encoder).
+The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
+code-predictor steps batched together). Not wired yet: the fast path (`device_rules` raises a
+ConfigError saying so; the ModelRunner refuses a family that completes rows), the Base variant's
+audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an embedding).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
 
-_NOT_WIRED = ("Qwen3-TTS checkpoints load and decode, but the engine's batched step does not serve them yet "
-              "(engine/models/qwen3_tts: generate.generate_frames is the plain-torch loop)")
+_NOT_WIRED = ("the fast path (ModelRunner, --device cuda) does not serve Qwen3-TTS yet: its graphed step would "
+              "have to run the code predictor; serve it with --device cpu (the plain-torch RefRunner)")
 
 
 class Qwen3TTS:
@@ -42,8 +46,10 @@ class Qwen3TTS:
              max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
         from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 
+        from higgs_stream.engine.models.qwen3_tts.tokenizer import QwenTextTokenizer
+
         model = load_model(root, device=device, dtype=dtype)
-        return model, model.cfg, None
+        return model, model.cfg, QwenTextTokenizer.from_dir(root)
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:
         """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder)."""
@@ -52,7 +58,9 @@ class Qwen3TTS:
         return load_qwen_codec(codec if codec is not None else root, device=device)
 
     def policy(self, cfg: QwenTTSConfig, tokenizer: TokenizerLike) -> Any:
-        raise ConfigError(_NOT_WIRED)
+        from higgs_stream.engine.models.qwen3_tts.policy import QwenPolicy
+
+        return QwenPolicy(cfg, tokenizer)
 
     def device_rules(self, cfg: QwenTTSConfig) -> Any:
         raise ConfigError(_NOT_WIRED)
@@ -64,7 +72,8 @@ class Qwen3TTS:
 
     def random_talker(self, preset: str, device: str | torch.device, dtype: torch.dtype, max_positions: int,
                       seed: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
-        raise ConfigError(_NOT_WIRED)
+        raise ConfigError("random:* models are the Higgs families' (noise for benchmarks); for Qwen3-TTS write a "
+                          "checkpoint with make-checkpoint --arch qwen3-tts")
 
 
 FAMILY = Qwen3TTS()

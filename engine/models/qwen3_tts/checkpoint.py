@@ -6,7 +6,7 @@
     model.safetensors         talker.* (+ speaker_encoder.* in the Base variant), often bf16;
                               or model.safetensors.index.json + shards
     speech_tokenizer/         the 12 Hz codec (codec/load.py)
-    vocab.json, merges.txt, tokenizer_config.json   the Qwen2 text tokenizer
+    vocab.json, merges.txt, tokenizer_config.json   the Qwen2 text tokenizer (or tokenizer.json; tokenizer.py)
 
 Our module names are the checkpoint's (`talker.*`). `speaker_encoder.*` (the Base variant's x-vector
 encoder) is not built: reference audio reaches the prompt as a speaker vector and codes. Every

@@ -1,14 +1,22 @@
 """Random-weight Qwen3-TTS checkpoints in the hub layout (`make-checkpoint --arch qwen3-tts`):
-config.json, generation_config.json, model.safetensors (talker.*, bf16) and speech_tokenizer/
-(config.json + decoder.* weights). Presets: `tiny` (the test shapes), `0.6b` / `full` and `1.7b`
-(the released shapes: same bytes and FLOPs as the real models, noise not speech). No text tokenizer
-files are written (the Qwen2 BPE files are the real checkpoint's). The codec's Mimi encoder is not
-written either: decoding needs none of it.
+config.json, generation_config.json, model.safetensors (talker.*, bf16), speech_tokenizer/
+(config.json + decoder.* weights) and a text tokenizer (vocab.json, merges.txt,
+tokenizer_config.json). Presets: `tiny` (the test shapes), `0.6b` / `full` and `1.7b` (the released
+shapes: same bytes and FLOPs as the real models, noise not speech). The codec's Mimi encoder is not
+written: decoding needs none of it.
+
+The text tokenizer is a stand-in for Qwen's 151k-token BPE in the same files and format: byte-level
+symbols (all 256 where the text vocabulary has room; the tiny preset's 150 regular ids hold printable
+ASCII, newline and 43 more bytes), merges that make `assistant` and `user` one token each (as the chat
+template needs), unreachable filler tokens up to the first special id, then the added tokens at
+config.json's ids (<|im_start|>, <|im_end|>, the three TTS text tokens, <|endoftext|>; the TTS
+tokens' names are ours, their ids are what the model reads).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -18,7 +26,15 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import FULL as FULL_CODEC
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
-from higgs_stream.engine.models.qwen3_tts.config import preset
+from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig, preset
+from higgs_stream.engine.models.qwen3_tts.tokenizer import (
+    CONFIG_FILE,
+    IM_END,
+    IM_START,
+    MERGES_FILE,
+    VOCAB_FILE,
+    byte_symbols,
+)
 from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
 
 PRESET_NAMES = ("tiny", "full", "0.6b", "1.7b")
@@ -45,6 +61,34 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
 
 
+RESIDUAL_GAIN = 0.3  # the decoder blocks' residual branches (their last 1x1 conv)
+LAYER_SCALE = 0.01  # transformer layer scales and ConvNeXt gammas (the reference config's initial scale)
+TARGET_RMS = 0.25  # pre-clamp output level on random codes
+
+
+def _condition_decoder(codec: QwenCodec, seed: int) -> None:
+    """Keep a random decoder's activations O(1), as scripts/qwen3_reference_fixtures.py does for its
+    fixture: unit-gain residual branches and layer scales make the waveform grow block after block
+    (and amplify fp32 rounding by orders of magnitude), and the output would sit in the final clamp.
+    So: residual branches at RESIDUAL_GAIN, layer scales at LAYER_SCALE, and the last conv scaled for
+    an output rms of TARGET_RMS on random codes."""
+    dec = codec.decoder
+    with torch.no_grad():
+        for name, p in dec.named_parameters():
+            if re.search(r"^decoder\.\d+\.block\.[234]\.conv2\.", name):
+                p.mul_(RESIDUAL_GAIN)
+            elif name.endswith((".gamma", "layer_scale.scale")):
+                p.fill_(LAYER_SCALE)
+        last = dec.decoder[-1].conv  # linear in its weight and bias: scaling both scales the output
+        last.weight.mul_(1e-3)
+        last.bias.mul_(1e-3)  # far inside the clamp now
+        codes = torch.randint(0, codec.cfg.codebook_size, (1, codec.num_codebooks, 16),
+                              generator=torch.Generator().manual_seed(seed))
+        rms = float(codec.decode_codes(codes).pow(2).mean().sqrt())
+        last.weight.mul_(TARGET_RMS / rms)
+        last.bias.mul_(TARGET_RMS / rms)
+
+
 def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int = 0,
                          variant: str = "custom_voice") -> Path:
     if preset_name not in PRESET_NAMES:
@@ -68,8 +112,42 @@ def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int =
     (codec_dir / "config.json").write_text(json.dumps(codec_cfg.to_json(), indent=2) + "\n")
     codec = QwenCodec(codec_cfg)
     _randomize(codec.decoder, seed + 1)
-    with torch.no_grad():
-        codec.decoder.decoder[-1].conv.weight.mul_(0.1)
+    _condition_decoder(codec, seed + 2)
     save_file({f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()},
               codec_dir / "model.safetensors", metadata={"format": "pt"})
+    write_text_tokenizer(out, cfg)
     return out
+
+
+WORDS = ("assistant", "user")  # the chat template's role names: one token each
+
+
+def write_text_tokenizer(out: Path, cfg: QwenTTSConfig) -> None:
+    """The stand-in text tokenizer (module docstring) in the hub's three files."""
+    named = {cfg.im_start_id: IM_START, cfg.im_end_id: IM_END, cfg.tts_pad_id: "<tts_pad>",
+             cfg.tts_bos_id: "<tts_text_bos>", cfg.tts_eos_id: "<tts_text_eod>"}
+    first, last = min(named), max(named)
+    gaps = [i for i in range(first, last) if i not in named]
+    named[gaps[0] if gaps else last + 1] = "<|endoftext|>"
+    if max(named) >= cfg.text_vocab_size:
+        raise ConfigError(f"the text tokenizer's ids reach {max(named)}, past text_vocab_size {cfg.text_vocab_size}")
+    merges = [(w[:i], w[i]) for w in WORDS for i in range(1, len(w))]
+    symbols = byte_symbols()
+    order = [*range(0x20, 0x7F), 0x0A, *(b for b in range(256) if not (0x20 <= b < 0x7F or b == 0x0A))]
+    room = first - len(merges)
+    if room < 96:
+        raise ConfigError(f"a text tokenizer needs 96 byte symbols and {len(merges)} merges below id {first}")
+    vocab = {symbols[b]: i for i, b in enumerate(order[:room])}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    while len(vocab) < first:  # ids below the specials that no text reaches
+        vocab[f"<|filler_{len(vocab)}|>"] = len(vocab)
+    added = {str(i): dict(content=named.get(i, f"<|reserved_{i}|>"), lstrip=False, normalized=False, rstrip=False,
+                          single_word=False, special=True) for i in range(first, max(named) + 1)}
+    (out / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (out / MERGES_FILE).write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+    config = dict(tokenizer_class="Qwen2Tokenizer", add_prefix_space=False, added_tokens_decoder=added,
+                  bos_token=None, eos_token=IM_END, pad_token="<|endoftext|>", unk_token=None, errors="replace",
+                  model_max_length=cfg.max_position_embeddings, clean_up_tokenization_spaces=False,
+                  split_special_tokens=False)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

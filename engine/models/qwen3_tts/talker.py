@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from higgs_stream.engine.batch import StepBatch, StepOutput
+from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
@@ -224,3 +226,60 @@ class QwenTTSModel(nn.Module):
         """Groups 1..15 for every row at once: hidden [B, H], group 0 [B] -> (frames [B, 16], logits)."""
         rest, logits = self.talker.code_predictor.run(hidden, first, self.codec_embed(first), pick)
         return torch.cat([first[:, None], rest], dim=1), logits
+
+    # ---- the engine's view (engine/family.py) ----
+    def embed_rows(self, batch: StepBatch) -> torch.Tensor:
+        """A step's N input rows [N, H]: text track + codec track (one id, or a whole frame at
+        `is_audio` rows) + the rows' vectors, summed in that order (as `prompt.embed_prompt`)."""
+        cfg, dev = self.cfg, self.device
+        text = batch.input_ids.to(dev)  # [N], -1: empty
+        audio = batch.is_audio
+        frames = batch.audio_codes[audio]
+        if frames.numel() and (frames.min() < 0 or frames.max() >= cfg.codebook_size):
+            raise InvalidInputError(f"frame codes must lie in 0..{cfg.codebook_size - 1}")
+        if text.numel() and int(batch.input_ids.max()) >= cfg.text_vocab_size:
+            raise InvalidInputError(f"text ids must lie in [0, {cfg.text_vocab_size})")
+        x = torch.where((text >= 0)[:, None], self.text_embed(text.clamp(min=0)), 0.0)
+        if batch.codec_ids is not None:
+            if int(batch.codec_ids.max()) >= cfg.vocab_size:
+                raise InvalidInputError(f"codec ids must lie in [0, {cfg.vocab_size})")
+            codec = batch.codec_ids.to(dev)
+            x = x + torch.where((codec >= 0)[:, None], self.codec_embed(codec.clamp(min=0)), 0.0)
+        if bool(audio.any()):
+            x = x + torch.where(audio.to(dev)[:, None], self.frame_embed(batch.audio_codes.to(dev)), 0.0)
+        if batch.vector_rows is not None:
+            x = x.index_add(0, batch.vector_rows.to(dev), batch.vectors.to(dev, x.dtype))
+        return x
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, cache: KVCache) -> StepOutput:
+        """One ragged step over the batch's sequences -> group 0's logits [B, 1, V] fp32 at each
+        sequence's last row (NaN where not wanted) and the final-normed hidden state there [B, H]."""
+        if bool(batch.want_text.any()):
+            raise InvalidInputError("the Qwen3-TTS talker has no text head")
+        x = self.embed_rows(batch)  # [N, H]
+        hidden, layout = self.hidden(x, batch.positions, cache, batch.seq_ids, batch.qo_lens)
+        last = hidden[layout.last_token_index]  # [B, H]
+        b = len(batch.seq_ids)
+        logits = torch.full((b, 1, self.cfg.vocab_size), float("nan"), device=last.device)
+        want = batch.want_audio.nonzero().flatten().tolist()
+        if want:
+            rows = torch.tensor(want, device=last.device)
+            logits[rows] = self.group0_logits(last[rows])[:, None]
+        return StepOutput(audio_logits=logits, text_logits=None, hidden=last)
+
+    def complete_rows(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
+        """family.RowCompleter: group 0 [S, 1] -> whole frames [S, 16] through the code predictor."""
+        return self.complete_frames(hidden, head[:, 0], pick)[0]
+
+    @property
+    def audio_head_weight(self) -> torch.Tensor:
+        """The head that samples (group 0's, [vocab, H]): what `--quantize` never touches."""
+        return self.talker.codec_head.weight
+
+    def backbone_linears(self) -> dict[str, nn.Module]:
+        """The talker LM's attention q/k/v/o and MLP linears (engine/quantize.py); the code predictor,
+        the embeddings, the text projection and the head stay as loaded."""
+        paths = [f"self_attn.{n}" for n in Attention.LINEARS] + [f"mlp.{n}" for n in MLP.LINEARS]
+        return {f"talker.model.layers.{i}.{p}": layer.get_submodule(p)
+                for i, layer in enumerate(self.talker.model.layers) for p in paths}

@@ -54,9 +54,14 @@ def test_from_pretrained_dispatches_on_model_type(tiny_ckpt, tiny_v3_ckpt):
     assert v2.talker.max_positions == v3.talker.max_positions == 1000
     assert v2.cache.pool.k.dtype == v3.cache.pool.k.dtype == torch.float32
     # the seam's per-family answers
-    assert v2.policy.continuation_id == v2.tokenizer.special.audio_out and not v2.policy.sample_at_prompt_end
-    assert v3.policy.continuation_id == v3.tokenizer.special.audio and v3.policy.sample_at_prompt_end
     req = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=0), max_frames=4)
+    p2, p3 = v2.policy.build_prompt(req), v3.policy.build_prompt(req)
+    # every decode step feeds the continuation token on the text track (no per-step text)
+    assert p2.text_track.size == p3.text_track.size == 0
+    assert p2.step_text_id(0) == p2.step_text_id(99) == v2.tokenizer.special.audio_out
+    assert p3.step_text_id(0) == p3.step_text_id(99) == v3.tokenizer.special.audio
+    assert not v2.policy.sample_at_prompt_end and v3.policy.sample_at_prompt_end
+    assert v2.policy.head_codebooks == v3.policy.head_codebooks == 8  # whole rows from the head
     seg2 = v2.policy.new_segment(v2.policy.build_prompt(req), req.sampling, 4)
     seg3 = v3.policy.new_segment(v3.policy.build_prompt(req), req.sampling, 4)
     assert isinstance(seg2, V2Segment) and isinstance(seg3, V3Segment)

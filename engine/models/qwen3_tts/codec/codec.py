@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
-from higgs_stream.engine.errors import InvalidInputError, NotFoundError
+from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.decoder import QwenDecoder, zero_states
 
@@ -112,5 +112,5 @@ class QwenCodec(nn.Module):
 
     # ---- encode ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float | None = None) -> np.ndarray:
-        raise NotFoundError("encoding reference audio with the Qwen3-TTS 12 Hz tokenizer is not supported yet; "
-                            "pass reference codes")
+        raise InvalidInputError("encoding reference audio with the Qwen3-TTS 12 Hz tokenizer is not supported yet; "
+                                "pass reference codes (and the speaker embedding) through the Python API")

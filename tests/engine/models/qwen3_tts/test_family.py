@@ -1,5 +1,6 @@
 """The Qwen3-TTS family through the registry: chosen by model_type, make-checkpoint --arch qwen3-tts in the
-hub layout (loads back, decodes), typed errors for a wrong checkpoint, the presets' shapes."""
+hub layout (loads back, decodes), served by the reference runner only, typed errors for a wrong
+checkpoint, the presets' shapes."""
 
 import json
 import shutil
@@ -26,7 +27,7 @@ def test_the_registry_knows_the_fixture_checkpoint(tiny_dir):
 def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
     out = write_checkpoint(tmp_path / "q", arch="qwen3-tts", preset="tiny", seed=3)
     assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
-                                              "speech_tokenizer"}
+                                              "speech_tokenizer", "vocab.json", "merges.txt", "tokenizer_config.json"}
     model = load_model(out)
     cfg = model.cfg
     assert cfg == preset("tiny") and cfg.variant == "custom_voice"
@@ -42,9 +43,11 @@ def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
         write_checkpoint(tmp_path / "x", arch="qwen3-tts", preset="huge")
 
 
-def test_serving_through_the_engine_says_it_is_not_wired(tiny_dir):
-    with pytest.raises(ConfigError, match="does not serve them yet"):
-        family_named("qwen3-tts").policy(preset("tiny"), None)
+def test_the_engine_serves_it_on_the_reference_runner_only(tiny_dir):
+    family = family_named("qwen3-tts")
+    assert family.policy(preset("tiny"), None).head_codebooks == 1  # the code predictor completes each frame
+    with pytest.raises(ConfigError, match="does not serve Qwen3-TTS yet"):
+        family.device_rules(preset("tiny"))
 
 
 def test_a_wrong_checkpoint_names_the_key(tmp_path, tiny_dir):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from higgs_stream.engine.errors import CheckpointError, InvalidInputError, NotFoundError
+from higgs_stream.engine.errors import CheckpointError, InvalidInputError
 from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec, load_qwen_codec
 from safetensors.torch import load_file, save_file
 
@@ -49,7 +49,7 @@ def test_decode_checks_its_input(codec):
     with pytest.raises(InvalidInputError, match="0..63"):
         codec.decode(torch.full((1, 16, 2), 64))
     assert codec.decode(torch.zeros(2, 16, 0, dtype=torch.long)).shape == (2, 0)
-    with pytest.raises(NotFoundError, match="not supported yet"):
+    with pytest.raises(InvalidInputError, match="not supported yet"):
         codec.encode(np.zeros(2400, np.float32), 24000)
 
 

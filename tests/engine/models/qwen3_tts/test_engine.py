@@ -1,0 +1,185 @@
+"""Qwen3-TTS through the engine (plain-torch RefRunner): greedy frames equal the official reference's
+(fixtures by scripts/qwen3_reference_fixtures.py, qwen-tts 0.1.1) for every scenario the fixtures
+hold, alone and batched with other streams; sampled frames do not depend on what shares the batch;
+EOS and the frame cap end a stream; the fast path refuses the family with a typed error."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from higgs_stream.engine.engine import Engine, EngineConfig
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig
+from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
+from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class IdTokenizer:
+    """The fixtures' token ids by template string (the fixtures hold ids, not text)."""
+
+    special = None
+
+    def __init__(self, table: dict[str, list[int]]) -> None:
+        self.table = table
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.table[text])
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(ref):
+    return IdTokenizer({ASSISTANT.format("A"): ref["scenario_text_a"].tolist(),
+                        ASSISTANT.format("B"): ref["scenario_text_b"].tolist(),
+                        INSTRUCTION.format("I"): ref["scenario_instruct"].tolist(),
+                        REFERENCE.format("R"): ref["clone_ref_ids"].tolist()})
+
+
+def make_engine(model, tokenizer, variant: str = "custom_voice", **config) -> Engine:
+    cfg = replace(model.cfg, variant=variant)  # the fixture weights under each variant's rules
+    cache = KVCache.create(cfg, num_pages=128, page_size=16, dtype=torch.float32)
+    return Engine(model, cfg, tokenizer, cache, EngineConfig(**{"kv_pages": 128, "max_batch": 4, **config}))
+
+
+# the fixture scenarios: (variant, request, frames)
+def scenarios(ref) -> dict[str, tuple[str, GenerationRequest, int]]:
+    clone = Reference(ref["clone_ref_codes"].T, "R", embedding=ref["clone_spk"])
+    return {
+        "custom": ("custom_voice", GenerationRequest("A", speaker="aiden", language="english", stream_text=True,
+                                                     sampling=GREEDY, max_frames=110), 110),
+        "design": ("voice_design", GenerationRequest("B", instructions="I", sampling=GREEDY, max_frames=23), 23),
+        "dialect": ("custom_voice", GenerationRequest("B", speaker="dylan", language="chinese", stream_text=True,
+                                                      sampling=GREEDY, max_frames=11), 11),
+        "clone": ("base", GenerationRequest("A", reference=clone, language="english", sampling=GREEDY,
+                                            max_frames=15), 15),
+    }
+
+
+def run_together(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[np.ndarray, str]]:
+    """Every request added at once, stepped together: ([F, 16] frames, end reason) each."""
+    sids = [engine.add(r) for r in requests]
+    frames: dict[int, list] = {s: [] for s in sids}
+    reasons: dict[int, str] = {}
+    while engine.has_work():
+        for ev in engine.step():
+            if ev.frame is not None:
+                frames[ev.stream_id].append(ev.frame)
+            if ev.finished:
+                reasons[ev.stream_id] = ev.reason
+    return [(np.stack(frames[s]) if frames[s] else np.zeros((0, 16), np.int64), reasons[s]) for s in sids]
+
+
+@pytest.mark.parametrize("name", ["custom", "design", "dialect", "clone"])
+def test_greedy_frames_equal_the_reference_alone(model, tokenizer, ref, name):
+    variant, req, n = scenarios(ref)[name]
+    (frames, reason), = run_together(make_engine(model, tokenizer, variant), [req])
+    np.testing.assert_array_equal(frames, ref[f"{name}_codes"].astype(np.int64), err_msg=name)
+    assert frames.shape == (n, 16) and reason == "length"
+
+
+def test_greedy_frames_equal_the_reference_batched(model, tokenizer, ref):
+    """The 110-frame scenario shares every step with two other streams (one joins late, one ends
+    early); each stream's frames still equal the reference's."""
+    sc = scenarios(ref)
+    engine = make_engine(model, tokenizer, "custom_voice")
+    sampled = GenerationRequest("B", speaker="aiden", sampling=SamplingParams(temperature=0.9, top_k=50, seed=3),
+                                max_frames=40)
+    custom = engine.add(sc["custom"][1])
+    dialect = engine.add(sc["dialect"][1])
+    out: dict[int, list] = {custom: [], dialect: []}
+    late = None
+    while engine.has_work():
+        if late is None and len(out[custom]) == 5:
+            late = engine.add(sampled)
+            out[late] = []
+        for ev in engine.step():
+            if ev.frame is not None:
+                out[ev.stream_id].append(ev.frame)
+    np.testing.assert_array_equal(np.stack(out[custom]), ref["custom_codes"].astype(np.int64))
+    np.testing.assert_array_equal(np.stack(out[dialect]), ref["dialect_codes"].astype(np.int64))
+    # the sampled stream is the same alone (its codes depend on its logits and its seed only)
+    (alone, _), = run_together(make_engine(model, tokenizer, "custom_voice"), [sampled])
+    np.testing.assert_array_equal(np.stack(out[late]), alone)
+
+
+def test_eos_ends_a_stream_without_a_frame(model, tokenizer, ref):
+    """With EOS the argmax from frame 2 on (MIN_FRAMES holds it off before), a stream stops there."""
+    engine = make_engine(model, tokenizer, "custom_voice")
+    eos = model.cfg.codec_eos_id
+    engine.policy.process_logits = _boost(engine.policy.process_logits, eos)
+    (frames, reason), = run_together(engine, [replace(scenarios(ref)["custom"][1], max_frames=50)])
+    assert reason == "stop" and frames.shape == (2, 16)
+    np.testing.assert_array_equal(frames, ref["custom_codes"][:2].astype(np.int64))  # the two held-off frames
+
+
+def _boost(process, eos: int):
+    """process_logits, then EOS made the argmax once a stream has its MIN_FRAMES frames."""
+    def boosted(logits, segments):
+        out = process(logits, segments)
+        if all(s.frames >= 2 for s in segments):
+            out[..., eos] = 1e6
+        return out
+    return boosted
+
+
+def test_sampled_frames_hold_codes_and_respect_the_cap(model, tokenizer):
+    engine = make_engine(model, tokenizer, "custom_voice")
+    req = GenerationRequest("A", speaker="aiden", sampling=SamplingParams(temperature=1.0, seed=11), max_frames=7)
+    (frames, reason), = run_together(engine, [req])
+    assert frames.shape[1] == 16 and 1 <= frames.shape[0] <= 7
+    assert (frames >= 0).all() and (frames < model.cfg.codebook_size).all()
+    assert reason == ("length" if frames.shape[0] == 7 else "stop")
+    assert engine.cache.allocator.num_used == 0  # the stream's pages are freed
+
+
+def test_bad_requests_are_typed(model, tokenizer, ref):
+    custom = make_engine(model, tokenizer, "custom_voice")
+    with pytest.raises(InvalidInputError, match="unknown speaker 'nobody'"):
+        custom.add(GenerationRequest("A", speaker="nobody"))
+    with pytest.raises(InvalidInputError, match="takes no instructions"):
+        custom.add(GenerationRequest("A", instructions="I"))  # a 0.6B CustomVoice checkpoint
+    with pytest.raises(InvalidInputError, match="no scene"):
+        custom.add(GenerationRequest("A", scene="a hall"))
+    with pytest.raises(InvalidInputError, match="takes no reference"):
+        custom.add(GenerationRequest("A", reference=Reference(np.zeros((16, 2), np.int64), "R")))
+    base = make_engine(model, tokenizer, "base")
+    with pytest.raises(InvalidInputError, match="Base checkpoint clones a voice"):
+        base.add(GenerationRequest("A"))
+    with pytest.raises(InvalidInputError, match="speaker embedding"):
+        base.add(GenerationRequest("A", reference=Reference(np.zeros((16, 2), np.int64), "R")))
+    with pytest.raises(InvalidInputError, match="no built-in speakers"):
+        make_engine(model, tokenizer, "voice_design").policy.build_prompt(GenerationRequest("A", speaker="aiden"))
+    injected = IdTokenizer({ASSISTANT.format("A"): [153, 11, 13, 40, 153, 41, 154, 13, 153, 11, 13]})
+    with pytest.raises(InvalidInputError, match="control tokens"):
+        make_engine(model, injected).add(GenerationRequest("A"))
+
+
+def test_custom_voice_defaults_to_the_first_speaker_and_text_in_the_prompt(model, tokenizer):
+    engine = make_engine(model, tokenizer, "custom_voice")
+    plain = engine.policy.qwen_prompt(GenerationRequest("A"))
+    named = engine.policy.qwen_prompt(GenerationRequest("A", speaker="aiden"))
+    assert engine.policy.default_speaker == "aiden"
+    np.testing.assert_array_equal(plain.codec_ids, named.codec_ids)
+    assert model.cfg.speakers["aiden"] in plain.codec_ids.tolist()
+    assert plain.trailing.size == 0  # CustomVoice: all text in the prompt by default (the reference's)
+
+
+def test_the_fast_path_refuses_qwen3_tts(model, tokenizer):
+    engine = make_engine(model, tokenizer)
+    with pytest.raises(ConfigError, match="only the plain-torch RefRunner runs yet"):
+        ModelRunner(model, engine.cfg, engine.cache, engine.policy, engine.family, 2, 256,
+                    ModelRunnerConfig(kernels="ref", cuda_graphs=False))
+    with pytest.raises(ConfigError, match="does not serve Qwen3-TTS yet"):
+        engine.family.device_rules(engine.cfg)
