@@ -618,21 +618,20 @@ def main(argv: list[str] | None = None) -> int:
                 result["stream"].append(dict(r, pacing=other))
         save()
         other = [(n, "exact", 1) for n in ns if n > 1]
-        if other and args.compare_codec_stream:  # the codec on the talker's stream: back to back on the device
-            result["stream"] += asyncio.run(stream_bench(engine, codec, other, codec_stream="engine", trace=args.trace))
-            save()
-        for sms in filter(None, args.compare_codec_sms.split(",")):
-            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, codec_sms=int(sms)))
-            save()
-        for ms in filter(None, args.compare_gil_switch.split(",")):
-            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, gil_switch_s=float(ms) / 1e3))
-            save()
-        if other and args.compare_codec_partition:
-            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, partition_steps=False))
+        for variant in ab_variants(args) if other else []:  # the same N > 1 runs, one setting changed
+            result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, **variant))
             save()
     summarize(result)
     save()
     return 0
+
+
+def ab_variants(args: argparse.Namespace) -> list[dict]:
+    """stream_bench keyword sets of the --compare-* flags: each changes one setting of the default run."""
+    out: list[dict] = [{"codec_stream": "engine"}] if args.compare_codec_stream else []  # back to back on the device
+    out += [{"codec_sms": int(n)} for n in filter(None, args.compare_codec_sms.split(","))]
+    out += [{"gil_switch_s": float(ms) / 1e3} for ms in filter(None, args.compare_gil_switch.split(","))]
+    return out + ([{"partition_steps": False}] if args.compare_codec_partition else [])
 
 
 def summarize(r: dict) -> None:

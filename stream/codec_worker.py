@@ -229,13 +229,12 @@ class CodecWorker:
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)
         order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
-        for at in range(0, len(order), self.max_windows):
+        stop = len(order) if everything else min(len(order), self.max_windows)
+        for at in range(0, stop, self.max_windows):
             call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
             taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
             self._decode_call([(p.seg, p.job) for p in call])
-            if not everything:
-                break
         if self._ends:
             held = {id(p.seg) for p in self.pending}
             ready = [e for e in self._ends if id(e[1]) not in held]

@@ -378,11 +378,12 @@ class Pipeline:
                     if jobs:
                         rnd.jobs += jobs
                         rnd.owners += [seg] * len(jobs)
+                        seconds = [_job_samples(job, self.geometry.hop) / SAMPLE_RATE for job in jobs]
                         deadline = seg.clock.deadline(now)  # when the listener runs dry without them
-                        for job in jobs:
+                        for s in seconds:
                             rnd.deadlines.append(deadline)
-                            deadline = max(deadline, now) + _job_samples(job, self.geometry.hop) / SAMPLE_RATE
-                        seg.clock.sent(now, sum(_job_samples(j, self.geometry.hop) for j in jobs) / SAMPLE_RATE)
+                            deadline = max(deadline, now) + s
+                        seg.clock.sent(now, sum(seconds))
                 if ended:
                     frames = None
                     if seg.keep_frames:

@@ -33,3 +33,17 @@ def test_replay_device_time_beside_and_apart_from_codec_calls():
     s = trace_summary(trace, wall_s=0.05)
     assert s["replay_ms_alone"] == pytest.approx(4.5) and s["replay_ms_beside_codec"] == pytest.approx(9.0)
     assert s["replay_rows_mean"] == pytest.approx(20 / 3)
+
+
+def test_ab_variants_change_one_setting_each():
+    from types import SimpleNamespace
+
+    from higgs_stream.bench import ab_variants
+
+    args = SimpleNamespace(compare_codec_stream=True, compare_codec_sms="32,48", compare_gil_switch="5",
+                           compare_codec_partition=True)
+    assert ab_variants(args) == [{"codec_stream": "engine"}, {"codec_sms": 32}, {"codec_sms": 48},
+                                 {"gil_switch_s": 0.005}, {"partition_steps": False}]
+    none = SimpleNamespace(compare_codec_stream=False, compare_codec_sms="", compare_gil_switch="",
+                           compare_codec_partition=False)
+    assert ab_variants(none) == []

@@ -170,6 +170,12 @@ class _Stream:
     emitted: int = 0  # output samples handed out
 
 
+def _run_width(s: _Stream, valid: int, final: bool, pad: int) -> int:
+    """Frames a push runs through the stack: its valid frames, plus `pad` flush frames after a final
+    push of a stream that has any frames."""
+    return int(valid) + (pad if final and s.frames + valid > 0 else 0)
+
+
 class StepAudio(NamedTuple):
     audio: torch.Tensor  # [B', C * hop] float32 on the device (B' >= B; may be a graph's output buffer)
     offsets: list[int]  # row b's new samples: audio[b, offsets[b] : offsets[b] + counts[b]]
@@ -240,7 +246,7 @@ class StreamingDecoder:
         hop, lookahead, pad = self.geometry.hop, self.geometry.lookahead_samples, self.geometry.lookahead_frames
         n = len(streams)
         # frames each row runs through the stack: its valid frames, plus the flush after a final push
-        adv = [int(v) + (pad if f and s.frames + v > 0 else 0) for s, v, f in zip(streams, valid, final)]
+        adv = [_run_width(s, v, f, pad) for s, v, f in zip(streams, valid, final)]
         width = max(adv, default=0)
         starts = [s.advanced for s in streams]
         ends = [s.frames + int(v) if f else OPEN_END for s, v, f in zip(streams, valid, final)]
@@ -330,7 +336,7 @@ class StreamingDecoder:
             s = self._streams.get(slot)
             if s is None:
                 raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-            out.append(int(v) + (pad if f and s.frames + v > 0 else 0))
+            out.append(_run_width(s, v, f, pad))
         return out
 
     def partition(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[list[int]]:
