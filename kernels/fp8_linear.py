@@ -1,6 +1,6 @@
 """FP8 (e4m3) linear with per-output-channel weight scales and per-token dynamic activation scales:
 
-    x_scale[m] = max(amax(|x[m, :]|), EPS) / 448            # one fp32 scale per row (token), at run time
+    x_scale[m] = max(amax(|x[m, :]|), EPS) * fp32(1/448)    # one fp32 scale per row (token), at run time
     xq = e4m3(x / x_scale)                                   # round to nearest even, |xq| <= 448
     y  = (xq @ q^T) * x_scale[:, None] * w_scale[None, :]   # fp32 accumulation, out in x's dtype
 
@@ -13,7 +13,13 @@ compute capability >= 8.9): one Triton kernel quantizes the activations per toke
 row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
 with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
 `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, both
-CUDA-graph safe (no host synchronisation).
+CUDA-graph safe (no host synchronisation). The scaled GEMM needs N and K multiples of 16; a linear of
+another shape (none in the served models) runs the same quantization and an fp32 matmul of the e4m3
+values instead.
+
+The scale is a product with the fp32 reciprocal, not a division: torch's CUDA division of a tensor by
+a scalar multiplies by the reciprocal, its CPU one divides, and a product is rounded the same way by
+every device and by the Triton kernel (the per-token scales are equal bit for bit, tested on the GPU).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from higgs_stream.kernels._triton import require_cuda, triton_modules
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp32 reciprocal, exactly
+GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
 
 
@@ -33,7 +41,7 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float -> (e4m3 [M, K], fp32 scale [M]) with one scale per row (max |x| -> 448)."""
     assert x.dim() == 2, f"x must be [M, K], got {tuple(x.shape)}"
     xf = x.float()
-    scale = xf.abs().amax(dim=1).clamp(min=EPS) / FP8_MAX  # [M]
+    scale = xf.abs().amax(dim=1).clamp(min=EPS) * INV_FP8_MAX  # [M]
     return (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -59,6 +67,9 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_acc
     xq, x_scale = quantize_per_token(x.reshape(-1, k))
     if xq.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])
+    if q.shape[0] % GEMM_ALIGN or k % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
+        y = ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(x.dtype)
+        return y.view(*lead, q.shape[0])
     y = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=x.dtype,
                          use_fast_accum=fast_accum)  # [M, N]; q.t() is the column-major operand
     return y.view(*lead, q.shape[0])
@@ -73,7 +84,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xq = torch.empty((m, k), dtype=FP8, device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m:
-        _kernel()[(m,)](x, xq, scale, k, EPS, FP8_MAX, BLOCK=1024, num_warps=4)
+        _kernel()[(m,)](x, xq, scale, k, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=1024, num_warps=4)
     return xq, scale
 
 
@@ -88,7 +99,8 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, eps, fp8_max, BLOCK: tl.constexpr):
+    def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, eps, inv_fp8_max, fp8_max,
+                                  BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -96,12 +108,12 @@ def _kernel():
             c = start + cols
             x = tl.load(x_ptr + row * K + c, mask=c < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.math.div_rn(tl.maximum(tl.max(amax, axis=0), eps), fp8_max)  # IEEE division, as torch
+        scale = tl.maximum(tl.max(amax, axis=0), eps) * inv_fp8_max  # one fp32 product, as the reference
         tl.store(s_ptr + row, scale)
         for start in range(0, K, BLOCK):
             c = start + cols
             x = tl.load(x_ptr + row * K + c, mask=c < K, other=0.0).to(tl.float32)
-            y = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)
+            y = tl.clamp(tl.math.div_rn(x, scale), -fp8_max, fp8_max)  # IEEE division, as torch's tensor / tensor
             tl.store(q_ptr + row * K + c, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=c < K)
 
     return quantize_per_token_kernel

@@ -92,21 +92,21 @@ def _kernel():
         o1 = x1 * cos - x2 * sin
         o2 = x2 * cos + x1 * sin
         if head < HQ:
-            dst = q_ptr + (tok * HQ + head) * D
-            tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
-            tl.store(dst + half + i, o2.to(q_ptr.dtype.element_ty))
+            q_dst = q_ptr + (tok * HQ + head) * D  # names differ per branch: Triton types them (bf16 / fp8)
+            tl.store(q_dst + i, o1.to(q_ptr.dtype.element_ty))
+            tl.store(q_dst + half + i, o2.to(q_ptr.dtype.element_ty))
         else:
             kv_head = head - HQ
             slot = tl.load(slot_ptr + tok).to(tl.int64)
-            dst = k_ptr + (slot * HKV + kv_head) * D
+            k_dst = k_ptr + (slot * HKV + kv_head) * D
             j = tl.arange(0, D)
             v = tl.load(qkv_ptr + tok * width + (HQ + HKV + kv_head) * D + j).to(tl.float32)
             if KV_FP8:  # saturate, as to_kv: e4m3 has no infinity
                 o1 = tl.clamp(o1, -KV_MAX, KV_MAX)
                 o2 = tl.clamp(o2, -KV_MAX, KV_MAX)
                 v = tl.clamp(v, -KV_MAX, KV_MAX)
-            tl.store(dst + i, o1.to(k_ptr.dtype.element_ty))
-            tl.store(dst + half + i, o2.to(k_ptr.dtype.element_ty))
+            tl.store(k_dst + i, o1.to(k_ptr.dtype.element_ty))
+            tl.store(k_dst + half + i, o2.to(k_ptr.dtype.element_ty))
             tl.store(v_ptr + (slot * HKV + kv_head) * D + j, v.to(v_ptr.dtype.element_ty))
 
     return rope_store_kv_kernel

@@ -33,6 +33,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 DIMS = dict(hidden_size=768, intermediate_size=1536, num_layers=3, num_heads=6, num_kv_heads=2, head_dim=128)
 BOUNDS = {"int8": (0.1, 0.35), "fp8": (0.45, 1.5)}  # mean, p99 |delta log-prob| vs the fp32 reference
+# mean, p99 |delta log-prob|, fast kernels vs the plain-torch definitions on the same quantized weights.
+# int8 is weight-only: the two differ by bf16 summation order, the bf16 fast path's own bound. fp8
+# re-quantizes every activation to e4m3 (3 mantissa bits): a bf16 summation-order difference that
+# moves a value across an e4m3 rounding boundary becomes a 2^-4 step, so the two differ by fp8
+# rounding noise (first GPU run: mean 0.124, p99 0.41 nat), about half of fp8's own error vs fp32.
+SELF_BOUNDS = {"int8": (0.03, 0.15), "fp8": (0.2, 0.6)}
 
 
 def modes() -> list[str]:
@@ -66,7 +72,8 @@ def test_fast_kernels_track_the_definitions_on_the_same_weights(model, mode):
     ours, cols = fast_logits(fast, prompt, 12)  # greedy, graph replays
     want, _ = fast_logits(ref, prompt, 12, cols)
     r = compare_logits(ours, want)
-    assert r["mean_abs_delta_nat"] < 0.03 and r["p99_abs_delta_nat"] < 0.15, r  # the bf16 fast path's own bound
+    mean, p99 = SELF_BOUNDS[mode]
+    assert r["mean_abs_delta_nat"] < mean and r["p99_abs_delta_nat"] < p99, r
 
 
 @pytest.mark.parametrize("mode", modes())
