@@ -9,7 +9,8 @@ engine loop's time per step at a given batch (`LoopModel`):
   stream without audio yet is the most urgent): `stream/codec_worker.py` orders by it;
 - while the GPU is saturated (a loop step takes more than `saturated_ratio` of a frame), the
   talker pauses streams more than `pause_ahead_s` ahead of their listener and resumes them below
-  `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`);
+  `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`); only while
+  some other stream is not far ahead, and never with the talker left idle (all paused: resume);
 - admission refuses a new stream (`busy`, Retry-After) when the predicted step time with one more
   stream would leave any stream below `admit_ratio` x real time (`LoopModel.admits`): the doubling
   chunk schedule needs about 2x real time while it ramps up (`chunking.max_step_ratio`).
@@ -114,20 +115,27 @@ class Pacer:
     def saturated(self, loop_s: float) -> bool:
         return loop_s > self.cfg.saturated_ratio * self.cfg.frame_s
 
-    def plan(self, now: float, clocks: dict[int, PlaybackClock], loop_s: float) -> tuple[list[int], list[int], float | None]:
-        """(stream ids to pause, to resume, seconds until the first paused one must resume)."""
+    def plan(self, now: float, clocks: dict[int, PlaybackClock], loop_s: float,
+             idle: bool = False) -> tuple[list[int], list[int], float | None]:
+        """(stream ids to pause, to resume, seconds until the first paused one must resume).
+
+        `idle`: the talker has nothing to run but paused streams; then the GPU is not saturated
+        whatever the last loop time was (no step has run since), and everyone resumes. A stream is
+        paused only while some unpaused stream is not far ahead (waiting for first audio counts):
+        pausing when every stream is far ahead frees the GPU for nobody."""
         cfg = self.cfg
-        saturated = self.saturated(loop_s)
+        saturated = self.saturated(loop_s) and not idle
+        aheads = {sid: clock.ahead_s(now) for sid, clock in clocks.items()}
+        needy = any(a <= cfg.pause_ahead_s for sid, a in aheads.items() if sid not in self.paused)
         pause, resume, wake = [], [], None
-        for sid, clock in clocks.items():
-            ahead = clock.ahead_s(now)
+        for sid, ahead in aheads.items():
             if sid in self.paused:
                 if not saturated or ahead <= cfg.resume_ahead_s:
                     resume.append(sid)
                 else:
                     left = ahead - cfg.resume_ahead_s
                     wake = left if wake is None else min(wake, left)
-            elif saturated and ahead > cfg.pause_ahead_s:
+            elif saturated and needy and ahead > cfg.pause_ahead_s:
                 pause.append(sid)
                 left = ahead - cfg.resume_ahead_s
                 wake = left if wake is None else min(wake, left)

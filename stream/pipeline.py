@@ -316,7 +316,7 @@ class Pipeline:
         for sid in list(self.pacer.paused):
             if sid not in clocks:
                 self.pacer.forget(sid)
-        pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s)
+        pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
         for sid in pause:
             self.engine.pause(sid)
         for sid in resume:

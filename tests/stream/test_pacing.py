@@ -48,6 +48,22 @@ def test_pacer_pauses_far_ahead_streams_only_while_saturated_with_hysteresis():
     assert pacer.paused == set()
 
 
+def test_pacer_never_leaves_the_talker_idle():
+    """Pausing frees steps for streams that need them: with every stream far ahead nobody is paused,
+    and once the talker has nothing but paused streams to run (`idle`), everyone resumes at once,
+    whatever the last loop time was (no step ran since: it is stale)."""
+    cfg = PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25)
+    pacer = Pacer(cfg)
+    assert pacer.plan(100.0, clocks(a=5.0, b=4.0), loop_s=0.02) == ([], [], None)  # nobody needs the steps
+    cs = clocks(a=5.0, b=4.0, c=1.0)
+    assert pacer.plan(100.0, cs, loop_s=0.02)[:2] == ([0, 1], [])  # c needs them
+    assert pacer.plan(100.1, cs, loop_s=0.02, idle=True)[:2] == ([], [0, 1])  # c ended: the talker idles
+    assert pacer.paused == set()
+    waiting = clocks(a=5.0)
+    waiting[1] = PlaybackClock()  # no audio yet: it waits for its first chunk
+    assert pacer.plan(100.0, waiting, loop_s=0.02)[:2] == ([0], [])
+
+
 def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     model, cfg = LoopModel(decay=0.05), PacingConfig(admit_ratio=0.5)  # admit while a step <= 20 ms
     assert model.predict(10) is None and model.admits(10, cfg)  # no data yet: admit
