@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 from functools import partial
@@ -222,6 +223,7 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
         log(f"[{mode}] streaming runs skipped: past the time budget")
     out["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated() - base_mem
     del engine, talker, cache
+    gc.collect()  # the engine's graphs and pipeline threads hold reference cycles
     torch.cuda.empty_cache()
     return out
 
@@ -263,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=480,
                     help="seconds this run may take: streaming runs are skipped when they would not fit")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model, no timings: checks the flow")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no run: merge these result files (e.g. one process per mode) into --out, with the targets")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     start = time.perf_counter()
     sections, modes = set(args.sections.split(",")), args.modes.split(",")
     if args.dry_run:
@@ -308,6 +314,22 @@ def main(argv: list[str] | None = None) -> int:
         result["targets"] = targets(result["model"])
     result["wall_s"] = time.perf_counter() - start
     save()
+    summarize(result)
+    return 0
+
+
+def merge(paths: list[str], out: Path) -> int:
+    """One result from several runs of this script (scripts/gpu_quant.sh runs each mode in its own
+    process, so a mode's CUDA graphs and K/V pool are gone before the next one allocates its own)."""
+    result: dict[str, Any] = {}
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        models = {**result.get("model", {}), **r.get("model", {})}
+        result.update({k: v for k, v in r.items() if k not in ("model", "modes", "targets", "wall_s")})
+        result["model"] = models
+    result["modes"] = list(result.get("model", {}))
+    result["targets"] = targets(result["model"])
+    out.write_text(json.dumps(result, indent=2))
     summarize(result)
     return 0
 

@@ -38,3 +38,14 @@ def test_targets_and_table():
            "bf16_cublas": 12.0, "fp8_triton_quant_scaled_mm": 8.0}
     bench_quant.summarize({"card": "x", "copy_bandwidth_GBps": 3000.0, "torchao": "0.18.0",
                            "gemm": [row, dict(row, m=256, fp8_triton_quant_scaled_mm=None)], "targets": t})
+
+
+def test_merge_joins_one_process_per_mode(tmp_path):
+    """scripts/gpu_quant.sh runs each mode in its own process; --merge makes one result with targets."""
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "quant.json"
+    assert bench_quant.main(["--dry-run", "--out", str(a), "--modes", "none"]) == 0
+    assert bench_quant.main(["--dry-run", "--out", str(b), "--modes", "int8"]) == 0
+    assert bench_quant.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["modes"] == ["none", "int8"] and r["model"]["int8"] == json.loads(b.read_text())["model"]["int8"]
+    assert r["targets"] == {} and r["card"] == "cpu (dry run)"
