@@ -21,6 +21,9 @@ and MLP, audio rows the audio ones); QK-norm weights are optional. Families diff
 weights they pack: an audio position embeds as the sum of K rows of one [K * V, H] table and the
 audio head is a [K * V, H] matrix (v3: one tied matrix for both). An all-audio step (every decode
 step) touches only attention, the audio branch, the audio embedding rows and the audio head.
+Qwen3-TTS (Qwen3 layers with QK-norm, like v3) packs its own row embedding (`FastWeights.embed_rows`:
+a text track and a codec track summed per row) and a one-codebook head (group 0; the family's code
+predictor completes each row, engine/gpu_sampling.py).
 
 kernels="fast" runs Triton kernels (CUDA only; a missing Triton raises `KernelUnavailable`, never
 a silent fallback); kernels="ref" runs the plain-torch definitions from kernels/ on any device.
@@ -101,6 +104,10 @@ class FastInputs:
     audio_rows: torch.Tensor | None = None  # [Na] long, for mixed steps (None: all rows audio)
     text_rows: torch.Tensor | None = None  # [Nt] long
     select: torch.Tensor | None = None  # [N] int32, 1 at audio rows (mixed steps)
+    # the prompt's other tracks (family.Prompt), read only by a family that embeds its own rows
+    codec_ids: torch.Tensor | None = None  # [N] long, one codec-vocabulary id per row (-1: none)
+    vector_rows: torch.Tensor | None = None  # [V] long, rows that add an input vector
+    vectors: torch.Tensor | None = None  # [V, H] those vectors
 
     @property
     def all_audio(self) -> bool:
@@ -122,6 +129,7 @@ class FastTalker:
         self.embed_text = w.embed_text  # [V, H]
         self.embed_audio = w.embed_audio  # [K*1026, H]
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
+        self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         hq, hkv, _ = self.heads
         self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
@@ -133,6 +141,9 @@ class FastTalker:
     # ------------------------------------------------------------------ pieces
     def embed(self, inp: FastInputs) -> torch.Tensor:
         """-> [N, H] fp32 residual stream."""
+        if self.embed_rows is not None:
+            return self.embed_rows(inp)
+        assert inp.codec_ids is None and inp.vectors is None, "codec ids / vectors need the family's embed_rows"
         audio = self.embed_audio[inp.codes + self.offsets].float().sum(dim=1)  # [N, H]
         if inp.all_audio:
             return audio
@@ -190,14 +201,15 @@ class FastTalker:
         return self.k.add_rms_norm(None, last, self.final_norm, self.eps, None, self.dtype)
 
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[R, H] -> [R, K, 1026] fp32 (bf16 weights, fp32 accumulation and output)."""
+        """[R, H] -> [R, h, audio_vocab] fp32 (bf16 weights, fp32 accumulation and output); h = K, or
+        the head's codebooks of a family that completes rows (Qwen3-TTS: 1, group 0)."""
         r = hidden.shape[0]
         hidden = hidden.to(self.audio_head.dtype)  # the loader casts v3's fused matrix like the backbone; a hand-built talker may differ
         if hidden.is_cuda and hidden.dtype != torch.float32:
             logits = torch.mm(hidden, self.audio_head.t(), out_dtype=torch.float32)
         else:
             logits = F.linear(hidden.float(), self.audio_head.float())
-        return logits.view(r, self.cfg.num_codebooks, self.cfg.audio_vocab)
+        return logits.view(r, -1, self.cfg.audio_vocab)
 
     def forward(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         return self.audio_logits(self.hidden(inp, attn, k_pool, v_pool))
@@ -236,8 +248,11 @@ class FastWeights:
     layers: list[FastLayer]
     final_norm: torch.Tensor  # [1, H]
     embed_text: torch.Tensor  # [V, H]
-    embed_audio: torch.Tensor  # [K*1026, H]
-    audio_head: torch.Tensor  # [K*1026, H]
+    embed_audio: torch.Tensor  # [K*1026, H] (Qwen3-TTS: group 0's codec table [vocab, H])
+    audio_head: torch.Tensor  # [K*1026, H] (Qwen3-TTS: group 0's head [vocab, H])
+    # A family whose rows are not the sum of K rows of one table embeds them itself: FastInputs -> [N, H]
+    # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
+    embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
 
 
 def fuse_linears(*linears: Any) -> Weight:

@@ -114,6 +114,11 @@ class QwenTTSConfig:
 
     # ---- the engine's view ----
     @property
+    def rope_scaling(self) -> None:
+        """Plain RoPE (the talker's multimodal RoPE with equal position ids in its sections, as in TTS)."""
+        return None
+
+    @property
     def audio_vocab(self) -> int:
         """Ids one talker step samples from (group 0: codes and specials)."""
         return self.vocab_size

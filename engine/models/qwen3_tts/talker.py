@@ -24,6 +24,7 @@ from torch import nn
 
 from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.fast_talker import FastInputs, FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
@@ -271,6 +272,45 @@ class QwenTTSModel(nn.Module):
     def complete_rows(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
         """family.RowCompleter: group 0 [S, 1] -> whole frames [S, 16] through the code predictor."""
         return self.complete_frames(hidden, head[:, 0], pick)[0]
+
+    # ---- the fast path's view (engine/fast_talker.py) ----
+    def fast_weights(self) -> FastWeights:
+        """The talker LM as the fast path reads it: Qwen3 layers (one branch, QK-norm) with q/k/v and
+        gate/up fused into one matrix each (this module's parameters become views of them), group 0's
+        head, and this talker's own row embedding (`fast_embed`). The code predictor is not packed:
+        the fast path runs it through `complete_rows` inside the graphed step."""
+        def layer(b: Qwen3Layer) -> FastLayer:
+            attn = b.self_attn
+            return FastLayer(
+                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
+                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(linear_weight(b.mlp.down_proj),),
+                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
+                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
+            )
+
+        m = self.talker.model
+        return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
+                           embed_text=m.text_embedding.weight.detach(), embed_audio=m.codec_embedding.weight.detach(),
+                           audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed)
+
+    def fast_embed(self, inp: FastInputs) -> torch.Tensor:
+        """`embed_rows` on device tensors, no host synchronisation: rows [N] -> [N, H] fp32, summed in
+        `embed_rows`' order (text track, codec id, frame, vectors). A decode step's rows (`all_audio`)
+        are each a text id and a whole frame; a prompt chunk's carry its codec ids and vectors, and
+        frames at its `select` rows. Ids were checked on the host (policy.engine_prompt)."""
+        text = inp.text_ids  # [N], -1: empty
+        if inp.all_audio and inp.codec_ids is None:  # a decode step (graphed): every track is there
+            return (self.text_embed(text) + self.frame_embed(inp.codes)).float()
+        x = torch.where((text >= 0)[:, None], self.text_embed(text.clamp(min=0)), 0.0)
+        if inp.codec_ids is not None:
+            codec = inp.codec_ids
+            x = x + torch.where((codec >= 0)[:, None], self.codec_embed(codec.clamp(min=0)), 0.0)
+        audio = torch.ones_like(text, dtype=torch.bool) if inp.select is None else inp.select.bool()  # [N]
+        frames = torch.where(audio[:, None], inp.codes, 0)  # codes of non-frame rows may be anything
+        x = x + torch.where(audio[:, None], self.frame_embed(frames), 0.0)
+        if inp.vectors is not None:
+            x = x.index_add(0, inp.vector_rows, inp.vectors.to(x.dtype))
+        return x.float()
 
     @property
     def audio_head_weight(self) -> torch.Tensor:
