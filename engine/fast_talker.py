@@ -130,6 +130,7 @@ class FastTalker:
         self.embed_audio = w.embed_audio  # [K*1026, H]
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
         self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
+        self.extra_step_bytes = w.extra_step_bytes
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         hq, hkv, _ = self.heads
         self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
@@ -218,14 +219,15 @@ class FastTalker:
     def audio_step_bytes(self) -> int:
         """Bytes of weights an all-audio decode step reads (attention, the audio branch's norms and
         MLP, QK-norms, the audio head, the final norm) plus one column's embedding rows; KV reads
-        come on top. A quantized linear counts its int8/fp8 values and its scales."""
+        come on top. A quantized linear counts its int8/fp8 values and its scales. A family's own
+        per-step weights (`FastWeights.extra_step_bytes`: Qwen3-TTS's code predictor) count too."""
         def nbytes(*ts: Weight | None) -> int:
             return sum(quantize.nbytes(t) for t in ts)
 
         per_layer = sum(nbytes(layer.qkv, layer.o, layer.gate_up[-1], layer.down[-1], layer.input_norm[-1],
                                layer.post_norm[-1], layer.qk_norm) for layer in self.layers)
         embed_rows = self.cfg.num_codebooks * self.cfg.hidden_size * self.embed_audio.element_size()
-        return per_layer + nbytes(self.audio_head, self.final_norm) + embed_rows
+        return per_layer + nbytes(self.audio_head, self.final_norm) + embed_rows + self.extra_step_bytes
 
 
 @dataclass
@@ -253,6 +255,7 @@ class FastWeights:
     # A family whose rows are not the sum of K rows of one table embeds them itself: FastInputs -> [N, H]
     # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
     embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
+    extra_step_bytes: int = 0  # weights a decode step reads beyond these (Qwen3-TTS: code predictor, text projection)
 
 
 def fuse_linears(*linears: Any) -> Weight:

@@ -11,6 +11,7 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
     codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
     make_checkpoint.py  random-weight checkpoints in the hub layout
+    random_weights.py   random-weight models drawn in memory (benchmarks: `bench --arch qwen3-tts`)
 
     device_rules.py     the group-0 rules on the device (the fast path's; policy.py's host machines are the oracle)
 
@@ -29,7 +30,6 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
 
@@ -74,8 +74,9 @@ class Qwen3TTS:
 
     def random_talker(self, preset: str, device: str | torch.device, dtype: torch.dtype, max_positions: int,
                       seed: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
-        raise ConfigError("random:* models are the Higgs families' (noise for benchmarks); for Qwen3-TTS write a "
-                          "checkpoint with make-checkpoint --arch qwen3-tts")
+        from higgs_stream.engine.models.qwen3_tts.random_weights import random_talker
+
+        return random_talker(preset, device, dtype, max_positions, seed)
 
 
 FAMILY = Qwen3TTS()

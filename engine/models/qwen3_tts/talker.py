@@ -288,10 +288,15 @@ class QwenTTSModel(nn.Module):
                 qk_norm=stack_norms(attn.q_norm, attn.k_norm),
             )
 
-        m = self.talker.model
+        m, cp = self.talker.model, self.talker.code_predictor
+        # a step reads the code predictor whole (but one row of each group table) and the text projection
+        tables = set(cp.model.codec_embedding.parameters())
+        extra = sum(p.numel() * p.element_size() for p in [*cp.parameters(), *self.talker.text_projection.parameters()]
+                    if p not in tables)
         return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
                            embed_text=m.text_embedding.weight.detach(), embed_audio=m.codec_embedding.weight.detach(),
-                           audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed)
+                           audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed,
+                           extra_step_bytes=extra)
 
     def fast_embed(self, inp: FastInputs) -> torch.Tensor:
         """`embed_rows` on device tensors, no host synchronisation: rows [N] -> [N, H] fp32, summed in
