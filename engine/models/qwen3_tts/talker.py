@@ -7,7 +7,8 @@
     code predictor: a small Qwen3 LM that, given the talker's last hidden state and group 0's
     embedding (2 positions), writes groups 1..15 one per step, each with its own embedding table
     (codec_embedding[g-1], talker width) and head (lm_head[g-1]); inputs pass small_to_mtp_projection
-    when the widths differ. Its cache lives for one frame (positions 0..16).
+    when the widths differ. Its cache lives for one frame: a static dense buffer of positions 0..15
+    (no paging), so the 15 sub-steps have fixed shapes and run inside the fast path's graphed step.
 
 The talker's multimodal RoPE gets equal position ids in its three sections in TTS, which is plain
 RoPE. Module names follow the checkpoint (`talker.model.*`, `talker.text_projection.*`,
@@ -53,25 +54,24 @@ class QKNormAttention(Attention):
         q, k, v = super().project_qkv(x)
         return self.q_norm(q), self.k_norm(k), v
 
-    def dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], past: list[torch.Tensor] | None
-              ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Causal attention over a dense cache: x [B, T, H], rope cos/sin [T, D], past [k, v] each
-        [B, Hkv, S, D] or None -> ([B, T, H], the cache with this step appended)."""
+    def dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, start: int
+              ) -> torch.Tensor:
+        """Causal attention over a static dense cache: x [B, T, H] at positions start..start+T-1, rope
+        cos/sin [T, D], cache [2, B, Hkv, S_max, D] (k, v; this step's written in place) -> [B, T, H]."""
         b, t, _ = x.shape
         q, k, v = self.project_qkv(x.reshape(b * t, -1))
         cos, sin = rope
         q = _rotate(q.view(b, t, self.num_heads, -1), cos, sin).transpose(1, 2)  # [B, Hq, T, D]
-        k = _rotate(k.view(b, t, self.num_kv_heads, -1), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(b, t, self.num_kv_heads, -1).transpose(1, 2)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        s = k.shape[2]
+        cache[0, :, :, start : start + t] = _rotate(k.view(b, t, self.num_kv_heads, -1), cos, sin).transpose(1, 2)
+        cache[1, :, :, start : start + t] = v.view(b, t, self.num_kv_heads, -1).transpose(1, 2)
+        s = start + t
+        k, v = cache[0, :, :, :s], cache[1, :, :, :s]  # [B, Hkv, S, D] views
         rep = self.num_heads // self.num_kv_heads
         scores = torch.matmul(q, k.repeat_interleave(rep, 1).transpose(2, 3)) * self.head_dim ** -0.5
         causal = torch.arange(s, device=x.device)[None, :] <= torch.arange(s - t, s, device=x.device)[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v.repeat_interleave(rep, 1))  # [B, Hq, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), [k, v]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -91,10 +91,9 @@ class Qwen3Layer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, layout)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def dense(self, x, rope, past):
-        y, cache = self.self_attn.dense(self.input_layernorm(x), rope, past)
-        x = x + y
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+    def dense(self, x, rope, cache, start):
+        x = x + self.self_attn.dense(self.input_layernorm(x), rope, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class TextProjection(nn.Module):
@@ -145,15 +144,18 @@ class CodePredictor(nn.Module):
         """talker_hidden [B, H] (the talker's final-normed state where group 0 was sampled), first [B]
         (group 0) and its embedding [B, H] -> (groups 1..15 [B, 15], their logits, 15 x [B, V] fp32)."""
         x = torch.stack([talker_hidden, first_embed], dim=1)  # [B, 2, H]
-        caches: list = [None] * len(self.model.layers)
+        groups = len(self.lm_head)
+        att = self.model.layers[0].self_attn
+        # the frame's static K/V buffer: per layer k and v [B, Hkv, 1 + groups, D] (positions 0..groups)
+        cache = x.new_zeros(len(self.model.layers), 2, x.shape[0], att.num_kv_heads, groups + 1, att.head_dim)
         codes, logits = [], []
         pos = 0
-        for g in range(1, len(self.lm_head) + 1):
+        for g in range(1, groups + 1):
             h = self.small_to_mtp_projection(x)
             t = h.shape[1]
             rope = rope_cos_sin(torch.arange(pos, pos + t, device=h.device), self.inv_freq, h.dtype)
             for i, layer in enumerate(self.model.layers):
-                h, caches[i] = layer.dense(h, rope, caches[i])
+                h = layer.dense(h, rope, cache[i], pos)
             pos += t
             out = self.lm_head[g - 1](self.model.norm(h[:, -1])).float()  # [B, V]
             ids = pick(g, out)
