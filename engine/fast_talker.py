@@ -131,6 +131,7 @@ class FastTalker:
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
         self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
         self.extra_step_bytes = w.extra_step_bytes
+        self.complete_rows = w.complete_rows(kernels) if w.complete_rows is not None else None
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         hq, hkv, _ = self.heads
         self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
@@ -182,10 +183,12 @@ class FastTalker:
         heads.copy_(self.k.add_rms_norm(None, rows, weight, self.eps, select, qkv.dtype).view(n, hq + hkv, d))
 
     # ------------------------------------------------------------------ forward
-    def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states at `inp.out_rows`: [R, H] in the model dtype."""
+    def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               x: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states at `inp.out_rows`: [R, H] in the model dtype. `x`: the rows' input
+        vectors [N, H] fp32 (updated in place) when the caller embedded them (Qwen3-TTS's code predictor)."""
         hq, hkv, d = self.heads
-        x = self.embed(inp)  # [N, H] fp32
+        x = self.embed(inp) if x is None else x  # [N, H] fp32
         qk_select = self._qk_select.repeat(x.shape[0]) if self.layers[0].qk_norm is not None else None  # [N (Hq + Hkv)]
         delta = None
         for i, layer in enumerate(self.layers):
@@ -256,6 +259,9 @@ class FastWeights:
     # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
     embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
     extra_step_bytes: int = 0  # weights a decode step reads beyond these (Qwen3-TTS: code predictor, text projection)
+    # A family whose head samples fewer codebooks than a row holds: kernels name -> its row completion on
+    # the fast path (family.RowCompleter.complete_rows' signature; Qwen3-TTS: its code predictor on this stack)
+    complete_rows: Callable[[str], Callable[..., torch.Tensor]] | None = None
 
 
 def fuse_linears(*linears: Any) -> Weight:

@@ -143,9 +143,6 @@ class ModelRunner:
                  fast: FastTalker | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
         completes = policy.head_codebooks < cfg.num_codebooks  # the talker completes rows (family.RowCompleter)
-        if completes and not callable(getattr(talker, "complete_rows", None)):
-            raise ConfigError(f"{family.name} samples {policy.head_codebooks} of {cfg.num_codebooks} codebooks per row "
-                              f"but its talker has no complete_rows (family.RowCompleter)")
         self.config = config or ModelRunnerConfig()
         self.cfg, self.cache, self.policy = cfg, cache, policy
         self.device = dev = next(talker.parameters()).device
@@ -157,6 +154,9 @@ class ModelRunner:
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions)
+        if completes and self.fast.complete_rows is None:
+            raise ConfigError(f"{family.name} samples {policy.head_codebooks} of {cfg.num_codebooks} codebooks per row "
+                              f"but its talker has no complete_rows for the fast path (FastWeights.complete_rows)")
         alloc = cache.allocator
         alloc.reserve(SCRATCH_SEQ, 1)
         self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]
@@ -166,7 +166,7 @@ class ModelRunner:
         self.state = DeviceStreamState(max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.config.ras_window_max,
                                        rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast",
-                                       vocab=cfg.audio_vocab, complete=talker.complete_rows if completes else None)
+                                       vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._attn = self._eager_attention()
         self.graphs: DecodeGraphs | None = None

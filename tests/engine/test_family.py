@@ -122,6 +122,6 @@ def test_the_fast_path_refuses_a_family_that_completes_rows_without_complete_row
     base.policy.head_codebooks = 1  # as a family whose talker samples one codebook and completes the row
     from higgs_stream.engine.model_runner import ModelRunner
 
-    with pytest.raises(ConfigError, match="has no complete_rows"):
+    with pytest.raises(ConfigError, match="has no complete_rows for the fast path"):
         ModelRunner(base.talker, base.cfg, base.cache, base.policy, base.family, 2, 256,
                     ModelRunnerConfig(kernels="ref", cuda_graphs=False))

@@ -279,8 +279,8 @@ class QwenTTSModel(nn.Module):
     def fast_weights(self) -> FastWeights:
         """The talker LM as the fast path reads it: Qwen3 layers (one branch, QK-norm) with q/k/v and
         gate/up fused into one matrix each (this module's parameters become views of them), group 0's
-        head, and this talker's own row embedding (`fast_embed`). The code predictor is not packed:
-        the fast path runs it through `complete_rows` inside the graphed step."""
+        head, this talker's own row embedding (`fast_embed`), and the code predictor on the same
+        stack and kernels (fast_predictor.py) that completes each row inside the graphed step."""
         def layer(b: Qwen3Layer) -> FastLayer:
             attn = b.self_attn
             return FastLayer(
@@ -298,7 +298,12 @@ class QwenTTSModel(nn.Module):
         return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
                            embed_text=m.text_embedding.weight.detach(), embed_audio=m.codec_embedding.weight.detach(),
                            audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed,
-                           extra_step_bytes=extra)
+                           extra_step_bytes=extra, complete_rows=self._fast_predictor)
+
+    def _fast_predictor(self, kernels: str) -> Callable[..., torch.Tensor]:
+        from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
+
+        return FastCodePredictor(self, kernels)
 
     def fast_embed(self, inp: FastInputs) -> torch.Tensor:
         """`embed_rows` on device tensors, no host synchronisation: rows [N] -> [N, H] fp32, summed in

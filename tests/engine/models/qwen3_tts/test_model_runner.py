@@ -1,8 +1,8 @@
 """The fast path's step logic for Qwen3-TTS on the CPU: `ModelRunner(kernels="ref", cuda_graphs=False)`
 in fp32 over the fixture checkpoint runs the GPU path's code (FastTalker with QK-norm and the
 family's row embedding, the device-resident group-0 rules, the code predictor's 15 sub-steps with
-every group sampled on the device, eager prompt chunks, one-step-lagged collection) except the
-kernels and the graph replay.
+every group sampled on the device (the predictor on FastTalker's stack: fast_predictor.py), eager
+prompt chunks, one-step-lagged collection) except the kernels and the graph replay.
 
 Greedy frames must equal the plain-torch RefRunner's, frame for frame, for several streams of each
 variant (CustomVoice with text in the prompt or streamed, VoiceDesign, Base with reference codes),
@@ -26,6 +26,7 @@ from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 from higgs_stream.engine.models.qwen3_tts.device_rules import QwenDeviceRules
+from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
 from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
@@ -98,7 +99,8 @@ def test_the_model_runner_packs_the_qwen_talker(model, tokenizer):
     _, fast = pair(model, tokenizer, "custom_voice")
     assert isinstance(fast.runner.fast, FastTalker) and fast.runner.fast.layers[0].qk_norm is not None
     assert fast.runner.fast.embed_rows is not None and fast.runner.prefill_graphs is None
-    assert isinstance(fast.runner.state.rules, QwenDeviceRules) and fast.runner.state.complete is not None
+    assert isinstance(fast.runner.state.rules, QwenDeviceRules)
+    assert isinstance(fast.runner.state.complete, FastCodePredictor)  # the code predictor on the fast stack
     assert fast.runner.state.v == model.cfg.vocab_size
 
 

@@ -2,7 +2,9 @@
 the code predictor head_dim 64), bf16:
 
 - the fast kernels (Triton + FlashInfer) track the plain-torch `*_ref` kernels on the same weights:
-  group 0's logits of a prompt's last position and of a decode row (teacher-forced), bound stated;
+  group 0's logits of a prompt's last position and of a decode row (teacher-forced), and the code
+  predictor on FastTalker's stack tracks the plain `CodePredictor.run` (groups 1..15, teacher-forced);
+  bounds stated;
 - one graph replay of the whole frame step (talker, 15 code-predictor sub-steps, the sampling of
   all 16 groups, the rules) == the same body run eagerly on the same staged inputs and state
   (logits max |delta| <= 1e-4, rows and state identical), and graphed engines == eager engines;
@@ -117,6 +119,40 @@ def test_fast_kernels_track_the_ref_kernels(model):
             assert rel <= 0.05, f"prompt {i}: max |delta| = {rel:.4f} std"
             assert int(a.argmax()) == int(b.argmax())
     print(f"fast vs ref kernels: max |delta logit| = {worst:.4f} x std")
+
+
+def test_fast_code_predictor_tracks_the_plain_one(model):
+    """Groups 1..15's logits, teacher-forced with the same ids: the predictor on FastTalker's stack with
+    the fast kernels and with the `*_ref` kernels vs the plain-torch `CodePredictor.run` (the
+    RefRunner's), bf16, 8 rows: max |delta logit| <= 5% of the logits' std, every argmax equal on >= 95%."""
+    from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
+
+    talker, _ = model
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(8, CFG.hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
+    head = torch.randint(0, CFG.codebook_size, (8, 1), generator=gen, device="cuda")
+    forced = torch.randint(0, CFG.codebook_size, (8, 16), generator=gen, device="cuda")
+
+    def logits_of(run) -> list[torch.Tensor]:
+        seen = []
+
+        def pick(g: int, lg: torch.Tensor) -> torch.Tensor:
+            seen.append(lg.clone())
+            return forced[:, g]
+
+        with torch.no_grad():
+            run(pick)
+        return seen
+
+    want = logits_of(lambda pick: talker.talker.code_predictor.run(hidden, head[:, 0], talker.codec_embed(head[:, 0]),
+                                                                   pick))
+    for kernels in ("fast", "ref"):
+        got = logits_of(lambda pick: FastCodePredictor(talker, kernels)(hidden, head, pick))
+        assert len(got) == len(want) == 15
+        agree = np.mean([float((a.argmax(-1) == b.argmax(-1)).float().mean()) for a, b in zip(got, want)])
+        rel = max(float((a - b).abs().max() / b.std()) for a, b in zip(got, want))
+        print(f"code predictor ({kernels} kernels) vs plain: max |delta logit| = {rel:.4f} x std, argmax agree {agree:.3f}")
+        assert rel <= 0.05 and agree >= 0.95, (kernels, rel, agree)
 
 
 # ---------------------------------------------------------------------- graph replay vs eager
