@@ -25,10 +25,12 @@ A family whose talker head samples only the first `head_codebooks` codebooks of 
 rest written per step by its talker's `complete_rows` (Qwen3-TTS's code predictor: groups 1..15
 from the talker's hidden state and group 0), batched over every stream of the step; its
 `process_logits` runs the family's logits processors on the head's logits before sampling. On the
-fast path the same `complete_rows` runs inside the graphed step with a device `pick`
-(gpu_sampling.DeviceStreamState), the processors as `DeviceRules.process`, and the talker packs
-its own row embedding (`fast_weights().embed_rows`: engine/fast_talker.py). A row that ends a
-stream may carry a stop id instead of codes (Qwen3-TTS: EOS in group 0): its writer returns None.
+fast path (engine/fast_talker.py `FastWeights`) the talker packs its own row embedding
+(`embed_rows`) and a row completion with the `complete_rows` signature built on the fast path's
+kernels (`FastWeights.complete_rows`; Qwen3-TTS: models/qwen3_tts/fast_predictor.py), which runs
+inside the graphed step with a device `pick` (gpu_sampling.DeviceStreamState); the processors run
+as `DeviceRules.process`. A row that ends a stream may carry a stop id instead of codes
+(Qwen3-TTS: EOS in group 0): its writer returns None for it.
 """
 
 from __future__ import annotations

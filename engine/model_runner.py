@@ -33,6 +33,12 @@ token (the start row, at the position after the prompt) joins the same step's de
 the prefill on the device. The first sampled row so comes one step earlier; the codes are the
 same function of the same inputs. On the CPU, in fp32, with the plain-torch kernels it reproduces
 the reference runner's greedy codes (tests/engine/test_model_runner.py).
+
+A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) has each
+sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code
+predictor: 15 sub-steps), so its graphed decode step is a whole frame; its rows embed through the
+family's `FastWeights.embed_rows` (text track + codec track), and each decode row stages its prompt's
+next text-track id. Its prompt chunks run eagerly (no prefill graphs).
 """
 
 from __future__ import annotations
