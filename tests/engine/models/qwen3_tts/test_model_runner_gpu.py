@@ -45,7 +45,12 @@ TEXTS = ["Hello there.", "How are you today? " * 2, "Numbers: 1, 2, 3.", "Good m
 
 @pytest.fixture(scope="module")
 def model():
-    return random_model(CFG, "cuda", torch.bfloat16, seed=1), text_tokenizer(CFG)
+    """EOS's head row zeroed: its logit 0 is never the argmax of 64 zero-mean code logits, so greedy
+    streams run to their frame caps (sampled ones may still draw it)."""
+    talker = random_model(CFG, "cuda", torch.bfloat16, seed=1)
+    with torch.no_grad():
+        talker.talker.codec_head.weight[CFG.codec_eos_id] = 0
+    return talker, text_tokenizer(CFG)
 
 
 def engine(model, runner=None, max_batch=8, fast=None):
@@ -212,7 +217,7 @@ def test_graphed_engine_equals_eager_engine(model):
     eager = engine(model, ModelRunnerConfig(cuda_graphs=False), fast=graphed.runner.fast)
     greedy_reqs = [greedy(t, 60, seed=i) for i, t in enumerate(TEXTS[:4])]
     for x, y in zip(run(graphed, greedy_reqs), run(eager, greedy_reqs)):
-        assert x.shape[0] >= 2 and np.array_equal(x, y)
+        assert x.shape == (60, 16) and np.array_equal(x, y)
     sampled = [GenerationRequest(TEXTS[0], speaker="aiden", max_frames=40,
                                  sampling=SamplingParams(seed=3, temperature=0.9, top_k=50))] * 4
     s = run(graphed, sampled)
@@ -229,7 +234,6 @@ def test_batched_greedy_frames_equal_each_stream_alone(model):
     together = run(graphed, requests)
     for i, r in enumerate(requests):
         want = run(alone, [r])[0]
-        assert together[i].shape == want.shape, (i, together[i].shape, want.shape)
+        assert together[i].shape == want.shape == (100, 16), (i, together[i].shape, want.shape)
         diff = np.nonzero((together[i] != want).any(axis=1))[0]
         assert diff.size == 0, f"stream {i} differs from frame {diff[0]}"
-    assert sum(f.shape[0] for f in together) > 200
