@@ -14,6 +14,7 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     random_weights.py   random-weight models drawn in memory (benchmarks: `bench --arch qwen3-tts`)
 
     device_rules.py     the group-0 rules on the device (the fast path's; policy.py's host machines are the oracle)
+    fast_predictor.py   the code predictor on the fast path's layer stack and kernels (inside the graphed step)
 
 The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
 code-predictor steps batched together) and the fast path (ModelRunner: the talker on FastTalker's
