@@ -12,12 +12,11 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
     make_checkpoint.py  random-weight checkpoints in the hub layout
     random_weights.py   random-weight models drawn in memory (benchmarks: `bench --arch qwen3-tts`)
-
     device_rules.py     the group-0 rules on the device (the fast path's; policy.py's host machines are the oracle)
     fast_predictor.py   the code predictor on the fast path's layer stack and kernels (inside the graphed step)
 
 The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
-code-predictor steps batched together) and the fast path (ModelRunner: the talker on FastTalker's
+code-predictor steps batched together) and through the fast path (ModelRunner: the talker on FastTalker's
 kernels, the code predictor's 15 sub-steps and every group's sampling on the device, the whole
 frame step one CUDA graph per batch bucket; prompts prefilled eagerly). Not wired yet: the Base
 variant's audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an
