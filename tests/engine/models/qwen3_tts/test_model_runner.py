@@ -170,3 +170,18 @@ def test_cancel_frees_pages_and_slot(model, tokenizer):
     while fast.has_work():
         fast.step()
     assert fast.cache.allocator.num_free == free and len(fast.runner._free_slots) == fast.config.max_batch
+
+
+def test_from_pretrained_builds_the_model_runner(tmp_path):
+    """The path `load_engine` takes on CUDA (here with the plain-torch kernels on the CPU): a hub-layout
+    checkpoint (make-checkpoint --arch qwen3-tts) with its text tokenizer, the ModelRunner, frames of
+    real codes."""
+    from higgs_stream.engine.checkpoint_writer import write_checkpoint
+    from higgs_stream.engine.model_runner import ModelRunner
+
+    root = write_checkpoint(tmp_path / "q", arch="qwen3-tts", preset="tiny", seed=3)
+    eng = Engine.from_pretrained(str(root), config=EngineConfig(kv_pages=64, max_batch=2), runner=REF)
+    assert isinstance(eng.runner, ModelRunner)
+    frames = eng.generate(GenerationRequest("Hello there.", max_frames=12,
+                                            sampling=SamplingParams(temperature=0.0)))  # [16, F]
+    assert frames.shape[0] == 16 and 1 <= frames.shape[1] <= 12 and frames.max() < eng.cfg.codebook_size
