@@ -2,13 +2,15 @@
 
 The captured body is the whole step after the host has chosen the streams:
 
-    codes  = state.last_col[slots]                        # the fed-back columns, on the device
-    logits = fast_talker(codes, positions, kv_slots)      # 28 layers, FlashInfer decode attention
-    packed = state.sample_and_advance(logits, slots, valid)
+    codes  = state.last_col[slots]                        # the fed-back rows, on the device
+    hidden = fast_talker(codes, text_ids, positions, kv_slots)  # the layers, FlashInfer decode attention
+    packed = state.sample_and_advance(head(hidden), slots, valid, hidden)
+                                                          # (+ the family's row completion: Qwen3-TTS's
+                                                          #  code predictor, 15 sub-steps)
 
 A step with B streams replays the smallest bucket >= B. Rows B.. are padding: `valid` is False,
 they write K/V into a scratch page and their state into scratch slots, and their output is
-dropped. Before each replay the host copies the step's positions/slots into the graph's static
+dropped. Before each replay the host copies the step's positions/slots/text ids into the graph's static
 buffers (one copy) and re-plans FlashInfer into the bucket's fixed index buffers. A step that
 does not fit (batch above the largest bucket, more pages than the buffers hold) raises
 `GraphShapeError`: nothing falls back silently. `DecodeGraphs(enabled=False)` runs the same body
@@ -21,6 +23,7 @@ padded to a length bucket), so a stream's prefill costs a replay instead of ~600
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +42,18 @@ class GraphShapeError(HiggsStreamError):
     """A decode step does not fit the captured graphs."""
 
 
+def decode_step(fast: FastTalker, state: DeviceStreamState, attn: Any, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                inputs: torch.Tensor, out_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode step's body, graphed or eager: inputs [5, B] long (position, KV slot, state slot,
+    valid, text id per row) -> (packed [B, K + 1], the head's logits [B, h, V] fp32)."""
+    pos, kv_slots, slots, valid, text_ids = inputs
+    inp = FastInputs(text_ids=text_ids, codes=state.last_col[slots], positions=pos, kv_slots=kv_slots,
+                     out_rows=out_rows)
+    hidden = fast.hidden(inp, attn, k_pool, v_pool)  # [B, H]
+    logits = fast.audio_logits(hidden)  # [B, h, V] fp32
+    return state.sample_and_advance(logits, slots, valid.bool(), hidden), logits
+
+
 class DecodeGraphs:
     def __init__(self, fast: FastTalker, state: DeviceStreamState, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  scratch_page: int, page_size: int, max_pages: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
@@ -52,8 +67,8 @@ class DecodeGraphs:
         self.scratch_page, self.page_size, self.max_pages = scratch_page, page_size, max_pages
         self.enabled = enabled
         dev = fast.device
-        self._inputs = torch.zeros((4, self.max_batch), dtype=torch.long, device=dev)  # pos, kv slot, slot, valid
-        self._staging = torch.zeros((4, self.max_batch), dtype=torch.long).pin_memory()
+        self._inputs = torch.zeros((5, self.max_batch), dtype=torch.long, device=dev)  # pos, kv slot, slot, valid, text
+        self._staging = torch.zeros((5, self.max_batch), dtype=torch.long).pin_memory()
         self._out_rows = torch.arange(self.max_batch, device=dev)
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
         self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype,
@@ -64,23 +79,22 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ capture
     def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos, kv_slots, slots, valid = self._inputs[:, :b]
-        inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=pos, kv_slots=kv_slots,
-                         out_rows=self._out_rows[:b])
-        logits = self.fast.forward(inp, self._attn[b], self.k_pool, self.v_pool)  # [b, K, V] fp32
-        return self.state.sample_and_advance(logits, slots, valid.bool()), logits  # [b, K + 1], [b, K, V]
+        return decode_step(self.fast, self.state, self._attn[b], self.k_pool, self.v_pool, self._inputs[:, :b],
+                           self._out_rows[:b])  # [b, K + 1], [b, h, V]
 
     def _stage(self, b: int, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
-               page_tables: list[list[int]], kv_lens: list[int]) -> None:
+               page_tables: list[list[int]], kv_lens: list[int], text_ids: Sequence[int] = ()) -> None:
         """Fill the static inputs (one H2D copy) and plan attention for bucket b."""
         n, ps = len(slots), self.page_size
         pad = b - n
         st = self._staging.numpy()
         st[0, :n], st[1, :n], st[2, :n], st[3, :n] = positions, kv_slots, slots, 1
+        st[4, :n] = text_ids if len(text_ids) else 0
         st[0, n:b] = 0
         st[1, n:b] = self.scratch_page * ps + np.arange(pad) % ps
         st[2, n:b] = self.state.num_slots + np.arange(pad)
         st[3, n:b] = 0
+        st[4, n:b] = 0
         self._inputs[:, :b].copy_(self._staging[:, :b], non_blocking=True)
         csr = HostCSR.build(page_tables + [[self.scratch_page]] * pad, kv_lens + [1] * pad, [1] * b, ps)
         if csr.kv_indices.shape[0] > self.max_pages + b:
@@ -102,18 +116,21 @@ class DecodeGraphs:
         raise GraphShapeError(f"decode batch {n} exceeds the largest captured bucket {self.max_batch}")
 
     def run(self, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
-            page_tables: list[list[int]], kv_lens: list[int]) -> torch.Tensor:
+            page_tables: list[list[int]], kv_lens: list[int], text_ids: Sequence[int] = ()) -> torch.Tensor:
         """One decode step for len(slots) streams -> packed [B, K + 1] long on the device."""
-        return self.replay(self.stage(positions, kv_slots, slots, page_tables, kv_lens), len(slots))
+        return self.replay(self.stage(positions, kv_slots, slots, page_tables, kv_lens, text_ids), len(slots))
 
     def stage(self, positions: Sequence[int], kv_slots: Sequence[int], slots: Sequence[int],
-              page_tables: list[list[int]], kv_lens: list[int]) -> int:
+              page_tables: list[list[int]], kv_lens: list[int], text_ids: Sequence[int] = ()) -> int:
         """Fill the static inputs and plan attention for len(slots) streams; returns the bucket.
-        The host buffers it used may be refilled once the device has run what it queued."""
+        `text_ids`: each row's text-track id (family.Prompt.step_text_id; () = 0, for families whose
+        decode rows ignore it). The host buffers it used may be refilled once the device has run what
+        it queued."""
         n = len(slots)
         assert n >= 1 and len(positions) == len(kv_slots) == n == len(page_tables) == len(kv_lens), "one entry per stream"
+        assert len(text_ids) in (0, n), "one text id per stream"
         b = self.bucket_for(n)
-        self._stage(b, positions, kv_slots, slots, page_tables, kv_lens)
+        self._stage(b, positions, kv_slots, slots, page_tables, kv_lens, text_ids)
         return b
 
     def replay(self, b: int, n: int) -> torch.Tensor:
@@ -128,7 +145,7 @@ class DecodeGraphs:
         return self._last[0][:n]
 
     def last_logits(self, n: int) -> torch.Tensor:
-        """The audio logits [n, K, V] fp32 of the last run (valid until the next run)."""
+        """The head's logits [n, h, V] fp32 of the last run (valid until the next run)."""
         assert self._last is not None, "no step has run"
         return self._last[1][:n]
 

@@ -24,7 +24,13 @@ continuation token every step; Qwen3-TTS streams the rest of the text one id per
 A family whose talker head samples only the first `head_codebooks` codebooks of a row has the
 rest written per step by its talker's `complete_rows` (Qwen3-TTS's code predictor: groups 1..15
 from the talker's hidden state and group 0), batched over every stream of the step; its
-`process_logits` runs the family's logits processors on the head's logits before sampling.
+`process_logits` runs the family's logits processors on the head's logits before sampling. On the
+fast path (engine/fast_talker.py `FastWeights`) the talker packs its own row embedding
+(`embed_rows`) and a row completion with the `complete_rows` signature built on the fast path's
+kernels (`FastWeights.complete_rows`; Qwen3-TTS: models/qwen3_tts/fast_predictor.py), which runs
+inside the graphed step with a device `pick` (gpu_sampling.DeviceStreamState); the processors run
+as `DeviceRules.process`. A row that ends a stream may carry a stop id instead of codes
+(Qwen3-TTS: EOS in group 0): its writer returns None for it.
 """
 
 from __future__ import annotations
@@ -153,9 +159,18 @@ class RowCompleter(Protocol):
 
 class DeviceRules(Protocol):
     """A family's row rules on the device, applied by `DeviceStreamState.sample_and_advance` to the
-    sampled tokens of every row (graph-capturable: fixed shapes, no host synchronisation)."""
+    sampled tokens of every row (graph-capturable: fixed shapes, no host synchronisation).
+    `gpu_sampling.RowRules` gives the optional hooks' defaults (attach, start, process)."""
 
     uses_ras: bool  # whether rows take RAS (the state's window is seeded only then)
+
+    def attach(self, state: Any) -> None: ...  # allocate the rules' own per-slot tensors (once)
+
+    def start(self, state: Any, slots: torch.Tensor) -> None: ...  # reset them for streams that start
+
+    def process(self, state: Any, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The head's logits [B, h, V] fp32 -> processed (the device form of `policy.process_logits`)."""
+        ...
 
     def cap(self, max_frames: int) -> int: ...  # the state's `cap_column` for a stream of max_frames
 

@@ -21,6 +21,9 @@ and MLP, audio rows the audio ones); QK-norm weights are optional. Families diff
 weights they pack: an audio position embeds as the sum of K rows of one [K * V, H] table and the
 audio head is a [K * V, H] matrix (v3: one tied matrix for both). An all-audio step (every decode
 step) touches only attention, the audio branch, the audio embedding rows and the audio head.
+Qwen3-TTS (Qwen3 layers with QK-norm, like v3) packs its own row embedding (`FastWeights.embed_rows`:
+a text track and a codec track summed per row) and a one-codebook head (group 0; the family's code
+predictor completes each row, engine/gpu_sampling.py).
 
 kernels="fast" runs Triton kernels (CUDA only; a missing Triton raises `KernelUnavailable`, never
 a silent fallback); kernels="ref" runs the plain-torch definitions from kernels/ on any device.
@@ -101,6 +104,10 @@ class FastInputs:
     audio_rows: torch.Tensor | None = None  # [Na] long, for mixed steps (None: all rows audio)
     text_rows: torch.Tensor | None = None  # [Nt] long
     select: torch.Tensor | None = None  # [N] int32, 1 at audio rows (mixed steps)
+    # the prompt's other tracks (family.Prompt), read only by a family that embeds its own rows
+    codec_ids: torch.Tensor | None = None  # [N] long, one codec-vocabulary id per row (-1: none)
+    vector_rows: torch.Tensor | None = None  # [V] long, rows that add an input vector
+    vectors: torch.Tensor | None = None  # [V, H] those vectors
 
     @property
     def all_audio(self) -> bool:
@@ -122,6 +129,9 @@ class FastTalker:
         self.embed_text = w.embed_text  # [V, H]
         self.embed_audio = w.embed_audio  # [K*1026, H]
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
+        self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
+        self.extra_step_bytes = w.extra_step_bytes
+        self.complete_rows = w.complete_rows(kernels) if w.complete_rows is not None else None
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         hq, hkv, _ = self.heads
         self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
@@ -133,6 +143,9 @@ class FastTalker:
     # ------------------------------------------------------------------ pieces
     def embed(self, inp: FastInputs) -> torch.Tensor:
         """-> [N, H] fp32 residual stream."""
+        if self.embed_rows is not None:
+            return self.embed_rows(inp)
+        assert inp.codec_ids is None and inp.vectors is None, "codec ids / vectors need the family's embed_rows"
         audio = self.embed_audio[inp.codes + self.offsets].float().sum(dim=1)  # [N, H]
         if inp.all_audio:
             return audio
@@ -170,10 +183,12 @@ class FastTalker:
         heads.copy_(self.k.add_rms_norm(None, rows, weight, self.eps, select, qkv.dtype).view(n, hq + hkv, d))
 
     # ------------------------------------------------------------------ forward
-    def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states at `inp.out_rows`: [R, H] in the model dtype."""
+    def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               x: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states at `inp.out_rows`: [R, H] in the model dtype. `x`: the rows' input
+        vectors [N, H] fp32 (updated in place) when the caller embedded them (Qwen3-TTS's code predictor)."""
         hq, hkv, d = self.heads
-        x = self.embed(inp)  # [N, H] fp32
+        x = self.embed(inp) if x is None else x  # [N, H] fp32
         qk_select = self._qk_select.repeat(x.shape[0]) if self.layers[0].qk_norm is not None else None  # [N (Hq + Hkv)]
         delta = None
         for i, layer in enumerate(self.layers):
@@ -190,14 +205,15 @@ class FastTalker:
         return self.k.add_rms_norm(None, last, self.final_norm, self.eps, None, self.dtype)
 
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[R, H] -> [R, K, 1026] fp32 (bf16 weights, fp32 accumulation and output)."""
+        """[R, H] -> [R, h, audio_vocab] fp32 (bf16 weights, fp32 accumulation and output); h = K, or
+        the head's codebooks of a family that completes rows (Qwen3-TTS: 1, group 0)."""
         r = hidden.shape[0]
         hidden = hidden.to(self.audio_head.dtype)  # the loader casts v3's fused matrix like the backbone; a hand-built talker may differ
         if hidden.is_cuda and hidden.dtype != torch.float32:
             logits = torch.mm(hidden, self.audio_head.t(), out_dtype=torch.float32)
         else:
             logits = F.linear(hidden.float(), self.audio_head.float())
-        return logits.view(r, self.cfg.num_codebooks, self.cfg.audio_vocab)
+        return logits.view(r, -1, self.cfg.audio_vocab)
 
     def forward(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         return self.audio_logits(self.hidden(inp, attn, k_pool, v_pool))
@@ -206,14 +222,15 @@ class FastTalker:
     def audio_step_bytes(self) -> int:
         """Bytes of weights an all-audio decode step reads (attention, the audio branch's norms and
         MLP, QK-norms, the audio head, the final norm) plus one column's embedding rows; KV reads
-        come on top. A quantized linear counts its int8/fp8 values and its scales."""
+        come on top. A quantized linear counts its int8/fp8 values and its scales. A family's own
+        per-step weights (`FastWeights.extra_step_bytes`: Qwen3-TTS's code predictor) count too."""
         def nbytes(*ts: Weight | None) -> int:
             return sum(quantize.nbytes(t) for t in ts)
 
         per_layer = sum(nbytes(layer.qkv, layer.o, layer.gate_up[-1], layer.down[-1], layer.input_norm[-1],
                                layer.post_norm[-1], layer.qk_norm) for layer in self.layers)
         embed_rows = self.cfg.num_codebooks * self.cfg.hidden_size * self.embed_audio.element_size()
-        return per_layer + nbytes(self.audio_head, self.final_norm) + embed_rows
+        return per_layer + nbytes(self.audio_head, self.final_norm) + embed_rows + self.extra_step_bytes
 
 
 @dataclass
@@ -236,8 +253,15 @@ class FastWeights:
     layers: list[FastLayer]
     final_norm: torch.Tensor  # [1, H]
     embed_text: torch.Tensor  # [V, H]
-    embed_audio: torch.Tensor  # [K*1026, H]
-    audio_head: torch.Tensor  # [K*1026, H]
+    embed_audio: torch.Tensor  # [K*1026, H] (Qwen3-TTS: group 0's codec table [vocab, H])
+    audio_head: torch.Tensor  # [K*1026, H] (Qwen3-TTS: group 0's head [vocab, H])
+    # A family whose rows are not the sum of K rows of one table embeds them itself: FastInputs -> [N, H]
+    # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
+    embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
+    extra_step_bytes: int = 0  # weights a decode step reads beyond these (Qwen3-TTS: code predictor, text projection)
+    # A family whose head samples fewer codebooks than a row holds: kernels name -> its row completion on
+    # the fast path (family.RowCompleter.complete_rows' signature; Qwen3-TTS: its code predictor on this stack)
+    complete_rows: Callable[[str], Callable[..., torch.Tensor]] | None = None
 
 
 def fuse_linears(*linears: Any) -> Weight:

@@ -9,6 +9,12 @@ slots, valid)` samples every row, applies the family's row rules (`rules`, a
 tests), writes the state back and returns one packed [B, K + 1] tensor (the new rows and a status
 per row) for a single asynchronous copy to the host.
 
+A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) passes
+the head's logits [B, h, V] and the talker's hidden state; the state samples the head, then
+completes each row with the family's `complete` (its code predictor), drawing every further
+codebook on the device too, so that whole frame step stays one graph. The rules' optional hooks
+(`RowRules`: own per-slot tensors, logits processors such as a repetition penalty) run inside it.
+
 Sampling follows engine/sampling.py (same warpers, same exponential race, greedy = argmax of the
 raw logits), but the noise is counter-based (kernels/sampling_noise.py): row b's draws depend only
 on (seed, column index), so a stream's codes do not depend on what shares its batch. Sampled codes
@@ -19,14 +25,14 @@ the AUDIO_INIT column (column 0): a stream's first sampled row is column 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from higgs_stream.engine.device_copy import upload
-from higgs_stream.engine.family import DeviceRules
+from higgs_stream.engine.family import DeviceRules, Pick
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, warp_logits
 from higgs_stream.kernels import sampling_noise
@@ -49,10 +55,15 @@ class StreamStart:
 class DeviceStreamState:
     def __init__(self, num_slots: int, scratch_slots: int, num_codebooks: int, codebook_size: int,
                  device: torch.device, rules: DeviceRules, ras_window_max: int = 16,
-                 fast_noise: bool | None = None) -> None:
+                 fast_noise: bool | None = None, vocab: int | None = None,
+                 complete: Callable[[torch.Tensor, torch.Tensor, Pick], torch.Tensor] | None = None) -> None:
+        """`vocab`: ids the head samples per codebook (default codebook_size + 2: codes, BOS, EOS).
+        `complete`: a family whose head samples fewer codebooks than K completes each row with it
+        (family.RowCompleter.complete_rows: the talker's hidden state, the head's ids and a pick)."""
         s, k = num_slots + scratch_slots, num_codebooks
         self.rules = rules
-        self.num_slots, self.k, self.v = num_slots, k, codebook_size + 2
+        self.num_slots, self.k, self.v = num_slots, k, vocab or codebook_size + 2
+        self.complete = complete
         self.bos, self.eos = codebook_size, codebook_size + 1
         self.w = ras_window_max
         self.device = torch.device(device)
@@ -80,6 +91,7 @@ class DeviceStreamState:
         self.greedy = zeros(s, dtype=torch.bool)
         self._codebook = torch.arange(k, device=self.device)[None]  # [1, K]
         self._age = torch.arange(self.w, device=self.device)[None]  # [1, W]
+        rules.attach(self)
 
     # ------------------------------------------------------------------ host -> device (AUDIO_INIT)
     def start(self, starts: Sequence[StreamStart]) -> None:
@@ -124,31 +136,83 @@ class DeviceStreamState:
         self.num_remaining[slots] = -1
         self.stop_reason[slots] = STOP
         self.done[slots] = False
+        self.rules.start(self, slots)
 
     def release(self, slot: int) -> None:
         self.done[slot] = True
 
     # ------------------------------------------------------------------ the decode-step tail
-    def noise(self, slots: torch.Tensor) -> torch.Tensor:
-        """[B, 2, K, V] Exp(1) noise of these slots' current column (sampling | RAS candidate)."""
-        n = 2 * self.k * self.v
+    def noise(self, slots: torch.Tensor, h: int | None = None) -> torch.Tensor:
+        """[B, 2, h, V] Exp(1) noise of these slots' current column (sampling | RAS candidate) for
+        the head's h codebooks (default K)."""
+        h = h or self.k
         fn = sampling_noise.exp_noise if self.fast_noise else sampling_noise.exp_noise_ref
-        return fn(self.seed[slots], self.ncols[slots], n).view(-1, 2, self.k, self.v)
+        return fn(self.seed[slots], self.ncols[slots], 2 * h * self.v).view(-1, 2, h, self.v)
 
-    def sample_and_advance(self, logits: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """logits [B, K, V] fp32, slots [B] long, valid [B] bool -> packed [B, K + 1] long
-        (the emitted column, then RUNNING/STOP/LENGTH/ERROR, or IGNORED for invalid/finished rows).
+    def _sampling(self, slots: torch.Tensor, vocab: int | None = None) -> SamplingTensors:
+        top_k = self.top_k[slots] if vocab is None else torch.clamp(self.top_k[slots], max=vocab)
+        return SamplingTensors(temperature=self.temperature[slots], top_k=top_k, top_p_cut=self.top_p_cut[slots],
+                               greedy=self.greedy[slots], use_top_k=True, use_top_p=True)
 
+    def sample_and_advance(self, logits: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor,
+                           hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [B, h, V] fp32 (h = K, or the head's codebooks of a family that completes rows),
+        slots [B] long, valid [B] bool, hidden [B, H] (the talker's final-normed state at each row;
+        only a family that completes rows reads it) -> packed [B, K + 1] long (the emitted row, then
+        RUNNING/STOP/LENGTH/ERROR, or IGNORED for invalid/finished rows).
+
+        The family's logits processors (`rules.process`) run on the head's logits first; rows are
+        completed by `complete` (each further codebook drawn by `pick`) before the family's row rules.
         Graph-capturable: fixed shapes, no host synchronisation.
         """
         live = valid & ~self.done[slots]  # [B]
-        finite = torch.isfinite(logits).all(dim=2).all(dim=1)  # [B]
+        finite = torch.isfinite(logits).all(dim=2).all(dim=1)  # [B], on the raw logits
         clean = torch.where(finite[:, None, None], logits, torch.zeros_like(logits))
-        st = SamplingTensors(temperature=self.temperature[slots], top_k=self.top_k[slots],
-                             top_p_cut=self.top_p_cut[slots], greedy=self.greedy[slots],
-                             use_top_k=True, use_top_p=True)
-        noise = self.noise(slots)  # [B, 2, K, V]
+        clean = self.rules.process(self, clean, slots)  # identity for the Higgs families
+        st = self._sampling(slots)
+        noise = self.noise(slots, logits.shape[1])  # [B, 2, h, V]
         probs = warp_logits(clean, st).softmax(dim=-1)
-        sampled = (probs / noise[:, 0]).argmax(dim=-1)  # [B, K]
-        tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)  # [B, K]
+        sampled = (probs / noise[:, 0]).argmax(dim=-1)  # [B, h]
+        tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)  # [B, h]
+        if tokens.shape[1] < self.k:
+            assert self.complete is not None and hidden is not None, "completing rows needs `complete` and hidden"
+            tokens, ok = self._complete(hidden, tokens, slots)  # [B, K]
+            finite = finite & ok
         return self.rules.advance(self, tokens, clean, noise, slots, live, finite)  # the family's row rules
+
+    def _complete(self, hidden: torch.Tensor, head: torch.Tensor, slots: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole rows [B, K] from `complete`, and whether every logit it sampled from was finite [B].
+
+        Codebook c >= h is drawn like the head's (the stream's temperature, top-k clamped to the
+        codebook's vocabulary, top-p; greedy: the argmax), with noise keyed on (seed ^ c << 40,
+        column): independent of the head's draws and of the batch."""
+        ok = torch.ones(head.shape[0], dtype=torch.bool, device=head.device)
+        fn = sampling_noise.exp_noise if self.fast_noise else sampling_noise.exp_noise_ref
+
+        def pick(codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, Vc] fp32 -> [B]
+            nonlocal ok
+            finite = torch.isfinite(logits).all(dim=1)
+            ok = ok & finite
+            clean = torch.where(finite[:, None], logits, torch.zeros_like(logits))[:, None]  # [B, 1, Vc]
+            st = self._sampling(slots, clean.shape[-1])
+            noise = fn(self.seed[slots] ^ (codebook << 40), self.ncols[slots], clean.shape[-1])  # [B, Vc]
+            sampled = (warp_logits(clean, st).softmax(dim=-1)[:, 0] / noise).argmax(dim=-1)
+            return torch.where(st.greedy, clean[:, 0].argmax(dim=-1), sampled)
+
+        return self.complete(hidden, head, pick), ok
+
+
+class RowRules:
+    """The optional hooks of `family.DeviceRules`, as the Higgs families use them (no per-slot state
+    of their own, no logits processors); a family's rules subclass it and override what they need."""
+
+    def attach(self, state: DeviceStreamState) -> None:
+        """Allocate the rules' own per-slot tensors (called once, by the state's constructor)."""
+
+    def start(self, state: DeviceStreamState, slots: torch.Tensor) -> None:
+        """Reset the rules' own state of streams that start on `slots` [n] long."""
+
+    def process(self, state: DeviceStreamState, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The family's logits processors: the head's logits [B, h, V] fp32 -> the same, processed."""
+        return logits

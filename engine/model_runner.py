@@ -33,6 +33,12 @@ token (the start row, at the position after the prompt) joins the same step's de
 the prefill on the device. The first sampled row so comes one step earlier; the codes are the
 same function of the same inputs. On the CPU, in fp32, with the plain-torch kernels it reproduces
 the reference runner's greedy codes (tests/engine/test_model_runner.py).
+
+A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) has each
+sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code
+predictor: 15 sub-steps), so its graphed decode step is a whole frame; its rows embed through the
+family's `FastWeights.embed_rows` (text track + codec track), and each decode row stages its prompt's
+next text-track id. Its prompt chunks run eagerly (no prefill graphs).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs
+from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs, decode_step
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
@@ -93,6 +99,11 @@ class Runner(Protocol):
     def release(self, seq: Sequence) -> None: ...  # the sequence ended: free what the runner holds for it
 
 
+def _text_ids(decode: list[Chunk]) -> list[int]:
+    """Each decode row's text-track id (family.Prompt.step_text_id of its step)."""
+    return [c.seq.prompt.step_text_id(c.start - c.seq.prompt_len) for c in decode]
+
+
 def samples_at(c: Chunk, policy: GenerationPolicy) -> bool:
     """Whether this chunk's last position is sampled: every decode step, and the prompt end if the
     family samples there."""
@@ -137,11 +148,7 @@ class ModelRunner:
                  family: ModelFamily, max_batch: int, max_seq_len: int, config: ModelRunnerConfig | None = None,
                  fast: FastTalker | None = None) -> None:
         """`fast`: an existing FastTalker over the same talker to share (its weights are not copied)."""
-        if policy.head_codebooks != cfg.num_codebooks:
-            raise ConfigError(f"the fast path samples whole rows of {cfg.num_codebooks} codebooks in its graphed step; "
-                              f"{family.name} samples {policy.head_codebooks} and completes each row with a second "
-                              f"model (family.RowCompleter), which only the plain-torch RefRunner runs yet "
-                              f"(serve it with --device cpu)")
+        completes = policy.head_codebooks < cfg.num_codebooks  # the talker completes rows (family.RowCompleter)
         self.config = config or ModelRunnerConfig()
         self.cfg, self.cache, self.policy = cfg, cache, policy
         self.device = dev = next(talker.parameters()).device
@@ -153,6 +160,9 @@ class ModelRunner:
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions)
+        if completes and self.fast.complete_rows is None:
+            raise ConfigError(f"{family.name} samples {policy.head_codebooks} of {cfg.num_codebooks} codebooks per row "
+                              f"but its talker has no complete_rows for the fast path (FastWeights.complete_rows)")
         alloc = cache.allocator
         alloc.reserve(SCRATCH_SEQ, 1)
         self.scratch_page = alloc.page_table(SCRATCH_SEQ)[0]
@@ -161,7 +171,8 @@ class ModelRunner:
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({max_batch})")
         self.state = DeviceStreamState(max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.config.ras_window_max,
-                                       rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast")
+                                       rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast",
+                                       vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._attn = self._eager_attention()
         self.graphs: DecodeGraphs | None = None
@@ -172,7 +183,9 @@ class ModelRunner:
             with torch.no_grad():
                 self.graphs.capture()
         self.prefill_graphs: PrefillGraphs | None = None
-        if self.config.kernels == "fast":  # the same padded body, replayed or (no graphs) run eagerly
+        # the same padded body, replayed or (no graphs) run eagerly; not for a family that embeds its own
+        # rows or completes them (Qwen3-TTS: every prompt chunk runs eagerly)
+        if self.config.kernels == "fast" and self.fast.embed_rows is None and not completes:
             self.prefill_graphs = PrefillGraphs(self.fast, cache.pool.k, cache.pool.v, self.scratch_page,
                                                 alloc.page_size, enabled=self.config.cuda_graphs)
             with torch.no_grad():
@@ -286,7 +299,7 @@ class ModelRunner:
             positions=[c.start for c in decode],
             kv_slots=[self._kv_slot(t, c.start) for t, c in zip(tables, decode)],
             slots=[c.seq.slot for c in decode],
-            page_tables=tables, kv_lens=[c.end for c in decode],
+            page_tables=tables, kv_lens=[c.end for c in decode], text_ids=_text_ids(decode),
         )
 
     def _record_staged(self) -> torch.cuda.Event | None:
@@ -305,24 +318,24 @@ class ModelRunner:
             self._attn.plan(HostCSR.build(tables, kv_lens, qo_lens, ps), decode=max(qo_lens) == 1)
 
     def _eager_decode(self, decode: list[Chunk]) -> torch.Tensor:
-        """The graph's body, eagerly, for exactly these rows: one all-audio forward + sampling."""
-        alloc, dev = self.cache.allocator, self.device
+        """The graph's body (`decode_step`), eagerly, for exactly these rows: one all-audio forward +
+        sampling (+ the family's row completion)."""
+        alloc, n = self.cache.allocator, len(decode)
         tables = [alloc.page_table(c.sid) for c in decode]
-        t = lambda a: upload(a, dev, torch.long)
-        slots = t([c.seq.slot for c in decode])
-        inp = FastInputs(text_ids=None, codes=self.state.last_col[slots], positions=t([c.start for c in decode]),
-                         kv_slots=t([self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)]),
-                         out_rows=t(list(range(len(decode)))))
-        self._plan_attention(tables, [c.end for c in decode], [1] * len(decode))
-        logits = self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [D, K, V]
-        return self.state.sample_and_advance(logits, slots, torch.ones(len(decode), dtype=torch.bool, device=dev))
+        inputs = upload(np.array([[c.start for c in decode],
+                                  [self._kv_slot(tb, c.start) for tb, c in zip(tables, decode)],
+                                  [c.seq.slot for c in decode], [1] * n, _text_ids(decode)], np.int64),
+                        self.device, torch.long)  # [5, D]
+        self._plan_attention(tables, [c.end for c in decode], [1] * n)
+        return decode_step(self.fast, self.state, self._attn, self.cache.pool.k, self.cache.pool.v, inputs,
+                           torch.arange(n, device=self.device))[0]
 
     def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
         """Each prompt chunk in its own forward: an all-text first chunk through `PrefillGraphs`,
         others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
         ends, if the family samples there), else None."""
         alloc, dev = self.cache.allocator, self.device
-        logits, slots = [], []
+        logits, hidden, slots = [], [], []
         for c in chunks:
             p = c.seq.prompt
             table = alloc.page_table(c.sid)
@@ -335,35 +348,41 @@ class ModelRunner:
                 if sampled:
                     logits.append(out.clone())
             else:
-                out = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)
+                h = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)  # [1, H] or None
                 if sampled:
-                    logits.append(out)
+                    logits.append(self.fast.audio_logits(h))  # [1, h, V]
+                    hidden.append(h)
             if sampled:
                 slots.append(c.seq.slot)
         if not logits:
             return None
         sl = upload(slots, dev, torch.long)
-        return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev))
+        return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev),
+                                             torch.cat(hidden) if len(hidden) == len(logits) else None)
 
     def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
                      kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
-        """One prompt chunk of one sequence, eagerly: K/V, and the last row's logits when sampled."""
-        dev = self.device
+        """One prompt chunk of one sequence, eagerly: K/V, and the last row's final-normed hidden state
+        [1, H] when sampled. The prompt's codec ids and vectors of the chunk travel along (a family
+        that embeds its own rows reads them)."""
+        dev, p = self.device, c.seq.prompt
         t = lambda a: upload(a, dev)
         all_audio = bool(audio.all())
+        inside = (p.vector_rows >= c.start) & (p.vector_rows < c.end)
         inp = FastInputs(
-            text_ids=None if all_audio else t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
+            text_ids=t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
             kv_slots=t(np.array(kv_slots, np.int64)),
             out_rows=t(np.array([c.num_tokens - 1] if sampled else [], np.int64)),
             audio_rows=None if all_audio else t(np.flatnonzero(audio)),
             text_rows=None if all_audio else t(np.flatnonzero(~audio)),
             select=None if all_audio else t(audio.astype(np.int32)),
+            codec_ids=None if p.codec_ids is None else t(p.codec_ids[c.start:c.end]),
+            vector_rows=t(p.vector_rows[inside] - c.start) if inside.any() else None,
+            vectors=upload(p.vectors[inside], dev, self.fast.dtype) if inside.any() else None,
         )
         self._plan_attention([table], [c.end], [c.num_tokens])
-        if sampled:
-            return self.fast.forward(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [1, K, V]
-        self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)
-        return None
+        h = self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [R, H]
+        return h if sampled else None
 
     def _start_streams(self, chunks: list[Chunk]) -> None:
         """AUDIO_INIT: give each sequence a device slot (a forced start row is its writer's to know)."""

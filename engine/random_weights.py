@@ -102,8 +102,13 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
 
 def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda_graphs: bool, kernels: str,
           seed: int, quantize: str) -> tuple[Engine, Any]:
-    return (in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed, quantize=quantize),
-            random_full_codec(seed))
+    engine = in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed, quantize=quantize)
+    codec = random_full_codec(seed)
+    if codec.geometry.num_codebooks != engine.cfg.num_codebooks:  # random:full builds the Higgs codec only
+        raise ConfigError(f"random:full has the Higgs codec ({codec.geometry.num_codebooks} codebooks); --arch {arch} "
+                          f"writes {engine.cfg.num_codebooks}: write a checkpoint with make-checkpoint --arch {arch} "
+                          f"--preset full and serve that")
+    return engine, codec
 
 
 def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, config: EngineConfig,
@@ -148,8 +153,8 @@ def random_full_codec(seed: int = 0) -> Any:
 # ---------------------------------------------------------------------------------- EOS
 @torch.no_grad()
 def _zero_eos_rows(talker: torch.nn.Module, cfg: Any) -> None:
-    weight = talker.audio_head_weight  # [K * V, H], every family's talker names its audio head so
-    weight.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0  # [K, V, H]
+    weight = talker.audio_head_weight  # [h * V, H] (h: the head's codebooks), every family's talker names it so
+    weight.view(-1, cfg.audio_vocab, weight.shape[-1])[:, cfg.audio_stream_eos_id] = 0  # [h, V, H]
 
 
 @torch.no_grad()
@@ -161,7 +166,7 @@ def suppress_eos(engine: Engine) -> None:
     _zero_eos_rows(engine.talker, cfg)
     fast = getattr(engine.runner, "fast", None)
     if fast is not None:
-        fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
+        fast.audio_head.view(-1, cfg.audio_vocab, fast.audio_head.shape[-1])[:, cfg.audio_stream_eos_id] = 0
     add = engine.add
 
     def add_capped(request: GenerationRequest) -> int:

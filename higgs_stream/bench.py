@@ -11,6 +11,9 @@ Sections (all in one run, on one GPU, numbers named after the card):
   stream    the real streaming pipeline (stream/pipeline.py, Code2Wav adapter, codec on the GPU)
             under N concurrent streams arriving over time: TTFA, per-stream RTF, underruns of a
             real-time listener, aggregate audio seconds per second
+`--arch v3|qwen3-tts [--preset ...]` runs the decode and profile sections on that family's random
+model drawn in memory (Qwen3-TTS: `full` = 0.6B, `1.7b`; a decode step is then a whole frame: the
+talker step, the code predictor's 15 sub-steps and the sampling of all 16 groups, one graph).
 Random weights never stop by themselves: utterances end at the frame cap (250 frames = 10 s).
 `--quantize fp8|int8` runs every section on the quantized talker; `python -m higgs_stream.bench_quant`
 runs the modes side by side.
@@ -43,7 +46,8 @@ from higgs_stream.engine.models.higgs_v2.random_weights import (
     tokenizer_and_config,
 )
 from higgs_stream.engine.quantize import quantize_talker
-from higgs_stream.engine.random_weights import EOS_TOP_K, random_full_codec, suppress_eos
+from higgs_stream.engine.models.registry import DEFAULT_ARCH, FAMILIES
+from higgs_stream.engine.random_weights import EOS_TOP_K, in_memory_engine, random_full_codec, suppress_eos
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the morning train rolls into the station, "
@@ -116,8 +120,8 @@ def decode_sweep(engine: Engine, batches: list[int], context: int, weight_bytes:
         slots = [engine.runner._free_slots[-1 - i] for i in range(b)]
         for sid in sids:
             alloc.reserve(sid, context)
-        engine.runner.state.start([StreamStart(s, SamplingParams(temperature=0.7, seed=s), 10**6, np.zeros((8, 0), np.int64))
-                            for s in slots])
+        engine.runner.state.start([StreamStart(s, SamplingParams(temperature=0.7, seed=s), 10**6,
+                                               np.zeros((cfg.num_codebooks, 0), np.int64)) for s in slots])
         tables = [alloc.page_table(s) for s in sids]
         pos = context - 1
         args = ([pos] * b, [t[pos // ps] * ps + pos % ps for t in tables], slots, tables, [context] * b)
@@ -516,8 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
     ap.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
                     help="quantize the talker's backbone linears before every section (side by side: bench_quant)")
+    ap.add_argument("--arch", choices=[f.arch for f in FAMILIES], default=DEFAULT_ARCH,
+                    help=f"model family; other than {DEFAULT_ARCH}: the decode and profile sections only")
+    ap.add_argument("--preset", default="full", help="the family's random-weight preset (not for the default arch)")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
+    if args.arch != DEFAULT_ARCH and sections - {"decode", "profile"}:
+        ap.error(f"--arch {args.arch} runs the decode and profile sections only, not {sorted(sections - {'decode', 'profile'})}")
     assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = False
     result: dict[str, Any] = {"card": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -537,15 +546,22 @@ def main(argv: list[str] | None = None) -> int:
     result["copy_bandwidth_GBps"] = bw / 1e9
     log(f"{result['card']}: copy bandwidth {bw/1e9:.0f} GB/s")
 
+    config = EngineConfig(max_batch=256, token_budget=4096, max_waiting=1024, max_seq_len=4096,
+                          kv_pages=args.kv_pages, page_size=16)
+    result.update(quantize=args.quantize, arch=args.arch)
+    if args.arch != DEFAULT_ARCH:  # the family's random model, drawn in memory, EOS suppressed
+        result["preset"] = args.preset
+        t0 = time.perf_counter()
+        engine = in_memory_engine(args.arch, args.preset, "cuda", torch.bfloat16, config,
+                                  cuda_graphs=not args.no_graphs, quantize=args.quantize)
+        result["build_and_capture_s"] = time.perf_counter() - t0
+        return _other_arch(engine, result, args, bw, save)
     tok, cfg = tokenizer_and_config("full")
     t0 = time.perf_counter()
     hf = random_reference(cfg, "cuda")
     talker = talker_from_reference(hf, cfg, torch.bfloat16)
     quantize_talker(talker, args.quantize)
-    result["quantize"] = args.quantize
     log(f"random full-size model built in {time.perf_counter() - t0:.1f} s (quantize {args.quantize})")
-    config = EngineConfig(max_batch=256, token_budget=4096, max_waiting=1024, max_seq_len=4096,
-                          kv_pages=args.kv_pages, page_size=16)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=torch.bfloat16, device="cuda")
     t0 = time.perf_counter()
     engine = Engine(talker, cfg, tok, cache, config, ModelRunnerConfig(cuda_graphs=not args.no_graphs))
@@ -621,6 +637,28 @@ def main(argv: list[str] | None = None) -> int:
         for variant in ab_variants(args) if other else []:  # the same N > 1 runs, one setting changed
             result["stream"] += asyncio.run(stream_bench(engine, codec, other, trace=args.trace, **variant))
             save()
+    summarize(result)
+    save()
+    return 0
+
+
+def _other_arch(engine: Engine, result: dict, args: argparse.Namespace, bw: float, save: Any) -> int:
+    """The decode and profile sections on another family's random model (`--arch`)."""
+    weight_bytes = engine.runner.fast.audio_step_bytes()
+    result["audio_step_weight_bytes"] = weight_bytes
+    result["floor_batch1_ms"] = weight_bytes / bw * 1e3
+    log(f"{args.arch} {args.preset} ready in {result['build_and_capture_s']:.1f} s; a decode step reads "
+        f"{weight_bytes/1e9:.2f} GB -> floor {weight_bytes/bw*1e3:.3f} ms")
+    save()
+    if "profile" in args.sections.split(",") and engine.runner.graphs is not None:
+        result["profile"] = [profile_decode(engine, b) for b in (1, 64)]
+        for p in result["profile"]:
+            log(f"profile b={p['batch']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} us; top: "
+                + "; ".join(f"{k['us']:.0f}us x{k['count']} {k['name'][:40]}" for k in p["top"][:8]))
+        save()
+    if "decode" in args.sections.split(",") and engine.runner.graphs is not None:
+        result["decode"] = decode_sweep(engine, [int(b) for b in args.batches.split(",")], args.context,
+                                        weight_bytes, bw)
     summarize(result)
     save()
     return 0

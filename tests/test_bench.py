@@ -47,3 +47,13 @@ def test_ab_variants_change_one_setting_each():
     none = SimpleNamespace(compare_codec_stream=False, compare_codec_sms="", compare_gil_switch="",
                            compare_codec_partition=False)
     assert ab_variants(none) == []
+
+
+def test_another_arch_runs_the_decode_and_profile_sections_only(tmp_path, capsys):
+    """`--arch qwen3-tts` (a random model drawn by the family) is refused for the sections that need
+    the v2 reference or the Higgs codec, before anything is built."""
+    from higgs_stream.bench import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "b.json"), "--arch", "qwen3-tts", "--sections", "decode,stream"])
+    assert exc.value.code == 2 and "decode and profile sections only" in capsys.readouterr().err

@@ -107,20 +107,21 @@ def test_device_start_row_is_the_family_s(tiny_ckpt):
                                     runner=ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     state = engine.runner.state
     assert state.rules.start_row(8, 1024) == (1024,) * 8
-    state.rules = type("Rules", (), {"uses_ras": True, "cap": staticmethod(lambda m: m + 1),
-                                     "start_row": staticmethod(lambda k, v: tuple(range(k)))})()
-    from higgs_stream.engine.gpu_sampling import StreamStart
+    from higgs_stream.engine.gpu_sampling import RowRules, StreamStart
+
+    state.rules = type("Rules", (RowRules,), {"uses_ras": True, "cap": staticmethod(lambda m: m + 1),
+                                              "start_row": staticmethod(lambda k, v: tuple(range(k)))})()
 
     state.start([StreamStart(0, SamplingParams(seed=1, ras_window=2), 5, np.zeros((8, 0), np.int64))])
     assert state.last_col[0].tolist() == list(range(8))
     assert state.window[0, 0].tolist() == list(range(8)) and int(state.win_fill[0]) == 1
 
 
-def test_the_fast_path_refuses_a_family_that_completes_rows(tiny_v3_ckpt):
+def test_the_fast_path_refuses_a_family_that_completes_rows_without_complete_rows(tiny_v3_ckpt):
     base = Engine.from_pretrained(str(tiny_v3_ckpt), config=EngineConfig(kv_pages=64, max_batch=2))
     base.policy.head_codebooks = 1  # as a family whose talker samples one codebook and completes the row
     from higgs_stream.engine.model_runner import ModelRunner
 
-    with pytest.raises(ConfigError, match="only the plain-torch RefRunner runs yet"):
+    with pytest.raises(ConfigError, match="has no complete_rows for the fast path"):
         ModelRunner(base.talker, base.cfg, base.cache, base.policy, base.family, 2, 256,
                     ModelRunnerConfig(kernels="ref", cuda_graphs=False))

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP
+from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP, RowRules
 
 
-class V2DeviceRules:
+class V2DeviceRules(RowRules):
     uses_ras = True
 
     @staticmethod

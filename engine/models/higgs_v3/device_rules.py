@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP
+from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP, RowRules
 
 
-class V3DeviceRules:
+class V3DeviceRules(RowRules):
     uses_ras = False  # the state's RAS window stays empty whatever the request asks
 
     def __init__(self, num_codebooks: int) -> None:

@@ -11,11 +11,16 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
     codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
     make_checkpoint.py  random-weight checkpoints in the hub layout
+    random_weights.py   random-weight models drawn in memory (benchmarks: `bench --arch qwen3-tts`)
+    device_rules.py     the group-0 rules on the device (the fast path's; policy.py's host machines are the oracle)
+    fast_predictor.py   the code predictor on the fast path's layer stack and kernels (inside the graphed step)
 
 The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
-code-predictor steps batched together). Not wired yet: the fast path (`device_rules` raises a
-ConfigError saying so; the ModelRunner refuses a family that completes rows), the Base variant's
-audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an embedding).
+code-predictor steps batched together) and through the fast path (ModelRunner: the talker on FastTalker's
+kernels, the code predictor's 15 sub-steps and every group's sampling on the device, the whole
+frame step one CUDA graph per batch bucket; prompts prefilled eagerly). Not wired yet: the Base
+variant's audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an
+embedding); `--quantize` leaves the code predictor as loaded.
 """
 
 from __future__ import annotations
@@ -25,13 +30,8 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
-
-_NOT_WIRED = ("the fast path (ModelRunner, --device cuda) does not serve Qwen3-TTS yet: its graphed step would "
-              "have to run the code predictor; serve it with --device cpu (the plain-torch RefRunner)")
-
 
 class Qwen3TTS:
     name = "qwen3_tts"
@@ -63,7 +63,9 @@ class Qwen3TTS:
         return QwenPolicy(cfg, tokenizer)
 
     def device_rules(self, cfg: QwenTTSConfig) -> Any:
-        raise ConfigError(_NOT_WIRED)
+        from higgs_stream.engine.models.qwen3_tts.device_rules import QwenDeviceRules
+
+        return QwenDeviceRules(cfg)
 
     def make_checkpoint(self, out: str | Path, preset: str, layout: str, seed: int) -> Path:
         from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint_qwen
@@ -72,8 +74,9 @@ class Qwen3TTS:
 
     def random_talker(self, preset: str, device: str | torch.device, dtype: torch.dtype, max_positions: int,
                       seed: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
-        raise ConfigError("random:* models are the Higgs families' (noise for benchmarks); for Qwen3-TTS write a "
-                          "checkpoint with make-checkpoint --arch qwen3-tts")
+        from higgs_stream.engine.models.qwen3_tts.random_weights import random_talker
+
+        return random_talker(preset, device, dtype, max_positions, seed)
 
 
 FAMILY = Qwen3TTS()

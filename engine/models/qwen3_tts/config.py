@@ -114,6 +114,16 @@ class QwenTTSConfig:
 
     # ---- the engine's view ----
     @property
+    def rope_scaling(self) -> None:
+        """Plain RoPE (the talker's multimodal RoPE with equal position ids in its sections, as in TTS)."""
+        return None
+
+    @property
+    def audio_stream_eos_id(self) -> int:
+        """The engine's name for the id that ends a stream (group 0's EOS; engine/random_weights.py)."""
+        return self.codec_eos_id
+
+    @property
     def audio_vocab(self) -> int:
         """Ids one talker step samples from (group 0: codes and specials)."""
         return self.vocab_size

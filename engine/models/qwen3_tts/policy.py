@@ -88,14 +88,18 @@ class QwenSegment:
 
 
 class QwenFrameWriter:
-    """Rows are frames already (engine/family.py FrameWriter); it checks they hold real codes."""
+    """Rows are frames already (engine/family.py FrameWriter); it checks they hold real codes. The
+    fast path's last row of a stream stopped by EOS carries EOS in group 0: no frame (None)."""
 
-    num_replaced = 0  # nothing to replace: group 0 is suppressed to codes or EOS, which never reaches here
+    num_replaced = 0  # nothing to replace: group 0 is suppressed to codes or EOS
 
-    def __init__(self, codebook_size: int) -> None:
-        self.codebook_size = codebook_size
+    def __init__(self, codebook_size: int, eos: int) -> None:
+        self.codebook_size, self.eos = codebook_size, eos
 
-    def push(self, row: Sequence[int], final: bool = False) -> list[int]:
+    def push(self, row: Sequence[int], final: bool = False) -> list[int] | None:
+        if int(row[0]) == self.eos:
+            assert final, "an EOS row that does not end the stream"
+            return None
         frame = [int(x) for x in row]
         assert all(0 <= x < self.codebook_size for x in frame), f"frame holds a non-code id: {frame}"
         return frame
@@ -185,7 +189,7 @@ class QwenPolicy:
         return QwenSegment(self.cfg, max_frames)
 
     def new_writer(self) -> QwenFrameWriter:
-        return QwenFrameWriter(self.cfg.codebook_size)
+        return QwenFrameWriter(self.cfg.codebook_size, self.cfg.codec_eos_id)
 
     def process_logits(self, logits: torch.Tensor, segments: Sequence[QwenSegment]) -> torch.Tensor:
         """Group 0's logits processors for every sampled row: logits [S, 1, V] fp32 -> [S, 1, V] (the
@@ -211,6 +215,9 @@ def engine_prompt(cfg: QwenTTSConfig, p: QwenPrompt) -> Prompt:
     """A QwenPrompt as the engine's family.Prompt: text track in `input_ids` (NO_ID: empty), codec ids,
     reference frames as audio rows, the speaker vector as a vector row, the trailing text as the
     decode steps' text track (then tts_pad)."""
+    text = np.concatenate([p.text_ids[p.text_ids != NONE], p.trailing]).astype(np.int64)
+    if text.size and int(text.max()) >= cfg.text_vocab_size:  # checked here: the fast path embeds on the device
+        raise InvalidInputError(f"text ids must lie in [0, {cfg.text_vocab_size})")
     is_audio = p.frames[:, 0] != NONE
     codes = np.where(is_audio[:, None], p.frames, 0).astype(np.int64)  # [P, 16]
     has_vec = p.speaker_at >= 0

@@ -7,7 +7,8 @@
     code predictor: a small Qwen3 LM that, given the talker's last hidden state and group 0's
     embedding (2 positions), writes groups 1..15 one per step, each with its own embedding table
     (codec_embedding[g-1], talker width) and head (lm_head[g-1]); inputs pass small_to_mtp_projection
-    when the widths differ. Its cache lives for one frame (positions 0..16).
+    when the widths differ. Its cache lives for one frame: a static dense buffer of positions 0..15
+    (no paging), so the 15 sub-steps have fixed shapes and run inside the fast path's graphed step.
 
 The talker's multimodal RoPE gets equal position ids in its three sections in TTS, which is plain
 RoPE. Module names follow the checkpoint (`talker.model.*`, `talker.text_projection.*`,
@@ -24,6 +25,7 @@ from torch import nn
 
 from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.fast_talker import FastInputs, FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
@@ -52,25 +54,24 @@ class QKNormAttention(Attention):
         q, k, v = super().project_qkv(x)
         return self.q_norm(q), self.k_norm(k), v
 
-    def dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], past: list[torch.Tensor] | None
-              ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Causal attention over a dense cache: x [B, T, H], rope cos/sin [T, D], past [k, v] each
-        [B, Hkv, S, D] or None -> ([B, T, H], the cache with this step appended)."""
+    def dense(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor, start: int
+              ) -> torch.Tensor:
+        """Causal attention over a static dense cache: x [B, T, H] at positions start..start+T-1, rope
+        cos/sin [T, D], cache [2, B, Hkv, S_max, D] (k, v; this step's written in place) -> [B, T, H]."""
         b, t, _ = x.shape
         q, k, v = self.project_qkv(x.reshape(b * t, -1))
         cos, sin = rope
         q = _rotate(q.view(b, t, self.num_heads, -1), cos, sin).transpose(1, 2)  # [B, Hq, T, D]
-        k = _rotate(k.view(b, t, self.num_kv_heads, -1), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(b, t, self.num_kv_heads, -1).transpose(1, 2)
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        s = k.shape[2]
+        cache[0, :, :, start : start + t] = _rotate(k.view(b, t, self.num_kv_heads, -1), cos, sin).transpose(1, 2)
+        cache[1, :, :, start : start + t] = v.view(b, t, self.num_kv_heads, -1).transpose(1, 2)
+        s = start + t
+        k, v = cache[0, :, :, :s], cache[1, :, :, :s]  # [B, Hkv, S, D] views
         rep = self.num_heads // self.num_kv_heads
         scores = torch.matmul(q, k.repeat_interleave(rep, 1).transpose(2, 3)) * self.head_dim ** -0.5
         causal = torch.arange(s, device=x.device)[None, :] <= torch.arange(s - t, s, device=x.device)[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
         out = torch.matmul(torch.softmax(scores, dim=-1), v.repeat_interleave(rep, 1))  # [B, Hq, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), [k, v]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,10 +91,9 @@ class Qwen3Layer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, k_pool, v_pool, layout)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def dense(self, x, rope, past):
-        y, cache = self.self_attn.dense(self.input_layernorm(x), rope, past)
-        x = x + y
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+    def dense(self, x, rope, cache, start):
+        x = x + self.self_attn.dense(self.input_layernorm(x), rope, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class TextProjection(nn.Module):
@@ -144,15 +144,18 @@ class CodePredictor(nn.Module):
         """talker_hidden [B, H] (the talker's final-normed state where group 0 was sampled), first [B]
         (group 0) and its embedding [B, H] -> (groups 1..15 [B, 15], their logits, 15 x [B, V] fp32)."""
         x = torch.stack([talker_hidden, first_embed], dim=1)  # [B, 2, H]
-        caches: list = [None] * len(self.model.layers)
+        groups = len(self.lm_head)
+        att = self.model.layers[0].self_attn
+        # the frame's static K/V buffer: per layer k and v [B, Hkv, 1 + groups, D] (positions 0..groups)
+        cache = x.new_zeros(len(self.model.layers), 2, x.shape[0], att.num_kv_heads, groups + 1, att.head_dim)
         codes, logits = [], []
         pos = 0
-        for g in range(1, len(self.lm_head) + 1):
+        for g in range(1, groups + 1):
             h = self.small_to_mtp_projection(x)
             t = h.shape[1]
             rope = rope_cos_sin(torch.arange(pos, pos + t, device=h.device), self.inv_freq, h.dtype)
             for i, layer in enumerate(self.model.layers):
-                h, caches[i] = layer.dense(h, rope, caches[i])
+                h = layer.dense(h, rope, cache[i], pos)
             pos += t
             out = self.lm_head[g - 1](self.model.norm(h[:, -1])).float()  # [B, V]
             ids = pick(g, out)
@@ -271,6 +274,55 @@ class QwenTTSModel(nn.Module):
     def complete_rows(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
         """family.RowCompleter: group 0 [S, 1] -> whole frames [S, 16] through the code predictor."""
         return self.complete_frames(hidden, head[:, 0], pick)[0]
+
+    # ---- the fast path's view (engine/fast_talker.py) ----
+    def fast_weights(self) -> FastWeights:
+        """The talker LM as the fast path reads it: Qwen3 layers (one branch, QK-norm) with q/k/v and
+        gate/up fused into one matrix each (this module's parameters become views of them), group 0's
+        head, this talker's own row embedding (`fast_embed`), and the code predictor on the same
+        stack and kernels (fast_predictor.py) that completes each row inside the graphed step."""
+        def layer(b: Qwen3Layer) -> FastLayer:
+            attn = b.self_attn
+            return FastLayer(
+                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
+                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(linear_weight(b.mlp.down_proj),),
+                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
+                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
+            )
+
+        m, cp = self.talker.model, self.talker.code_predictor
+        # a step reads the code predictor whole (but one row of each group table) and the text projection
+        tables = set(cp.model.codec_embedding.parameters())
+        extra = sum(p.numel() * p.element_size() for p in [*cp.parameters(), *self.talker.text_projection.parameters()]
+                    if p not in tables)
+        return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
+                           embed_text=m.text_embedding.weight.detach(), embed_audio=m.codec_embedding.weight.detach(),
+                           audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed,
+                           extra_step_bytes=extra, complete_rows=self._fast_predictor)
+
+    def _fast_predictor(self, kernels: str) -> Callable[..., torch.Tensor]:
+        from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
+
+        return FastCodePredictor(self, kernels)
+
+    def fast_embed(self, inp: FastInputs) -> torch.Tensor:
+        """`embed_rows` on device tensors, no host synchronisation: rows [N] -> [N, H] fp32, summed in
+        `embed_rows`' order (text track, codec id, frame, vectors). A decode step's rows (`all_audio`)
+        are each a text id and a whole frame; a prompt chunk's carry its codec ids and vectors, and
+        frames at its `select` rows. Ids were checked on the host (policy.engine_prompt)."""
+        text = inp.text_ids  # [N], -1: empty
+        if inp.all_audio and inp.codec_ids is None:  # a decode step (graphed): every track is there
+            return (self.text_embed(text) + self.frame_embed(inp.codes)).float()
+        x = torch.where((text >= 0)[:, None], self.text_embed(text.clamp(min=0)), 0.0)
+        if inp.codec_ids is not None:
+            codec = inp.codec_ids
+            x = x + torch.where((codec >= 0)[:, None], self.codec_embed(codec.clamp(min=0)), 0.0)
+        audio = torch.ones_like(text, dtype=torch.bool) if inp.select is None else inp.select.bool()  # [N]
+        frames = torch.where(audio[:, None], inp.codes, 0)  # codes of non-frame rows may be anything
+        x = x + torch.where(audio[:, None], self.frame_embed(frames), 0.0)
+        if inp.vectors is not None:
+            x = x.index_add(0, inp.vector_rows, inp.vectors.to(x.dtype))
+        return x.float()
 
     @property
     def audio_head_weight(self) -> torch.Tensor:

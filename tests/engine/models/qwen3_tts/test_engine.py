@@ -1,7 +1,7 @@
 """Qwen3-TTS through the engine (plain-torch RefRunner): greedy frames equal the official reference's
 (fixtures by scripts/qwen3_reference_fixtures.py, qwen-tts 0.1.1) for every scenario the fixtures
 hold, alone and batched with other streams; sampled frames do not depend on what shares the batch;
-EOS and the frame cap end a stream; the fast path refuses the family with a typed error."""
+EOS and the frame cap end a stream (the fast path: test_model_runner.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig
 from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -174,12 +173,3 @@ def test_custom_voice_defaults_to_the_first_speaker_and_text_in_the_prompt(model
     np.testing.assert_array_equal(plain.codec_ids, named.codec_ids)
     assert model.cfg.speakers["aiden"] in plain.codec_ids.tolist()
     assert plain.trailing.size == 0  # CustomVoice: all text in the prompt by default (the reference's)
-
-
-def test_the_fast_path_refuses_qwen3_tts(model, tokenizer):
-    engine = make_engine(model, tokenizer)
-    with pytest.raises(ConfigError, match="only the plain-torch RefRunner runs yet"):
-        ModelRunner(model, engine.cfg, engine.cache, engine.policy, engine.family, 2, 256,
-                    ModelRunnerConfig(kernels="ref", cuda_graphs=False))
-    with pytest.raises(ConfigError, match="does not serve Qwen3-TTS yet"):
-        engine.family.device_rules(engine.cfg)

@@ -1,5 +1,5 @@
 """The Qwen3-TTS family through the registry: chosen by model_type, make-checkpoint --arch qwen3-tts in the
-hub layout (loads back, decodes), served by the reference runner only, typed errors for a wrong
+hub layout (loads back, decodes), device rules for the fast path, typed errors for a wrong
 checkpoint, the presets' shapes."""
 
 import json
@@ -43,11 +43,12 @@ def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
         write_checkpoint(tmp_path / "x", arch="qwen3-tts", preset="huge")
 
 
-def test_the_engine_serves_it_on_the_reference_runner_only(tiny_dir):
+def test_the_family_has_device_rules_for_the_fast_path(tiny_dir):
+    from higgs_stream.engine.models.qwen3_tts.device_rules import QwenDeviceRules
+
     family = family_named("qwen3-tts")
     assert family.policy(preset("tiny"), None).head_codebooks == 1  # the code predictor completes each frame
-    with pytest.raises(ConfigError, match="does not serve Qwen3-TTS yet"):
-        family.device_rules(preset("tiny"))
+    assert isinstance(family.device_rules(preset("tiny")), QwenDeviceRules)
 
 
 def test_a_wrong_checkpoint_names_the_key(tmp_path, tiny_dir):

@@ -1,0 +1,130 @@
+"""The code predictor on the fast path: groups 1..15 of every row of a decode step, on FastTalker's
+layer stack and kernels (fused q/k/v and gate/up, fp32 residual, QK-norm, RoPE fused with the K/V
+store), graph-capturable (fixed shapes, no host synchronisation).
+
+    x   = [talker hidden, group 0's embedding]                     # [B, 2, H]: sub-step 1, positions 0, 1
+    for g in 1..15:
+        h      = FastTalker(predictor).hidden(proj(x))             # the rows' last position
+        ids_g  = pick(g, lm_head[g - 1](h))                        # sampled on the device
+        x      = codec_embedding[g - 1](ids_g)                     # [B, 1, H]: position g + 1
+
+Its K/V live for one frame in a static buffer [layers, B, 16, Hkv, D] that the fused RoPE + K/V
+store treats as a page pool of B pages of 16 slots (stream b, position p -> slot 16 b + p);
+`FrameAttention` attends over the filled prefix. The plain-torch `talker.CodePredictor.run` is its
+reference (the RefRunner's); kernels="ref" runs the same steps with the `*_ref` kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from higgs_stream.engine.fast_talker import FastInputs, FastLayer, FastTalker, FastWeights, fuse_linears, stack_norms
+from higgs_stream.engine.family import Pick
+
+
+@dataclass(frozen=True)
+class PredictorDims:
+    """What FastTalker reads from a config, for the code predictor: its tables and heads are `groups`
+    codebooks of `audio_vocab` (= codebook_size) ids each."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    num_codebooks: int  # groups 1..15: 15
+    audio_vocab: int  # codebook_size
+    rope_scaling: None = None
+
+
+class _PredictorView:
+    """The code predictor as FastTalker takes a talker: `cfg`, `dtype`, `fast_weights()`."""
+
+    def __init__(self, model: Any) -> None:
+        self.cp, c = model.talker.code_predictor, model.cfg.code_predictor
+        self.cfg = PredictorDims(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps, c.rope_theta,
+                                 model.cfg.num_codebooks - 1, model.cfg.codebook_size)
+        self.dtype = model.dtype
+
+    def fast_weights(self) -> FastWeights:
+        """The layers fused as the talker's; the 15 group tables and the 15 heads each fused into one
+        matrix [15 * codebook_size, .] (the modules' weights become views of them)."""
+        def layer(b: Any) -> FastLayer:
+            attn = b.self_attn
+            return FastLayer(
+                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
+                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(b.mlp.down_proj.weight.detach(),),
+                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
+                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
+            )
+
+        m = self.cp.model
+        tables = fuse_linears(*m.codec_embedding)  # [15 * Vc, H] (nn.Embedding keeps its weight as Linear does)
+        return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm), embed_text=tables,
+                           embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head))  # no text rows
+
+
+class FrameAttention:
+    """Causal attention of a sub-step's `t` rows per stream over the first `s` positions of the frame
+    buffer (t == s at sub-step 1, else t == 1: every position is visible). Plain torch (SDPA)."""
+
+    def __init__(self, t: int, s: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        assert t == 1 or t == s, f"sub-steps feed 1 row, or the first {s} rows at once; got {t}"
+        self.t, self.s, self.hq, self.hkv, self.d = t, s, num_q_heads, num_kv_heads, head_dim
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [B t, Hq, D], buffers [B, 16, Hkv, D] -> [B t, Hq, D]."""
+        b, group = k_cache.shape[0], self.hq // self.hkv
+        q = q.view(b, self.t, self.hq, self.d).transpose(1, 2)  # [B, Hq, t, D]
+        k, v = (c[:, : self.s].transpose(1, 2).repeat_interleave(group, dim=1) for c in (k_cache, v_cache))
+        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=self.t > 1,
+                                           scale=self.d**-0.5)  # [B, Hq, t, D]
+        return o.transpose(1, 2).reshape(b * self.t, self.hq, self.d)
+
+
+class FastCodePredictor:
+    """family.RowCompleter on the fast path (`FastWeights.complete_rows` of the Qwen3-TTS talker)."""
+
+    def __init__(self, model: Any, kernels: str) -> None:
+        self.fast = FastTalker(_PredictorView(model), kernels, max_positions=model.cfg.num_codebooks)
+        self.groups, self.vc = model.cfg.num_codebooks - 1, model.cfg.codebook_size
+        self.codec_embed = model.codec_embed  # the talker's group-0 table
+        self.proj = model.talker.code_predictor.small_to_mtp_projection
+
+    def head(self, hidden: torch.Tensor, g: int) -> torch.Tensor:
+        """Group g's logits [B, Vc] fp32 (bf16 weights, fp32 accumulation and output)."""
+        w = self.fast.audio_head[(g - 1) * self.vc : g * self.vc]  # [Vc, Hc]
+        if hidden.is_cuda and hidden.dtype != torch.float32:
+            return torch.mm(hidden, w.t(), out_dtype=torch.float32)
+        return F.linear(hidden.float(), w.float())
+
+    def __call__(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
+        """hidden [B, H] (the talker's final-normed state), head [B, 1] (group 0) -> rows [B, 16]."""
+        b, dev, fast = hidden.shape[0], hidden.device, self.fast
+        hq, hkv, d = fast.heads
+        pool = (len(fast.layers), b, self.groups + 1, hkv, d)  # [L, B pages, 16 slots, Hkv, D]
+        k_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
+        v_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
+        streams = torch.arange(b, device=dev)
+        no_codes = torch.zeros((b, 0), dtype=torch.long, device=dev)
+        x = torch.stack([hidden, self.codec_embed(head[:, 0])], dim=1)  # [B, 2, H]
+        codes, pos = [head[:, 0]], 0
+        for g in range(1, self.groups + 1):
+            h = self.proj(x)  # [B, t, Hc]
+            t = h.shape[1]
+            positions = torch.arange(pos, pos + t, device=dev).repeat(b)  # [B t]
+            inp = FastInputs(text_ids=None, codes=no_codes.repeat_interleave(t, dim=0), positions=positions,
+                             kv_slots=streams.repeat_interleave(t) * (self.groups + 1) + positions,
+                             out_rows=streams * t + t - 1)
+            out = fast.hidden(inp, FrameAttention(t, pos + t, hq, hkv, d), k_pool, v_pool,
+                              x=h.reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
+            ids = pick(g, self.head(out, g))  # [B]
+            codes.append(ids)
+            x = fast.embed_audio[(g - 1) * self.vc + ids][:, None]  # [B, 1, H]: group g's table
+            pos += t
+        return torch.stack(codes, dim=1)  # [B, 16]
