@@ -197,9 +197,11 @@ class QwenStreamingDecoder:
             j = cut[j]
         return groups[::-1]
 
-    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True) -> float:
+    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
+                stream: torch.cuda.Stream | None = None) -> float:
         """Pad steps to (B, C) buckets. CUDA graphs of this decoder are not built yet: with `graphs` on a
-        CUDA codec the steps run eagerly at the bucket shapes (logged), never silently approximate."""
+        CUDA codec the steps run eagerly at the bucket shapes (logged), never silently approximate.
+        `stream`: the Higgs decoder's signature (where to capture); nothing is captured here."""
         for bb in batch_buckets:
             if not isinstance(bb, int) or not 1 <= bb <= self.max_slots:
                 raise ConfigError(f"batch buckets must be ints in 1..max_slots={self.max_slots}, got {bb!r}")

@@ -111,3 +111,16 @@ def test_errors(codec):
         codec.streaming_decoder(max_slots=0)
     with pytest.raises(ConfigError, match="CUDA graphs need a CUDA codec"):
         codec.streaming_decoder(max_slots=1).capture([1], [1], graphs=True)
+
+
+def test_capture_takes_the_higgs_decoders_arguments(codec):
+    """The codec worker calls every family's streaming decoder the same way (`capture(..., stream=)`,
+    a green context's stream or None): a signature that drifts fails here, not at a GPU server's start."""
+    import inspect
+
+    from higgs_stream.engine.codec.streaming import StreamingDecoder
+
+    ours = inspect.signature(codec.streaming_decoder(2).capture).parameters
+    higgs = inspect.signature(StreamingDecoder.capture).parameters
+    assert list(ours) == [p for p in higgs if p != "self"]
+    assert codec.streaming_decoder(2).capture([1, 2], [1, 4], graphs=False, stream=None) == 0.0
