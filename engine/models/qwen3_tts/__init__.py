@@ -40,7 +40,8 @@ class Qwen3TTS:
     model_types = (MODEL_TYPE,)
     config_type = QwenTTSConfig
     layouts = ("hf",)
-    presets = ("tiny", "full", "0.6b", "1.7b")
+    presets = ("tiny", "full", "0.6b", "1.7b", "tiny-base", "full-base", "0.6b-base", "1.7b-base", "tiny-design",
+               "full-design", "0.6b-design", "1.7b-design")  # make_checkpoint.PRESETS
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
@@ -52,10 +53,16 @@ class Qwen3TTS:
         return model, model.cfg, QwenTextTokenizer.from_dir(root)
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:
-        """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder)."""
+        """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder); a Base checkpoint's
+        codec also carries the checkpoint's speaker encoder (`speaker_embedding`)."""
+        from higgs_stream.engine.checkpoint_files import read_config_json
         from higgs_stream.engine.models.qwen3_tts.codec.load import load_qwen_codec
+        from higgs_stream.engine.models.qwen3_tts.speaker import load_speaker_encoder
 
-        return load_qwen_codec(codec if codec is not None else root, device=device)
+        out = load_qwen_codec(codec if codec is not None else root, device=device)
+        if read_config_json(root).get("tts_model_type") == "base":
+            out.speaker = load_speaker_encoder(root, device=device)
+        return out
 
     def policy(self, cfg: QwenTTSConfig, tokenizer: TokenizerLike) -> Any:
         from higgs_stream.engine.models.qwen3_tts.policy import QwenPolicy
