@@ -9,13 +9,17 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     policy.py           the engine's generation policy: request -> prompt, group-0 rules, frame writer
     tokenizer.py        the Qwen2 BPE text tokenizer from the hub files
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
-    codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
-    make_checkpoint.py  random-weight checkpoints in the hub layout
+    speaker.py          the Base variant's speaker encoder (log-mel + ECAPA-TDNN x-vector), its loader
+    codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, encoder, loader
+    make_checkpoint.py  random-weight checkpoints in the hub layout (presets tiny / 0.6b / 1.7b, -base, -design)
 
 The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
-code-predictor steps batched together). Not wired yet: the fast path (`device_rules` raises a
-ConfigError saying so; the ModelRunner refuses a family that completes rows), the Base variant's
-audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an embedding).
+code-predictor steps batched together). The Base variant (in-context cloning) takes reference audio:
+the codec that `load_codec` returns for a Base checkpoint encodes it (the 12 Hz encoder: codes
+[16, T]) and embeds it (the checkpoint's speaker encoder: the x-vector), and the server's encode
+thread builds the request's `Reference` from both; in Python a Base request may also bring codes and
+an embedding itself. Not wired yet: the fast path (`device_rules` raises a ConfigError saying so; the
+ModelRunner refuses a family that completes rows).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.errors import CheckpointError, ConfigError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
 
@@ -61,6 +65,9 @@ class Qwen3TTS:
 
         out = load_qwen_codec(codec if codec is not None else root, device=device)
         if read_config_json(root).get("tts_model_type") == "base":
+            if not out.can_encode:
+                raise CheckpointError(f"{root}: a Base checkpoint needs the 12 Hz tokenizer's encoder (encoder.* in "
+                                      "speech_tokenizer/model.safetensors) to encode reference audio")
             out.speaker = load_speaker_encoder(root, device=device)
         return out
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from higgs_stream.engine.codec.audio_io import DEFAULT_MAX_SECONDS, to_codec_rate, validate_waveform
 from higgs_stream.engine.codec.geometry import CodecGeometry
-from higgs_stream.engine.errors import CheckpointError, ConfigError, InvalidInputError
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.decoder import QwenDecoder, zero_states
 from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
@@ -146,15 +146,16 @@ class QwenCodec(nn.Module):
     # ---- encode (the Base variant's reference audio) ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
         """Reference audio [T] or [C, T] at any rate -> codes int64 [16, F], F = ceil(T' / 1920) at 24 kHz."""
-        if self.encoder is None:
-            raise CheckpointError("this Qwen3-TTS codec was loaded without encoder weights (speech_tokenizer has no "
-                                  "encoder.* tensors); it can decode but not encode reference audio")
+        if self.encoder is None:  # the family refuses a Base checkpoint without one when it loads
+            raise InvalidInputError("this Qwen3-TTS checkpoint takes no reference audio: its codec has no encoder "
+                                    "(speech_tokenizer without encoder.* tensors; Base checkpoints clone voices)")
         return self._cached("codes", wav, sr, max_seconds, self.encode_tensor)
 
     def speaker_embedding(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
         """Reference audio [T] or [C, T] at any rate -> the Base prompt's x-vector, float32 [hidden]."""
         if self.speaker is None:
-            raise CheckpointError("no speaker encoder attached: only a Base checkpoint's codec embeds speakers")
+            raise InvalidInputError("this Qwen3-TTS checkpoint takes no reference audio: no speaker encoder (only a "
+                                    "Base checkpoint's codec embeds speakers)")
         return self._cached("speaker", wav, sr, max_seconds,
                             lambda x: self.speaker.embed(x[0, 0].to(self.speaker.fc.weight.device)))
 

@@ -18,7 +18,6 @@ from higgs_stream.engine.checkpoint_files import read_config_json, weight_files
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
-from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
 
 SUBFOLDER = "speech_tokenizer"  # where a talker checkpoint keeps its codec
 DECODER_PREFIX = "decoder."

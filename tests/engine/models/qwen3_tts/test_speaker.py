@@ -10,7 +10,6 @@ import pytest
 import torch
 from higgs_stream.engine.codec.audio_io import to_codec_rate
 from higgs_stream.engine.errors import CheckpointError
-from higgs_stream.engine.models.qwen3_tts.codec import load_qwen_codec
 from higgs_stream.engine.models.qwen3_tts.speaker import SpeakerEncoder, SpeakerEncoderConfig, load_speaker_encoder
 from safetensors.torch import load_file, save_file
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from higgs_stream.engine.codec.audio_io import to_codec_rate
-from higgs_stream.engine.errors import AudioInputError, CheckpointError
+from higgs_stream.engine.errors import AudioInputError, CheckpointError, InvalidInputError
 from higgs_stream.engine.models.qwen3_tts.codec import load_qwen_codec
 from safetensors.torch import load_file, save_file
 
@@ -79,7 +79,7 @@ def test_loading_names_a_wrong_encoder_tensor(tmp_path, tiny_dir):
     save_file({k: v for k, v in weights.items() if not k.startswith("encoder.")}, root / "model.safetensors")
     decode_only = load_qwen_codec(root)  # no encoder.* at all: it decodes, and says why it cannot encode
     assert not decode_only.can_encode
-    with pytest.raises(CheckpointError, match="without encoder weights"):
+    with pytest.raises(InvalidInputError, match="takes no reference audio"):
         decode_only.encode(np.ones(4800, np.float32), 24000)
     save_file(weights, root / "model.safetensors")
     raw = json.loads((root / "config.json").read_text())
