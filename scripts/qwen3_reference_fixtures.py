@@ -4,6 +4,7 @@ Run it in the reference venv (qwen-tts pins transformers 4.57.3; this project ne
 
     scripts/qwen3_reference_venv.sh                       # creates .qwen-ref-venv/ (idempotent)
     .qwen-ref-venv/bin/python scripts/qwen3_reference_fixtures.py
+    .qwen-ref-venv/bin/python scripts/qwen3_reference_fixtures.py --check-layout CKPT   # make-checkpoint's output
 
 It builds tiny random models with the reference's own classes at fixed seeds, writes them in the
 hub repos' on-disk layout (what `Qwen3TTSForConditionalGeneration.from_pretrained` reads: config.json,
@@ -301,12 +302,36 @@ def _decode_logits(model, prefill, trailing, codes) -> torch.Tensor:
     return torch.cat(logits)  # [F, V]
 
 
+def check_layout(root: Path) -> int:
+    """Load a checkpoint that `higgs-stream make-checkpoint --arch qwen3-tts` wrote with the reference's
+    classes; report (and fail on) any tensor the reference misses or does not expect."""
+    from qwen_tts.core import Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSForConditionalGeneration
+    from transformers import PreTrainedModel
+
+    bad = 0
+    _, info = Qwen3TTSTokenizerV2Model.from_pretrained(root / "speech_tokenizer", output_loading_info=True)
+    bad += sum(len(v) for v in info.values())
+    print(f"speech_tokenizer: {info}", file=sys.stderr)
+    # the class's own from_pretrained also loads the feature extractor (preprocessor_config.json, not written)
+    _, info = PreTrainedModel.from_pretrained.__func__(Qwen3TTSForConditionalGeneration, root, output_loading_info=True)
+    bad += sum(len(v) for v in info.values())
+    print(f"model: {info}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--check-layout", type=Path, metavar="CKPT",
+                    help="instead: load a make-checkpoint output with the reference's classes and list any "
+                         "missing or unexpected tensor")
     args = ap.parse_args()
     import qwen_tts  # noqa: F401  (fails loudly outside the reference venv)
     import transformers
+
+    if args.check_layout is not None:
+        sys.exit(check_layout(args.check_layout))
 
     root = args.out / "tiny"
     root.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import FULL as FULL_CODEC
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
+from higgs_stream.engine.models.qwen3_tts.codec.load import ENCODE_ONLY
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig, preset
 from higgs_stream.engine.models.qwen3_tts.tokenizer import (
     CONFIG_FILE,
@@ -171,6 +172,10 @@ def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int =
     _randomize(codec.decoder, seed + 1)
     _condition_decoder(codec, seed + 2)
     tensors = {f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()}
+    g = torch.Generator().manual_seed(seed + 5)
+    for key in ENCODE_ONLY:  # the decoder quantizer's encode-side projections: stored by the hub layout, never run
+        dim = codec_cfg.codebook_dim
+        tensors[key] = torch.randn((dim // 2, dim, 1), generator=g) / dim ** 0.5
     if codec.encoder is not None:
         _randomize_encoder(codec.encoder, seed + 4)
         tensors.update({f"encoder.{k}": v.contiguous() for k, v in codec.encoder.state_dict().items()})
