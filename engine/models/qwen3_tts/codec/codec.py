@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -149,17 +150,26 @@ class QwenCodec(nn.Module):
         if self.encoder is None:  # the family refuses a Base checkpoint without one when it loads
             raise InvalidInputError("this Qwen3-TTS checkpoint takes no reference audio: its codec has no encoder "
                                     "(speech_tokenizer without encoder.* tensors; Base checkpoints clone voices)")
-        return self._cached("codes", wav, sr, max_seconds, self.encode_tensor)
+        return self._cached("codes", wav, sr, max_seconds,
+                            lambda x: self.encode_tensor(x)[0].cpu().numpy().astype(np.int64))  # [16, F]
 
     def speaker_embedding(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
         """Reference audio [T] or [C, T] at any rate -> the Base prompt's x-vector, float32 [hidden]."""
         if self.speaker is None:
             raise InvalidInputError("this Qwen3-TTS checkpoint takes no reference audio: no speaker encoder (only a "
                                     "Base checkpoint's codec embeds speakers)")
-        return self._cached("speaker", wav, sr, max_seconds,
-                            lambda x: self.speaker.embed(x[0, 0].to(self.speaker.fc.weight.device)))
+        speaker = self.speaker
 
-    def _cached(self, what: str, wav: np.ndarray, sr: int, max_seconds: float, run) -> np.ndarray:
+        def embed(x: torch.Tensor) -> np.ndarray:  # [1, 1, T] -> [H]
+            with self.precision():  # fp32 without TF32 on CUDA, native convs on CPU (as decode)
+                return speaker.embed(x[0, 0].to(speaker.fc.weight.device)).cpu().numpy().astype(np.float32)
+
+        return self._cached("speaker", wav, sr, max_seconds, embed)
+
+    def _cached(self, what: str, wav: np.ndarray, sr: int, max_seconds: float,
+                run: Callable[[torch.Tensor], np.ndarray]) -> np.ndarray:
+        """run(mono [1, 1, T'] at 24 kHz on the codec's device) for the checked, downmixed, resampled clip;
+        cached by (what, content), a copy returned."""
         checked = validate_waveform(wav, sr, max_seconds)  # [C, T] float32; AudioInputError says what is wrong
         h = hashlib.blake2b(f"{sr}:{checked.shape}".encode(), digest_size=20)
         h.update(np.ascontiguousarray(checked).tobytes())
@@ -172,8 +182,6 @@ class QwenCodec(nn.Module):
         mono = to_codec_rate(checked, sr, self.sample_rate)  # [T'] at 24 kHz
         x = torch.from_numpy(mono).to(self.device)[None, None]  # [1, 1, T']
         out = run(x)
-        out = (out[0].cpu().numpy().astype(np.int64) if what == "codes"
-               else out.cpu().numpy().astype(np.float32))
         with self._cache_lock:
             self._cache[key] = out
             self._cache.move_to_end(key)
