@@ -223,7 +223,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="; ".join(f"{f.arch}: {f.summary}" for f in FAMILIES))
     presets = sorted({p for f in FAMILIES for p in getattr(f, "presets", PRESETS)}, key=lambda p: (p not in PRESETS, p))
     parser.add_argument("--preset", choices=presets, default="tiny",
-                        help="tiny: CPU-test size; full: the released architecture (v2 3B ~11.5 GB, v3 4B ~8 GB bf16)")
+                        help="tiny: CPU-test size; full: the released architecture (v2 3B ~11.5 GB, v3 4B ~8 GB bf16); "
+                             "qwen3-tts: CustomVoice, or the suffix -base (voice cloning) / -design (VoiceDesign)")
     parser.add_argument("--layout", choices=layouts, default=None,
                         help="on-disk layout (default: the family's first); "
                              + "; ".join(f"{f.arch}: {', '.join(f.layouts)}" for f in FAMILIES))

@@ -4,11 +4,14 @@ Run it in the reference venv (qwen-tts pins transformers 4.57.3; this project ne
 
     scripts/qwen3_reference_venv.sh                       # creates .qwen-ref-venv/ (idempotent)
     .qwen-ref-venv/bin/python scripts/qwen3_reference_fixtures.py
+    .qwen-ref-venv/bin/python scripts/qwen3_reference_fixtures.py --check-layout CKPT   # make-checkpoint's output
 
 It builds tiny random models with the reference's own classes at fixed seeds, writes them in the
 hub repos' on-disk layout (what `Qwen3TTSForConditionalGeneration.from_pretrained` reads: config.json,
 generation_config.json, model.safetensors, speech_tokenizer/{config.json, model.safetensors}) and
-records the reference's outputs in reference.npz. The test suite compares our code against these
+records the reference's outputs in reference.npz. `tiny/` is a CustomVoice checkpoint; `tiny_base/` is
+the Base variant (config.json with its speaker_encoder_config; model.safetensors: the same talker
+weights plus speaker_encoder.*) without a speech_tokenizer of its own (the tests pair it with tiny's). The test suite compares our code against these
 files and never needs the reference venv; rerunning this script must reproduce them (the seeds are
 fixed; reference.json records the versions that made them).
 
@@ -60,14 +63,20 @@ DECODER = dict(
     intermediate_size=24, num_hidden_layers=2, num_quantizers=GROUPS, upsample_rates=[8, 5, 4, 3],
     upsampling_ratios=[2, 2], decoder_dim=32, layer_scale_initial_scale=0.01, rms_norm_eps=1e-5,
 )
-ENCODER = dict(  # a tiny Mimi (transformers MimiConfig): hop 1920 at 24 kHz, 16 of its quantizers kept
-    sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=8, num_filters=2, num_residual_layers=1,
+ENCODER = dict(  # a tiny Mimi (transformers MimiConfig): hop 1920 at 24 kHz, 16 of its 20 quantizers kept (the
+    # released: 16 of 32); hidden_size != the quantizer's dimension, so the RVQs' input projections are exercised
+    sampling_rate=24000, frame_rate=12.5, audio_channels=1, hidden_size=12, num_filters=2, num_residual_layers=1,
     upsampling_ratios=[8, 6, 5, 4], kernel_size=7, last_kernel_size=3, residual_kernel_size=3, dilation_growth_rate=2,
     use_causal_conv=True, pad_mode="constant", compress=2, trim_right_ratio=1.0, codebook_size=CODEBOOK,
-    codebook_dim=8, num_quantizers=GROUPS, use_conv_shortcut=False, vector_quantization_hidden_dimension=8,
-    num_semantic_quantizers=1, upsample_groups=8, num_hidden_layers=1, intermediate_size=16,
+    codebook_dim=8, num_quantizers=GROUPS + 4, use_conv_shortcut=False, vector_quantization_hidden_dimension=8,
+    num_semantic_quantizers=1, upsample_groups=4, num_hidden_layers=1, intermediate_size=16,
     num_attention_heads=2, num_key_value_heads=2, head_dim=8, max_position_embeddings=256, sliding_window=16,
     rope_theta=10000.0, layer_scale_initial_scale=0.01, use_streaming=False,
+)
+SPEAKER = dict(  # a tiny ECAPA-TDNN x-vector encoder (the released: channels [512]*4 + [1536], enc_dim = talker
+    # hidden); mel_dim stays 128: the reference's mel front end always makes 128 bins
+    mel_dim=128, enc_dim=TALKER["hidden_size"], enc_channels=[16, 16, 16, 32], enc_kernel_sizes=[5, 3, 3, 1],
+    enc_dilations=[1, 2, 3, 1], enc_attention_channels=8, enc_res2net_scale=4, enc_se_channels=4, sample_rate=24000,
 )
 GENERATION = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
                   subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
@@ -148,7 +157,7 @@ def save_bf16(model, path: Path) -> None:
 
 
 # ---------------------------------------------------------------- tokenizer (12 Hz codec)
-def build_tokenizer(root: Path, out: dict) -> None:
+def build_tokenizer(root: Path, out: dict):
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
 
     cfg = Qwen3TTSTokenizerV2Config(encoder_config=ENCODER, decoder_config=DECODER, encoder_valid_num_quantizers=GROUPS,
@@ -185,14 +194,18 @@ def build_tokenizer(root: Path, out: dict) -> None:
     out["encode_lengths"] = np.array([12000, 9000])
     out["encode_codes_0"] = enc[0].numpy().astype(np.int16)  # [F, Q]
     out["encode_codes_1"] = enc[1].numpy().astype(np.int16)
+    return model
 
 
 # ---------------------------------------------------------------- talker + code predictor
-def build_talker(root: Path):
+def build_talker(root: Path, variant: str = "custom_voice"):
+    """The tiny talker; `base` adds the speaker encoder (drawn after the talker, whose weights are then the
+    same as the custom_voice model's: same seed, same parameter order)."""
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
 
+    extra = dict(speaker_encoder_config=SPEAKER) if variant == "base" else {}
     cfg = Qwen3TTSConfig(talker_config=TALKER, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size="0b6",
-                         tts_model_type="custom_voice", **TEXT_IDS)
+                         tts_model_type=variant, **TEXT_IDS, **extra)
     cfg._attn_implementation = "eager"
     cfg.talker_config._attn_implementation = "eager"
     cfg.talker_config.code_predictor_config._attn_implementation = "eager"
@@ -289,18 +302,42 @@ def _decode_logits(model, prefill, trailing, codes) -> torch.Tensor:
     return torch.cat(logits)  # [F, V]
 
 
+def check_layout(root: Path) -> int:
+    """Load a checkpoint that `higgs-stream make-checkpoint --arch qwen3-tts` wrote with the reference's
+    classes; report (and fail on) any tensor the reference misses or does not expect."""
+    from qwen_tts.core import Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSForConditionalGeneration
+    from transformers import PreTrainedModel
+
+    bad = 0
+    _, info = Qwen3TTSTokenizerV2Model.from_pretrained(root / "speech_tokenizer", output_loading_info=True)
+    bad += sum(len(v) for v in info.values())
+    print(f"speech_tokenizer: {info}", file=sys.stderr)
+    # the class's own from_pretrained also loads the feature extractor (preprocessor_config.json, not written)
+    _, info = PreTrainedModel.from_pretrained.__func__(Qwen3TTSForConditionalGeneration, root, output_loading_info=True)
+    bad += sum(len(v) for v in info.values())
+    print(f"model: {info}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--check-layout", type=Path, metavar="CKPT",
+                    help="instead: load a make-checkpoint output with the reference's classes and list any "
+                         "missing or unexpected tensor")
     args = ap.parse_args()
     import qwen_tts  # noqa: F401  (fails loudly outside the reference venv)
     import transformers
+
+    if args.check_layout is not None:
+        sys.exit(check_layout(args.check_layout))
 
     root = args.out / "tiny"
     root.mkdir(parents=True, exist_ok=True)
     out: dict[str, np.ndarray] = {}
     torch.set_num_threads(1)
-    build_tokenizer(root, out)
+    tokenizer = build_tokenizer(root, out)
     model = build_talker(root)
     g = np.random.default_rng(SEED)
     im_start, im_end = TEXT_IDS["im_start_token_id"], TEXT_IDS["im_end_token_id"]
@@ -327,13 +364,29 @@ def main() -> None:
     out["scenario_text_a"], out["scenario_text_b"] = np.array(chat(text_a)), np.array(chat(text_b))
     out["scenario_instruct"] = np.array(instruct)
     out["clone_ref_ids"], out["clone_ref_codes"], out["clone_spk"] = np.array(ref["ids"]), ref["codes"], ref["spk"]
+    # Base from reference audio: the x-vector of the encode waveforms, then the clone scenario with the codes
+    # and embedding the reference computes from encode_pcm[0] (what create_voice_clone_prompt does at 24 kHz)
+    base = build_talker(args.out / "tiny_base", variant="base")
+    for i, n in enumerate(out["encode_lengths"]):
+        wav = out["encode_pcm"][i, :n].astype(np.float32) / 32768.0
+        out[f"speaker_embedding_{i}"] = base.extract_speaker_embedding(wav, 24000).float().numpy()
+    wav = out["encode_pcm"][0].astype(np.float32) / 32768.0
+    with torch.no_grad():
+        codes = tokenizer.encode(torch.from_numpy(wav)[None], padding_mask=torch.ones(1, wav.shape[0], dtype=torch.long)).audio_codes[0]
+    assert np.array_equal(codes.numpy(), out["encode_codes_0"]), "tokenizer encode is not deterministic"
+    run_scenario(base, "clone_audio", out, frames=16, text_ids=chat(text_a), language="english", non_streaming=False,
+                 ref=dict(ids=ref["ids"], codes=codes.numpy().astype(np.int64), spk=out["speaker_embedding_0"]))
+    for k in [k for k in out if k.startswith("clone_audio_") and k != "clone_audio_codes"]:
+        del out[k]  # its logits are the clone scenario's kind: the frames are what the Base tests compare
     np.savez(args.out / "reference.npz", **out)
     meta = dict(script="scripts/qwen3_reference_fixtures.py", seed=SEED, qwen_tts="0.1.1",
                 transformers=transformers.__version__, torch=torch.__version__,
                 scenarios={"custom": "CustomVoice aiden, english, streaming text, 110 greedy frames",
                            "design": "VoiceDesign instruction, auto language, non-streaming text, 24 frames",
                            "dialect": "CustomVoice dylan (beijing dialect), chinese, streaming text, 12 frames",
-                           "clone": "Base ICL: reference ids + codes + speaker embedding, 16 frames"},
+                           "clone": "Base ICL: reference ids + codes + speaker embedding, 16 frames",
+                           "clone_audio": "Base ICL (tiny_base, speaker encoder) with the codes and x-vector the "
+                                          "reference computes from encode_pcm[0], 16 frames"},
                 talker_logits=f"prefill positions and decode steps store columns [0, {SLICE}) (codes and EOS; "
                               "the other specials are suppressed at decode); all columns at the prefill's last "
                               "position and, for 'custom', decode steps 1-2")

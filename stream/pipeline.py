@@ -257,10 +257,14 @@ class Pipeline:
             self._encodes.pop(key, None)  # do not remember failures
 
     def _encode_sync(self, voice: Voice) -> Reference:
-        """Decode the reference file (its header was checked on the event loop) and encode it."""
+        """Decode the reference file (its header was checked on the event loop) and encode it: codes, and
+        for a codec that embeds speakers (Qwen3-TTS Base) the x-vector too."""
         wav, sr = voice.decode()  # [T] at 24 kHz
-        codes = self.codec.encode(wav, sr, max_seconds=self.cfg.max_reference_s)
-        return Reference(codes=codes, transcript=voice.transcript)  # [8, T]
+        codes = self.codec.encode(wav, sr, max_seconds=self.cfg.max_reference_s)  # [K, T]
+        embedding = None
+        if getattr(self.codec, "embeds_speaker", False):
+            embedding = self.codec.speaker_embedding(wav, sr, max_seconds=self.cfg.max_reference_s)  # [H]
+        return Reference(codes=codes, transcript=voice.transcript, embedding=embedding)
 
     # ---- engine thread ----
 

@@ -2,8 +2,10 @@
 make-checkpoint --arch qwen3-tts, CPU): streamed PCM equals the one-shot decode of the offline
 synthesis (s16 within 1 LSB, higgs_stream/testing.py) over WebSocket and HTTP; CustomVoice speakers
 in /v1/voices and as the OpenAI `voice`; VoiceDesign instructions through the WebSocket `config` and
-the HTTP body; typed errors for an unknown speaker, instructions too long or not taken, and a Base
-checkpoint without a reference."""
+the HTTP body; Base voice cloning from reference audio (WebSocket `reference`, HTTP `reference_audio`,
+a voices-folder preset) equal to the offline synthesis with the codes and x-vector the checkpoint's
+encoders make; typed errors for an unknown speaker, instructions too long or not taken, and a Base
+request without reference audio or transcript."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+from higgs_stream.engine.codec import load_reference_audio
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint_qwen
 from higgs_stream.engine.models.registry import load_codec_for
-from higgs_stream.engine.request import GenerationRequest, SamplingParams
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.testing import assert_pcm_close
@@ -40,6 +43,11 @@ class Served:
     def pcm(self, text: str, seed: int, **fields) -> bytes:
         req = GenerationRequest(text, sampling=SamplingParams(seed=seed), max_frames=MAX_FRAMES, **fields)
         return to_s16le(synthesize(self._offline, self.codec, req)[0])
+
+    def reference(self, audio: bytes, transcript: str) -> Reference:
+        """What the server makes of a reference file: codes and (Base) the x-vector, from the 24 kHz decode."""
+        wav, sr = load_reference_audio(audio)
+        return Reference(self.codec.encode(wav, sr), transcript, embedding=self.codec.speaker_embedding(wav, sr))
 
     def starter(self, transport: str = "aiohttp") -> ServerStarter:
         return ServerStarter(transport, self.engine, self.codec, MAX_FRAMES)
@@ -193,14 +201,54 @@ async def test_what_a_variant_does_not_take_is_a_typed_error(custom, base, serve
     host, _ = await servers(custom)
     status, err = await post(host, {"input": "Hi.", "instructions": INSTRUCTIONS})  # a 0.6B CustomVoice
     assert status == 400 and err["error"]["code"] == "invalid_input" and "takes no instructions" in err["error"]["message"]
+    status, err = await post(host, {"input": "Hi.", "reference_audio": base64.b64encode(wav_bytes()).decode(),
+                                    "reference_text": "Hello."})
+    assert status == 400 and err["error"]["code"] == "invalid_input" and "takes no reference audio" in err["error"]["message"]
     host, _ = await servers(base)
     status, err = await post(host, {"input": "Hi."})
     assert status == 400 and err["error"]["code"] == "invalid_input" and "clones a voice" in err["error"]["message"]
-    status, err = await post(host, {"input": "Hi.", "reference_audio": base64.b64encode(wav_bytes()).decode(),
-                                    "reference_text": "Hello."})
-    assert status == 400 and err["error"]["code"] == "invalid_input" and "not supported yet" in err["error"]["message"]
     heard = await ws_context(host, [{"type": "text", "context_id": "a", "text": "Hi."}, {"type": "end", "context_id": "a"}])
     assert [e["code"] for e in heard.errors] == ["invalid_input"] and heard.done["a"]["reason"] == "error"
+    b64 = base64.b64encode(wav_bytes()).decode()
+    heard = await ws_context(host, [{"type": "text", "context_id": "a", "text": "Hi.", "reference":  # refused
+                                     {"audio": b64, "transcript": ""}},
+                                    {"type": "text", "context_id": "a", "text": "Hi."}, {"type": "end", "context_id": "a"}])
+    assert [e["code"] for e in heard.errors] == ["invalid_input"] * 2 and heard.done["a"]["reason"] == "error"
+    assert "transcript" in heard.errors[0]["message"]
+    status, err = await post(host, {"input": "Hi.", "reference_audio": b64})
+    assert status == 400 and err["error"]["code"] == "invalid_input" and "reference_text" in err["error"]["message"]
+    status, err = await post(host, {"input": "Hi.", "reference_audio": base64.b64encode(wav_bytes(0.01)).decode(),
+                                    "reference_text": "Hello."})
+    assert status == 400 and err["error"]["code"] == "bad_audio" and "too short" in err["error"]["message"]
+
+
+async def test_base_clones_a_voice_from_reference_audio(base, servers, wav_bytes, tmp_path):
+    """The reference audio (16 kHz here: resampled to 24 kHz) becomes codes and an x-vector on the
+    server's encode thread; the streamed PCM equals the offline synthesis with that reference."""
+    audio, transcript = wav_bytes(0.6, 16000, 180.0), "Hello, this is me."
+    ref = base.reference(audio, transcript)
+    assert ref.codes.shape == (16, 8) and ref.embedding.shape == (16,)
+    want = base.pcm("Hi there.", 3, reference=ref)
+    assert len(want) >= 2 * HOP_BYTES
+    voices = tmp_path / "voices"  # a preset of the voices folder clones the same way
+    voices.mkdir()
+    (voices / "me.wav").write_bytes(audio)
+    (voices / "me.txt").write_text(transcript)
+    host, _ = await servers(base, voices_dir=str(voices))  # one server: one engine is stepped by one pipeline
+    b64 = base64.b64encode(audio).decode()
+    heard = await ws_context(host, [{"type": "config", "reference": {"audio": b64, "transcript": transcript}},
+                                    {"type": "text", "context_id": "a", "text": "Hi there.", "seed": 3},
+                                    {"type": "end", "context_id": "a"}])
+    assert heard.errors == [] and heard.done["a"]["reason"] == "completed"
+    assert_pcm_close(bytes(heard.pcm["a"]), want, what="ws reference")
+    status, got = await post(host, {"input": "Hi there.", "reference_audio": b64, "reference_text": transcript,
+                                    "seed": 3})
+    assert status == 200, got
+    assert_pcm_close(got, want, what="http reference")
+    status, got = await post(host, {"input": "Hi there.", "voice": "me", "seed": 3})
+    assert status == 200, got
+    assert_pcm_close(got, want, what="preset voice")
+    await pages_freed(base.engine)
 
 
 def test_serve_builds_the_speakers_into_its_voices(tiny_qwen_ckpt):

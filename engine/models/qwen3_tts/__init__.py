@@ -9,8 +9,9 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
     policy.py           the engine's generation policy: request -> prompt, group-0 rules, frame writer
     tokenizer.py        the Qwen2 BPE text tokenizer from the hub files
     generate.py         one stream's reference loop (group-0 rules, code predictor, text track)
-    codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, loader
-    make_checkpoint.py  random-weight checkpoints in the hub layout
+    speaker.py          the Base variant's speaker encoder (log-mel + ECAPA-TDNN x-vector), its loader
+    codec/              the 12 Hz tokenizer: decoder, exact stateful streaming decoder, encoder, loader
+    make_checkpoint.py  random-weight checkpoints in the hub layout (presets tiny / 0.6b / 1.7b, -base, -design)
     random_weights.py   random-weight models drawn in memory (benchmarks: `bench --arch qwen3-tts`)
     device_rules.py     the group-0 rules on the device (the fast path's; policy.py's host machines are the oracle)
     fast_predictor.py   the code predictor on the fast path's layer stack and kernels (inside the graphed step)
@@ -18,9 +19,11 @@ that frame, and the causal 12 Hz tokenizer (16 x 2048 codes, 1920 samples per fr
 The engine serves it through the plain-torch RefRunner (every stream's talker step and its 15
 code-predictor steps batched together) and through the fast path (ModelRunner: the talker on FastTalker's
 kernels, the code predictor's 15 sub-steps and every group's sampling on the device, the whole
-frame step one CUDA graph per batch bucket; prompts prefilled eagerly). Not wired yet: the Base
-variant's audio front end (speaker encoder, Mimi encoder: a Base request brings codes and an
-embedding); `--quantize` leaves the code predictor as loaded.
+frame step one CUDA graph per batch bucket; prompts prefilled eagerly). The Base variant (in-context
+cloning) takes reference audio: the codec that `load_codec` returns for a Base checkpoint encodes it
+(the 12 Hz encoder: codes [16, T]) and embeds it (the checkpoint's speaker encoder: the x-vector), and
+the server's encode thread builds the request's `Reference` from both; in Python a Base request may
+also bring codes and an embedding itself. `--quantize` leaves the code predictor as loaded.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import torch
 
+from higgs_stream.engine.errors import CheckpointError, ConfigError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
 
@@ -40,7 +44,8 @@ class Qwen3TTS:
     model_types = (MODEL_TYPE,)
     config_type = QwenTTSConfig
     layouts = ("hf",)
-    presets = ("tiny", "full", "0.6b", "1.7b")
+    presets = ("tiny", "full", "0.6b", "1.7b", "tiny-base", "full-base", "0.6b-base", "1.7b-base", "tiny-design",
+               "full-design", "0.6b-design", "1.7b-design")  # make_checkpoint.PRESETS
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
@@ -52,10 +57,19 @@ class Qwen3TTS:
         return model, model.cfg, QwenTextTokenizer.from_dir(root)
 
     def load_codec(self, root: Path, codec: str | Path | None, device: str | torch.device) -> Any:
-        """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder)."""
+        """The checkpoint's speech_tokenizer/ (or an explicit 12 Hz tokenizer folder); a Base checkpoint's
+        codec also carries the checkpoint's speaker encoder (`speaker_embedding`)."""
+        from higgs_stream.engine.checkpoint_files import read_config_json
         from higgs_stream.engine.models.qwen3_tts.codec.load import load_qwen_codec
+        from higgs_stream.engine.models.qwen3_tts.speaker import load_speaker_encoder
 
-        return load_qwen_codec(codec if codec is not None else root, device=device)
+        out = load_qwen_codec(codec if codec is not None else root, device=device)
+        if read_config_json(root).get("tts_model_type") == "base":
+            if not out.can_encode:
+                raise CheckpointError(f"{root}: a Base checkpoint needs the 12 Hz tokenizer's encoder (encoder.* in "
+                                      "speech_tokenizer/model.safetensors) to encode reference audio")
+            out.speaker = load_speaker_encoder(root, device=device)
+        return out
 
     def policy(self, cfg: QwenTTSConfig, tokenizer: TokenizerLike) -> Any:
         from higgs_stream.engine.models.qwen3_tts.policy import QwenPolicy

@@ -9,8 +9,8 @@
     vocab.json, merges.txt, tokenizer_config.json   the Qwen2 text tokenizer (or tokenizer.json; tokenizer.py)
 
 Our module names are the checkpoint's (`talker.*`). `speaker_encoder.*` (the Base variant's x-vector
-encoder) is not built: reference audio reaches the prompt as a speaker vector and codes. Every
-missing, unexpected or mis-shaped talker tensor is a CheckpointError naming the key.
+encoder) is not the talker's: speaker.py loads it, fp32, beside the codec (the family's `load_codec`).
+Every missing, unexpected or mis-shaped talker tensor is a CheckpointError naming the key.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from safetensors import safe_open
 from higgs_stream.kernels.rope import llama3_inv_freq
 
 GENERATION_FILE = "generation_config.json"
-UNUSED_PREFIXES = ("speaker_encoder.",)  # stored, not built (see the module docstring)
+UNUSED_PREFIXES = ("speaker_encoder.",)  # read by speaker.py, not by the talker (see the module docstring)
 
 
 def load_config(root: Path) -> QwenTTSConfig:

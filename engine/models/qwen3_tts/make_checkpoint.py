@@ -2,8 +2,12 @@
 config.json, generation_config.json, model.safetensors (talker.*, bf16), speech_tokenizer/
 (config.json + decoder.* weights) and a text tokenizer (vocab.json, merges.txt,
 tokenizer_config.json). Presets: `tiny` (the test shapes), `0.6b` / `full` and `1.7b` (the released
-shapes: same bytes and FLOPs as the real models, noise not speech). The codec's Mimi encoder is not
-written: decoding needs none of it.
+shapes: same bytes and FLOPs as the real models, noise not speech), each a CustomVoice checkpoint;
+the suffix `-base` makes the Base variant (voice cloning) and `-design` VoiceDesign. A Base checkpoint
+also holds the audio front end its requests need: config.json's speaker_encoder_config with
+speaker_encoder.* in model.safetensors (bf16), and the 12 Hz encoder in speech_tokenizer/ (encoder_config,
+encoder.* fp32). The other variants' speech_tokenizer/ holds the decoder only (decoding needs no
+encoder; the released folders hold both).
 
 The text tokenizer is a stand-in for Qwen's 151k-token BPE in the same files and format: byte-level
 symbols (all 256 where the text vocabulary has room; the tiny preset's 150 regular ids hold printable
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,6 +31,8 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import FULL as FULL_CODEC
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
+from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
+from higgs_stream.engine.models.qwen3_tts.codec.load import ENCODE_ONLY
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig, preset
 from higgs_stream.engine.models.qwen3_tts.tokenizer import (
     CONFIG_FILE,
@@ -35,9 +42,31 @@ from higgs_stream.engine.models.qwen3_tts.tokenizer import (
     VOCAB_FILE,
     byte_symbols,
 )
+from higgs_stream.engine.models.qwen3_tts.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
 
 PRESET_NAMES = ("tiny", "full", "0.6b", "1.7b")
+VARIANT_SUFFIXES = {"": "custom_voice", "-base": "base", "-design": "voice_design"}
+PRESETS = tuple(f"{p}{s}" for s in VARIANT_SUFFIXES for p in PRESET_NAMES)  # what make-checkpoint takes
+TINY_ENCODER = EncoderConfig(hidden_size=12, num_filters=2, codebook_size=64, codebook_dim=8, num_quantizers=20,
+                             vector_quantization_hidden_dimension=8, num_hidden_layers=1, intermediate_size=16,
+                             num_attention_heads=2, num_key_value_heads=2, head_dim=8)  # the fixture's shapes
+FULL_ENCODER = EncoderConfig()  # transformers' MimiConfig defaults: the released encoder_config
+
+
+def tiny_speaker(hidden: int) -> SpeakerEncoderConfig:
+    return SpeakerEncoderConfig(enc_dim=hidden, enc_channels=(16, 16, 16, 32), enc_kernel_sizes=(5, 3, 3, 1),
+                                enc_dilations=(1, 2, 3, 1), enc_attention_channels=8, enc_res2net_scale=4,
+                                enc_se_channels=4)
+
+
+def split_preset(name: str) -> tuple[str, str]:
+    """`1.7b-base` -> ("1.7b", "base"); ConfigError for an unknown name."""
+    for suffix, variant in sorted(VARIANT_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        size = name[: len(name) - len(suffix)] if suffix else name
+        if name.endswith(suffix) and size in PRESET_NAMES:
+            return size, variant
+    raise ConfigError(f"unknown qwen3-tts preset {name!r}; expected one of {PRESETS}")
 TINY_CODEC = QwenCodecConfig(codebook_size=64, codebook_dim=8, latent_dim=12, hidden_size=16, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=2, head_dim=8, intermediate_size=24,
                              sliding_window=4, decoder_dim=32)
@@ -89,32 +118,68 @@ def _condition_decoder(codec: QwenCodec, seed: int) -> None:
         last.bias.mul_(TARGET_RMS / rms)
 
 
+def _randomize_encoder(encoder: QwenEncoder, seed: int) -> None:
+    """_randomize, then the codebook buffers (centroids N(0, 1), usage 1) and small layer scales."""
+    _randomize(encoder, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in encoder.named_buffers():
+            if name.endswith("embed_sum"):
+                b.copy_(torch.randn(b.shape, generator=g))
+        for name, p in encoder.named_parameters():
+            if name.endswith("layer_scale.scale"):
+                p.fill_(LAYER_SCALE)
+
+
 def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int = 0,
-                         variant: str = "custom_voice") -> Path:
-    if preset_name not in PRESET_NAMES:
-        raise ConfigError(f"unknown qwen3-tts preset {preset_name!r}; expected one of {PRESET_NAMES}")
+                         variant: str | None = None) -> Path:
+    """`preset_name`: a size with an optional variant suffix (PRESETS); `variant` overrides the suffix's."""
+    preset_name, named = split_preset(preset_name)
+    variant = variant or named
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"output {out} exists and is not an empty directory")
     cfg = preset("0.6b" if preset_name == "full" else preset_name, variant)
     codec_cfg = TINY_CODEC if preset_name == "tiny" else FULL_CODEC
     out.mkdir(parents=True, exist_ok=True)
+    base = variant == "base"
     config, generation = cfg.to_json()
+    speaker_cfg = (tiny_speaker(cfg.hidden_size) if preset_name == "tiny"
+                   else SpeakerEncoderConfig(enc_dim=cfg.hidden_size)) if base else None
+    if speaker_cfg is not None:
+        config["speaker_encoder_config"] = speaker_cfg.to_json()
     (out / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     model = QwenTTSModel(cfg)
     _randomize(model, seed)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if k != "inv_freq"
-               and not k.endswith(".inv_freq")}, out / "model.safetensors", metadata={"format": "pt"})
+    weights = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if k != "inv_freq"
+               and not k.endswith(".inv_freq")}
     del model
+    if speaker_cfg is not None:
+        speaker = SpeakerEncoder(speaker_cfg)
+        _randomize(speaker, seed + 3)
+        weights.update({f"speaker_encoder.{k}": v.to(torch.bfloat16).contiguous()
+                        for k, v in speaker.state_dict().items()})
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    del weights
+    if base:
+        enc_cfg = TINY_ENCODER if preset_name == "tiny" else FULL_ENCODER
+        codec_cfg = replace(codec_cfg, encoder=enc_cfg.to_json())
     codec_dir = out / "speech_tokenizer"
     codec_dir.mkdir()
     (codec_dir / "config.json").write_text(json.dumps(codec_cfg.to_json(), indent=2) + "\n")
-    codec = QwenCodec(codec_cfg)
+    codec = QwenCodec(codec_cfg, with_encoder=base)
     _randomize(codec.decoder, seed + 1)
     _condition_decoder(codec, seed + 2)
-    save_file({f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()},
-              codec_dir / "model.safetensors", metadata={"format": "pt"})
+    tensors = {f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()}
+    g = torch.Generator().manual_seed(seed + 5)
+    for key in ENCODE_ONLY:  # the decoder quantizer's encode-side projections: stored by the hub layout, never run
+        dim = codec_cfg.codebook_dim
+        tensors[key] = torch.randn((dim // 2, dim, 1), generator=g) / dim ** 0.5
+    if codec.encoder is not None:
+        _randomize_encoder(codec.encoder, seed + 4)
+        tensors.update({f"encoder.{k}": v.contiguous() for k, v in codec.encoder.state_dict().items()})
+    save_file(tensors, codec_dir / "model.safetensors", metadata={"format": "pt"})
     write_text_tokenizer(out, cfg)
     return out
 

@@ -158,8 +158,11 @@ class QwenPolicy:
         kwargs = {}
         if variant == "base":
             if ref is None:
-                raise InvalidInputError("a Qwen3-TTS Base checkpoint clones a voice: give a reference "
-                                        "(codes, transcript and speaker embedding)")
+                raise InvalidInputError("a Qwen3-TTS Base checkpoint clones a voice: give reference audio and its "
+                                        "transcript (or, in Python, reference codes, transcript and speaker embedding)")
+            if not ref.transcript or not ref.transcript.strip():
+                raise InvalidInputError("a Qwen3-TTS Base reference needs the transcript of its audio "
+                                        "(in-context cloning continues from it)")
             if ref.embedding is None or ref.embedding.shape != (cfg.hidden_size,):
                 raise InvalidInputError(f"a Qwen3-TTS Base reference needs a speaker embedding of {cfg.hidden_size} "
                                         f"values, got {None if ref.embedding is None else ref.embedding.shape}")

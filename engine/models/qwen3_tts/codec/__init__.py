@@ -1,5 +1,6 @@
-"""Qwen3-TTS's 12 Hz tokenizer: config, the causal decoder (one-shot and exact stateful streaming),
-loading from the hub layout's `speech_tokenizer/` folder, and writing random ones."""
+"""Qwen3-TTS's 12 Hz tokenizer: config, the causal decoder (one-shot and exact stateful streaming), the
+encoder (reference audio -> codes, for the Base variant), loading from the hub layout's
+`speech_tokenizer/` folder."""
 
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import FULL, MODEL_TYPE, QwenCodecConfig

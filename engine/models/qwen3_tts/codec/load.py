@@ -1,8 +1,10 @@
 """Loading the 12 Hz tokenizer from its on-disk layout (the hub repos' `speech_tokenizer/` folder:
 config.json with model_type qwen3_tts_tokenizer_12hz + model.safetensors, keys `encoder.*` (Mimi)
-and `decoder.*`). Our decoder's parameter names are the checkpoint's under `decoder.`; the
-quantizer's `input_proj` (an encode-side projection) and the `encoder.*` tensors are read by the
-encoder only. Every missing, unexpected or mis-shaped decoder tensor is a CheckpointError naming it.
+and `decoder.*`). Our decoder's and encoder's names are the checkpoint's under `decoder.` and
+`encoder.`; the decoder quantizer's `input_proj` (an encode-side projection of the original training
+code) is stored and never run. A folder without `encoder.*` tensors loads as a decode-only codec
+(`can_encode` False); with them, every encoder tensor must be there. Every missing, unexpected or
+mis-shaped tensor is a CheckpointError naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 
 SUBFOLDER = "speech_tokenizer"  # where a talker checkpoint keeps its codec
 DECODER_PREFIX = "decoder."
+ENCODER_PREFIX = "encoder."
 ENCODE_ONLY = ("decoder.quantizer.rvq_first.input_proj.weight", "decoder.quantizer.rvq_rest.input_proj.weight")
 
 
@@ -28,23 +31,50 @@ def load_qwen_codec(root: str | Path, device: str | torch.device = "cpu") -> Qwe
     if (root / SUBFOLDER).is_dir():
         root = root / SUBFOLDER
     cfg = QwenCodecConfig.from_json(read_config_json(root), source=str(root / "config.json"))
-    codec = QwenCodec(cfg)
     files, _ = weight_files(root)
     stored: dict[str, torch.Tensor] = {}
+    encoder: dict[str, torch.Tensor] = {}
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
                 for key in f.keys():
                     if key.startswith(DECODER_PREFIX) and key not in ENCODE_ONLY:
                         stored[key[len(DECODER_PREFIX):]] = f.get_tensor(key)
-                    elif not key.startswith("encoder.") and key not in ENCODE_ONLY:
+                    elif key.startswith(ENCODER_PREFIX):
+                        encoder[key[len(ENCODER_PREFIX):]] = f.get_tensor(key)
+                    elif key not in ENCODE_ONLY:
                         raise CheckpointError(f"{file}: unexpected tensor {key} (neither encoder.* nor decoder.*)")
         except CheckpointError:
             raise
         except Exception as e:  # a corrupt file
             raise CheckpointError(f"cannot read {file}: {e}") from e
+    codec = QwenCodec(cfg, with_encoder=bool(encoder))
     load_decoder_state(codec, stored, str(root))
+    if encoder:
+        load_state(codec.encoder, encoder, ENCODER_PREFIX, str(root))
     return codec.to(device)
+
+
+def check_keys(want: dict[str, torch.Tensor], stored: dict, prefix: str, source: str) -> None:
+    """CheckpointError naming the first missing, unexpected or mis-shaped tensor (names under `prefix`);
+    `stored` maps names to anything with a `.shape`."""
+    for kind, names in (("missing", sorted(set(want) - set(stored))), ("unexpected", sorted(set(stored) - set(want)))):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise CheckpointError(f"{source}: {kind} tensor {prefix}{names[0]}{more}")
+    for name, t in want.items():
+        if tuple(stored[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{source}: tensor {prefix}{name} has shape {tuple(stored[name].shape)}, the config "
+                                  f"gives {tuple(t.shape)}")
+
+
+def load_state(module: torch.nn.Module, stored: dict[str, torch.Tensor], prefix: str, source: str) -> None:
+    """Copy `stored` (names under `prefix`) into every parameter and persistent buffer of `module`, as fp32."""
+    want = module.state_dict()
+    check_keys(want, stored, prefix, source)
+    with torch.no_grad():
+        for name, t in want.items():
+            t.copy_(stored[name].to(torch.float32))
 
 
 def load_decoder_state(codec: QwenCodec, stored: dict[str, torch.Tensor], source: str) -> None:

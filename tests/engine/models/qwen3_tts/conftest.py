@@ -2,6 +2,7 @@
 writes with the official PyPI qwen-tts 0.1.1 (a tiny random checkpoint in the hub layout, bf16, and
 the reference's outputs in reference.npz)."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,3 +20,13 @@ def tiny_dir() -> Path:
 def ref() -> dict[str, np.ndarray]:
     with np.load(FIXTURES / "reference.npz") as f:
         return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory, tiny_dir) -> Path:
+    """The tiny Base checkpoint (fixtures/tiny_base: talker + speaker encoder) with tiny's speech_tokenizer
+    (the fixtures keep one copy of it)."""
+    root = tmp_path_factory.mktemp("qwen") / "tiny_base"
+    shutil.copytree(FIXTURES / "tiny_base", root)
+    shutil.copytree(tiny_dir / "speech_tokenizer", root / "speech_tokenizer")
+    return root

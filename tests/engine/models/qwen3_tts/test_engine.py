@@ -113,6 +113,29 @@ def test_greedy_frames_equal_the_reference_batched(model, tokenizer, ref):
     np.testing.assert_array_equal(np.stack(out[late]), alone)
 
 
+def test_base_from_reference_audio_equals_the_reference(model, tokenizer, ref, tiny_base_dir):
+    """A Base request whose reference is audio: our encoders turn it into codes and an x-vector (the
+    Base checkpoint's codec), and the greedy frames equal those qwen-tts generates from its own
+    encoders' output on the same audio (clone_audio); the same as giving the reference's codes and
+    embedding directly."""
+    from higgs_stream.engine.models.registry import load_codec_for
+
+    codec = load_codec_for(tiny_base_dir)
+    wav = ref["encode_pcm"][0]  # s16 PCM, 0.5 s at 24 kHz
+    audio = Reference(codec.encode(wav, 24000), "R", embedding=codec.speaker_embedding(wav, 24000))
+    given = Reference(ref["encode_codes_0"].T.astype(np.int64), "R", embedding=ref["speaker_embedding_0"])
+    np.testing.assert_array_equal(audio.codes, given.codes)
+    req = GenerationRequest("A", reference=audio, language="english", sampling=GREEDY, max_frames=15)
+    (frames, reason), (frames_given, _) = run_together(make_engine(model, tokenizer, "base"),
+                                                       [req, replace(req, reference=given)])
+    np.testing.assert_array_equal(frames, ref["clone_audio_codes"].astype(np.int64))
+    np.testing.assert_array_equal(frames_given, frames)
+    assert frames.shape == (15, 16) and reason == "length"
+    base = make_engine(model, tokenizer, "base")
+    with pytest.raises(InvalidInputError, match="transcript"):
+        base.add(replace(req, reference=replace(audio, transcript=" ")))
+
+
 def test_eos_ends_a_stream_without_a_frame(model, tokenizer, ref):
     """With EOS the argmax from frame 2 on (MIN_FRAMES holds it off before), a stream stops there."""
     engine = make_engine(model, tokenizer, "custom_voice")

@@ -4,6 +4,7 @@ checkpoint, the presets' shapes."""
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -41,6 +42,44 @@ def test_make_checkpoint_writes_a_loadable_hub_layout(tmp_path):
         write_checkpoint(out, arch="qwen3-tts")
     with pytest.raises(ConfigError, match="unknown preset"):
         write_checkpoint(tmp_path / "x", arch="qwen3-tts", preset="huge")
+
+
+def test_make_checkpoint_base_writes_the_audio_front_end(tmp_path):
+    """A Base checkpoint holds speaker_encoder.* beside the talker and the encoder in speech_tokenizer/;
+    the family's codec for it encodes and embeds speakers; without the encoder it does not load."""
+    out = write_checkpoint(tmp_path / "b", arch="qwen3-tts", preset="tiny-base", seed=4)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["tts_model_type"] == "base" and raw["speaker_encoder_config"]["enc_dim"] == 16
+    assert load_model(out).cfg.variant == "base"
+    keys = load_file(out / "model.safetensors").keys()
+    assert any(k.startswith("speaker_encoder.") for k in keys) and any(k.startswith("talker.") for k in keys)
+    codec = load_codec_for(out)
+    assert codec.can_encode and codec.embeds_speaker
+    wav = np.sin(np.arange(12000) / 7.0).astype(np.float32) * 0.3
+    codes, xvec = codec.encode(wav, 24000), codec.speaker_embedding(wav, 24000)
+    assert codes.shape == (16, 7) and (codes < 64).all() and xvec.shape == (16,) and np.isfinite(xvec).all()
+    st = load_file(out / "speech_tokenizer" / "model.safetensors")
+    save_file({k: v for k, v in st.items() if not k.startswith("encoder.")}, out / "speech_tokenizer" / "model.safetensors")
+    with pytest.raises(CheckpointError, match="needs the 12 Hz tokenizer's encoder"):
+        load_codec_for(out)
+    custom = write_checkpoint(tmp_path / "c", arch="qwen3-tts", preset="tiny", seed=4)
+    assert not load_codec_for(custom).can_encode  # the other variants' tokenizer: decoder only
+    design = write_checkpoint(tmp_path / "d", arch="qwen3-tts", preset="tiny-design", seed=4)
+    assert load_model(design).cfg.variant == "voice_design"
+
+
+def test_the_released_encoder_shapes():
+    from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
+    from higgs_stream.engine.models.qwen3_tts.make_checkpoint import FULL_ENCODER
+
+    with torch.device("meta"):
+        codec = QwenCodec(replace(FULL, encoder=FULL_ENCODER.to_json()), with_encoder=True)
+    shapes = {k: tuple(v.shape) for k, v in codec.encoder.state_dict().items()}
+    assert shapes["encoder.layers.0.conv.weight"] == (64, 1, 7) and shapes["encoder.layers.14.conv.weight"] == (512, 1024, 3)
+    assert shapes["downsample.conv.weight"] == (512, 512, 4)
+    q = "quantizer.acoustic_residual_vector_quantizer"
+    assert shapes[f"{q}.input_proj.weight"] == (256, 512, 1) and shapes[f"{q}.layers.30.codebook.embed_sum"] == (2048, 256)
+    assert codec.encoder.cfg.hop == 1920 and codec.encoder.num_codebooks == 16
 
 
 def test_the_family_has_device_rules_for_the_fast_path(tiny_dir):
