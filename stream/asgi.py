@@ -33,7 +33,7 @@ from higgs_stream.stream.errors import TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import ServerState
+from higgs_stream.stream.server_state import ServerState, start_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def make_asgi_app(state: ServerState):
 
     @contextlib.asynccontextmanager
     async def lifespan(app) -> AsyncIterator[None]:
-        await state.pipeline.start()
+        await start_pipeline(state)
         try:
             yield
         finally:

@@ -75,6 +75,7 @@ class ServerConfig:
     # Deadline-aware scheduling (stream/pacing.py).
     pause_ahead_s: float = 3.0  # GPU saturated: pause a stream this far ahead of its listener ...
     resume_ahead_s: float = 2.0  # ... and resume it this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
+    warm_up: bool = False  # serve: one utterance through the pipeline before the server reports healthy
     admit_step_ratio: float | None = 0.5  # admit while the predicted engine step stays under this share of a frame (None: off)
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)

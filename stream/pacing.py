@@ -100,7 +100,10 @@ class LoopModel:
 
     def admits(self, streams: int, cfg: PacingConfig) -> bool:
         """Whether one more stream keeps the predicted step under `admit_ratio` of a frame (always,
-        with admission by load off)."""
+        with admission by load off, and always with no stream running: the model learns only from
+        steps, so refusing an idle server on old observations would refuse it forever)."""
+        if streams == 0:
+            return True
         t = None if cfg.admit_ratio is None else self.predict(streams + 1)
         return t is None or t <= cfg.admit_ratio * cfg.frame_s
 

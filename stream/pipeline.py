@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 # One INFO line per finished stream: transport, id, reason, samples generated, ms from first text to first audio.
 access_log = logging.getLogger("higgs_stream.access")
 
+WARM_UP_TIMEOUT_S = 600.0  # Pipeline.warm_up: first-use kernel compilation can take minutes
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
 JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
 MAX_FIRST_CHUNK = 8  # frames (TTFA grows by one engine step per frame)
@@ -83,7 +84,7 @@ STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to ap
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
-from higgs_stream.stream.handle import StreamHandle, _Segment
+from higgs_stream.stream.handle import End, StreamHandle, _Segment
 
 
 class Pipeline:
@@ -155,6 +156,29 @@ class Pipeline:
         self._count_pages()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
+
+    async def warm_up(self, voice: Voice, timeout_s: float = WARM_UP_TIMEOUT_S) -> float | None:
+        """One short utterance through every stage (prompt prefill, decode steps, codec, PCM) before a
+        server reports healthy, so first-use costs (kernel compilation, autotuning, allocator growth) land
+        here and not on the first client: a served Qwen3-TTS checkpoint's first request waited 22 s on an
+        H100. The loop model then starts afresh: those slow steps must not make admission refuse.
+        Returns the seconds it took, or None when it failed (logged; the server serves anyway)."""
+        t0 = time.perf_counter()
+        try:
+            handle = self.open(ContextOptions(voice=voice, seed=0))
+            handle.say("Hello there.")
+            handle.close()
+            async with asyncio.timeout(timeout_s):
+                while not any(isinstance(ev, End) for ev in await handle.next(1 << 20)):
+                    pass
+        except Exception as exc:  # a warm-up that fails must not keep the server down: it says why
+            log.warning("warm-up utterance failed (%s: %s); serving anyway", type(exc).__name__, exc)
+            return None
+        finally:
+            self.loop_model = LoopModel()  # the engine thread picks the new one up at its next step
+        seconds = time.perf_counter() - t0
+        log.info("warmed up with one utterance in %.1f s", seconds)
+        return seconds
 
     async def stop(self) -> None:
         """Cancel every stream, let the engine thread apply the cancels (freeing their pages), stop it."""
@@ -303,7 +327,8 @@ class Pipeline:
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
             t_end = time.perf_counter()
-            self.loop_model.observe(len(events), t_end - t0)
+            # capped at two frames: one first-use stall (seconds) must not dominate the fit for minutes
+            self.loop_model.observe(len(events), min(t_end - t0, 2 * self.pacing.frame_s))
             if self.trace is not None:
                 self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
                                    getattr(self.engine, "last_prefill", 0)))

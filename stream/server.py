@@ -26,7 +26,7 @@ from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import STATE, ServerState
+from higgs_stream.stream.server_state import STATE, ServerState, start_pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 
 __all__ = ["SessionRunner", "make_app", "serve", "bound_port", "add_arguments", "build_state", "run"]
@@ -189,7 +189,7 @@ def make_app(state: ServerState) -> web.Application:
         app.router.add_get(url, serve_file(path))
 
     async def start(app: web.Application) -> None:
-        await state.pipeline.start()
+        await start_pipeline(state)
 
     async def stop(app: web.Application) -> None:
         await close_sockets(state)
@@ -266,7 +266,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1 s (less codec work beside the talker; thinner client buffers). Default %(default)s")
     parser.add_argument("--codec-sms", type=int, default=None, metavar="N",
                         help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
-                             "convolutions never take every SM from the talker; default: every SM")
+                             "convolutions never take every SM from the talker; default: every SM (measured "
+                             "better on an H100 than 48 or 32: docs/PERF.md)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="report healthy without first running one utterance through the pipeline (the "
+                             "first client then pays for kernel compilation and autotuning)")
     parser.add_argument("--admit-step-ratio", type=float, default=d.admit_step_ratio, metavar="R",
                         help="refuse new streams (busy) when the predicted engine step exceeds R x one frame "
                              "(40 ms); 0 = no admission by load (only --max-streams)")
@@ -350,7 +354,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
                         admit_step_ratio=args.admit_step_ratio or None,
-                        codec_schedule=args.codec_schedule, codec_sms=args.codec_sms)
+                        codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:

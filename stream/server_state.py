@@ -10,7 +10,7 @@ from aiohttp import web
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.voices import VoiceLibrary
+from higgs_stream.stream.voices import DEFAULT, VoiceLibrary
 
 
 @dataclass
@@ -23,3 +23,11 @@ class ServerState:
 
 
 STATE = web.AppKey("higgs_state", ServerState)
+
+
+async def start_pipeline(state: ServerState) -> None:
+    """Start the pipeline and, with `config.warm_up`, run one utterance in the default voice through
+    it before the transport accepts anyone (both transports: aiohttp's startup, ASGI's lifespan)."""
+    await state.pipeline.start()
+    if state.config.warm_up:
+        await state.pipeline.warm_up(state.voices.resolve(DEFAULT))

@@ -64,6 +64,14 @@ def test_pacer_never_leaves_the_talker_idle():
     assert pacer.plan(100.0, waiting, loop_s=0.02)[:2] == ([0], [])
 
 
+def test_an_idle_server_always_admits():
+    """One slow step (first-use kernel compilation: seconds) predicts a saturated engine; with no stream
+    running nothing would ever update the model, so an idle server admits anyway."""
+    model, cfg = LoopModel(), PacingConfig(admit_ratio=0.5)
+    model.observe(1, 22.0)
+    assert model.admits(0, cfg) and not model.admits(1, cfg)
+
+
 def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     model, cfg = LoopModel(decay=0.05), PacingConfig(admit_ratio=0.5)  # admit while a step <= 20 ms
     assert model.predict(10) is None and model.admits(10, cfg)  # no data yet: admit

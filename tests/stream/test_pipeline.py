@@ -406,7 +406,8 @@ async def test_saturated_engine_pauses_streams_far_ahead_while_another_needs_the
 
 async def test_saturated_engine_refuses_new_streams():
     """With the measured step time (fake engine: 12 ms) above the admission limit (a quarter of a
-    40 ms frame), a new stream is refused with CapacityError and counted."""
+    40 ms frame), a new stream is refused with CapacityError and counted while one runs; once the
+    server is idle again it admits (its loop model learns only from steps)."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     engine = FakeEngine(step_s=0.012)
@@ -416,12 +417,16 @@ async def test_saturated_engine_refuses_new_streams():
         h = p.open(ContextOptions(voice=default_voice(), seed=1))
         h.say("Hello.")
         h.close()
-        pcm, end = await collect(h, timeout=20)
-        assert end == End("completed") and pcm == fake_pcm(engine, 0)
+        head = await h.next(1 << 20)  # audio: the engine has stepped (and been measured)
+        assert head and not isinstance(head[-1], End)
         assert p.loop_model.predict(2) > 0.25 * 0.04  # measured: ~12 ms a step
         with pytest.raises(CapacityError, match="saturated"):
             p.open(ContextOptions(voice=default_voice(), seed=2))
         assert p.metrics.refused.value() == 1
+        pcm, end = await collect(h, timeout=20)
+        assert end == End("completed") and b"".join(ev.pcm for ev in head) + pcm == fake_pcm(engine, 0)
+        again = p.open(ContextOptions(voice=default_voice(), seed=3))  # idle: admitted
+        again.cancel()
     finally:
         await p.stop()
 
@@ -440,3 +445,33 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
     p.codec_worker.call_s = 1.0
     assert p.adapter_config("exact").schedule[0] == 8
+
+
+async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
+    """`warm_up` sends one utterance through engine and codec before a server reports healthy, then
+    starts the loop model afresh (slow first-use steps must not make admission refuse); a warm-up
+    that fails says so and returns None instead of keeping the server down."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    engine = FakeEngine(step_s=0.0)
+    p = Pipeline(engine, FakeCodec(), ServerConfig(max_frames=30, history_segments=0))
+    await p.start()
+    try:
+        seconds = await p.warm_up(default_voice())
+        assert seconds is not None and seconds > 0
+        assert len(engine.frames[0][0]) == 30  # one whole utterance ran
+        assert p.loop_model.predict(1) is None and p.metrics.refused.value() == 0
+        assert await p.warm_up(default_voice(), timeout_s=0.0) is None  # timed out: logged, not raised
+    finally:
+        await p.stop()
+
+
+def test_serve_warms_up_unless_told_not_to():
+    import argparse
+
+    from higgs_stream.stream.server import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--model", "m"])).warm_up
+    assert not config_from_args(parser.parse_args(["--model", "m", "--no-warm-up"])).warm_up
