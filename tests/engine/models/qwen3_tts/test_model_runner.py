@@ -160,6 +160,27 @@ def test_sampled_frames_depend_only_on_the_request_and_seed(model, tokenizer, ru
     assert fast.cache.allocator.num_used == 1
 
 
+def test_sampled_frames_hold_codes_under_staggered_arrivals(model, tokenizer):
+    """The server's sampling (temperature 0.7, top-p 0.95) for 16 streams arriving two per step through
+    4 batch slots (chunked prompts beside decode rows, slots reused): every frame holds codes (the
+    tiny vocabulary is 94 % special ids: a rule that let one through would show), every stream ends
+    by EOS or its cap. The GPU twin: test_sampled_frames_gpu.py."""
+    fast = engine(model, tokenizer, "custom_voice", REF)
+    pending, reasons, frames = list(range(16)), [], 0
+    while pending or fast.has_work():
+        for i in pending[:2]:
+            fast.add(GenerationRequest("AB"[i % 2], max_frames=20 + i,
+                                       sampling=SamplingParams(temperature=0.7, top_p=0.95, seed=i)))
+        del pending[:2]
+        for ev in fast.step():
+            if ev.frame is not None:
+                frames += 1
+                assert np.asarray(ev.frame).max() < model.cfg.codebook_size, ev
+            if ev.finished:
+                reasons.append(ev.reason)
+    assert len(reasons) == 16 and set(reasons) <= {"stop", "length"} and frames > 100
+
+
 def test_cancel_frees_pages_and_slot(model, tokenizer):
     fast = engine(model, tokenizer, "custom_voice", REF)
     free = fast.cache.allocator.num_free
