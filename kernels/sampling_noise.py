@@ -3,7 +3,13 @@
 
     key[b]      = mix(mix(seed_lo ^ mix(seed_hi ^ C)) ^ counter_lo)
     bits[b, e]  = mix(key[b] ^ mix(e + 1))                  (32-bit, e = flat index in [0, n))
-    noise[b, e] = -log((bits >> 8 + 0.5) / 2^24)            (Exp(1), never 0 or inf)
+    noise[b, e] = -log(((bits >> 9) + 0.5) / 2^23)          (Exp(1), never 0 or inf)
+
+23 bits, not 24: (2^24 - 1) + 0.5 is not an fp32 number and rounds up to 2^24, so the 24-bit form
+gave uniform = 1 and noise = 0 for one element in 2^24; in the race p / noise a zero-probability id
+with zero noise is 0 / 0 = NaN, which argmax picks (a suppressed Qwen3-TTS special id was sampled
+that way, about once per 35 M draws on an H100). With 23 bits every value is exact: uniform lies in
+[2^-24, 1 - 2^-24], noise in [6e-8, 16.7].
 
 `mix` is the 32-bit "lowbias32" integer hash (xorshift-multiply). A categorical draw is then
 argmax(p / noise) (the exponential race), as in engine/sampling.py. `exp_noise_ref` computes it
@@ -47,8 +53,12 @@ def exp_noise_ref(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.
     assert seeds.shape == counters.shape and seeds.dim() == 1, "seeds/counters must be [B]"
     keys = row_keys_ref(seeds.long(), counters.long())  # [B]
     elem = _mix32(torch.arange(1, n + 1, device=seeds.device, dtype=torch.long))  # [n]
-    bits = _mix32(keys[:, None] ^ elem[None, :])  # [B, n]
-    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return exp_from_bits(_mix32(keys[:, None] ^ elem[None, :]))  # [B, n]
+
+
+def exp_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2^32) -> float32 Exp(1) variates in [6e-8, 16.7] (the kernel's formula)."""
+    uniform = ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
     return -torch.log(uniform)
 
 
@@ -75,7 +85,7 @@ def _kernel():
         hi = (seed >> 32) & 0xFFFFFFFF
         key = mix32(mix32(lo ^ mix32(hi ^ 0x9E3779B9)) ^ (counter & 0xFFFFFFFF))
         bits = mix32(key ^ mix32(offs.to(tl.int64) + 1))
-        uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        uniform = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
         tl.store(out_ptr + row * n + offs, -tl.log(uniform), mask=mask)
 
     return triton, exp_noise_kernel
