@@ -164,8 +164,9 @@ class Pipeline:
         H100. The loop model then starts afresh: those slow steps must not make admission refuse.
         Returns the seconds it took, or None when it failed (logged; the server serves anyway)."""
         t0 = time.perf_counter()
+        served, self.metrics = self.metrics, Metrics()  # not a request: its counts and TTFA go nowhere
         try:
-            handle = self.open(ContextOptions(voice=voice, seed=0))
+            handle = self.open(ContextOptions(voice=voice, seed=0), transport="warm-up")
             handle.say("Hello there.")
             handle.close()
             async with asyncio.timeout(timeout_s):
@@ -175,6 +176,7 @@ class Pipeline:
             log.warning("warm-up utterance failed (%s: %s); serving anyway", type(exc).__name__, exc)
             return None
         finally:
+            self.metrics = served
             self.loop_model = LoopModel()  # the engine thread picks the new one up at its next step
         seconds = time.perf_counter() - t0
         log.info("warmed up with one utterance in %.1f s", seconds)

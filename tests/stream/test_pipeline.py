@@ -461,6 +461,7 @@ async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
         assert seconds is not None and seconds > 0
         assert len(engine.frames[0][0]) == 30  # one whole utterance ran
         assert p.loop_model.predict(1) is None and p.metrics.refused.value() == 0
+        assert p.metrics.requests.value(transport="warm-up", outcome="completed") == 0  # not a request
         assert await p.warm_up(default_voice(), timeout_s=0.0) is None  # timed out: logged, not raised
     finally:
         await p.stop()
