@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from higgs_stream.bench.measure import timed
 from higgs_stream.engine.codec import Codec, CodecConfig, StreamingDecoder
 
 WINDOW_CONTEXT = 10  # frames each side of a window today (the receptive field)
@@ -47,23 +48,6 @@ def random_codec(tiny: bool, device: str, seed: int = 0) -> Codec:
 
     cfg = CodecConfig.tiny()
     return codec_from_state_dict(build_reference_model(cfg, seed).state_dict(), cfg, with_encoder=False).to(device)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], Any], iters: int, device: torch.device, warmup: int = 2) -> float:
-    """Seconds per call: wall clock over `iters` back-to-back calls, the device drained at both ends."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync(device)
-    return (time.perf_counter() - t0) / iters
 
 
 def rate(kind: str, batch: int, frames: int, seconds: float, **extra: Any) -> dict:

@@ -37,11 +37,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.bench import copy_bandwidth, decode_sweep, log, stream_bench
+from higgs_stream.bench.decode import copy_bandwidth, decode_sweep
+from higgs_stream.bench.measure import device_seconds, log
+from higgs_stream.bench.stream import stream_bench
 from higgs_stream.bench_model import end_of_speech_guard, logprob_parity
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
@@ -64,16 +65,9 @@ def graph_time(fn: Callable[[], Any], calls: int = 20, reps: int = 5) -> float:
         for _ in range(calls):
             fn()
     graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / calls)
+    seconds = device_seconds(graph.replay, reps) / calls
     del graph
-    return float(np.median(times))
+    return seconds
 
 
 def _fp8_torch_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

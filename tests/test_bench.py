@@ -1,4 +1,4 @@
-"""The in-process benchmark's trace summary (higgs_stream/bench.py): where a run's time went."""
+"""The in-process benchmark's trace summary (higgs_stream/bench/): where a run's time went."""
 
 import pytest
 from higgs_stream.bench import trace_summary

@@ -1,0 +1,58 @@
+"""Where an in-process streaming run's time went, from its trace (`stream_bench(trace=True)`): engine
+steps, codec calls, and the talker's decode replays beside a codec call."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def trace_summary(trace: list[tuple], wall_s: float) -> dict:
+    """Where an in-process run's time went: engine-loop iterations (engine.step split into host work and
+    device waits, then routing) and codec calls, and how much longer a step takes while a codec call runs."""
+    steps = [t for t in trace if t[0] == "step"]
+    calls = sorted((t for t in trace if t[0] == "codec"), key=lambda t: t[1])
+    replays = [t for t in trace if t[0] == "replay"]  # ("replay", host launch time, rows, device seconds)
+    if not steps:
+        return {}
+    arr = lambda xs: np.asarray(xs, dtype=np.float64) * 1e3
+    wall, engine, wait, route = (arr([t[3] - t[1] for t in steps]), arr([t[2] - t[1] for t in steps]),
+                                 arr([t[5] for t in steps]), arr([t[3] - t[2] for t in steps]))
+    prefill = np.array([len(t) > 6 and t[6] > 0 for t in steps])
+    overlapped = np.zeros(len(steps), dtype=bool)
+    j = 0
+    for i, t in enumerate(steps):  # steps and calls are in time order: one pass
+        while j < len(calls) and calls[j][2] < t[1]:
+            j += 1
+        overlapped[i] = j < len(calls) and calls[j][1] < t[3]
+    dur = arr([c[2] - c[1] for c in calls]) if calls else np.zeros(1)
+    pct = lambda a, q: float(np.percentile(a, q)) if a.size else float("nan")
+    return {"steps": len(steps), "step_ms_p50": pct(wall, 50), "step_ms_p95": pct(wall, 95),
+            "engine_host_ms": float((engine - wait).mean()), "engine_wait_ms": float(wait.mean()),
+            "route_ms": float(route.mean()),
+            "step_ms_with_prefill": _mean(wall[prefill]), "step_ms_without_prefill": _mean(wall[~prefill]),
+            "share_of_steps_with_prefill": float(prefill.mean()),
+            "step_ms_with_codec": float(wall[overlapped].mean()) if overlapped.any() else None,
+            "step_ms_without_codec": float(wall[~overlapped].mean()) if (~overlapped).any() else None,
+            "share_of_steps_with_codec": float(overlapped.mean()),
+            "codec_calls": len(calls), "codec_ms_p50": pct(dur, 50), "codec_ms_p95": pct(dur, 95),
+            "codec_jobs_mean": float(np.mean([c[3] for c in calls])) if calls else 0.0,
+            "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
+            "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
+            "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
+            **_replay_summary(replays, calls)}
+
+
+def _mean(a: np.ndarray) -> float | None:
+    return float(a.mean()) if a.size else None
+
+
+def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:
+    """Device time of the talker's decode replays, apart and beside a codec call (GPU contention)."""
+    if not replays:
+        return {}
+    beside = np.array([any(c[1] <= r[1] <= c[2] for c in calls) for r in replays])
+    ms = np.array([r[3] for r in replays]) * 1e3
+    rows = np.array([r[2] for r in replays])
+    return {"replay_ms_mean": float(ms.mean()), "replay_rows_mean": float(rows.mean()),
+            "replay_ms_beside_codec": float(ms[beside].mean()) if beside.any() else None,
+            "replay_ms_alone": float(ms[~beside].mean()) if (~beside).any() else None}
