@@ -39,7 +39,7 @@ ENCODE_CACHE_SIZE = 32
 
 
 @contextlib.contextmanager
-def _onednn_off():
+def native_cpu_convs():
     """Route CPU convolutions to PyTorch's native kernels for the duration (restores the flag)."""
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
@@ -135,7 +135,7 @@ class Codec(nn.Module):
         if self.allow_tf32:
             return contextlib.nullcontext()
         if self.device.type != "cuda":
-            return _onednn_off()
+            return native_cpu_convs()
         b = torch.backends.cudnn
         return b.flags(enabled=b.enabled, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
                        deterministic=b.deterministic, allow_tf32=False)

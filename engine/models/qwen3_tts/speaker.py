@@ -29,7 +29,7 @@ from torch import nn
 
 from higgs_stream.engine.checkpoint_files import read_config_json, read_headers, weight_files
 from higgs_stream.engine.errors import CheckpointError, ConfigError
-from higgs_stream.engine.models.qwen3_tts.codec.codec import native_cpu_convs
+from higgs_stream.engine.codec.codec import native_cpu_convs
 from higgs_stream.engine.models.qwen3_tts.codec.load import check_keys
 
 PREFIX = "speaker_encoder."

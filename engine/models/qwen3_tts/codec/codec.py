@@ -27,6 +27,7 @@ from torch import nn
 from higgs_stream.engine.codec.audio_io import DEFAULT_MAX_SECONDS, to_codec_rate, validate_waveform
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.codec.codec import native_cpu_convs
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.decoder import QwenDecoder, zero_states
 from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
@@ -35,16 +36,6 @@ if TYPE_CHECKING:
     from higgs_stream.engine.models.qwen3_tts.speaker import SpeakerEncoder
 
 ENCODE_CACHE_SIZE = 32
-
-
-@contextlib.contextmanager
-def native_cpu_convs():
-    previous = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.enabled = previous
 
 
 class QwenCodec(nn.Module):
