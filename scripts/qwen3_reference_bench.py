@@ -245,7 +245,7 @@ def bench_size(size: str, args, device: torch.device, dtype: torch.dtype) -> lis
         med = statistics.median(walls)
         row = dict(size=size, batch=batch, frames=args.frames, runs_s=walls, median_s=med,
                    frames_per_s=batch * args.frames / med, ms_per_frame=med / args.frames * 1e3,
-                   prompt_tokens=int(ids.shape[1]), params=params, build_s=build_s)
+                   prompt_ids=int(ids.shape[1]), params=params, build_s=build_s)
         out.append(row)
         print(f"reference {size} b={batch}: {row['frames_per_s']:.1f} frames/s, {row['ms_per_frame']:.2f} ms/frame "
               f"(median of {args.runs} x {args.frames} frames, {med:.3f} s)", flush=True)
