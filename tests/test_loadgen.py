@@ -261,3 +261,17 @@ def test_spawned_server_that_dies_reports_its_log(tmp_path):
     with (pytest.raises(RuntimeError, match="exited with 3(.|\n)*model not found"),
           spawned_server(cmd, "ws://127.0.0.1:9/v1/tts/stream", tmp_path / "s.log", 30)):
         pass
+
+
+def test_results_read_back_plain_or_gzipped(tmp_path):
+    """--plot-from takes docs/bench's .json.gz as well as .json."""
+    import gzip
+    import json
+
+    from higgs_stream.loadgen.__main__ import read_result
+
+    result = {"label": "x", "scenarios": [{"kind": "open", "load": 1.0}]}
+    plain, packed = tmp_path / "r.json", tmp_path / "r.json.gz"
+    plain.write_text(json.dumps(result))
+    packed.write_bytes(gzip.compress(json.dumps(result).encode()))
+    assert read_result(plain) == read_result(packed) == result

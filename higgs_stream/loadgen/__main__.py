@@ -24,6 +24,7 @@ pynvml or `nvidia-smi -lms 200` on this host (None without a GPU). docs/LOADGEN.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import signal
@@ -78,9 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", default=None, help="name of this run in plots")
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--plot", default=None, help="PNG file to write (needs matplotlib)")
-    ap.add_argument("--plot-from", nargs="+", default=None, metavar="JSON",
+    ap.add_argument("--plot-from", nargs="+", default=None, metavar="JSON",  # .json or .json.gz (docs/bench)
                     help="only plot these result files (one line per file) to --plot")
     return ap
+
+
+def read_result(path: Path) -> dict:
+    """A result JSON, plain or gzipped (docs/bench keeps the large ones as .json.gz)."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.plot_from:
-        results = [json.loads(Path(p).read_text()) for p in args.plot_from]
+        results = [read_result(Path(p)) for p in args.plot_from]
         for r, p in zip(results, args.plot_from):
             r["label"] = r.get("label") or Path(p).stem
         for r in results:
