@@ -29,5 +29,11 @@ async def start_pipeline(state: ServerState) -> None:
     """Start the pipeline and, with `config.warm_up`, run one utterance in the default voice through
     it before the transport accepts anyone (both transports: aiohttp's startup, ASGI's lifespan)."""
     await state.pipeline.start()
-    if state.config.warm_up:
-        await state.pipeline.warm_up(state.voices.resolve(DEFAULT))
+    if not state.config.warm_up:
+        return
+    # the default voice first; a model that needs a reference voice (Qwen3-TTS Base) warms up with the
+    # first preset that has one, if any (else its first client pays for the compilation)
+    candidates = [state.voices.resolve(DEFAULT)] + [v for v in state.voices.presets.values() if v.has_reference]
+    for voice in candidates:
+        if await state.pipeline.warm_up(voice) is not None:
+            return

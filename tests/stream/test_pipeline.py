@@ -476,3 +476,32 @@ def test_serve_warms_up_unless_told_not_to():
     add_arguments(parser)
     assert config_from_args(parser.parse_args(["--model", "m"])).warm_up
     assert not config_from_args(parser.parse_args(["--model", "m", "--no-warm-up"])).warm_up
+
+
+async def test_start_warms_up_with_a_reference_voice_when_the_default_cannot():
+    """A model that needs reference audio (Qwen3-TTS Base) fails the default voice's warm-up: the server
+    then warms up with the first preset that has a reference, and stops at the first that works."""
+    from types import SimpleNamespace
+
+    from higgs_stream.stream.server_state import start_pipeline
+    from higgs_stream.stream.voices import Voice
+
+    tried = []
+
+    class Pipe:
+        async def start(self):
+            tried.append("start")
+
+        async def warm_up(self, voice):
+            tried.append(voice.name)
+            return None if voice.name == "default" else 1.0
+
+    default = Voice(name="default")
+    presets = {"plain": Voice(name="plain"), "ref": Voice(name="ref", audio=b"RIFF", transcript="Hi."),
+               "ref2": Voice(name="ref2", audio=b"RIFF", transcript="Hi.")}
+    voices = SimpleNamespace(resolve=lambda name: default, presets=presets)
+    await start_pipeline(SimpleNamespace(config=ServerConfig(warm_up=True), pipeline=Pipe(), voices=voices))
+    assert tried == ["start", "default", "ref"]
+    tried.clear()
+    await start_pipeline(SimpleNamespace(config=ServerConfig(), pipeline=Pipe(), voices=voices))
+    assert tried == ["start"]
