@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
+from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -30,3 +32,30 @@ def tiny_base_dir(tmp_path_factory, tiny_dir) -> Path:
     shutil.copytree(FIXTURES / "tiny_base", root)
     shutil.copytree(tiny_dir / "speech_tokenizer", root / "speech_tokenizer")
     return root
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    """The tiny checkpoint's talker and code predictor, fp32."""
+    return load_model(tiny_dir)
+
+
+class IdTokenizer:
+    """The fixtures' token ids by template string (the fixtures hold ids, not text)."""
+
+    special = None
+
+    def __init__(self, table: dict[str, list[int]]) -> None:
+        self.table = table
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.table[text])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(ref) -> IdTokenizer:
+    """Texts "A" and "B", instruction "I", reference transcript "R" -> the reference's own prompt ids."""
+    return IdTokenizer({ASSISTANT.format("A"): ref["scenario_text_a"].tolist(),
+                        ASSISTANT.format("B"): ref["scenario_text_b"].tolist(),
+                        INSTRUCTION.format("I"): ref["scenario_instruct"].tolist(),
+                        REFERENCE.format("R"): ref["clone_ref_ids"].tolist()})

@@ -14,36 +14,13 @@ import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
-from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
+from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
-class IdTokenizer:
-    """The fixtures' token ids by template string (the fixtures hold ids, not text)."""
 
-    special = None
-
-    def __init__(self, table: dict[str, list[int]]) -> None:
-        self.table = table
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.table[text])
-
-
-@pytest.fixture(scope="module")
-def model(tiny_dir):
-    return load_model(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(ref):
-    return IdTokenizer({ASSISTANT.format("A"): ref["scenario_text_a"].tolist(),
-                        ASSISTANT.format("B"): ref["scenario_text_b"].tolist(),
-                        INSTRUCTION.format("I"): ref["scenario_instruct"].tolist(),
-                        REFERENCE.format("R"): ref["clone_ref_ids"].tolist()})
 
 
 def make_engine(model, tokenizer, variant: str = "custom_voice", **config) -> Engine:
@@ -183,7 +160,7 @@ def test_bad_requests_are_typed(model, tokenizer, ref):
         base.add(GenerationRequest("A", reference=Reference(np.zeros((16, 2), np.int64), "R")))
     with pytest.raises(InvalidInputError, match="no built-in speakers"):
         make_engine(model, tokenizer, "voice_design").policy.build_prompt(GenerationRequest("A", speaker="aiden"))
-    injected = IdTokenizer({ASSISTANT.format("A"): [153, 11, 13, 40, 153, 41, 154, 13, 153, 11, 13]})
+    injected = type(tokenizer)({ASSISTANT.format("A"): [153, 11, 13, 40, 153, 41, 154, 13, 153, 11, 13]})
     with pytest.raises(InvalidInputError, match="control tokens"):
         make_engine(model, injected).add(GenerationRequest("A"))
 

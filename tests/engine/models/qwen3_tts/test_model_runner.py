@@ -27,36 +27,13 @@ from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 from higgs_stream.engine.models.qwen3_tts.device_rules import QwenDeviceRules
 from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
-from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
 REF = ModelRunnerConfig(kernels="ref", cuda_graphs=False)
 GREEDY = SamplingParams(temperature=0.0)
 
 
-class IdTokenizer:
-    """Template string -> the fixtures' token ids (as tests/engine/models/qwen3_tts/test_engine.py)."""
 
-    special = None
-
-    def __init__(self, table: dict[str, list[int]]) -> None:
-        self.table = table
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.table[text])
-
-
-@pytest.fixture(scope="module")
-def model(tiny_dir):
-    return load_model(tiny_dir)  # fp32
-
-
-@pytest.fixture(scope="module")
-def tokenizer(ref):
-    return IdTokenizer({ASSISTANT.format("A"): ref["scenario_text_a"].tolist(),
-                        ASSISTANT.format("B"): ref["scenario_text_b"].tolist(),
-                        INSTRUCTION.format("I"): ref["scenario_instruct"].tolist(),
-                        REFERENCE.format("R"): ref["clone_ref_ids"].tolist()})
 
 
 def engine(model, tokenizer, variant: str, runner: ModelRunnerConfig | None, **config) -> Engine:

@@ -6,17 +6,12 @@ import numpy as np
 import pytest
 import torch
 from higgs_stream.engine.errors import InvalidInputError
-from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 from higgs_stream.engine.models.qwen3_tts.generate import Trace, generate_frames
 from higgs_stream.engine.models.qwen3_tts.prompt import build_prompt, embed_prompt
 
 BOUND = 1e-5  # max |ours - reference| / max |reference|, fp32
 SLICE = 65  # the fixtures' stored logit columns: codes 0..63 and EOS
 
-
-@pytest.fixture(scope="module")
-def model(tiny_dir):
-    return load_model(tiny_dir)
 
 
 def scenario(name, ref, cfg):
