@@ -198,3 +198,16 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def check_keys(want: dict[str, torch.Tensor], stored: dict, prefix: str, source: str) -> None:
+    """CheckpointError naming the first missing, unexpected or mis-shaped tensor (names under `prefix`);
+    `stored` maps names to anything with a `.shape`."""
+    for kind, names in (("missing", sorted(set(want) - set(stored))), ("unexpected", sorted(set(stored) - set(want)))):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise CheckpointError(f"{source}: {kind} tensor {prefix}{names[0]}{more}")
+    for name, t in want.items():
+        if tuple(stored[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{source}: tensor {prefix}{name} has shape {tuple(stored[name].shape)}, the config "
+                                  f"gives {tuple(t.shape)}")

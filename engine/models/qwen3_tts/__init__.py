@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.family import TokenizerLike
 from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE, QwenTTSConfig
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from higgs_stream.engine.checkpoint_files import read_config_json, read_headers, weight_files
+from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, read_headers, weight_files
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
 from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
@@ -54,18 +54,7 @@ def load_model(root: str | Path, device: str | torch.device = "cpu",
         model = QwenTTSModel(cfg)
     params = dict(model.named_parameters())
     stored = {k: e for k, e in entries.items() if not k.startswith(UNUSED_PREFIXES)}
-    missing = sorted(set(params) - set(stored))
-    if missing:
-        raise CheckpointError(f"{root}: missing tensor {missing[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    unexpected = sorted(set(stored) - set(params))
-    if unexpected:
-        raise CheckpointError(f"{root}: unexpected tensor {unexpected[0]}"
-                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
-    for name, p in params.items():
-        if tuple(stored[name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{root}: tensor {name} has shape {stored[name].shape}, the config gives "
-                                  f"{tuple(p.shape)}")
+    check_keys(params, stored, "", str(root))
     model = model.to_empty(device=device)
     params = dict(model.named_parameters())  # the real tensors now
     with torch.no_grad():

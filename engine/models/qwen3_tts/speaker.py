@@ -27,10 +27,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from higgs_stream.engine.checkpoint_files import read_config_json, read_headers, weight_files
+from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, read_headers, weight_files
 from higgs_stream.engine.errors import CheckpointError, ConfigError
 from higgs_stream.engine.codec.codec import native_cpu_convs
-from higgs_stream.engine.models.qwen3_tts.codec.load import check_keys
 
 PREFIX = "speaker_encoder."
 SAMPLE_RATE = 24000

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from higgs_stream.engine.checkpoint_files import read_config_json, weight_files
+from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, weight_files
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
@@ -55,19 +55,6 @@ def load_qwen_codec(root: str | Path, device: str | torch.device = "cpu") -> Qwe
     return codec.to(device)
 
 
-def check_keys(want: dict[str, torch.Tensor], stored: dict, prefix: str, source: str) -> None:
-    """CheckpointError naming the first missing, unexpected or mis-shaped tensor (names under `prefix`);
-    `stored` maps names to anything with a `.shape`."""
-    for kind, names in (("missing", sorted(set(want) - set(stored))), ("unexpected", sorted(set(stored) - set(want)))):
-        if names:
-            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
-            raise CheckpointError(f"{source}: {kind} tensor {prefix}{names[0]}{more}")
-    for name, t in want.items():
-        if tuple(stored[name].shape) != tuple(t.shape):
-            raise CheckpointError(f"{source}: tensor {prefix}{name} has shape {tuple(stored[name].shape)}, the config "
-                                  f"gives {tuple(t.shape)}")
-
-
 def load_state(module: torch.nn.Module, stored: dict[str, torch.Tensor], prefix: str, source: str) -> None:
     """Copy `stored` (names under `prefix`) into every parameter and persistent buffer of `module`, as fp32."""
     want = module.state_dict()
@@ -80,18 +67,7 @@ def load_state(module: torch.nn.Module, stored: dict[str, torch.Tensor], prefix:
 def load_decoder_state(codec: QwenCodec, stored: dict[str, torch.Tensor], source: str) -> None:
     """Copy `stored` (names relative to `decoder.`) into the codec's decoder, checking every key and shape."""
     params = dict(codec.decoder.named_parameters())
-    missing = sorted(set(params) - set(stored))
-    if missing:
-        raise CheckpointError(f"{source}: missing tensor {DECODER_PREFIX}{missing[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    unexpected = sorted(set(stored) - set(params))
-    if unexpected:
-        raise CheckpointError(f"{source}: unexpected tensor {DECODER_PREFIX}{unexpected[0]}"
-                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+    check_keys(params, stored, DECODER_PREFIX, source)
     with torch.no_grad():
         for name, p in params.items():
-            t = stored[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise CheckpointError(f"{source}: tensor {DECODER_PREFIX}{name} has shape {tuple(t.shape)}, "
-                                      f"the config gives {tuple(p.shape)}")
-            p.copy_(t.to(torch.float32))
+            p.copy_(stored[name].to(torch.float32))
