@@ -278,3 +278,16 @@ def linear_weight(linear: Any) -> Weight:
 def stack_norms(*norms: Any) -> torch.Tensor:
     """RMSNorm weights stacked per branch: [W, H]."""
     return torch.stack([n.weight.detach() for n in norms])  # [W, H]
+
+
+def qwen3_layer(block: Any) -> FastLayer:
+    """A Qwen3 decoder layer (self_attn q/k/v/o with QK-norm, one MLP) as the fast path reads it: q/k/v
+    and gate/up each fused into one matrix (the module's weights become views of it). Higgs v3's talker,
+    Qwen3-TTS's talker and its code predictor are all built of these."""
+    attn = block.self_attn
+    return FastLayer(
+        qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
+        gate_up=(fuse_linears(block.mlp.gate_proj, block.mlp.up_proj),), down=(linear_weight(block.mlp.down_proj),),
+        input_norm=stack_norms(block.input_layernorm), post_norm=stack_norms(block.post_attention_layernorm),
+        qk_norm=stack_norms(attn.q_norm, attn.k_norm),
+    )

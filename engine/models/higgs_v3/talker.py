@@ -18,14 +18,13 @@ else; the embedding sum is taken in the matrix dtype, audio and text logits are 
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS, StepBatch, StepOutput, logits_at_rows
-from higgs_stream.engine.fast_talker import FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
+from higgs_stream.engine.fast_talker import FastWeights, qwen3_layer, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
@@ -191,15 +190,6 @@ class TalkerV3(nn.Module):
         """The fast path's view of these weights (engine/fast_talker.py): Qwen3, one branch per layer,
         QK-norm; the fused audio matrix is both embedding and head. q/k/v and gate/up are fused into
         one matrix each; this module's parameters become views of them (no second copy)."""
-        def layer(b: Any) -> FastLayer:
-            attn = b.self_attn
-            return FastLayer(
-                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
-                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(linear_weight(b.mlp.down_proj),),
-                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
-                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
-            )
-
         fused = self.audio.embedding.weight.detach()
-        return FastWeights(layers=[layer(b) for b in self.body.layers], final_norm=stack_norms(self.body.norm),
+        return FastWeights(layers=[qwen3_layer(b) for b in self.body.layers], final_norm=stack_norms(self.body.norm),
                            embed_text=self.text_embedding.weight.detach(), embed_audio=fused, audio_head=fused)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.engine.fast_talker import FastInputs, FastLayer, FastTalker, FastWeights, fuse_linears, stack_norms
+from higgs_stream.engine.fast_talker import FastInputs, FastTalker, FastWeights, fuse_linears, qwen3_layer, stack_norms
 from higgs_stream.engine.family import Pick
 
 
@@ -54,18 +54,9 @@ class _PredictorView:
     def fast_weights(self) -> FastWeights:
         """The layers fused as the talker's; the 15 group tables and the 15 heads each fused into one
         matrix [15 * codebook_size, .] (the modules' weights become views of them)."""
-        def layer(b: Any) -> FastLayer:
-            attn = b.self_attn
-            return FastLayer(
-                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=attn.o_proj.weight.detach(),
-                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(b.mlp.down_proj.weight.detach(),),
-                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
-                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
-            )
-
         m = self.cp.model
         tables = fuse_linears(*m.codec_embedding)  # [15 * Vc, H] (nn.Embedding keeps its weight as Linear does)
-        return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm), embed_text=tables,
+        return FastWeights(layers=[qwen3_layer(b) for b in m.layers], final_norm=stack_norms(m.norm), embed_text=tables,
                            embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head))  # no text rows
 
 

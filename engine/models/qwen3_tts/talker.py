@@ -25,7 +25,7 @@ from torch import nn
 
 from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.errors import InvalidInputError
-from higgs_stream.engine.fast_talker import FastInputs, FastLayer, FastWeights, fuse_linears, linear_weight, stack_norms
+from higgs_stream.engine.fast_talker import FastInputs, FastWeights, qwen3_layer, stack_norms
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.layers import MLP, Attention, RMSNorm
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
@@ -281,21 +281,12 @@ class QwenTTSModel(nn.Module):
         gate/up fused into one matrix each (this module's parameters become views of them), group 0's
         head, this talker's own row embedding (`fast_embed`), and the code predictor on the same
         stack and kernels (fast_predictor.py) that completes each row inside the graphed step."""
-        def layer(b: Qwen3Layer) -> FastLayer:
-            attn = b.self_attn
-            return FastLayer(
-                qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj), o=linear_weight(attn.o_proj),
-                gate_up=(fuse_linears(b.mlp.gate_proj, b.mlp.up_proj),), down=(linear_weight(b.mlp.down_proj),),
-                input_norm=stack_norms(b.input_layernorm), post_norm=stack_norms(b.post_attention_layernorm),
-                qk_norm=stack_norms(attn.q_norm, attn.k_norm),
-            )
-
         m, cp = self.talker.model, self.talker.code_predictor
         # a step reads the code predictor whole (but one row of each group table) and the text projection
         tables = set(cp.model.codec_embedding.parameters())
         extra = sum(p.numel() * p.element_size() for p in [*cp.parameters(), *self.talker.text_projection.parameters()]
                     if p not in tables)
-        return FastWeights(layers=[layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
+        return FastWeights(layers=[qwen3_layer(b) for b in m.layers], final_norm=stack_norms(m.norm),
                            embed_text=m.text_embedding.weight.detach(), embed_audio=m.codec_embedding.weight.detach(),
                            audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed,
                            extra_step_bytes=extra, complete_rows=self._fast_predictor)
