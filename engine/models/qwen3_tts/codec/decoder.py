@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from higgs_stream.engine.layers import RMSNorm  # fp32 here: the same products as rms_norm_ref's
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 
 
@@ -190,16 +191,6 @@ class UpsampleStage(nn.ModuleList):
 
 
 # ------------------------------------------------------------------------------- pre-transformer
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
 class _Scale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
