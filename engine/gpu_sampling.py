@@ -203,6 +203,23 @@ class DeviceStreamState:
         return self.complete(hidden, head, pick), ok
 
 
+def commit_rows(state: DeviceStreamState, slots: torch.Tensor, tokens: torch.Tensor, ncols: torch.Tensor,
+                finished: torch.Tensor, reason: torch.Tensor, live: torch.Tensor,
+                finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The end every family's `advance` shares: each row's status (`reason` where `finished`, else
+    RUNNING; ERROR for non-finite logits; IGNORED for a row not live) and, for the rows that advance
+    (live and finite), their new last row `tokens` [B, K], column count (`ncols` + 1) and done flag.
+    Returns (status [B], keep [B]: the rows that keep their state, for the family's own tensors)."""
+    status = torch.where(finished, reason, RUNNING)
+    status = torch.where(finite, status, ERROR)
+    status = torch.where(live, status, IGNORED)
+    keep = ~(live & finite)
+    state.last_col.index_copy_(0, slots, torch.where(keep[:, None], state.last_col[slots], tokens))
+    state.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
+    state.done.index_copy_(0, slots, state.done[slots] | (live & (finished | ~finite)))
+    return status, keep
+
+
 class RowRules:
     """The optional hooks of `family.DeviceRules`, as the Higgs families use them (no per-slot state
     of their own, no logits processors); a family's rules subclass it and override what they need."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP, RowRules
+from higgs_stream.engine.gpu_sampling import LENGTH, STOP, RowRules, commit_rows
 
 
 class V2DeviceRules(RowRules):
@@ -61,20 +61,12 @@ class V2DeviceRules(RowRules):
         reason = torch.where(starts, torch.where(forced_stop, LENGTH, STOP), state.stop_reason[slots])
         finished = (remaining >= 0) & (remaining <= 0)
 
-        status = torch.where(finished, reason, RUNNING)
-        status = torch.where(finite, status, ERROR)
-        status = torch.where(live, status, IGNORED)
-        advance = live & finite
-
         # write back (rows that did not advance keep their state)
-        keep = ~advance
-        new_col = torch.where(keep[:, None], state.last_col[slots], tokens)
-        state.last_col.index_copy_(0, slots, new_col)
-        state.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
+        status, keep = commit_rows(state, slots, tokens, ncols, finished, reason, live, finite)
+        advance = ~keep
         state.num_delay.index_copy_(0, slots, torch.where(keep, state.num_delay[slots], delay))
         state.num_remaining.index_copy_(0, slots, torch.where(keep, state.num_remaining[slots], remaining))
         state.stop_reason.index_copy_(0, slots, torch.where(keep, state.stop_reason[slots], reason))
-        state.done.index_copy_(0, slots, state.done[slots] | (live & (finished | ~finite)))
         window = state.window[slots]  # [B, W, K]
         at = (state._age == pos[:, None]) & advance[:, None]  # [B, W]
         state.window.index_copy_(0, slots, torch.where(at[:, :, None], tokens[:, None, :], window))

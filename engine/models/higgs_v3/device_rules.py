@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP, RowRules
+from higgs_stream.engine.gpu_sampling import LENGTH, STOP, RowRules, commit_rows
 
 
 class V3DeviceRules(RowRules):
@@ -47,13 +47,7 @@ class V3DeviceRules(RowRules):
         length = ~stop & (ncols >= state.cap_column[slots])  # rows after this one == ncols
         finished = stop | length
 
-        status = torch.where(finished, torch.where(stop, STOP, LENGTH), RUNNING)
-        status = torch.where(finite, status, ERROR)
-        status = torch.where(live, status, IGNORED)
-        keep = ~(live & finite)  # rows that do not advance keep their state
-        state.last_col.index_copy_(0, slots, torch.where(keep[:, None], state.last_col[slots], tokens))
-        state.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
+        status, keep = commit_rows(state, slots, tokens, ncols, finished, torch.where(stop, STOP, LENGTH), live, finite)
         state.num_delay.index_copy_(0, slots, torch.where(keep | ~ramp, delay, delay + 1))
         state.num_remaining.index_copy_(0, slots, torch.where(keep, state.num_remaining[slots], remaining))
-        state.done.index_copy_(0, slots, state.done[slots] | (live & (finished | ~finite)))
         return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]

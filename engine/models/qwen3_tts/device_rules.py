@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, LENGTH, RUNNING, STOP, RowRules
+from higgs_stream.engine.gpu_sampling import LENGTH, STOP, RowRules, commit_rows
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
 from higgs_stream.engine.models.qwen3_tts.generate import MIN_FRAMES
 
@@ -69,13 +69,7 @@ class QwenDeviceRules(RowRules):
         length = ~stop & (ncols >= state.cap_column[slots])  # this row is frame `ncols`
         finished = stop | length
 
-        status = torch.where(finished, torch.where(stop, STOP, LENGTH), RUNNING)
-        status = torch.where(finite, status, ERROR)
-        status = torch.where(live, status, IGNORED)
-        keep = ~(live & finite)  # rows that do not advance keep their state
-        state.last_col.index_copy_(0, slots, torch.where(keep[:, None], state.last_col[slots], tokens))
-        state.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
-        state.done.index_copy_(0, slots, state.done[slots] | (live & (finished | ~finite)))
+        status, keep = commit_rows(state, slots, tokens, ncols, finished, torch.where(stop, STOP, LENGTH), live, finite)
         emitted = ~keep & ~stop  # [B]: a frame, whose group-0 id the penalty sees from now on
         self.seen[slots, first] = self.seen[slots, first] | emitted
         return torch.cat([tokens, status[:, None]], dim=1)  # [B, K + 1]
