@@ -55,7 +55,6 @@ one device reduction (a host sync); CPU codes are checked on the host.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -66,21 +65,30 @@ import torch.nn.functional as F
 from higgs_stream.engine.codec.decoder import AcousticDecoder
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
+from higgs_stream.engine.codec.step_graphs import (
+    CAPTURE_TOLERANCE,
+    TIMED_REPLAYS,
+    bucket_keys,
+    capture_checked,
+    input_size,
+    replay_diff,
+    replay_seconds,
+    smallest_bucket,
+    split_inputs,
+    stage_inputs,
+)
 from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
-from higgs_stream.engine.graph_capture import capture_buckets
 from torch import nn
 
 if TYPE_CHECKING:
     from higgs_stream.engine.codec.codec import Codec
 
-log = logging.getLogger(__name__)
-
 OPEN_END = 1 << 40  # "length not known yet" (frames); times any rate still fits int64
-CAPTURE_TOLERANCE = 1e-5  # graph replay vs eager step, max |d| / peak (the same kernels run: 0 expected)
 # Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
 # Fitted to the full-size decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
 STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
-TIMED_REPLAYS = 3  # capture(): replays timed per bucket (the median prices the bucket)
+# CAPTURE_TOLERANCE and TIMED_REPLAYS live in step_graphs.py (shared with the Qwen3-TTS decoder); exported here too
+__all__ = ["CAPTURE_TOLERANCE", "TIMED_REPLAYS", "StepAudio", "StreamingDecoder", "lookahead_samples", "plan"]
 
 
 # ---------------------------------------------------------------------------- the layer plan
@@ -317,8 +325,7 @@ class StreamingDecoder:
 
     def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
         """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""
-        fits = [k for k in self._buckets if k[0] >= n and k[1] >= width]
-        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
+        return smallest_bucket(self._buckets, n, width)
 
     def step_cost(self, n: int, width: int) -> float:
         """Predicted seconds of one step of n rows, the widest `width` frames."""
@@ -367,36 +374,19 @@ class StreamingDecoder:
         return groups[::-1]
 
     def _input_size(self, shape: tuple[int, int]) -> int:
-        b, c = shape
-        return b * self.geometry.num_codebooks * c + 4 * b
+        return input_size(shape, self.geometry.num_codebooks, 4)
 
     def _stage(self, inp: torch.Tensor, shape: tuple[int, int], slots: list[int], codes: torch.Tensor,
                adv: list[int], starts: list[int], ends: list[int]) -> None:
         """Write one step's inputs into `inp` (codes [B, Q, C] then slot/valid/start/end [4, B]): one
-        host-to-device copy from pinned memory when the codes are on the host."""
-        b, c = shape
-        n, q = len(slots), self.geometry.num_codebooks
-        cut = b * q * c
-        host = torch.empty(inp.shape[0], dtype=torch.long, pin_memory=self.device.type == "cuda")
-        meta = host[cut:].view(4, b).numpy()
-        meta[0, :n], meta[1, :n], meta[2, :n], meta[3, :n] = slots, adv, starts, ends
-        meta[0, n:], meta[1:, n:] = self.scratch, 0  # padding rows: scratch slot, nothing valid
-        w = min(codes.shape[2], c)
-        # codes outside [:n, :, :w] stay unwritten: the step masks every column beyond a row's valid frames
-        if codes.device.type == "cpu":
-            host[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
-            inp.copy_(host, non_blocking=True)
-        else:
-            inp[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
-            inp[cut:].copy_(host[cut:], non_blocking=True)
+        host-to-device copy from pinned memory when the codes are on the host; padding rows: the scratch
+        slot, nothing valid. Codes beyond a row's valid frames stay junk: the step masks them."""
+        stage_inputs(inp, shape, codes, (slots, adv, starts, ends), (self.scratch, 0, 0, 0))
 
     def _math(self, inp: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         """One batched step from the staged inputs; updates the arena; returns audio [B, C * hop]."""
-        b, c = shape
-        q = self.geometry.num_codebooks
-        cut = b * q * c
-        codes = inp[:cut].view(b, q, c)
-        slots, valid, start, end = inp[cut:].view(4, b)
+        c = shape[1]
+        codes, (slots, valid, start, end) = split_inputs(inp, shape, self.geometry.num_codebooks)
         cols = torch.arange(c, device=inp.device)
         real = start[:, None] + cols < end[:, None]  # [B, C] frames of the utterance (not flush padding)
         use = (cols < valid[:, None]) & real
@@ -428,13 +418,7 @@ class StreamingDecoder:
         engine/green_context.py), else on side streams."""
         if graphs and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
-        for b in batch_buckets:
-            if not isinstance(b, int) or not 1 <= b <= self.max_slots:
-                raise ConfigError(f"batch buckets must be ints in 1..max_slots={self.max_slots}, got {b!r}")
-        for c in frame_buckets:
-            if not isinstance(c, int) or c < 1:
-                raise ConfigError(f"frame buckets must be positive ints, got {c!r}")
-        keys = sorted({(b, c) for b in batch_buckets for c in frame_buckets})
+        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
         self._buckets, self._graphs, self._outputs, self._inputs, self.timings = keys, {}, {}, {}, {}
         self.capture_check = 0.0
         if not graphs or not keys:
@@ -446,18 +430,10 @@ class StreamingDecoder:
             self._inputs[key] = inp
 
         with torch.no_grad(), self.codec._precision():
-            captured, outputs = capture_buckets(keys, stage, lambda key: self._math(self._inputs[key], key),
-                                                self.device, stream)
-            saved = [s.clone() for s in self.states]
-            try:
-                checks = [self._check_graph(key, captured[key], outputs[key]) for key in keys]
-            finally:
-                for s, old in zip(self.states, saved):
-                    s.copy_(old)
-        self.capture_check = max(checks)
-        if self.capture_check > CAPTURE_TOLERANCE:
-            log.error("codec streaming graphs differ from the eager step by %.3g of peak; decoding eagerly",
-                      self.capture_check)
+            captured, outputs, self.capture_check = capture_checked(
+                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
+                self.device, stream, "codec streaming")
+        if not captured:  # the check failed (logged): decode eagerly at exact shapes
             self._buckets, self._inputs = [], {}
             return self.capture_check
         self._graphs, self._outputs = captured, outputs
@@ -470,15 +446,7 @@ class StreamingDecoder:
         inp = self._inputs[key]
         inp[-4 * key[0]:-3 * key[0]] = self.scratch
         inp[-3 * key[0]:] = 0
-        times = []
-        for _ in range(TIMED_REPLAYS):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self._graphs[key].replay()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3)
-        return sorted(times)[len(times) // 2]
+        return replay_seconds(self._graphs[key])
 
     @property
     def graphed(self) -> bool:
@@ -497,18 +465,6 @@ class StreamingDecoder:
                 for i, (s, a) in enumerate(zip(starts, adv))]
         adv[0], starts[0] = c, 40  # row 0 mid-stream, all frames valid: real output in every bucket
         start_states = [torch.randn(s.shape, generator=gen).mul_(0.1).to(self.device) for s in self.states]
-
-        def run(fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
-            for s, r in zip(self.states, start_states):
-                s.copy_(r)
-            self._stage(self._inputs[key], key, slots, codes, adv, starts, ends)
-            out = fn().clone()
-            return out, [s[:b].clone() for s in self.states]
-
-        want, want_states = run(lambda: self._math(self._inputs[key], key))
-        got, got_states = run(lambda: (graph.replay(), output)[1])
-        peak = max(float(want.abs().max()), 1e-30)
-        diff = max([float((got - want).abs().max()) / peak] +
-                   [float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
-                    for g, w in zip(got_states, want_states)])
-        return diff
+        return replay_diff(self.states, start_states, b,
+                           lambda: self._stage(self._inputs[key], key, slots, codes, adv, starts, ends),
+                           lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])
