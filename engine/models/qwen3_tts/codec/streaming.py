@@ -183,6 +183,10 @@ class QwenStreamingDecoder:
         slot, nothing valid, position 0 (reads zeros). Codes beyond a row's valid frames stay junk."""
         stage_inputs(inp, key, codes, (slots, valid, starts), (self.scratch, 0, 0))
 
+    def _stage_padding(self, inp: torch.Tensor, key: tuple[int, int]) -> None:
+        """Inputs of a step whose rows are all padding: it touches only the scratch slot."""
+        self._stage(inp, key, [], torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long), [], [])
+
     def _math(self, inp: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
         """One batched step from the staged inputs: gathers the rows' states, runs the decoder, scatters the
         new states into the arena in place; returns audio [B, C * hop]. Capturable (no host sync)."""
@@ -253,10 +257,9 @@ class QwenStreamingDecoder:
         if not graphs or not keys:
             return self.capture_check
 
-        def stage(key: tuple[int, int]) -> None:  # every row padding: warm-up touches only the scratch slot
-            inp = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
-            self._stage(inp, key, [], torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long), [], [])
-            self._inputs[key] = inp
+        def stage(key: tuple[int, int]) -> None:  # warm-up and capture from padding rows only
+            self._inputs[key] = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
+            self._stage_padding(self._inputs[key], key)
 
         with torch.no_grad(), self.codec.precision():
             captured, outputs, self.capture_check = capture_checked(
@@ -271,8 +274,7 @@ class QwenStreamingDecoder:
 
     def _time_replay(self, key: tuple[int, int]) -> float:
         """Seconds per replay of the bucket's graph (padding rows only: the arena's streams are untouched)."""
-        self._stage(self._inputs[key], key, [], torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long),
-                    [], [])
+        self._stage_padding(self._inputs[key], key)
         return replay_seconds(self._graphs[key])
 
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
