@@ -62,8 +62,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.decoder import AcousticDecoder
-from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
 from higgs_stream.engine.codec.step_graphs import (
     CAPTURE_TOLERANCE,
@@ -73,20 +73,16 @@ from higgs_stream.engine.codec.step_graphs import (
     input_size,
     replay_diff,
     replay_seconds,
-    smallest_bucket,
     split_inputs,
     stage_inputs,
 )
-from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from torch import nn
 
 if TYPE_CHECKING:
     from higgs_stream.engine.codec.codec import Codec
 
 OPEN_END = 1 << 40  # "length not known yet" (frames); times any rate still fits int64
-# Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
-# Fitted to the full-size decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
-STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
 # CAPTURE_TOLERANCE and TIMED_REPLAYS live in step_graphs.py (shared with the Qwen3-TTS decoder); exported here too
 __all__ = ["CAPTURE_TOLERANCE", "TIMED_REPLAYS", "StepAudio", "StreamingDecoder", "lookahead_samples", "plan"]
 
@@ -191,61 +187,13 @@ class StepAudio(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- the decoder
-class StreamingDecoder:
+class StreamingDecoder(SlotArenaDecoder):
     def __init__(self, codec: Codec, max_slots: int) -> None:
-        if not isinstance(max_slots, int) or max_slots < 1:
-            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
-        self.codec = codec
-        self.geometry: CodecGeometry = codec.geometry
         self.stages = plan(codec.acoustic_decoder)
-        assert self.stages[-1].rate_out == self.geometry.hop, \
-            f"decoder upsamples by {self.stages[-1].rate_out}, hop is {self.geometry.hop}"
-        self.max_slots = max_slots
-        self.scratch = max_slots  # padding rows read and write this slot
-        self.device = codec.device
+        assert self.stages[-1].rate_out == codec.geometry.hop, \
+            f"decoder upsamples by {self.stages[-1].rate_out}, hop is {codec.geometry.hop}"
         # the arena: one [slot, C, H] history tensor per layer
-        self.states = [torch.zeros(max_slots + 1, st.channels, st.history, device=self.device)
-                       for st in self.stages]
-        self._streams: dict[int, _Stream] = {}
-        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out the lowest slot first
-        self._buckets: list[tuple[int, int]] = []  # (B, C) step shapes, set by capture()
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
-        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
-        self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
-        self.replays = 0
-        self.timings: dict[tuple[int, int], float] = {}  # (B, C) bucket -> seconds per replay (capture)
-
-    # ---- slots ----
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def state_bytes_per_stream(self) -> int:
-        return sum(s[0].numel() * s.element_size() for s in self.states)
-
-    def open(self) -> int:
-        """A fresh stream's slot (its histories read as zeros until its first frames arrive)."""
-        if not self._free:
-            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
-        slot = self._free.pop()
-        self._streams[slot] = _Stream()
-        return slot
-
-    def close(self, slot: int) -> None:
-        if slot not in self._streams:
-            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-        del self._streams[slot]
-        self._free.append(slot)
-
-    # ---- decode ----
-    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
-             final: Sequence[bool]) -> list[torch.Tensor]:
-        """Advance each slot by its valid frames; returns per row the new exact samples (float32, device;
-        views of a buffer the next call overwrites). final[b]: these are the row's last frames."""
-        out = self.step(slots, codes, valid, final)
-        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+        super().__init__(codec, max_slots, [(st.channels, st.history) for st in self.stages], _Stream)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
@@ -322,18 +270,6 @@ class StreamingDecoder:
             graph.replay()
             self.replays += 1
             return self._outputs[key]
-
-    def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
-        """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""
-        return smallest_bucket(self._buckets, n, width)
-
-    def step_cost(self, n: int, width: int) -> float:
-        """Predicted seconds of one step of n rows, the widest `width` frames."""
-        key = self._bucket(n, width)
-        if key in self.timings:
-            return self.timings[key]
-        b, c = key or (n, width)
-        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
 
     def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
         """Frames each row would run through the stack (valid, plus the flush after a final push)."""
@@ -447,11 +383,6 @@ class StreamingDecoder:
         inp[-4 * key[0]:-3 * key[0]] = self.scratch
         inp[-3 * key[0]:] = 0
         return replay_seconds(self._graphs[key])
-
-    @property
-    def graphed(self) -> bool:
-        """Whether steps replay CUDA graphs (after a successful `capture`)."""
-        return bool(self._graphs)
 
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
         """One replay vs the eager step from the same arena and inputs (random, some rows mid-stream)."""

@@ -33,26 +33,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.step_graphs import (
     bucket_keys,
     capture_checked,
     input_size,
     replay_diff,
     replay_seconds,
-    smallest_bucket,
     split_inputs,
     stage_inputs,
 )
 from higgs_stream.engine.codec.streaming import StepAudio
-from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 
 if TYPE_CHECKING:
     from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 
-# Step cost model (seconds) for `partition` where no replay was timed (CPU, eager shapes): fixed + per row +
-# per row-frame (not measured for this decoder: the Higgs decoder's fit, engine/codec/streaming.py).
-STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
+# `partition` prices untimed steps with engine/codec/arena.py's STEP_* model (the Higgs decoder's fit: not
+# measured for this decoder).
 
 
 @dataclass
@@ -61,54 +59,9 @@ class _Stream:
     final: bool = False
 
 
-class QwenStreamingDecoder:
+class QwenStreamingDecoder(SlotArenaDecoder):
     def __init__(self, codec: QwenCodec, max_slots: int) -> None:
-        if not isinstance(max_slots, int) or isinstance(max_slots, bool) or max_slots < 1:
-            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
-        self.codec = codec
-        self.geometry: CodecGeometry = codec.geometry
-        self.max_slots = max_slots
-        self.scratch = max_slots
-        self.device = codec.device
-        self.states = [torch.zeros((max_slots + 1, *shape), device=self.device)
-                       for shape in codec.decoder.state_shapes()]
-        self._streams: dict[int, _Stream] = {}
-        self._free = list(range(max_slots - 1, -1, -1))
-        self._buckets: list[tuple[int, int]] = []  # (B, C) step shapes, set by capture()
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._inputs: dict[tuple[int, int], torch.Tensor] = {}  # static inputs per bucket (graphs only)
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}  # the graphs' audio [B, C * hop]
-        self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
-        self.replays = 0
-        self.timings: dict[tuple[int, int], float] = {}  # (B, C) bucket -> seconds per replay (capture)
-
-    # ---- slots ----
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def state_bytes_per_stream(self) -> int:
-        return sum(s[0].numel() * s.element_size() for s in self.states)
-
-    def open(self) -> int:
-        if not self._free:
-            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
-        slot = self._free.pop()
-        self._streams[slot] = _Stream()
-        return slot
-
-    def close(self, slot: int) -> None:
-        if slot not in self._streams:
-            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-        del self._streams[slot]
-        self._free.append(slot)
-
-    # ---- decode ----
-    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
-             final: Sequence[bool]) -> list[torch.Tensor]:
-        out = self.step(slots, codes, valid, final)
-        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+        super().__init__(codec, max_slots, codec.decoder.state_shapes(), _Stream)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
@@ -204,18 +157,6 @@ class QwenStreamingDecoder:
         return audio
 
     # ---- step planning (as engine/codec/streaming.py) ----
-    def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
-        return smallest_bucket(self._buckets, n, width)
-
-    def step_cost(self, n: int, width: int) -> float:
-        """Predicted seconds of one step of n rows, the widest `width` frames: the bucket's timed replay
-        when graphed, else the STEP_* model."""
-        key = self._bucket(n, width)
-        if key in self.timings:
-            return self.timings[key]
-        b, c = key or (n, width)
-        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
-
     def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
         """Frames each row runs through the stack (no flush: the decoder is causal)."""
         for slot in slots:
@@ -294,8 +235,3 @@ class QwenStreamingDecoder:
         return replay_diff(self.states, start_states, b,
                            lambda: self._stage(self._inputs[key], key, slots, codes, valid, starts),
                            lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])
-
-    @property
-    def graphed(self) -> bool:
-        """Whether steps replay CUDA graphs (after a successful `capture`)."""
-        return bool(self._graphs)
