@@ -83,6 +83,47 @@ class SlotArenaDecoder:
         out = self.step(slots, codes, valid, final)
         return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
 
+    @staticmethod
+    def _ended(stream: Any) -> bool:
+        """Whether a slot's stream had its final push (the subclass's bookkeeping says)."""
+        raise NotImplementedError
+
+    def _check(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+               final: Sequence[bool]) -> tuple[torch.Tensor, list[Any]]:
+        """A push's arguments, checked (InvalidInputError naming what is wrong): codes as a tensor
+        [n, Q, C] of ints, each slot open, not ended and named once, valid[b] in 0..C, and every valid
+        code in 0..codebook_size-1. Returns (codes, the slots' streams)."""
+        n = len(slots)
+        if len(valid) != n or len(final) != n:
+            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
+        codes = torch.as_tensor(codes)
+        q = self.geometry.num_codebooks
+        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
+            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
+        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
+        if len(set(slots)) != n:
+            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
+        streams = []
+        for slot, v in zip(slots, valid):
+            s = self._streams.get(slot)
+            if s is None:
+                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+            if self._ended(s):
+                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= codes.shape[2]:
+                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
+            streams.append(s)
+        w = max((int(v) for v in valid), default=0)
+        if w:
+            part = codes[:, :, :w]
+            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
+            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
+            if bool(bad.any()):
+                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}; "
+                                        f"replace stream BOS/EOS first")
+        return codes, streams
+
     # ---- buckets, graphs, cost ----
     def _bucket(self, n: int, width: int) -> Key | None:
         """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""

@@ -79,36 +79,9 @@ class QwenStreamingDecoder(SlotArenaDecoder):
             s.final = bool(f)
         return StepAudio(audio, [0] * n, [int(v) * hop for v in valid])
 
-    def _check(self, slots, codes, valid, final) -> tuple[torch.Tensor, list[_Stream]]:
-        n = len(slots)
-        if len(valid) != n or len(final) != n:
-            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
-        codes = torch.as_tensor(codes)
-        q = self.geometry.num_codebooks
-        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
-            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
-        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
-        if len(set(slots)) != n:
-            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
-        streams = []
-        for slot, v in zip(slots, valid):
-            s = self._streams.get(slot)
-            if s is None:
-                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-            if s.final:
-                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= codes.shape[2]:
-                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
-            streams.append(s)
-        w = max((int(v) for v in valid), default=0)
-        if w:
-            part = codes[:, :, :w]
-            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
-            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
-            if bool(bad.any()):
-                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}")
-        return codes, streams
+    @staticmethod
+    def _ended(stream: _Stream) -> bool:
+        return stream.final
 
     def _run(self, slots: list[int], codes: torch.Tensor, valid: list[int], starts: list[int],
              width: int) -> torch.Tensor:
