@@ -55,7 +55,6 @@ one device reduction (a host sync); CPU codes are checked on the host.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -63,24 +62,29 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.decoder import AcousticDecoder
-from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
-from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
-from higgs_stream.engine.graph_capture import capture_buckets
+from higgs_stream.engine.codec.step_graphs import (
+    CAPTURE_TOLERANCE,
+    TIMED_REPLAYS,
+    bucket_keys,
+    capture_checked,
+    input_size,
+    replay_diff,
+    replay_seconds,
+    split_inputs,
+    stage_inputs,
+)
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from torch import nn
 
 if TYPE_CHECKING:
     from higgs_stream.engine.codec.codec import Codec
 
-log = logging.getLogger(__name__)
-
 OPEN_END = 1 << 40  # "length not known yet" (frames); times any rate still fits int64
-CAPTURE_TOLERANCE = 1e-5  # graph replay vs eager step, max |d| / peak (the same kernels run: 0 expected)
-# Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
-# Fitted to the full-size decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
-STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
-TIMED_REPLAYS = 3  # capture(): replays timed per bucket (the median prices the bucket)
+# CAPTURE_TOLERANCE and TIMED_REPLAYS live in step_graphs.py (shared with the Qwen3-TTS decoder); exported here too
+__all__ = ["CAPTURE_TOLERANCE", "TIMED_REPLAYS", "StepAudio", "StreamingDecoder", "lookahead_samples", "plan"]
 
 
 # ---------------------------------------------------------------------------- the layer plan
@@ -183,61 +187,13 @@ class StepAudio(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- the decoder
-class StreamingDecoder:
+class StreamingDecoder(SlotArenaDecoder):
     def __init__(self, codec: Codec, max_slots: int) -> None:
-        if not isinstance(max_slots, int) or max_slots < 1:
-            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
-        self.codec = codec
-        self.geometry: CodecGeometry = codec.geometry
         self.stages = plan(codec.acoustic_decoder)
-        assert self.stages[-1].rate_out == self.geometry.hop, \
-            f"decoder upsamples by {self.stages[-1].rate_out}, hop is {self.geometry.hop}"
-        self.max_slots = max_slots
-        self.scratch = max_slots  # padding rows read and write this slot
-        self.device = codec.device
+        assert self.stages[-1].rate_out == codec.geometry.hop, \
+            f"decoder upsamples by {self.stages[-1].rate_out}, hop is {codec.geometry.hop}"
         # the arena: one [slot, C, H] history tensor per layer
-        self.states = [torch.zeros(max_slots + 1, st.channels, st.history, device=self.device)
-                       for st in self.stages]
-        self._streams: dict[int, _Stream] = {}
-        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out the lowest slot first
-        self._buckets: list[tuple[int, int]] = []  # (B, C) step shapes, set by capture()
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
-        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
-        self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
-        self.replays = 0
-        self.timings: dict[tuple[int, int], float] = {}  # (B, C) bucket -> seconds per replay (capture)
-
-    # ---- slots ----
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def state_bytes_per_stream(self) -> int:
-        return sum(s[0].numel() * s.element_size() for s in self.states)
-
-    def open(self) -> int:
-        """A fresh stream's slot (its histories read as zeros until its first frames arrive)."""
-        if not self._free:
-            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
-        slot = self._free.pop()
-        self._streams[slot] = _Stream()
-        return slot
-
-    def close(self, slot: int) -> None:
-        if slot not in self._streams:
-            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-        del self._streams[slot]
-        self._free.append(slot)
-
-    # ---- decode ----
-    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
-             final: Sequence[bool]) -> list[torch.Tensor]:
-        """Advance each slot by its valid frames; returns per row the new exact samples (float32, device;
-        views of a buffer the next call overwrites). final[b]: these are the row's last frames."""
-        out = self.step(slots, codes, valid, final)
-        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+        super().__init__(codec, max_slots, [(st.channels, st.history) for st in self.stages], _Stream)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
@@ -268,37 +224,9 @@ class StreamingDecoder:
             s.emitted = max(s.emitted, stop)
         return StepAudio(audio, offsets, counts)
 
-    def _check(self, slots, codes, valid, final) -> tuple[torch.Tensor, list[_Stream]]:
-        n = len(slots)
-        if len(valid) != n or len(final) != n:
-            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
-        codes = torch.as_tensor(codes)
-        q = self.geometry.num_codebooks
-        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
-            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
-        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
-        if len(set(slots)) != n:
-            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
-        streams = []
-        for slot, v in zip(slots, valid):
-            s = self._streams.get(slot)
-            if s is None:
-                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-            if s.total is not None:
-                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
-            if not isinstance(v, (int, np.integer)) or not 0 <= v <= codes.shape[2]:
-                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
-            streams.append(s)
-        w = max((int(v) for v in valid), default=0)
-        if w:
-            part = codes[:, :, :w]
-            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
-            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
-            if bool(bad.any()):
-                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}; "
-                                        f"replace stream BOS/EOS first")
-        return codes, streams
+    @staticmethod
+    def _ended(stream: _Stream) -> bool:
+        return stream.total is not None
 
     def _run(self, slots: list[int], codes: torch.Tensor, adv: list[int], starts: list[int], ends: list[int],
              width: int) -> torch.Tensor:
@@ -314,19 +242,6 @@ class StreamingDecoder:
             graph.replay()
             self.replays += 1
             return self._outputs[key]
-
-    def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
-        """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""
-        fits = [k for k in self._buckets if k[0] >= n and k[1] >= width]
-        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
-
-    def step_cost(self, n: int, width: int) -> float:
-        """Predicted seconds of one step of n rows, the widest `width` frames."""
-        key = self._bucket(n, width)
-        if key in self.timings:
-            return self.timings[key]
-        b, c = key or (n, width)
-        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
 
     def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
         """Frames each row would run through the stack (valid, plus the flush after a final push)."""
@@ -367,36 +282,19 @@ class StreamingDecoder:
         return groups[::-1]
 
     def _input_size(self, shape: tuple[int, int]) -> int:
-        b, c = shape
-        return b * self.geometry.num_codebooks * c + 4 * b
+        return input_size(shape, self.geometry.num_codebooks, 4)
 
     def _stage(self, inp: torch.Tensor, shape: tuple[int, int], slots: list[int], codes: torch.Tensor,
                adv: list[int], starts: list[int], ends: list[int]) -> None:
         """Write one step's inputs into `inp` (codes [B, Q, C] then slot/valid/start/end [4, B]): one
-        host-to-device copy from pinned memory when the codes are on the host."""
-        b, c = shape
-        n, q = len(slots), self.geometry.num_codebooks
-        cut = b * q * c
-        host = torch.empty(inp.shape[0], dtype=torch.long, pin_memory=self.device.type == "cuda")
-        meta = host[cut:].view(4, b).numpy()
-        meta[0, :n], meta[1, :n], meta[2, :n], meta[3, :n] = slots, adv, starts, ends
-        meta[0, n:], meta[1:, n:] = self.scratch, 0  # padding rows: scratch slot, nothing valid
-        w = min(codes.shape[2], c)
-        # codes outside [:n, :, :w] stay unwritten: the step masks every column beyond a row's valid frames
-        if codes.device.type == "cpu":
-            host[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
-            inp.copy_(host, non_blocking=True)
-        else:
-            inp[:cut].view(b, q, c)[:n, :, :w].copy_(codes[:, :, :w])
-            inp[cut:].copy_(host[cut:], non_blocking=True)
+        host-to-device copy from pinned memory when the codes are on the host; padding rows: the scratch
+        slot, nothing valid. Codes beyond a row's valid frames stay junk: the step masks them."""
+        stage_inputs(inp, shape, codes, (slots, adv, starts, ends), (self.scratch, 0, 0, 0))
 
     def _math(self, inp: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         """One batched step from the staged inputs; updates the arena; returns audio [B, C * hop]."""
-        b, c = shape
-        q = self.geometry.num_codebooks
-        cut = b * q * c
-        codes = inp[:cut].view(b, q, c)
-        slots, valid, start, end = inp[cut:].view(4, b)
+        c = shape[1]
+        codes, (slots, valid, start, end) = split_inputs(inp, shape, self.geometry.num_codebooks)
         cols = torch.arange(c, device=inp.device)
         real = start[:, None] + cols < end[:, None]  # [B, C] frames of the utterance (not flush padding)
         use = (cols < valid[:, None]) & real
@@ -428,13 +326,7 @@ class StreamingDecoder:
         engine/green_context.py), else on side streams."""
         if graphs and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
-        for b in batch_buckets:
-            if not isinstance(b, int) or not 1 <= b <= self.max_slots:
-                raise ConfigError(f"batch buckets must be ints in 1..max_slots={self.max_slots}, got {b!r}")
-        for c in frame_buckets:
-            if not isinstance(c, int) or c < 1:
-                raise ConfigError(f"frame buckets must be positive ints, got {c!r}")
-        keys = sorted({(b, c) for b in batch_buckets for c in frame_buckets})
+        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
         self._buckets, self._graphs, self._outputs, self._inputs, self.timings = keys, {}, {}, {}, {}
         self.capture_check = 0.0
         if not graphs or not keys:
@@ -446,18 +338,10 @@ class StreamingDecoder:
             self._inputs[key] = inp
 
         with torch.no_grad(), self.codec._precision():
-            captured, outputs = capture_buckets(keys, stage, lambda key: self._math(self._inputs[key], key),
-                                                self.device, stream)
-            saved = [s.clone() for s in self.states]
-            try:
-                checks = [self._check_graph(key, captured[key], outputs[key]) for key in keys]
-            finally:
-                for s, old in zip(self.states, saved):
-                    s.copy_(old)
-        self.capture_check = max(checks)
-        if self.capture_check > CAPTURE_TOLERANCE:
-            log.error("codec streaming graphs differ from the eager step by %.3g of peak; decoding eagerly",
-                      self.capture_check)
+            captured, outputs, self.capture_check = capture_checked(
+                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
+                self.device, stream, "codec streaming")
+        if not captured:  # the check failed (logged): decode eagerly at exact shapes
             self._buckets, self._inputs = [], {}
             return self.capture_check
         self._graphs, self._outputs = captured, outputs
@@ -470,20 +354,7 @@ class StreamingDecoder:
         inp = self._inputs[key]
         inp[-4 * key[0]:-3 * key[0]] = self.scratch
         inp[-3 * key[0]:] = 0
-        times = []
-        for _ in range(TIMED_REPLAYS):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self._graphs[key].replay()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3)
-        return sorted(times)[len(times) // 2]
-
-    @property
-    def graphed(self) -> bool:
-        """Whether steps replay CUDA graphs (after a successful `capture`)."""
-        return bool(self._graphs)
+        return replay_seconds(self._graphs[key])
 
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
         """One replay vs the eager step from the same arena and inputs (random, some rows mid-stream)."""
@@ -497,18 +368,6 @@ class StreamingDecoder:
                 for i, (s, a) in enumerate(zip(starts, adv))]
         adv[0], starts[0] = c, 40  # row 0 mid-stream, all frames valid: real output in every bucket
         start_states = [torch.randn(s.shape, generator=gen).mul_(0.1).to(self.device) for s in self.states]
-
-        def run(fn) -> tuple[torch.Tensor, list[torch.Tensor]]:
-            for s, r in zip(self.states, start_states):
-                s.copy_(r)
-            self._stage(self._inputs[key], key, slots, codes, adv, starts, ends)
-            out = fn().clone()
-            return out, [s[:b].clone() for s in self.states]
-
-        want, want_states = run(lambda: self._math(self._inputs[key], key))
-        got, got_states = run(lambda: (graph.replay(), output)[1])
-        peak = max(float(want.abs().max()), 1e-30)
-        diff = max([float((got - want).abs().max()) / peak] +
-                   [float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
-                    for g, w in zip(got_states, want_states)])
-        return diff
+        return replay_diff(self.states, start_states, b,
+                           lambda: self._stage(self._inputs[key], key, slots, codes, adv, starts, ends),
+                           lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])

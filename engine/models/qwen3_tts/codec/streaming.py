@@ -14,30 +14,43 @@ own valid[b] <= C frames: later columns are junk that no kept output or state re
 causal and each new state is gathered at the row's own valid end). A stream at position 0 reads
 zeros (no device work in `open`). Concatenated over any push schedule, a stream's samples equal
 `QwenCodec.decode` of all its frames to fp32 rounding.
+
+A step's inputs are one long tensor per (B, C) shape (codes [B, Q, C], then slot / valid / start [3, B];
+engine/codec/step_graphs.py), written with one host-to-device copy; the step reads only it and the
+arena (gather -> pre_conv -> sliding-window transformer -> upsampling and decoder -> scatter, updated in
+place), with no host sync and no data-dependent shape. So `capture(..., graphs=True)` on a CUDA codec
+records it once per (B, C) bucket as a CUDA graph and `step` replays it, exactly as the Higgs decoder:
+each graph is checked against the eager step on random inputs (above CAPTURE_TOLERANCE of peak, all
+graphs are dropped, logged, and steps run eagerly), and every bucket's replay is timed (`step_cost`).
+The audio a step returns may be a view of a graph's output buffer: copy or convert it before the next.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.codec.arena import SlotArenaDecoder
+from higgs_stream.engine.codec.step_graphs import (
+    bucket_keys,
+    capture_checked,
+    input_size,
+    replay_diff,
+    replay_seconds,
+    split_inputs,
+    stage_inputs,
+)
 from higgs_stream.engine.codec.streaming import StepAudio
-from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+from higgs_stream.engine.errors import ConfigError, InvalidInputError
 
 if TYPE_CHECKING:
     from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 
-log = logging.getLogger(__name__)
-
-# Step cost model (seconds) for `partition`: fixed + per row + per row-frame (not yet measured on a GPU:
-# the Higgs decoder's fit, engine/codec/streaming.py, scaled by nothing).
-STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
+# `partition` prices untimed steps with engine/codec/arena.py's STEP_* model (the Higgs decoder's fit: not
+# measured for this decoder).
 
 
 @dataclass
@@ -46,51 +59,9 @@ class _Stream:
     final: bool = False
 
 
-class QwenStreamingDecoder:
+class QwenStreamingDecoder(SlotArenaDecoder):
     def __init__(self, codec: QwenCodec, max_slots: int) -> None:
-        if not isinstance(max_slots, int) or isinstance(max_slots, bool) or max_slots < 1:
-            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
-        self.codec = codec
-        self.geometry: CodecGeometry = codec.geometry
-        self.max_slots = max_slots
-        self.scratch = max_slots
-        self.device = codec.device
-        self.states = [torch.zeros((max_slots + 1, *shape), device=self.device)
-                       for shape in codec.decoder.state_shapes()]
-        self._streams: dict[int, _Stream] = {}
-        self._free = list(range(max_slots - 1, -1, -1))
-        self._buckets: list[tuple[int, int]] = []
-        self.capture_check: float | None = None
-        self.replays = 0
-        self.timings: dict[tuple[int, int], float] = {}
-
-    # ---- slots ----
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
-
-    @property
-    def state_bytes_per_stream(self) -> int:
-        return sum(s[0].numel() * s.element_size() for s in self.states)
-
-    def open(self) -> int:
-        if not self._free:
-            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
-        slot = self._free.pop()
-        self._streams[slot] = _Stream()
-        return slot
-
-    def close(self, slot: int) -> None:
-        if slot not in self._streams:
-            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-        del self._streams[slot]
-        self._free.append(slot)
-
-    # ---- decode ----
-    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
-             final: Sequence[bool]) -> list[torch.Tensor]:
-        out = self.step(slots, codes, valid, final)
-        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+        super().__init__(codec, max_slots, codec.decoder.state_shapes(), _Stream)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
@@ -102,77 +73,63 @@ class QwenStreamingDecoder:
         if width == 0:
             audio = torch.zeros((n, 0), dtype=torch.float32, device=self.device)
         else:
-            b, c = self._bucket(n, width) or (n, width)
-            audio = self._run(list(slots), codes, [int(v) for v in valid], [s.frames for s in streams], b, c)
+            audio = self._run(list(slots), codes, [int(v) for v in valid], [s.frames for s in streams], width)
         for s, v, f in zip(streams, valid, final):
             s.frames += int(v)
             s.final = bool(f)
         return StepAudio(audio, [0] * n, [int(v) * hop for v in valid])
 
-    def _check(self, slots, codes, valid, final) -> tuple[torch.Tensor, list[_Stream]]:
-        n = len(slots)
-        if len(valid) != n or len(final) != n:
-            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
-        codes = torch.as_tensor(codes)
-        q = self.geometry.num_codebooks
-        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
-            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
-        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
-        if len(set(slots)) != n:
-            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
-        streams = []
-        for slot, v in zip(slots, valid):
-            s = self._streams.get(slot)
-            if s is None:
-                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
-            if s.final:
-                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= codes.shape[2]:
-                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
-            streams.append(s)
-        w = max((int(v) for v in valid), default=0)
-        if w:
-            part = codes[:, :, :w]
-            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
-            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
-            if bool(bad.any()):
-                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}")
-        return codes, streams
+    @staticmethod
+    def _ended(stream: _Stream) -> bool:
+        return stream.final
 
-    def _run(self, slots: list[int], codes: torch.Tensor, valid: list[int], starts: list[int], b: int,
-             c: int) -> torch.Tensor:
-        """One batched step at shape [b, Q, c] (rows beyond len(slots) are scratch padding)."""
-        n, q = len(slots), self.geometry.num_codebooks
-        batch = torch.zeros((b, q, c), dtype=torch.long)
-        w = min(codes.shape[2], c)
-        batch[:n, :, :w] = codes[:, :, :w].to("cpu", torch.long)
-        cols = torch.arange(c)
-        v = torch.tensor(valid + [0] * (b - n), dtype=torch.long)
-        batch = torch.where((cols < v[:, None])[:, None, :], batch, 0)  # junk columns -> a valid code
-        slot_idx = torch.tensor(slots + [self.scratch] * (b - n), dtype=torch.long, device=self.device)
-        start = torch.tensor(starts + [0] * (b - n), dtype=torch.long, device=self.device)
-        v = v.to(self.device)
-        fresh = start == 0
+    def _run(self, slots: list[int], codes: torch.Tensor, valid: list[int], starts: list[int],
+             width: int) -> torch.Tensor:
+        """One batched step padded to the smallest bucket that holds it (else its exact shape): a graph
+        replay when one was captured. Returns audio [n, C * hop] (row b's new samples: [:valid[b] * hop])."""
+        n = len(slots)
+        key = self._bucket(n, width) or (n, width)
+        graph = self._graphs.get(key)
         with torch.no_grad(), self.codec.precision():
-            states = []
-            for s in self.states:
-                rows = s.index_select(0, slot_idx)
-                states.append(torch.where(fresh.view(-1, *([1] * (rows.dim() - 1))), 0.0, rows))
-            audio, new = self.codec.decoder.step(batch.to(self.device), states, start, v)
-            for s, ns in zip(self.states, new):
-                s.index_copy_(0, slot_idx, ns)
-        return audio[:n]
+            if graph is None:
+                inp = torch.empty(self._input_size(key), dtype=torch.long, device=self.device)
+                self._stage(inp, key, slots, codes, valid, starts)
+                return self._math(inp, key)[:n]
+            self._stage(self._inputs[key], key, slots, codes, valid, starts)
+            graph.replay()
+            self.replays += 1
+            return self._outputs[key][:n]
+
+    def _input_size(self, key: tuple[int, int]) -> int:
+        return input_size(key, self.geometry.num_codebooks, 3)
+
+    def _stage(self, inp: torch.Tensor, key: tuple[int, int], slots: list[int], codes: torch.Tensor,
+               valid: list[int], starts: list[int]) -> None:
+        """Write one step's inputs into `inp` (codes, then slot / valid / start); padding rows: the scratch
+        slot, nothing valid, position 0 (reads zeros). Codes beyond a row's valid frames stay junk."""
+        stage_inputs(inp, key, codes, (slots, valid, starts), (self.scratch, 0, 0))
+
+    def _stage_padding(self, inp: torch.Tensor, key: tuple[int, int]) -> None:
+        """Inputs of a step whose rows are all padding: it touches only the scratch slot."""
+        self._stage(inp, key, [], torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long), [], [])
+
+    def _math(self, inp: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
+        """One batched step from the staged inputs: gathers the rows' states, runs the decoder, scatters the
+        new states into the arena in place; returns audio [B, C * hop]. Capturable (no host sync)."""
+        codes, (slot_idx, valid, start) = split_inputs(inp, key, self.geometry.num_codebooks)
+        cols = torch.arange(key[1], device=inp.device)
+        codes = torch.where((cols < valid[:, None])[:, None, :], codes, 0)  # junk columns -> a valid code
+        fresh = start == 0
+        states = []
+        for s in self.states:
+            rows = s.index_select(0, slot_idx)  # [B, ...]
+            states.append(torch.where(fresh.view(-1, *([1] * (rows.dim() - 1))), 0.0, rows))
+        audio, new = self.codec.decoder.step(codes, states, start, valid)  # [B, C * hop]
+        for s, ns in zip(self.states, new):
+            s.index_copy_(0, slot_idx, ns)
+        return audio
 
     # ---- step planning (as engine/codec/streaming.py) ----
-    def _bucket(self, n: int, width: int) -> tuple[int, int] | None:
-        fits = [k for k in self._buckets if k[0] >= n and k[1] >= width]
-        return min(fits, key=lambda k: (k[0] * k[1], k)) if fits else None
-
-    def step_cost(self, n: int, width: int) -> float:
-        b, c = self._bucket(n, width) or (n, width)
-        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
-
     def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
         """Frames each row runs through the stack (no flush: the decoder is causal)."""
         for slot in slots:
@@ -199,23 +156,55 @@ class QwenStreamingDecoder:
 
     def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
                 stream: torch.cuda.Stream | None = None) -> float:
-        """Pad steps to (B, C) buckets. CUDA graphs of this decoder are not built yet: with `graphs` on a
-        CUDA codec the steps run eagerly at the bucket shapes (logged), never silently approximate.
-        `stream`: the Higgs decoder's signature (where to capture); nothing is captured here."""
-        for bb in batch_buckets:
-            if not isinstance(bb, int) or not 1 <= bb <= self.max_slots:
-                raise ConfigError(f"batch buckets must be ints in 1..max_slots={self.max_slots}, got {bb!r}")
-        for c in frame_buckets:
-            if not isinstance(c, int) or c < 1:
-                raise ConfigError(f"frame buckets must be positive ints, got {c!r}")
+        """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
+        CUDA graph captured per bucket (as engine/codec/streaming.py's StreamingDecoder.capture). Each graph
+        is checked against the eager step on random inputs; returns the largest max |d| / peak (0.0 without
+        graphs). Above CAPTURE_TOLERANCE all graphs and buckets are dropped (logged as an error) and steps
+        run eagerly at their exact shapes. `graphs=False` keeps the padding but runs eagerly (debugging; the
+        only mode on CPU). The arena's contents are preserved. `stream`: capture on it (a green context's,
+        see engine/green_context.py), else on side streams."""
+        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
         if graphs and self.device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
-        if graphs:
-            log.warning("the Qwen3-TTS stateful decoder has no CUDA graphs yet; its steps run eagerly")
-        self._buckets = sorted({(bb, c) for bb in batch_buckets for c in frame_buckets})
+        self._buckets, self._graphs, self._inputs, self._outputs, self.timings = keys, {}, {}, {}, {}
         self.capture_check = 0.0
-        return 0.0
+        if not graphs or not keys:
+            return self.capture_check
 
-    @property
-    def graphed(self) -> bool:
-        return False
+        def stage(key: tuple[int, int]) -> None:  # warm-up and capture from padding rows only
+            self._inputs[key] = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
+            self._stage_padding(self._inputs[key], key)
+
+        with torch.no_grad(), self.codec.precision():
+            captured, outputs, self.capture_check = capture_checked(
+                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
+                self.device, stream, "Qwen3-TTS codec streaming")
+        if not captured:  # the check failed (logged): decode eagerly at exact shapes
+            self._buckets, self._inputs = [], {}
+            return self.capture_check
+        self._graphs, self._outputs = captured, outputs
+        self.timings = {key: self._time_replay(key) for key in keys}
+        return self.capture_check
+
+    def _time_replay(self, key: tuple[int, int]) -> float:
+        """Seconds per replay of the bucket's graph (padding rows only: the arena's streams are untouched)."""
+        self._stage_padding(self._inputs[key], key)
+        return replay_seconds(self._graphs[key])
+
+    def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
+        """One replay vs the eager step from the same arena and inputs (random: some rows fresh, some
+        mid-stream past the attention window, ragged valid frames)."""
+        b, c = key
+        gen = torch.Generator().manual_seed(b * 1000 + c)
+        slots = list(range(b))
+        codes = torch.randint(0, self.geometry.codebook_size, (b, self.geometry.num_codebooks, c), generator=gen)
+        valid = torch.randint(0, c + 1, (b,), generator=gen).tolist()
+        starts = (torch.randint(0, 3, (b,), generator=gen) * torch.randint(1, 100, (b,), generator=gen)).tolist()
+        valid[0], starts[0] = c, 40  # row 0 mid-stream, all frames valid: real output in every bucket
+        # random states of the b slots the step reads, drawn on the device (a full-size slot is ~5 MB)
+        on_device = torch.Generator(self.device).manual_seed(b * 1000 + c)
+        start_states = [torch.randn((b, *s.shape[1:]), generator=on_device, device=self.device).mul_(0.1)
+                        for s in self.states]
+        return replay_diff(self.states, start_states, b,
+                           lambda: self._stage(self._inputs[key], key, slots, codes, valid, starts),
+                           lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])

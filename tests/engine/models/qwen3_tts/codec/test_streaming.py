@@ -124,3 +124,48 @@ def test_capture_takes_the_higgs_decoders_arguments(codec):
     higgs = inspect.signature(StreamingDecoder.capture).parameters
     assert list(ours) == [p for p in higgs if p != "self"]
     assert codec.streaming_decoder(2).capture([1, 2], [1, 4], graphs=False, stream=None) == 0.0
+
+
+def test_junk_beyond_valid_frames_never_reaches_the_codebooks(codec):
+    """Columns past a row's valid frames hold anything (out of range too): the staged step masks them,
+    padded to a bucket or not."""
+    for buckets in (None, ([2], [8])):
+        dec = codec.streaming_decoder(max_slots=2)
+        if buckets:
+            dec.capture(*buckets, graphs=False)
+        codes = codes_for(11, 9)
+        slots = [dec.open(), dec.open()]
+        out = [[], []]
+        for a, b in ((0, 4), (4, 5), (5, 11)):
+            batch = torch.full((2, 16, 7), 10_000)
+            batch[1, :, :3] = -5
+            batch[0, :, :b - a] = codes[:, a:b]
+            for i, pcm in enumerate(dec.push(slots, batch, [b - a, 0], [b == 11, False])):
+                out[i].append(pcm.clone())
+        assert sum(p.numel() for p in out[1]) == 0
+        assert rel_to_peak(torch.cat(out[0]).numpy(), codec.decode(codes[None])[0].numpy()) <= EXACT_REL_TO_PEAK
+
+
+def test_step_cost_prices_a_bucket_by_its_timed_replay(codec):
+    dec = codec.streaming_decoder(max_slots=4)
+    dec.capture([2, 4], [4, 8], graphs=False)
+    modelled = dec.step_cost(3, 5)
+    dec.timings = {(4, 8): 1e-4}  # what a graphed capture measures per bucket
+    assert dec.step_cost(3, 5) == 1e-4 and dec.step_cost(1, 1) != 1e-4 and modelled > 1e-4
+    assert not dec.graphed
+
+
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_the_step_is_capturable_on_the_meta_device(size):
+    """What a CUDA graph capture needs of `_math`: it runs on tensors without data (no `.item()`, no
+    data-dependent shape, no host read); the real capture: test_streaming_gpu.py."""
+    from higgs_stream.engine.models.qwen3_tts.codec import FULL
+    from higgs_stream.engine.models.qwen3_tts.make_checkpoint import TINY_CODEC
+
+    with torch.device("meta"):
+        meta = QwenCodec(TINY_CODEC if size == "tiny" else FULL)
+    dec = meta.streaming_decoder(3)
+    inp = torch.empty(dec._input_size((2, 5)), dtype=torch.long, device="meta")
+    with torch.no_grad(), meta.precision():
+        audio = dec._math(inp, (2, 5))
+    assert audio.shape == (2, 5 * HOP) and audio.device.type == "meta"

@@ -1,0 +1,144 @@
+"""What both stateful streaming decoders share (the Higgs codec's, engine/codec/streaming.py, and the
+Qwen3-TTS 12 Hz codec's, engine/models/qwen3_tts/codec/streaming.py): the slot arena (per-stream state
+tensors [max_slots + 1, ...], the last slot scratch for padding rows) and its bookkeeping, the
+containers of the padded-step buckets and their CUDA graphs (filled by each decoder's `capture`, with
+engine/codec/step_graphs.py), and the step cost model `partition` prices steps with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from higgs_stream.engine.codec.geometry import CodecGeometry
+from higgs_stream.engine.codec.step_graphs import smallest_bucket
+from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
+
+# Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
+# Fitted to the Higgs decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
+STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
+
+Key = tuple[int, int]  # (B rows, C frames)
+
+
+class SlotArenaDecoder:
+    """Base of a stateful streaming decoder: `open()` a slot per stream, `push`/`step` its frames
+    (the subclass's `step`), `close(slot)`. `new_stream()` makes a slot's host-side bookkeeping."""
+
+    def __init__(self, codec: Any, max_slots: int, state_shapes: Sequence[tuple[int, ...]],
+                 new_stream: Callable[[], Any]) -> None:
+        if not isinstance(max_slots, int) or isinstance(max_slots, bool) or max_slots < 1:
+            raise ConfigError(f"max_slots must be a positive int, got {max_slots!r}")
+        self.codec = codec
+        self.geometry: CodecGeometry = codec.geometry
+        self.max_slots = max_slots
+        self.scratch = max_slots  # padding rows read and write this slot
+        self.device = codec.device
+        self.states = [torch.zeros((max_slots + 1, *shape), device=self.device) for shape in state_shapes]
+        self._new_stream = new_stream
+        self._streams: dict[int, Any] = {}
+        self._free = list(range(max_slots - 1, -1, -1))  # pop() hands out the lowest slot first
+        self._buckets: list[Key] = []  # (B, C) step shapes, set by capture()
+        self._graphs: dict[Key, torch.cuda.CUDAGraph] = {}
+        self._inputs: dict[Key, torch.Tensor] = {}  # static inputs per bucket (graphs only)
+        self._outputs: dict[Key, torch.Tensor] = {}  # the graphs' audio [B, C * hop]
+        self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
+        self.replays = 0
+        self.timings: dict[Key, float] = {}  # (B, C) bucket -> seconds per replay (capture)
+
+    # ---- slots ----
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def state_bytes_per_stream(self) -> int:
+        return sum(s[0].numel() * s.element_size() for s in self.states)
+
+    def open(self) -> int:
+        """A fresh stream's slot (its state reads as zeros until its first frames arrive)."""
+        if not self._free:
+            raise CapacityError(f"all {self.max_slots} codec stream slots are in use")
+        slot = self._free.pop()
+        self._streams[slot] = self._new_stream()
+        return slot
+
+    def close(self, slot: int) -> None:
+        if slot not in self._streams:
+            raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+        del self._streams[slot]
+        self._free.append(slot)
+
+    # ---- decode ----
+    def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+             final: Sequence[bool]) -> Any:
+        raise NotImplementedError
+
+    def push(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+             final: Sequence[bool]) -> list[torch.Tensor]:
+        """Advance each slot by its valid frames; returns per row the new exact samples (float32, device;
+        views of a buffer the next call overwrites). final[b]: these are the row's last frames."""
+        out = self.step(slots, codes, valid, final)
+        return [out.audio[i, o:o + c] for i, (o, c) in enumerate(zip(out.offsets, out.counts))]
+
+    @staticmethod
+    def _ended(stream: Any) -> bool:
+        """Whether a slot's stream had its final push (the subclass's bookkeeping says)."""
+        raise NotImplementedError
+
+    def _check(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
+               final: Sequence[bool]) -> tuple[torch.Tensor, list[Any]]:
+        """A push's arguments, checked (InvalidInputError naming what is wrong): codes as a tensor
+        [n, Q, C] of ints, each slot open, not ended and named once, valid[b] in 0..C, and every valid
+        code in 0..codebook_size-1. Returns (codes, the slots' streams)."""
+        n = len(slots)
+        if len(valid) != n or len(final) != n:
+            raise InvalidInputError(f"slots, valid and final differ in length ({n}, {len(valid)}, {len(final)})")
+        codes = torch.as_tensor(codes)
+        q = self.geometry.num_codebooks
+        if codes.dim() != 3 or codes.shape[0] != n or codes.shape[1] != q:
+            raise InvalidInputError(f"codes must be [{n}, {q}, C], got {tuple(codes.shape)}")
+        if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+            raise InvalidInputError(f"codes must be integers, got {codes.dtype}")
+        if len(set(slots)) != n:
+            raise InvalidInputError(f"slots repeat in one push: {list(slots)}")
+        streams = []
+        for slot, v in zip(slots, valid):
+            s = self._streams.get(slot)
+            if s is None:
+                raise InvalidInputError(f"codec stream slot {slot!r} is not open")
+            if self._ended(s):
+                raise InvalidInputError(f"codec stream slot {slot} was pushed after its final frames")
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= codes.shape[2]:
+                raise InvalidInputError(f"valid must be ints in 0..{codes.shape[2]}, got {v!r}")
+            streams.append(s)
+        w = max((int(v) for v in valid), default=0)
+        if w:
+            part = codes[:, :, :w]
+            real = torch.arange(w, device=codes.device) < torch.as_tensor(list(valid), device=codes.device)[:, None]
+            bad = ((part < 0) | (part >= self.geometry.codebook_size)) & real[:, None, :]
+            if bool(bad.any()):
+                raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}; "
+                                        f"replace stream BOS/EOS first")
+        return codes, streams
+
+    # ---- buckets, graphs, cost ----
+    def _bucket(self, n: int, width: int) -> Key | None:
+        """The smallest (B, C) bucket that holds n rows of `width` frames, if any."""
+        return smallest_bucket(self._buckets, n, width)
+
+    def step_cost(self, n: int, width: int) -> float:
+        """Predicted seconds of one step of n rows, the widest `width` frames: the bucket's timed replay
+        when graphed, else the STEP_* model."""
+        key = self._bucket(n, width)
+        if key in self.timings:
+            return self.timings[key]
+        b, c = key or (n, width)
+        return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
+
+    @property
+    def graphed(self) -> bool:
+        """Whether steps replay CUDA graphs (after a successful `capture`)."""
+        return bool(self._graphs)
