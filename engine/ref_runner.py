@@ -35,7 +35,7 @@ class RefRunner:
     kv_slack = 0  # rows come back in their own step: nothing is scheduled after the end
     busy = False
     wait_s = 0.0  # no asynchronous device work to wait for (benchmarks read the ModelRunner's)
-    last_prefill = 0
+    last_prefill = 0  # prompt chunks in the last step (benchmarks' and serve --trace-out's traces)
 
     def __init__(self, talker: torch.nn.Module, cfg: BackboneConfig, cache: KVCache, policy: GenerationPolicy) -> None:
         self.talker, self.cfg, self.cache, self.policy = talker, cfg, cache, policy
@@ -50,6 +50,7 @@ class RefRunner:
         """Nothing is held per sequence beyond what the engine frees."""
 
     def run(self, plan: list[Chunk]) -> list[RowOut]:
+        self.last_prefill = sum(1 for c in plan if c.prefill)  # prompt chunks in this step (traces)
         if not plan:
             return []
         out = self.talker.forward(self._prepare_inputs(plan), self.cache)

@@ -82,12 +82,15 @@ for preset in "$@"; do
   python3 -m higgs_stream.cli make-checkpoint /tmp/q-$preset --arch qwen3-tts --preset "$preset" --seed 0 \
     > "$d/make_$preset.log" 2>&1 || { tail -5 "$d/make_$preset.log"; continue; }
   serve="python3 -m higgs_stream.cli serve --model /tmp/q-$preset --device cuda --host 127.0.0.1 --port $port"
-  serve+=" --max-streams 128 --max-frames 125"
+  serve+=" --max-streams 128 --max-frames 125 --trace-out $d/trace_qwen3_$preset.json"
   timeout -k 20 "$left" python3 -m higgs_stream.loadgen --url ws://127.0.0.1:$port/v1/tts/stream --spawn "$serve" \
     --spawn-log "$d/server_qwen3_$preset.log" --spawn-timeout 200 --time-budget $(( left - 30 )) --open-rates 1,20 \
     --closed "" --duration 10 --drain 20 --request-timeout 60 --procs 4 --label "qwen3-$preset" \
     --out "$d/loadgen_qwen3_$preset.json" 2>&1 | tee "$d/loadgen_qwen3_$preset.log" | grep -v "^\s*$" | tail -5
   grep -E "Error|Traceback" "$d/server_qwen3_$preset.log" | head -5
+  # where first audio went, in streams that ran alone (the 1 req/s phase)
+  [ -f "$d/trace_qwen3_$preset.json" ] && python3 scripts/ttfa_breakdown.py "$d/trace_qwen3_$preset.json" --alone \
+    --json "$d/ttfa_breakdown_$preset.json"
   port=$(( port + 1 ))
 done
 echo "done in $SECONDS s"

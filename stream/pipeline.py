@@ -123,7 +123,9 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
-        self.trace: list[tuple] | None = None  # benchmarks: ("step", t0, t_step, t_end, rows, device wait s, prefills)
+        # benchmarks, serve --trace-out: ("step", t0, t_step, t_end, rows, device wait s, prefills) and
+        # ("stream", first text, first audio, end, samples) per released stream
+        self.trace: list[tuple] | None = None
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -250,6 +252,8 @@ class Pipeline:
         ttfa = handle.first_audio_at - handle.said_at if None not in (handle.first_audio_at, handle.said_at) else None
         access_log.info("%s id=%s reason=%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
                         handle.samples, "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
+        if self.trace is not None:  # event-loop clock: time.monotonic, as perf_counter on Linux
+            self.trace.append(("stream", handle.said_at, handle.first_audio_at, self.now(), handle.samples))
 
     def _starting(self) -> bool:
         """Whether some stream waits for its first audio (the codec then decodes just in time)."""

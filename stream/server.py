@@ -12,6 +12,7 @@ cancelled by aiohttp when the connection drops, which needs `handler_cancellatio
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -166,8 +167,9 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # ---------------------------------------------------------------- app
 
-def make_app(state: ServerState) -> web.Application:
-    """The app on one port. Run it with `handler_cancellation=True` (see `serve`)."""
+def make_app(state: ServerState, trace_out: str | None = None) -> web.Application:
+    """The app on one port. Run it with `handler_cancellation=True` (see `serve`). `trace_out`: record
+    the pipeline's trace and write it there at shutdown (`serve --trace-out`)."""
     app = web.Application(client_max_size=state.config.hard_message_bytes, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_get("/v1/tts/stream", ws_stream)
@@ -197,6 +199,8 @@ def make_app(state: ServerState) -> web.Application:
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
+    if trace_out:
+        _record_trace(app, state.pipeline, trace_out)
     return app
 
 
@@ -213,9 +217,9 @@ def _mount_webrtc(app: web.Application, state: ServerState) -> None:
     add_routes(app, state)
 
 
-async def serve(state: ServerState, host: str, port: int) -> web.AppRunner:
+async def serve(state: ServerState, host: str, port: int, trace_out: str | None = None) -> web.AppRunner:
     """Start the app (returns the runner; `await runner.cleanup()` stops it). Port 0 = any free port."""
-    runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(make_app(state, trace_out), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -280,6 +284,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                         help="K/V pages in the model dtype (auto) or fp8 e4m3: --kv-pages then take half of "
                              "bf16's memory")
+    parser.add_argument("--trace-out", default=None, metavar="FILE",
+                        help="diagnostics: record every engine step, codec call and stream's first audio, written as "
+                             "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it)")
     parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
@@ -394,6 +401,18 @@ def build_state(args: argparse.Namespace) -> ServerState:
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 
 
+def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:
+    """`--trace-out`: the pipeline's and codec worker's trace (monotonic seconds), written at shutdown."""
+    pipeline.trace = pipeline.codec_worker.trace = []
+
+    async def write(app: web.Application) -> None:
+        with open(path, "w") as f:
+            json.dump({"clock": "monotonic", "events": pipeline.trace}, f)
+        log.info("trace: %d events written to %s", len(pipeline.trace), path)
+
+    app.on_cleanup.append(write)
+
+
 def startup_line(app: web.Application, host: str, port: int) -> str:
     """What `serve` logs once it listens: the address and the transports mounted."""
     paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
@@ -410,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
         return ray_app.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
-    app = make_app(state)
+    app = make_app(state, args.trace_out)
     log.info("%s", startup_line(app, args.host, args.port))
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
     return 0

@@ -474,3 +474,34 @@ def test_serve_flags_reach_the_codec_schedule_and_green_context():
     assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
     cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
     assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
+
+
+async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_path):
+    """`serve --trace-out`: steps, codec calls and each stream's first audio are written at shutdown,
+    and scripts/ttfa_breakdown.py accounts for the stream's time to first audio with them."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ttfa_breakdown", Path(__file__).parents[2] / "scripts" / "ttfa_breakdown.py")
+    ttfa_breakdown = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ttfa_breakdown)
+    config, metrics = ServerConfig(port=0, max_frames=MAX_FRAMES, warm_up=False), Metrics()
+    state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
+    path = tmp_path / "trace.json"
+    runner = await serve(state, "127.0.0.1", 0, trace_out=str(path))
+    try:
+        async with connect(f"ws://127.0.0.1:{bound_port(runner)}/v1/tts/stream") as ws:
+            lis = Peer(ws)
+            await speak(ws, "t", "Hello there.", 5)
+            await lis.until(lambda: "t" in lis.done)
+    finally:
+        await runner.cleanup()
+    events = json.load(open(path))["events"]
+    kinds = {e[0] for e in events}
+    assert {"step", "codec", "stream"} <= kinds
+    (row,) = ttfa_breakdown.breakdown(events)
+    assert row["alone"]
+    assert row["ttfa_ms"] > 0 and row["steps"] >= 1 and row["prefill_steps"] == 1 and row["codec_calls"] >= 1
+    parts = row["idle_ms"] + row["step_ms"] + row["codec_ms"]  # steps and codec calls may overlap
+    assert row["ttfa_ms"] - 1e-6 <= parts and row["idle_ms"] >= 0
