@@ -18,6 +18,8 @@ eagerly (for debugging) with the same padding.
 
 `PrefillGraphs` does the same for the first chunk of an all-text prompt (one sequence per replay,
 padded to a length bucket), so a stream's prefill costs a replay instead of ~600 eager launches.
+`PromptEndGraphs` replays the sampling of the rows that end prompts (a family's row completion
+included: Qwen3-TTS's code predictor, ~1,000 launches eagerly), per count bucket.
 """
 
 from __future__ import annotations
@@ -151,6 +153,68 @@ class DecodeGraphs:
 
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
+PROMPT_END_BUCKETS = (1, 2, 4, 8)
+
+
+class PromptEndGraphs:
+    """The sampling of the rows that end prompts in one step: `state.sample_and_advance` on their
+    audio logits (and, for a family that completes rows, their hidden states), replayed from a CUDA
+    graph per count bucket. Without it a Qwen3-TTS stream's first frame ran its code predictor's 15
+    sub-steps eagerly: ~2,300 launches, 60-100 ms of host time on an H100 (scripts/profile_first_step.py).
+
+    Rows are padded to the smallest bucket >= their count: padded rows are invalid and use scratch
+    slots (as in DecodeGraphs), their outputs are dropped; more rows than the largest bucket run in
+    several replays. `enabled=False` runs the same padded body eagerly.
+    """
+
+    def __init__(self, state: DeviceStreamState, hidden_size: int, logits_shape: tuple[int, int],
+                 hidden_dtype: torch.dtype, buckets: Sequence[int] = PROMPT_END_BUCKETS, enabled: bool = True) -> None:
+        self.state, self.enabled = state, enabled
+        self.buckets = tuple(sorted(set(buckets)))
+        top = self.buckets[-1]
+        assert self.buckets[0] >= 1 and state.last_col.shape[0] >= state.num_slots + top, \
+            "the state needs one scratch slot per padded row"
+        dev = state.device
+        self._logits = torch.zeros((top, *logits_shape), dtype=torch.float32, device=dev)
+        self._hidden = torch.zeros((top, hidden_size), dtype=hidden_dtype, device=dev)
+        self._index = torch.zeros((2, top), dtype=torch.long, device=dev)  # slot, valid
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+
+    def _body(self, b: int) -> torch.Tensor:
+        hidden = self._hidden[:b] if self.state.complete is not None else None
+        return self.state.sample_and_advance(self._logits[:b], self._index[0, :b], self._index[1, :b].bool(), hidden)
+
+    def _stage(self, b: int, logits: torch.Tensor | None, hidden: torch.Tensor | None, slots: Sequence[int]) -> None:
+        n = len(slots)
+        index = np.zeros((2, b), np.int64)
+        index[0, :n], index[1, :n] = slots, 1
+        index[0, n:] = self.state.num_slots + np.arange(b - n)
+        self._index[:, :b].copy_(upload(index, self._index.device))
+        if logits is not None:
+            self._logits[:n].copy_(logits)
+        if hidden is not None:
+            self._hidden[:n].copy_(hidden)
+
+    def capture(self) -> None:
+        """Capture every bucket (largest first, one memory pool)."""
+        if self.enabled:
+            self._graphs, self._outputs = capture_buckets(self.buckets, lambda b: self._stage(b, None, None, []),
+                                                          self._body, self.state.device)
+
+    def run(self, logits: torch.Tensor, hidden: torch.Tensor | None, slots: Sequence[int]) -> torch.Tensor:
+        """logits [E, h, V] fp32, hidden [E, H] (None: a family that does not complete rows), the E
+        streams' slots -> packed [E, K + 1] long (sample_and_advance's)."""
+        assert logits.shape[0] == len(slots) >= 1 and (hidden is None or hidden.shape[0] == len(slots))
+        assert hidden is not None or self.state.complete is None, "completing rows needs their hidden states"
+        top, parts = self.buckets[-1], []
+        for i in range(0, len(slots), top):
+            n = min(top, len(slots) - i)
+            b = next(b for b in self.buckets if b >= n)
+            self._stage(b, logits[i:i + n], None if hidden is None else hidden[i:i + n], slots[i:i + n])
+            out = self._body(b) if not self.enabled else (self._graphs[b].replay() or self._outputs[b])
+            parts.append(out[:n] if len(slots) <= top else out[:n].clone())  # the next replay rewrites out
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class ChunkAttention:

@@ -50,7 +50,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from higgs_stream.engine.cuda_graph import DEFAULT_BUCKETS, DecodeGraphs, PrefillGraphs, decode_step
+from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS, DecodeGraphs, PrefillGraphs,
+                                             PromptEndGraphs, decode_step)
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
@@ -169,7 +170,8 @@ class ModelRunner:
         max_bucket = max(self.config.graph_buckets) if self.config.cuda_graphs else 0
         if self.config.cuda_graphs and max_bucket < max_batch:
             raise ConfigError(f"the largest graph bucket ({max_bucket}) must hold max_batch ({max_batch})")
-        self.state = DeviceStreamState(max_batch, max_bucket, cfg.num_codebooks, cfg.codebook_size, dev,
+        scratch = max(max_bucket, PROMPT_END_BUCKETS[-1]) if self.config.cuda_graphs else 0  # padded rows' slots
+        self.state = DeviceStreamState(max_batch, scratch, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.config.ras_window_max,
                                        rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast",
                                        vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
@@ -182,6 +184,12 @@ class ModelRunner:
                                        alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets)
             with torch.no_grad():
                 self.graphs.capture()
+        self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends
+        if self.config.cuda_graphs:
+            with torch.no_grad():
+                shape = self.fast.audio_logits(torch.zeros(1, cfg.hidden_size, dtype=self.fast.dtype, device=dev)).shape
+                self.prompt_ends = PromptEndGraphs(self.state, cfg.hidden_size, tuple(shape[1:]), self.fast.dtype)
+                self.prompt_ends.capture()
         self.prefill_graphs: PrefillGraphs | None = None
         # the same padded body, replayed or (no graphs) run eagerly; not for a family that embeds its own
         # rows or completes them (Qwen3-TTS: every prompt chunk runs eagerly)
@@ -356,9 +364,11 @@ class ModelRunner:
                 slots.append(c.seq.slot)
         if not logits:
             return None
-        sl = upload(slots, dev, torch.long)
-        return self.state.sample_and_advance(torch.cat(logits), sl, torch.ones(len(slots), dtype=torch.bool, device=dev),
-                                             torch.cat(hidden) if len(hidden) == len(logits) else None)
+        logits_, hidden_ = torch.cat(logits), torch.cat(hidden) if len(hidden) == len(logits) else None
+        if self.prompt_ends is not None:
+            return self.prompt_ends.run(logits_, hidden_, slots)
+        ones = torch.ones(len(slots), dtype=torch.bool, device=dev)
+        return self.state.sample_and_advance(logits_, upload(slots, dev, torch.long), ones, hidden_)
 
     def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
                      kv_slots: list[int], sampled: bool) -> torch.Tensor | None:

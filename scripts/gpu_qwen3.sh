@@ -11,7 +11,7 @@
 # beside our frame step at batch 1 and 8 (the sweep's JSON when this call made it), and the ratio per size.
 # Usage (device tool, carry .whl):  bash scripts/gpu_qwen3.sh
 #   reference comparison alone (carry .whl and .whl_qref):  REF=1 SKIP_TESTS=1 SKIP_SERVER=1 bash scripts/gpu_qwen3.sh
-# Env: BUDGET_S (570), SKIP_TESTS=1 (no tests, no sweep), SKIP_SERVER=1, SERVE_PRESETS ("0.6b 1.7b"),
+# Env: BUDGET_S (570), MAX_STREAMS (256), SKIP_TESTS=1 (no tests, no sweep), SKIP_SERVER=1, SERVE_PRESETS ("0.6b 1.7b"),
 #      REF=1, REF_FRAMES (64: frames per reference run)
 # Writes $OUT/qwen3.tgz (tests log, bench JSONs and logs, reference JSONs/logs and ref_ratio.json, load generator
 # JSON/log, server log).
@@ -82,7 +82,7 @@ for preset in "$@"; do
   python3 -m higgs_stream.cli make-checkpoint /tmp/q-$preset --arch qwen3-tts --preset "$preset" --seed 0 \
     > "$d/make_$preset.log" 2>&1 || { tail -5 "$d/make_$preset.log"; continue; }
   serve="python3 -m higgs_stream.cli serve --model /tmp/q-$preset --device cuda --host 127.0.0.1 --port $port"
-  serve+=" --max-streams 128 --max-frames 125 --trace-out $d/trace_qwen3_$preset.json"
+  serve+=" --max-streams ${MAX_STREAMS:-256} --max-frames 125 --trace-out $d/trace_qwen3_$preset.json"
   timeout -k 20 "$left" python3 -m higgs_stream.loadgen --url ws://127.0.0.1:$port/v1/tts/stream --spawn "$serve" \
     --spawn-log "$d/server_qwen3_$preset.log" --spawn-timeout 200 --time-budget $(( left - 30 )) --open-rates 1,20 \
     --closed "" --duration 10 --drain 20 --request-timeout 60 --procs 4 --label "qwen3-$preset" \

@@ -300,6 +300,11 @@ class CodecWorker:
             diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
+            timings = getattr(dec, "timings", None)
+            if timings:  # what a step costs on this card, smallest and largest bucket (operators' first look)
+                (b0, f0), (b1, f1) = min(timings), max(timings)
+                log.info("stateful codec step replays: %.2f ms at %d stream x %d frame ... %.2f ms at %d x %d",
+                         1e3 * timings[b0, f0], b0, f0, 1e3 * timings[b1, f1], b1, f1)
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
             lengths: set[int] = set()
             while planner.in_ramp:

@@ -60,3 +60,66 @@ def test_chunk_attention_is_causal_gqa():
             s = (k[: i + 1, h // 3] @ q[i, h]) * d**-0.5
             ref = torch.softmax(s, 0) @ v[: i + 1, h // 3]
             torch.testing.assert_close(got[i, h], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3-tts", "v3"])
+def test_prompt_end_sampling_padded_to_a_bucket_equals_the_unpadded(arch):
+    """PromptEndGraphs' padded body (eager, CPU, fp32): 4 prompt ends in bucket 4 give the same rows and
+    device state as state.sample_and_advance on the same 4 rows (same shapes: exact); 3 ends in bucket 4
+    give rows of the right shape and touch no slot but theirs and the scratch ones; 10 ends run as
+    8 + 2. Qwen3-TTS completes rows with its code predictor; v3 samples every codebook in the head."""
+    from higgs_stream.engine.engine import EngineConfig
+    from higgs_stream.engine.gpu_sampling import DeviceStreamState, StreamStart
+    from higgs_stream.engine.models.registry import family_named
+    from higgs_stream.engine.random_weights import in_memory_engine
+    from higgs_stream.engine.request import SamplingParams
+    from higgs_stream.engine.cuda_graph import PromptEndGraphs
+
+    eng = in_memory_engine(arch, "tiny", "cpu", torch.float32, EngineConfig(kv_pages=64, max_batch=12),
+                           cuda_graphs=False, kernels="ref")
+    cfg, fast, completes = eng.cfg, eng.runner.fast, eng.runner.state.complete
+
+    def state(n_slots=12):
+        st = DeviceStreamState(n_slots, 8, cfg.num_codebooks, cfg.codebook_size, "cpu",
+                               rules=family_named(arch).device_rules(cfg), vocab=cfg.audio_vocab, complete=completes)
+        st.start([StreamStart(i, SamplingParams(seed=100 + i, temperature=0.9, top_k=40), 50,
+                              np.zeros((cfg.num_codebooks, 0), np.int64)) for i in range(n_slots)])
+        return st
+
+    def snapshot(st):
+        return {k: v.clone() for k, v in vars(st).items() if isinstance(v, torch.Tensor)}
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hidden = torch.randn(10, cfg.hidden_size)
+        logits = fast.audio_logits(hidden)  # [10, h, V]
+        a, b = state(), state()
+        want = a.sample_and_advance(logits[:4], torch.arange(4), torch.ones(4, dtype=torch.bool),
+                                    hidden[:4] if completes else None)
+        ends = PromptEndGraphs(b, cfg.hidden_size, tuple(logits.shape[1:]), torch.float32, enabled=False)
+        got = ends.run(logits[:4], hidden[:4] if completes else None, [0, 1, 2, 3])
+        assert torch.equal(got, want) and got.shape == (4, cfg.num_codebooks + 1)
+        sa, sb = snapshot(a), snapshot(b)
+        for k in sa:
+            assert torch.equal(sa[k][: a.num_slots], sb[k][: b.num_slots]), k
+
+        c = state()
+        before = snapshot(c)
+        got3 = PromptEndGraphs(c, cfg.hidden_size, tuple(logits.shape[1:]), torch.float32, enabled=False).run(
+            logits[4:7], hidden[4:7] if completes else None, [5, 6, 7])
+        assert got3.shape == (3, cfg.num_codebooks + 1)
+        after = snapshot(c)
+        untouched = [i for i in range(c.num_slots) if i not in (5, 6, 7)]
+        for k in before:
+            if before[k].shape[:1] == (c.last_col.shape[0],):
+                assert torch.equal(before[k][untouched], after[k][untouched]), k
+        assert not torch.equal(before["ncols"][5:8], after["ncols"][5:8])  # the real rows advanced
+
+        d = state()
+        got10 = PromptEndGraphs(d, cfg.hidden_size, tuple(logits.shape[1:]), torch.float32, enabled=False).run(
+            logits, hidden if completes else None, list(range(10)))
+        assert got10.shape == (10, cfg.num_codebooks + 1)
+        e = state()
+        first8 = e.sample_and_advance(logits[:8], torch.arange(8), torch.ones(8, dtype=torch.bool),
+                                      hidden[:8] if completes else None)
+        assert torch.equal(got10[:8], first8)  # 8 rows = bucket 8: the same shapes
