@@ -11,15 +11,16 @@
 # beside our frame step at batch 1 and 8 (the sweep's JSON when this call made it), and the ratio per size.
 # Usage (device tool, carry .whl):  bash scripts/gpu_qwen3.sh
 #   reference comparison alone (carry .whl and .whl_qref):  REF=1 SKIP_TESTS=1 SKIP_SERVER=1 bash scripts/gpu_qwen3.sh
-# Env: BUDGET_S (570), MAX_STREAMS (256), SKIP_TESTS=1 (no tests, no sweep), SKIP_SERVER=1, SERVE_PRESETS ("0.6b 1.7b"),
+# Env: BUDGET_S (570), MAX_STREAMS (256), SERVE_ARGS (more serve flags, e.g. "--codec-precision tf32"),
+#      TAG (appended to the output names), SKIP_TESTS=1 (no tests, no sweep), SKIP_SERVER=1, SERVE_PRESETS ("0.6b 1.7b"),
 #      REF=1, REF_FRAMES (64: frames per reference run)
-# Writes $OUT/qwen3.tgz (tests log, bench JSONs and logs, reference JSONs/logs and ref_ratio.json, load generator
+# Writes $OUT/qwen3$TAG.tgz (tests log, bench JSONs and logs, reference JSONs/logs and ref_ratio.json, load generator
 # JSON/log, server log).
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 budget=${BUDGET_S:-570}
 d="$OUT/q"; mkdir -p "$d"
-trap 'tar -czf "$OUT/qwen3.tgz" -C "$OUT" q && rm -rf "$d"' EXIT
+trap 'tar -czf "$OUT/qwen3${TAG:-}.tgz" -C "$OUT" q && rm -rf "$d"' EXIT
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$d/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 240 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/engine/models/qwen3_tts/test_model_runner_gpu.py \
@@ -82,15 +83,16 @@ for preset in "$@"; do
   python3 -m higgs_stream.cli make-checkpoint /tmp/q-$preset --arch qwen3-tts --preset "$preset" --seed 0 \
     > "$d/make_$preset.log" 2>&1 || { tail -5 "$d/make_$preset.log"; continue; }
   serve="python3 -m higgs_stream.cli serve --model /tmp/q-$preset --device cuda --host 127.0.0.1 --port $port"
-  serve+=" --max-streams ${MAX_STREAMS:-256} --max-frames 125 --trace-out $d/trace_qwen3_$preset.json"
+  tag="$preset${TAG:-}"
+  serve+=" --max-streams ${MAX_STREAMS:-256} --max-frames 125 --trace-out $d/trace_qwen3_$tag.json ${SERVE_ARGS:-}"
   timeout -k 20 "$left" python3 -m higgs_stream.loadgen --url ws://127.0.0.1:$port/v1/tts/stream --spawn "$serve" \
-    --spawn-log "$d/server_qwen3_$preset.log" --spawn-timeout 200 --time-budget $(( left - 30 )) --open-rates 1,20 \
-    --closed "" --duration 10 --drain 20 --request-timeout 60 --procs 4 --label "qwen3-$preset" \
-    --out "$d/loadgen_qwen3_$preset.json" 2>&1 | tee "$d/loadgen_qwen3_$preset.log" | grep -v "^\s*$" | tail -5
-  grep -E "Error|Traceback" "$d/server_qwen3_$preset.log" | head -5
+    --spawn-log "$d/server_qwen3_$tag.log" --spawn-timeout 200 --time-budget $(( left - 30 )) --open-rates 1,20 \
+    --closed "" --duration 10 --drain 20 --request-timeout 60 --procs 4 --label "qwen3-$tag" \
+    --out "$d/loadgen_qwen3_$tag.json" 2>&1 | tee "$d/loadgen_qwen3_$tag.log" | grep -v "^\s*$" | tail -5
+  grep -E "Error|Traceback" "$d/server_qwen3_$tag.log" | head -5
   # where first audio went, in streams that ran alone (the 1 req/s phase)
-  [ -f "$d/trace_qwen3_$preset.json" ] && python3 scripts/ttfa_breakdown.py "$d/trace_qwen3_$preset.json" --alone \
-    --json "$d/ttfa_breakdown_$preset.json"
+  [ -f "$d/trace_qwen3_$tag.json" ] && python3 scripts/ttfa_breakdown.py "$d/trace_qwen3_$tag.json" --alone \
+    --json "$d/ttfa_breakdown_$tag.json"
   port=$(( port + 1 ))
 done
 echo "done in $SECONDS s"
