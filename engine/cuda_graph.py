@@ -238,15 +238,21 @@ class ChunkAttention:
 
 
 class PrefillGraphs:
-    """A prompt's first chunk when it is all text (the whole prompt of a v2 request without a
-    reference or history), one sequence at a time, replayed from a CUDA graph per length bucket.
+    """A prompt's first chunk, one sequence at a time, replayed from a CUDA graph per length bucket:
+    an all-text chunk (v2 without a reference or history, v3), or any first chunk of a family that
+    embeds its own rows (Qwen3-TTS: text track, codec ids, reference frames and up to MAX_VECTORS
+    input vectors, all staged into the graph's buffers).
 
-    The chunk is padded to the smallest bucket >= its length: padded rows are text id 0 at the
-    following positions, their K/V go to the scratch page, their outputs are dropped. The body is
-    `FastTalker.hidden` with every row on the text branch and `ChunkAttention`; it returns the
-    audio logits of the chunk's last row (v3 samples there; v2 ignores them). `enabled=False`
-    runs the same padded body eagerly, so an engine without graphs computes the same numbers.
+    The chunk is padded to the smallest bucket >= its length: padded rows are text id 0 (no codec id,
+    no frame) at the following positions, their K/V go to the scratch page, their outputs are
+    dropped; unused vector entries add zeros to row 0. The body is `FastTalker.hidden` (every row on
+    the text branch of a dual-FFN family) with `ChunkAttention`; it returns the audio logits and the
+    final-normed hidden state of the chunk's last row (v3 and Qwen3-TTS sample there, Qwen3-TTS
+    completes the row from the hidden state; v2 ignores both). `enabled=False` runs the same padded
+    body eagerly, so an engine without graphs computes the same numbers.
     """
+
+    MAX_VECTORS = 4
 
     def __init__(self, fast: FastTalker, k_pool: torch.Tensor, v_pool: torch.Tensor, scratch_page: int,
                  page_size: int, buckets: Sequence[int] = PREFILL_BUCKETS, enabled: bool = True) -> None:
@@ -254,16 +260,19 @@ class PrefillGraphs:
         self.buckets = tuple(sorted(set(b for b in buckets if b <= fast.max_positions)))
         assert self.buckets, "no prefill bucket fits the position table"
         self.scratch_page, self.page_size, self.enabled = scratch_page, page_size, enabled
-        dev, top = fast.device, self.buckets[-1]
-        self._ids = torch.zeros(top, dtype=torch.long, device=dev)
-        self._pos = torch.arange(top, device=dev)
-        self._slots = torch.zeros(top, dtype=torch.long, device=dev)
-        self._last = torch.zeros(1, dtype=torch.long, device=dev)
-        self._codes = torch.zeros((top, fast.cfg.num_codebooks), dtype=torch.long, device=dev)
+        self.embeds = fast.embed_rows is not None  # the family stages its other tracks too
+        dev, top, k = fast.device, self.buckets[-1], fast.cfg.num_codebooks
+        self._rows = torch.zeros((5 + k, top), dtype=torch.long, device=dev)  # ids, kv slot, last, codec, select, codes
+        self._ids, self._slots, self._codec = self._rows[0], self._rows[1], self._rows[3]
+        self._last = self._rows[2, :1]
         self._select = torch.zeros(top, dtype=torch.int32, device=dev)
+        self._codes = self._rows[5:].t()  # [top, K], a view: staged with the rest in one copy
+        self._pos = torch.arange(top, device=dev)
+        self._vector_rows = torch.zeros(self.MAX_VECTORS, dtype=torch.long, device=dev)
+        self._vectors = torch.zeros((self.MAX_VECTORS, fast.cfg.hidden_size), dtype=fast.dtype, device=dev)
         self._no_rows = torch.zeros(0, dtype=torch.long, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def max_len(self) -> int:
@@ -275,13 +284,19 @@ class PrefillGraphs:
                 return b
         raise GraphShapeError(f"prompt chunk of {n} tokens exceeds the largest prefill bucket {self.max_len}")
 
-    def _body(self, b: int) -> torch.Tensor:
+    def fits(self, n: int, audio_rows: int, vectors: int) -> bool:
+        """Whether a first chunk of n rows (audio_rows of them frames, `vectors` input vectors) replays here."""
+        return n <= self.max_len and (audio_rows == 0 or self.embeds) and (vectors == 0 or self.embeds) \
+            and vectors <= self.MAX_VECTORS
+
+    def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hq, hkv, d = self.fast.heads
+        tracks = dict(codec_ids=self._codec[:b], vector_rows=self._vector_rows, vectors=self._vectors) if self.embeds else {}
         inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b], positions=self._pos[:b],
                          kv_slots=self._slots[:b], out_rows=self._last, audio_rows=self._no_rows,
-                         text_rows=self._pos[:b], select=self._select[:b])
+                         text_rows=self._pos[:b], select=self._select[:b], **tracks)
         hidden = self.fast.hidden(inp, ChunkAttention(self._slots[:b], hq, hkv, d), self.k_pool, self.v_pool)
-        return self.fast.audio_logits(hidden)  # [1, K, V] fp32
+        return self.fast.audio_logits(hidden), hidden  # [1, h, V] fp32, [1, H]
 
     def capture(self) -> None:
         """Capture every bucket (largest first, one memory pool)."""
@@ -291,26 +306,47 @@ class PrefillGraphs:
             self.buckets, lambda b: self._stage(b, np.zeros(1, np.int64), [self.scratch_page * self.page_size]),
             self._body)
 
-    def _stage(self, b: int, text_ids: np.ndarray, kv_slots: Sequence[int]) -> None:
+    def _stage(self, b: int, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
+               audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,
+               vector_rows: np.ndarray | None = None, vectors: np.ndarray | None = None) -> None:
         """Fill the static inputs: one copy from fresh pageable memory (several prompts may be
         staged in one step, so no staging buffer is reused while a copy may be pending)."""
         n, ps = len(text_ids), self.page_size
-        st = np.zeros((3, b), np.int64)
+        st = np.zeros((self._rows.shape[0] if self.embeds else 3, b), np.int64)
         st[0, :n], st[1, :n] = text_ids, kv_slots
         st[1, n:b] = self.scratch_page * ps + np.arange(b - n) % ps
         st[2, 0] = n - 1
-        src = upload(st, self._ids.device)  # [3, b]
-        self._ids[:b].copy_(src[0])
-        self._slots[:b].copy_(src[1])
-        self._last.copy_(src[2, :1])
+        if self.embeds:
+            st[3] = -1
+            if codec_ids is not None:
+                st[3, :n] = codec_ids
+            if audio is not None:
+                st[4, :n] = audio
+            if codes is not None:
+                st[5:, :n] = np.asarray(codes).T
+            self._rows[:, :b].copy_(upload(st, self._rows.device))
+            self._select[:b].copy_(self._rows[4, :b])
+            m = 0 if vector_rows is None else len(vector_rows)
+            rows, vecs = np.zeros(self.MAX_VECTORS, np.int64), np.zeros(tuple(self._vectors.shape), np.float32)
+            if m:
+                rows[:m], vecs[:m] = vector_rows, vectors
+            self._vector_rows.copy_(upload(rows, self._rows.device))
+            self._vectors.copy_(upload(vecs, self._rows.device, self._vectors.dtype))
+        else:
+            self._rows[:3, :b].copy_(upload(st, self._rows.device))
 
-    def run(self, text_ids: np.ndarray, kv_slots: Sequence[int]) -> torch.Tensor:
-        """Prefill positions 0..n-1 (all text) of one sequence -> logits [1, K, V] of row n - 1
-        (valid until the next run)."""
+    def run(self, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
+            audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,
+            vector_rows: np.ndarray | None = None, vectors: np.ndarray | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill positions 0..n-1 of one sequence -> (audio logits [1, h, V], hidden [1, H]) of row
+        n - 1 (the graph's buffers: valid until the next run). A family that embeds its own rows also
+        takes the chunk's frames (`codes` [n, K] at the `audio` rows), codec ids and input vectors
+        (rows within the chunk)."""
         n = len(text_ids)
         assert n >= 1 and len(kv_slots) == n, "one slot per token"
         b = self.bucket_for(n)
-        self._stage(b, text_ids, kv_slots)
+        self._stage(b, text_ids, kv_slots, codes, audio, codec_ids, vector_rows, vectors)
         if not self.enabled:
             return self._body(b)
         self._graphs[b].replay()

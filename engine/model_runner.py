@@ -24,9 +24,11 @@ Decode rows replay a CUDA graph per batch bucket (engine/cuda_graph.py), also in
 prefill other sequences. Prompts are prefilled one sequence per forward, cut at multiples of
 `ModelRunnerConfig.prefill_chunk` tokens whatever else is running (scheduler.PrefillScheduler), so
 a sequence's K/V and logits do not depend on what shares its steps: with batch-invariant decode
-steps, greedy codes of streams served together equal each stream served alone. An all-text first
-chunk (e.g. a Higgs v2 prompt without reference or history) replays a prefill graph per length
-bucket (`PrefillGraphs`); other chunks run eagerly with FlashInfer's paged prefill.
+steps, greedy codes of streams served together equal each stream served alone. A first chunk that
+is all text (e.g. a Higgs v2 prompt without reference or history), or any first chunk of a family
+that embeds its own rows (Qwen3-TTS), replays a prefill graph per length bucket (`PrefillGraphs`);
+other chunks run eagerly with FlashInfer's paged prefill. The rows that end prompts are sampled
+(and completed) by one graph replay per count bucket (`PromptEndGraphs`).
 A family whose prompt end yields a forced start row instead of a sample (`sample_at_prompt_end`
 False: Higgs v2's AUDIO_INIT) has that step folded into the prompt's last step: the first decode
 token (the start row, at the position after the prompt) joins the same step's decode rows, after
@@ -38,7 +40,7 @@ A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0
 sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code
 predictor: 15 sub-steps), so its graphed decode step is a whole frame; its rows embed through the
 family's `FastWeights.embed_rows` (text track + codec track), and each decode row stages its prompt's
-next text-track id. Its prompt chunks run eagerly (no prefill graphs).
+next text-track id.
 """
 
 from __future__ import annotations
@@ -191,9 +193,8 @@ class ModelRunner:
                 self.prompt_ends = PromptEndGraphs(self.state, cfg.hidden_size, tuple(shape[1:]), self.fast.dtype)
                 self.prompt_ends.capture()
         self.prefill_graphs: PrefillGraphs | None = None
-        # the same padded body, replayed or (no graphs) run eagerly; not for a family that embeds its own
-        # rows or completes them (Qwen3-TTS: every prompt chunk runs eagerly)
-        if self.config.kernels == "fast" and self.fast.embed_rows is None and not completes:
+        # the same padded body, replayed or (no graphs) run eagerly
+        if self.config.kernels == "fast":
             self.prefill_graphs = PrefillGraphs(self.fast, cache.pool.k, cache.pool.v, self.scratch_page,
                                                 alloc.page_size, enabled=self.config.cuda_graphs)
             with torch.no_grad():
@@ -351,10 +352,13 @@ class ModelRunner:
             kv_slots = [self._kv_slot(table, q) for q in range(c.start, c.end)]
             sampled = samples_at(c, self.policy)
             pg = self.prefill_graphs
-            if pg is not None and c.start == 0 and c.num_tokens <= pg.max_len and not audio.any():
-                out = pg.run(ids, kv_slots)  # [1, K, V], the graph's buffer
+            inside = (p.vector_rows >= c.start) & (p.vector_rows < c.end)
+            if pg is not None and c.start == 0 and pg.fits(c.num_tokens, int(audio.sum()), int(inside.sum())):
+                out, h = pg.run(ids, kv_slots, codes, audio, None if p.codec_ids is None else p.codec_ids[c.start:c.end],
+                                p.vector_rows[inside] - c.start, p.vectors[inside] if inside.any() else None)
                 if sampled:
                     logits.append(out.clone())
+                    hidden.append(h.clone())
             else:
                 h = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)  # [1, H] or None
                 if sampled:

@@ -36,7 +36,7 @@ def test_padded_text_prefill_equals_the_eager_forward(tiny_ckpt, n):
     with torch.no_grad():
         want = fast.forward(inp, attn, caches[0].pool.k, caches[0].pool.v)  # [1, K, V]
         pg = PrefillGraphs(fast, caches[1].pool.k, caches[1].pool.v, scratch, 4, buckets=(8, 32, 64), enabled=False)
-        got = pg.run(ids, slots.tolist())
+        got, _ = pg.run(ids, slots.tolist())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     real = slots.long()
     for pool in ("k", "v"):
@@ -123,3 +123,50 @@ def test_prompt_end_sampling_padded_to_a_bucket_equals_the_unpadded(arch):
         first8 = e.sample_and_advance(logits[:8], torch.arange(8), torch.ones(8, dtype=torch.bool),
                                       hidden[:8] if completes else None)
         assert torch.equal(got10[:8], first8)  # 8 rows = bucket 8: the same shapes
+
+
+@pytest.mark.parametrize("n", [3, 20, 32])
+def test_padded_qwen_prefill_with_every_track_equals_the_eager_forward(n):
+    """A family that embeds its own rows (Qwen3-TTS): PrefillGraphs' padded body (eager, CPU, fp32) with
+    text ids (some empty), codec ids (some empty), reference frames at some rows and an input vector
+    gives the last row's logits and hidden state and every real row's K/V of the unpadded eager chunk,
+    within 1e-5."""
+    from higgs_stream.engine.engine import EngineConfig
+    from higgs_stream.engine.random_weights import in_memory_engine
+
+    eng = in_memory_engine("qwen3-tts", "tiny", "cpu", torch.float32, EngineConfig(kv_pages=64, max_batch=2),
+                           cuda_graphs=False, kernels="ref")
+    cfg, fast = eng.cfg, eng.runner.fast
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, 100, size=n)
+    ids[rng.random(n) < 0.3] = -1
+    codec = rng.integers(0, cfg.vocab_size, size=n)
+    codec[rng.random(n) < 0.5] = -1
+    audio = rng.random(n) < 0.3
+    codes = rng.integers(0, cfg.codebook_size, size=(n, cfg.num_codebooks))
+    vec_rows, vecs = np.array([n // 2]), rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
+    caches = [KVCache.create(cfg, num_pages=16, page_size=4) for _ in range(2)]
+    for c in caches:
+        c.allocator.reserve(-1, 1)
+        c.allocator.reserve(0, n)
+    scratch = caches[1].allocator.page_table(-1)[0]
+    layout = caches[0].layout([0], [n])
+    slots = layout.slot_mapping
+    attn = RefAttention(cfg.head_dim)
+    attn.plan_layout(layout)
+    t = torch.from_numpy
+    inp = FastInputs(text_ids=t(ids), codes=t(codes), positions=torch.arange(n), kv_slots=slots,
+                     out_rows=torch.tensor([n - 1]), audio_rows=t(np.flatnonzero(audio)),
+                     text_rows=t(np.flatnonzero(~audio)), select=t(audio.astype(np.int32)), codec_ids=t(codec),
+                     vector_rows=t(vec_rows), vectors=t(vecs))
+    with torch.no_grad():
+        want_h = fast.hidden(inp, attn, caches[0].pool.k, caches[0].pool.v)
+        pg = PrefillGraphs(fast, caches[1].pool.k, caches[1].pool.v, scratch, 4, buckets=(8, 32), enabled=False)
+        assert pg.embeds and pg.fits(n, int(audio.sum()), 1) and not pg.fits(n, 0, pg.MAX_VECTORS + 1)
+        got_logits, got_h = pg.run(ids, slots.tolist(), codes, audio, codec, vec_rows, vecs)
+    torch.testing.assert_close(got_h, want_h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_logits, fast.audio_logits(want_h), rtol=1e-5, atol=1e-5)
+    real = slots.long()
+    for pool in ("k", "v"):
+        a, b = (getattr(c.pool, pool).flatten(1, 2)[:, real] for c in caches)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
