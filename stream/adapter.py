@@ -161,26 +161,45 @@ class Code2Wav:
             valid.append(codes[-1].shape[1])
             final.append(jobs[members[-1]].push.final)
         groups = self.streaming.partition(slots, valid, final) if self.partition_steps else [list(range(len(slots)))]
+        got: list[list[np.ndarray]] = [[] for _ in slots]  # each row's samples, piece by piece
         for group in groups:
-            width = max(valid[r] for r in group)
-            batch = np.zeros((len(group), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
-            for b, r in enumerate(group):
-                batch[b, :, : valid[r]] = codes[r]
-            step = self.streaming.step([slots[r] for r in group], torch.from_numpy(batch), [valid[r] for r in group],
-                                       [final[r] for r in group])
-            self.steps += 1
-            audio = to_host(step.audio)  # one copy for the step's rows
-            for b, r in enumerate(group):
-                members = rows[owners[r]]
-                first = jobs[members[0]].push.out_from
-                got = audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]]
-                want = jobs[members[-1]].push.out_to - first
-                assert got.size == want, f"stateful decoder returned {got.size} samples, the plan says {want}"
-                for i in members:
-                    p = jobs[i].push
-                    out[i] = got[p.emit_start - first : p.out_to - first].copy()
-                if final[r]:
-                    self.release(owners[r])
+            for piece in self._pieces(group, valid, final):  # within the largest bucket (graph replays)
+                width = max(v for _, v, _ in piece)
+                batch = np.zeros((len(piece), self.geometry.num_codebooks, width), dtype=np.int64)  # [B, Q, C]
+                for b, (r, v, off) in enumerate(piece):
+                    batch[b, :, :v] = codes[r][:, off:off + v]
+                step = self.streaming.step([slots[r] for r, _, _ in piece], torch.from_numpy(batch),
+                                           [v for _, v, _ in piece],
+                                           [final[r] and off + v == valid[r] for r, v, off in piece])
+                self.steps += 1
+                audio = to_host(step.audio)  # one copy for the step's rows
+                for b, (r, _, _) in enumerate(piece):
+                    got[r].append(audio[b, step.offsets[b] : step.offsets[b] + step.counts[b]])
+        for r, owner in enumerate(owners):
+            members = rows[owner]
+            first = jobs[members[0]].push.out_from
+            pcm = np.concatenate(got[r]) if len(got[r]) > 1 else got[r][0]
+            want = jobs[members[-1]].push.out_to - first
+            assert pcm.size == want, f"stateful decoder returned {pcm.size} samples, the plan says {want}"
+            for i in members:
+                p = jobs[i].push
+                out[i] = pcm[p.emit_start - first : p.out_to - first].copy()
+            if final[r]:
+                self.release(owner)
+
+    def _pieces(self, group: list[int], valid: list[int], final: list[bool]) -> list[list[tuple[int, int, int]]]:
+        """A step group split to fit the decoder's largest bucket: steps of (row, frames, offset) with at
+        most its streams and frames each, a row's frames in order (every row in at least one step, a
+        final push of no frames included). One step when the group fits, or the decoder has no buckets."""
+        largest = getattr(self.streaming, "largest_step", None)  # optional in a decoder's interface
+        max_b, max_c = largest or (len(group), max([valid[r] for r in group] + [1]))
+        max_c = max(1, max_c)
+        steps = []
+        for k in range(max(-(-valid[r] // max_c) for r in group) or 1):  # frame pieces, in order
+            rows = [(r, min(max_c, valid[r] - k * max_c), k * max_c) for r in group
+                    if k * max_c < valid[r] or (k == 0 and valid[r] == 0)]
+            steps += [rows[i:i + max_b] for i in range(0, len(rows), max_b)]
+        return steps
 
 
 def feed_frames(adapters: Sequence[Code2WavAdapter], frames: np.ndarray,

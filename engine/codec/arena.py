@@ -139,6 +139,14 @@ class SlotArenaDecoder:
         return STEP_FIXED_S + b * (STEP_ROW_S + c * STEP_ROW_FRAME_S)
 
     @property
+    def largest_step(self) -> Key | None:
+        """(streams, frames) a step may have and still fit a bucket (None: steps run at their own shapes).
+        A caller with more splits its push (stream/adapter.py): a stream's frames may arrive in any pieces."""
+        if not self._buckets:
+            return None
+        return max(b for b, _ in self._buckets), max(c for _, c in self._buckets)
+
+    @property
     def graphed(self) -> bool:
         """Whether steps replay CUDA graphs (after a successful `capture`)."""
         return bool(self._graphs)

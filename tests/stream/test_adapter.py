@@ -308,6 +308,34 @@ def test_batched_streams_join_and_leave_and_each_equals_its_one_shot(codec):
         assert_audio_close(got, want, what=f"n={n} {cfg.mode}")
 
 
+def test_pushes_wider_than_the_largest_bucket_are_split_and_stay_exact(codec):
+    """A codec behind its streams gets pushes of many frames from many streams at once; Code2Wav splits
+    them into steps that fit the decoder's largest (streams, frames) bucket (here 2 x 3, padded eager
+    steps on the CPU; graph replays on a GPU) instead of one eager step of any size, and each stream
+    still equals its one-shot decode."""
+    rng = np.random.default_rng(12)
+    cols = [segment_columns(rng, n) for n in (23, 9, 1, 14)]
+    runner = Code2Wav(codec, max_slots=4)
+    runner.streaming.capture((1, 2), (1, 3), graphs=False)
+    assert runner.streaming.largest_step == (2, 3)
+    adapters = [Code2WavAdapter(codec.geometry, AdapterConfig(schedule=(25,))) for _ in cols]
+    jobs, owners = [], []
+    for s, (c, a) in enumerate(zip(cols, adapters)):
+        for _, frame, last in engine_frames(c):
+            if frame is not None:
+                a.feed(frame, final=last)
+            elif last:
+                a.close()
+        jobs += a.take_jobs()
+        owners += [s] * (len(jobs) - len(owners))
+    steps0 = runner.steps
+    outs = runner.run(owners, jobs)
+    assert runner.steps - steps0 > 4 and runner.open_streams == 0  # split: more steps than streams
+    for s, c in enumerate(cols):
+        got = np.concatenate([o for o, w in zip(outs, owners) if w == s])
+        assert_audio_close(got, one_shot(codec, c), what=f"stream {s}")
+
+
 def test_released_streams_free_their_slot(codec):
     """A segment that ends without its final push (cancelled) frees its slot through release()."""
     runner = Code2Wav(codec, max_slots=1)
