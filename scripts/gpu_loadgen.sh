@@ -5,7 +5,7 @@
 # /healthz (model build + graph capture + codec warm-up, ~1 min), runs the scenarios within its
 # share of BUDGET_S (scenarios that would not fit are skipped and listed), and stops the server.
 # Usage (device tool, carry .whl):  bash scripts/gpu_loadgen.sh
-# Env (defaults): BUDGET_S=480 (the whole call), ARCHS="v2 v3", OPEN_RATES=1,5,10,20 (req/s),
+# Env (defaults): BUDGET_S=480 (the whole call), ARCHS="v2 v3", OPEN_RATES=1,5,10,20 (req/s; "" for none),
 #   CLOSED=16,64,256,512 (streams), DURATION=10 (s of arrivals per scenario), DRAIN=20,
 #   MAX_FRAMES=250 (10 s utterances), MAX_STREAMS=256 (the largest CUDA-graph batch; more is refused
 #   as `busy`), KV_PAGES=8192, PROCS=4 (client processes), MODE (server default: exact);
@@ -27,7 +27,7 @@ for arch in "${archs[@]}"; do
   serve+=" --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} ${SERVE_ARGS:-}"
   timeout -k 20 $(( share + 45 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
     --spawn "$serve" --spawn-log "$OUT/server_$arch.log" --spawn-timeout 240 --time-budget "$share" \
-    --open-rates "${OPEN_RATES:-1,5,10,20}" --closed "${CLOSED:-16,64,256,512}" --duration "${DURATION:-10}" \
+    --open-rates "${OPEN_RATES-1,5,10,20}" --closed "${CLOSED-16,64,256,512}" --duration "${DURATION:-10}" \
     --drain "${DRAIN:-20}" --request-timeout 60 --procs "${PROCS:-4}" ${MODE:+--mode "$MODE"} --label "$arch${LABEL:+-$LABEL}" \
     --out "$OUT/loadgen_$arch${LABEL:+_$LABEL}.json" 2>&1 | tee "$OUT/loadgen_$arch.log" | grep -v "^\s*$" | tail -14 || rc=1
   tail -3 "$OUT/server_$arch.log"

@@ -165,6 +165,13 @@ class CodecWorker:
             shapes = await asyncio.to_thread(self.warm_up)
             log.info("codec warmed up at %d shapes in %.1f s (%d replayed from CUDA graphs)", shapes,
                      time.perf_counter() - t0, len(getattr(self.window_graphs, "shapes", ())))
+        if self.device is not None:
+            # the warm-up's eager steps leave blocks cached in torch's allocator; what allocates outside it
+            # (the codec thread's cuBLAS handles, below) needs them back
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+            log.info("GPU memory after the codec warm-up: %.1f GB allocated by torch, %.1f GB free of %.1f GB",
+                     torch.cuda.memory_allocated(self.device) / 1e9, free / 1e9, total / 1e9)
         self._thread = threading.Thread(target=self._run, name="higgs-codec", daemon=True)
         self._thread.start()
 
