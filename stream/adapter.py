@@ -188,12 +188,18 @@ class Code2Wav:
                 self.release(owner)
 
     def _pieces(self, group: list[int], valid: list[int], final: list[bool]) -> list[list[tuple[int, int, int]]]:
-        """A step group split to fit the decoder's largest bucket: steps of (row, frames, offset) with at
-        most its streams and frames each, a row's frames in order (every row in at least one step, a
-        final push of no frames included). One step when the group fits, or the decoder has no buckets."""
+        """A step group as steps of (row, frames, offset). One step when it fits the decoder's largest
+        bucket, when its rows x frames are no more than that bucket's (an eager step then needs no more
+        memory than the largest graph: e.g. 128 streams of one frame each), or when the decoder has no
+        buckets. Else split to steps of at most the largest bucket's streams and frames, each row's
+        frames in order (every row in at least one step, a final push of no frames included): a
+        backlog of many frames from many streams once ran as one eager step of any size and ran a
+        served Qwen3-TTS 1.7B out of GPU memory."""
         largest = getattr(self.streaming, "largest_step", None)  # optional in a decoder's interface
-        max_b, max_c = largest or (len(group), max([valid[r] for r in group] + [1]))
-        max_c = max(1, max_c)
+        width = max([valid[r] for r in group] + [1])
+        if largest is None or len(group) * width <= largest[0] * largest[1]:
+            return [[(r, valid[r], 0) for r in group]]
+        max_b, max_c = largest
         steps = []
         for k in range(max(-(-valid[r] // max_c) for r in group) or 1):  # frame pieces, in order
             rows = [(r, min(max_c, valid[r] - k * max_c), k * max_c) for r in group

@@ -318,6 +318,9 @@ def test_pushes_wider_than_the_largest_bucket_are_split_and_stay_exact(codec):
     runner = Code2Wav(codec, max_slots=4)
     runner.streaming.capture((1, 2), (1, 3), graphs=False)
     assert runner.streaming.largest_step == (2, 3)
+    # no more rows x frames than the largest bucket: one (eager) step; more: pieces in frame order
+    assert runner._pieces([0, 1, 2], [2, 2, 1], [False] * 3) == [[(0, 2, 0), (1, 2, 0), (2, 1, 0)]]
+    assert runner._pieces([0, 1], [5, 0], [True, True]) == [[(0, 3, 0), (1, 0, 0)], [(0, 2, 3)]]
     adapters = [Code2WavAdapter(codec.geometry, AdapterConfig(schedule=(25,))) for _ in cols]
     jobs, owners = [], []
     for s, (c, a) in enumerate(zip(cols, adapters)):
