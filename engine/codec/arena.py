@@ -1,8 +1,10 @@
 """What both stateful streaming decoders share (the Higgs codec's, engine/codec/streaming.py, and the
 Qwen3-TTS 12 Hz codec's, engine/models/qwen3_tts/codec/streaming.py): the slot arena (per-stream state
 tensors [max_slots + 1, ...], the last slot scratch for padding rows) and its bookkeeping, the
-containers of the padded-step buckets and their CUDA graphs (filled by each decoder's `capture`, with
-engine/codec/step_graphs.py), and the step cost model `partition` prices steps with."""
+padded-step buckets and their CUDA graphs (`capture`, `_run`: staging, graph-or-eager step, replay
+timings, with engine/codec/step_graphs.py), and the step cost model `partition` prices steps with. A
+decoder brings its layer math (`_math`, `_check_graph`), its per-row step fields (STEP_FIELDS: slot
+first) and its push bookkeeping (`step`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,14 @@ import numpy as np
 import torch
 
 from higgs_stream.engine.codec.geometry import CodecGeometry
-from higgs_stream.engine.codec.step_graphs import smallest_bucket
+from higgs_stream.engine.codec.step_graphs import (
+    bucket_keys,
+    capture_checked,
+    input_size,
+    replay_seconds,
+    smallest_bucket,
+    stage_inputs,
+)
 from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputError
 
 # Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
@@ -26,6 +35,9 @@ Key = tuple[int, int]  # (B rows, C frames)
 class SlotArenaDecoder:
     """Base of a stateful streaming decoder: `open()` a slot per stream, `push`/`step` its frames
     (the subclass's `step`), `close(slot)`. `new_stream()` makes a slot's host-side bookkeeping."""
+
+    STEP_FIELDS = 3  # per-row int fields of a step's inputs after the codes: slot, then the decoder's own
+    GRAPH_NAME = "codec streaming"  # how capture's log names this decoder
 
     def __init__(self, codec: Any, max_slots: int, state_shapes: Sequence[tuple[int, ...]],
                  new_stream: Callable[[], Any]) -> None:
@@ -123,6 +135,84 @@ class SlotArenaDecoder:
                 raise InvalidInputError(f"codes must lie in 0..{self.geometry.codebook_size - 1}; "
                                         f"replace stream BOS/EOS first")
         return codes, streams
+
+    # ---- steps: staged inputs, graph or eager ----
+    def _math(self, inp: torch.Tensor, key: Key) -> torch.Tensor:
+        """One batched step from the staged inputs; updates the arena in place; returns audio [B, C * hop].
+        Capturable: no host sync, no data-dependent shape."""
+        raise NotImplementedError
+
+    def _check_graph(self, key: Key, graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
+        """One replay vs the eager step from the same arena and random inputs: max |d| / peak."""
+        raise NotImplementedError
+
+    def _input_size(self, key: Key) -> int:
+        return input_size(key, self.geometry.num_codebooks, self.STEP_FIELDS)
+
+    def _stage(self, inp: torch.Tensor, key: Key, slots: Sequence[int], codes: torch.Tensor,
+               *fields: Sequence[int]) -> None:
+        """Write one step's inputs into `inp` (codes [B, Q, C], then slot and the decoder's fields [F, B]):
+        padding rows are the scratch slot with every field 0 (nothing valid, position 0). Codes beyond a
+        row's valid frames stay junk: the step masks them."""
+        stage_inputs(inp, key, codes, (slots, *fields), (self.scratch,) + (0,) * (self.STEP_FIELDS - 1))
+
+    def _stage_padding(self, inp: torch.Tensor, key: Key) -> None:
+        """Inputs of a step whose rows are all padding: it touches only the scratch slot."""
+        empty = torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long)
+        self._stage(inp, key, [], empty, *([[]] * (self.STEP_FIELDS - 1)))
+
+    def _run(self, slots: list[int], codes: torch.Tensor, width: int, *fields: list[int]) -> torch.Tensor:
+        """One batched step padded to the smallest bucket that holds it (else its exact shape): a graph
+        replay when one was captured. Returns audio [n, C * hop] (a view of the graph's buffer when replayed)."""
+        n = len(slots)
+        key = self._bucket(n, width) or (n, width)
+        graph = self._graphs.get(key)
+        with torch.no_grad(), self.codec.precision():
+            if graph is None:
+                inp = torch.empty(self._input_size(key), dtype=torch.long, device=self.device)
+                self._stage(inp, key, slots, codes, *fields)
+                return self._math(inp, key)[:n]
+            self._stage(self._inputs[key], key, slots, codes, *fields)
+            graph.replay()
+            self.replays += 1
+            return self._outputs[key][:n]
+
+    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
+                stream: torch.cuda.Stream | None = None) -> float:
+        """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
+        CUDA graph captured per bucket. Each graph is checked against the eager step on random inputs
+        (`_check_graph`); returns the largest max |d| / peak (0.0 without graphs). Above CAPTURE_TOLERANCE
+        all graphs and buckets are dropped (logged as an error) and steps run eagerly at their exact
+        shapes. Every bucket's replay is timed (`timings`, `step_cost`). `graphs=False` keeps the padding
+        but runs eagerly (debugging; the only mode on CPU). The arena's contents are preserved. `stream`:
+        capture on it (a green context's, see engine/green_context.py), else on side streams."""
+        if graphs and self.device.type != "cuda":
+            raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
+        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
+        self._buckets, self._graphs, self._outputs, self._inputs, self.timings = keys, {}, {}, {}, {}
+        self.capture_check = 0.0
+        if not graphs or not keys:
+            return self.capture_check
+
+        def stage(key: Key) -> None:  # warm-up and capture from padding rows only
+            self._inputs[key] = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
+            self._stage_padding(self._inputs[key], key)
+
+        with torch.no_grad(), self.codec.precision():
+            captured, outputs, self.capture_check = capture_checked(
+                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
+                self.device, stream, self.GRAPH_NAME)
+        if not captured:  # the check failed (logged): decode eagerly at exact shapes
+            self._buckets, self._inputs = [], {}
+            return self.capture_check
+        self._graphs, self._outputs = captured, outputs
+        self.timings = {key: self._time_replay(key) for key in keys}
+        return self.capture_check
+
+    def _time_replay(self, key: Key) -> float:
+        """Median seconds of a bucket's graph replay (padding rows only: the arena's streams are untouched)."""
+        self._stage_padding(self._inputs[key], key)
+        return replay_seconds(self._graphs[key])
 
     # ---- buckets, graphs, cost ----
     def _bucket(self, n: int, width: int) -> Key | None:

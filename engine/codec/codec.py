@@ -117,12 +117,12 @@ class Codec(nn.Module):
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Unchecked decode math: [B, Q, F] long -> [B, F*hop] float32."""
-        with self._precision():
+        with self.precision():
             quantized = self.quantizer.decode(codes)  # [B, H, F]
             latent = self.fc2(quantized.transpose(1, 2)).transpose(1, 2)  # [B, D, F]
             return self.acoustic_decoder(latent)[:, 0, :]  # [B, F*hop]
 
-    def _precision(self) -> contextlib.AbstractContextManager:
+    def precision(self) -> contextlib.AbstractContextManager:
         """Window-invariant fp32 convolutions, so a sliding-window decode reproduces a one-shot decode.
 
         CUDA: cuDNN defaults to TF32 for fp32 convs, which measured 8.5e-4 max relative error on the
@@ -178,7 +178,7 @@ class Codec(nn.Module):
         """Encode math: mono [B, 1, T] float32 at the codec rate -> codes [B, Q, F] long."""
         assert self.can_encode, "codec built without encoder modules"
         assert wav.dim() == 3 and wav.shape[1] == 1, f"wav must be [B, 1, T], got {tuple(wav.shape)}"
-        with self._precision():
+        with self.precision():
             return self._encode_math(wav)
 
     def _encode_math(self, wav: torch.Tensor) -> torch.Tensor:

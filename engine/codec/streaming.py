@@ -68,13 +68,8 @@ from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
 from higgs_stream.engine.codec.step_graphs import (
     CAPTURE_TOLERANCE,
     TIMED_REPLAYS,
-    bucket_keys,
-    capture_checked,
-    input_size,
     replay_diff,
-    replay_seconds,
     split_inputs,
-    stage_inputs,
 )
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from torch import nn
@@ -188,6 +183,9 @@ class StepAudio(NamedTuple):
 
 # ---------------------------------------------------------------------------- the decoder
 class StreamingDecoder(SlotArenaDecoder):
+    STEP_FIELDS = 4  # slot, frames run (valid + flush), start, end (the arena's staging)
+    GRAPH_NAME = "codec streaming"
+
     def __init__(self, codec: Codec, max_slots: int) -> None:
         self.stages = plan(codec.acoustic_decoder)
         assert self.stages[-1].rate_out == codec.geometry.hop, \
@@ -209,7 +207,7 @@ class StreamingDecoder(SlotArenaDecoder):
         if width == 0:
             audio = torch.zeros((n, 0), dtype=torch.float32, device=self.device)
         else:
-            audio = self._run(list(slots), codes, adv, starts, ends, width)
+            audio = self._run(list(slots), codes, width, adv, starts, ends)
         offsets, counts = [], []
         for s, v, f, a in zip(streams, valid, final, adv):
             base = s.advanced * hop - lookahead  # position of this step's first output sample
@@ -227,21 +225,6 @@ class StreamingDecoder(SlotArenaDecoder):
     @staticmethod
     def _ended(stream: _Stream) -> bool:
         return stream.total is not None
-
-    def _run(self, slots: list[int], codes: torch.Tensor, adv: list[int], starts: list[int], ends: list[int],
-             width: int) -> torch.Tensor:
-        key = self._bucket(len(slots), width)
-        graph = self._graphs.get(key)
-        with torch.no_grad(), self.codec._precision():
-            if graph is None:  # eager, at the bucket's shape (or the exact shape when none holds the step)
-                shape = key or (len(slots), width)
-                inp = torch.empty(self._input_size(shape), dtype=torch.long, device=self.device)
-                self._stage(inp, shape, slots, codes, adv, starts, ends)
-                return self._math(inp, shape)
-            self._stage(self._inputs[key], key, slots, codes, adv, starts, ends)
-            graph.replay()
-            self.replays += 1
-            return self._outputs[key]
 
     def widths(self, slots: Sequence[int], valid: Sequence[int], final: Sequence[bool]) -> list[int]:
         """Frames each row would run through the stack (valid, plus the flush after a final push)."""
@@ -281,16 +264,6 @@ class StreamingDecoder(SlotArenaDecoder):
             j = i
         return groups[::-1]
 
-    def _input_size(self, shape: tuple[int, int]) -> int:
-        return input_size(shape, self.geometry.num_codebooks, 4)
-
-    def _stage(self, inp: torch.Tensor, shape: tuple[int, int], slots: list[int], codes: torch.Tensor,
-               adv: list[int], starts: list[int], ends: list[int]) -> None:
-        """Write one step's inputs into `inp` (codes [B, Q, C] then slot/valid/start/end [4, B]): one
-        host-to-device copy from pinned memory when the codes are on the host; padding rows: the scratch
-        slot, nothing valid. Codes beyond a row's valid frames stay junk: the step masks them."""
-        stage_inputs(inp, shape, codes, (slots, adv, starts, ends), (self.scratch, 0, 0, 0))
-
     def _math(self, inp: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         """One batched step from the staged inputs; updates the arena; returns audio [B, C * hop]."""
         c = shape[1]
@@ -315,47 +288,6 @@ class StreamingDecoder(SlotArenaDecoder):
         return x[:, 0, :]  # [B, C * hop]
 
     # ---- CUDA graphs ----
-    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
-                stream: torch.cuda.Stream | None = None) -> float:
-        """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
-        CUDA graph captured per bucket. Each graph is checked against the eager step on random inputs;
-        returns the largest max |d| / peak (0.0 without graphs). Above CAPTURE_TOLERANCE all graphs and
-        buckets are dropped (logged as an error) and steps run eagerly at their exact shapes.
-        `graphs=False` keeps the padding but runs eagerly (debugging; the only mode on CPU).
-        The arena's contents are preserved. `stream`: capture on it (a green context's, see
-        engine/green_context.py), else on side streams."""
-        if graphs and self.device.type != "cuda":
-            raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
-        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
-        self._buckets, self._graphs, self._outputs, self._inputs, self.timings = keys, {}, {}, {}, {}
-        self.capture_check = 0.0
-        if not graphs or not keys:
-            return self.capture_check
-
-        def stage(key: tuple[int, int]) -> None:
-            inp = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
-            inp[-4 * key[0]:-3 * key[0]] = self.scratch  # every row padding: warm-up touches only the scratch slot
-            self._inputs[key] = inp
-
-        with torch.no_grad(), self.codec._precision():
-            captured, outputs, self.capture_check = capture_checked(
-                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
-                self.device, stream, "codec streaming")
-        if not captured:  # the check failed (logged): decode eagerly at exact shapes
-            self._buckets, self._inputs = [], {}
-            return self.capture_check
-        self._graphs, self._outputs = captured, outputs
-        self.timings = {key: self._time_replay(key) for key in keys}
-        return self.capture_check
-
-    def _time_replay(self, key: tuple[int, int]) -> float:
-        """Median seconds of TIMED_REPLAYS replays of the bucket's graph (padding rows only: the arena's
-        streams are untouched)."""
-        inp = self._inputs[key]
-        inp[-4 * key[0]:-3 * key[0]] = self.scratch
-        inp[-3 * key[0]:] = 0
-        return replay_seconds(self._graphs[key])
-
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
         """One replay vs the eager step from the same arena and inputs (random, some rows mid-stream)."""
         b, c = key

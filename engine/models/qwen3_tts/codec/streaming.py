@@ -35,16 +35,11 @@ import numpy as np
 import torch
 from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.step_graphs import (
-    bucket_keys,
-    capture_checked,
-    input_size,
     replay_diff,
-    replay_seconds,
     split_inputs,
-    stage_inputs,
 )
 from higgs_stream.engine.codec.streaming import StepAudio
-from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.engine.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
@@ -60,6 +55,9 @@ class _Stream:
 
 
 class QwenStreamingDecoder(SlotArenaDecoder):
+    STEP_FIELDS = 3  # slot, valid frames, start (the arena's staging)
+    GRAPH_NAME = "Qwen3-TTS codec streaming"
+
     def __init__(self, codec: QwenCodec, max_slots: int) -> None:
         super().__init__(codec, max_slots, codec.decoder.state_shapes(), _Stream)
 
@@ -73,7 +71,7 @@ class QwenStreamingDecoder(SlotArenaDecoder):
         if width == 0:
             audio = torch.zeros((n, 0), dtype=torch.float32, device=self.device)
         else:
-            audio = self._run(list(slots), codes, [int(v) for v in valid], [s.frames for s in streams], width)
+            audio = self._run(list(slots), codes, width, [int(v) for v in valid], [s.frames for s in streams])
         for s, v, f in zip(streams, valid, final):
             s.frames += int(v)
             s.final = bool(f)
@@ -82,36 +80,6 @@ class QwenStreamingDecoder(SlotArenaDecoder):
     @staticmethod
     def _ended(stream: _Stream) -> bool:
         return stream.final
-
-    def _run(self, slots: list[int], codes: torch.Tensor, valid: list[int], starts: list[int],
-             width: int) -> torch.Tensor:
-        """One batched step padded to the smallest bucket that holds it (else its exact shape): a graph
-        replay when one was captured. Returns audio [n, C * hop] (row b's new samples: [:valid[b] * hop])."""
-        n = len(slots)
-        key = self._bucket(n, width) or (n, width)
-        graph = self._graphs.get(key)
-        with torch.no_grad(), self.codec.precision():
-            if graph is None:
-                inp = torch.empty(self._input_size(key), dtype=torch.long, device=self.device)
-                self._stage(inp, key, slots, codes, valid, starts)
-                return self._math(inp, key)[:n]
-            self._stage(self._inputs[key], key, slots, codes, valid, starts)
-            graph.replay()
-            self.replays += 1
-            return self._outputs[key][:n]
-
-    def _input_size(self, key: tuple[int, int]) -> int:
-        return input_size(key, self.geometry.num_codebooks, 3)
-
-    def _stage(self, inp: torch.Tensor, key: tuple[int, int], slots: list[int], codes: torch.Tensor,
-               valid: list[int], starts: list[int]) -> None:
-        """Write one step's inputs into `inp` (codes, then slot / valid / start); padding rows: the scratch
-        slot, nothing valid, position 0 (reads zeros). Codes beyond a row's valid frames stay junk."""
-        stage_inputs(inp, key, codes, (slots, valid, starts), (self.scratch, 0, 0))
-
-    def _stage_padding(self, inp: torch.Tensor, key: tuple[int, int]) -> None:
-        """Inputs of a step whose rows are all padding: it touches only the scratch slot."""
-        self._stage(inp, key, [], torch.zeros((0, self.geometry.num_codebooks, 0), dtype=torch.long), [], [])
 
     def _math(self, inp: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
         """One batched step from the staged inputs: gathers the rows' states, runs the decoder, scatters the
@@ -153,43 +121,6 @@ class QwenStreamingDecoder(SlotArenaDecoder):
             groups.append(order[cut[j]:j])
             j = cut[j]
         return groups[::-1]
-
-    def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
-                stream: torch.cuda.Stream | None = None) -> float:
-        """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a
-        CUDA graph captured per bucket (as engine/codec/streaming.py's StreamingDecoder.capture). Each graph
-        is checked against the eager step on random inputs; returns the largest max |d| / peak (0.0 without
-        graphs). Above CAPTURE_TOLERANCE all graphs and buckets are dropped (logged as an error) and steps
-        run eagerly at their exact shapes. `graphs=False` keeps the padding but runs eagerly (debugging; the
-        only mode on CPU). The arena's contents are preserved. `stream`: capture on it (a green context's,
-        see engine/green_context.py), else on side streams."""
-        keys = bucket_keys(batch_buckets, frame_buckets, self.max_slots)
-        if graphs and self.device.type != "cuda":
-            raise ConfigError(f"CUDA graphs need a CUDA codec, it is on {self.device}")
-        self._buckets, self._graphs, self._inputs, self._outputs, self.timings = keys, {}, {}, {}, {}
-        self.capture_check = 0.0
-        if not graphs or not keys:
-            return self.capture_check
-
-        def stage(key: tuple[int, int]) -> None:  # warm-up and capture from padding rows only
-            self._inputs[key] = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
-            self._stage_padding(self._inputs[key], key)
-
-        with torch.no_grad(), self.codec.precision():
-            captured, outputs, self.capture_check = capture_checked(
-                keys, stage, lambda key: self._math(self._inputs[key], key), self._check_graph, self.states,
-                self.device, stream, "Qwen3-TTS codec streaming")
-        if not captured:  # the check failed (logged): decode eagerly at exact shapes
-            self._buckets, self._inputs = [], {}
-            return self.capture_check
-        self._graphs, self._outputs = captured, outputs
-        self.timings = {key: self._time_replay(key) for key in keys}
-        return self.capture_check
-
-    def _time_replay(self, key: tuple[int, int]) -> float:
-        """Seconds per replay of the bucket's graph (padding rows only: the arena's streams are untouched)."""
-        self._stage_padding(self._inputs[key], key)
-        return replay_seconds(self._graphs[key])
 
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
         """One replay vs the eager step from the same arena and inputs (random: some rows fresh, some
