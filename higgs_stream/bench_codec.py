@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU (or --tiny --device cpu)"
-        torch.backends.cuda.matmul.allow_tf32 = False  # fc2 in strict fp32 too (cuDNN: codec._precision)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fc2 in strict fp32 too (cuDNN: codec.precision)
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(s) for s in args.steps.split(",")]
     result: dict[str, Any] = {"card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
