@@ -29,7 +29,7 @@ from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.models.qwen3_tts.config import CodePredictorConfig, preset
 from higgs_stream.engine.models.qwen3_tts.random_weights import random_model, text_tokenizer
-from higgs_stream.engine.request import GenerationRequest, SamplingParams
+from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.kernels.attention import PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
@@ -223,6 +223,33 @@ def test_graphed_engine_equals_eager_engine(model):
     s = run(graphed, sampled)
     assert all(np.array_equal(s[0], x) for x in s[1:])  # same request + seed, same frames
     assert np.array_equal(s[0], run(eager, sampled)[0])
+
+
+def test_base_prompts_replay_their_prefill_and_first_frame_from_graphs(model):
+    """A Base prompt's first chunk carries reference frames and a speaker vector (x-vector): the graphed
+    engine replays it from a prefill graph and its first frame from a prompt-end graph; 4 streams (a
+    bucket), greedy: frames equal the eager engine's (the same padded bodies, run eagerly)."""
+    cfg = replace(CFG, variant="base")
+    talker = random_model(cfg, "cuda", torch.bfloat16, seed=2)
+    with torch.no_grad():
+        talker.talker.codec_head.weight[cfg.codec_eos_id] = 0
+    tok = text_tokenizer(cfg)
+    rng = np.random.default_rng(0)
+
+    def make(runner=None, fast=None):
+        cache = KVCache.create(cfg, num_pages=300, page_size=16, dtype=torch.bfloat16, device="cuda")
+        return Engine(talker, cfg, tok, cache, EngineConfig(max_batch=8, kv_pages=300, max_seq_len=1024),
+                      runner or ModelRunnerConfig(graph_buckets=(1, 2, 4, 8)), fast=fast)
+
+    graphed = make()
+    assert graphed.runner.prefill_graphs is not None and graphed.runner.prefill_graphs.embeds
+    eager = make(ModelRunnerConfig(cuda_graphs=False), fast=graphed.runner.fast)
+    requests = [GenerationRequest(t, reference=Reference(rng.integers(0, cfg.codebook_size, (16, 3 + 4 * i)), "R",
+                                                         embedding=rng.standard_normal(cfg.hidden_size).astype(np.float32)),
+                                  max_frames=40, sampling=SamplingParams(temperature=0.0, seed=i))
+                for i, t in enumerate(TEXTS[:4])]
+    for x, y in zip(run(graphed, requests), run(eager, requests)):
+        assert x.shape == (40, 16) and np.array_equal(x, y)
 
 
 def test_batched_greedy_frames_equal_each_stream_alone(model):
