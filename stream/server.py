@@ -286,7 +286,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bf16's memory")
     parser.add_argument("--trace-out", default=None, metavar="FILE",
                         help="diagnostics: record every engine step, codec call and stream's first audio, written as "
-                             "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it)")
+                             "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it); held in memory until "
+                             "then (~100 bytes a step): for benchmark runs, not for a long-lived server")
     parser.add_argument("--kernels", choices=("fast", "ref"), default="fast",
                         help="debug: on cuda, 'ref' runs the plain-torch kernels (no Triton/FlashInfer, no graphs)")
     parser.add_argument("--token", default=os.environ.get("HIGGS_STREAM_TOKEN"),
