@@ -36,8 +36,9 @@ def test_the_wheel_holds_every_module_and_the_demo(tmp_path):
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / f, src / f)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(src)], check=True, capture_output=True, timeout=300)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(tmp_path), str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, f"pip wheel failed (the test extra installs setuptools and wheel): {built.stderr[-2000:]}"
     (wheel,) = tmp_path.glob("higgs_stream-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     want = source_modules()
