@@ -291,7 +291,8 @@ class PrefillGraphs:
 
     def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hq, hkv, d = self.fast.heads
-        tracks = dict(codec_ids=self._codec[:b], vector_rows=self._vector_rows, vectors=self._vectors) if self.embeds else {}
+        tracks = ({"codec_ids": self._codec[:b], "vector_rows": self._vector_rows, "vectors": self._vectors}
+                  if self.embeds else {})
         inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b], positions=self._pos[:b],
                          kv_slots=self._slots[:b], out_rows=self._last, audio_rows=self._no_rows,
                          text_rows=self._pos[:b], select=self._select[:b], **tracks)

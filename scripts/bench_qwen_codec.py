@@ -17,7 +17,10 @@ import numpy as np
 import torch
 from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.streaming import QwenStreamingDecoder
-from higgs_stream.engine.models.qwen3_tts.make_checkpoint import _condition_decoder, _randomize
+from higgs_stream.engine.models.qwen3_tts.make_checkpoint import (
+    _condition_decoder,
+    _randomize,
+)
 
 BATCHES, FRAMES = (1, 16, 64), (1, 2, 25)
 ONE_SHOT = ((1, 250), (16, 250), (64, 100))
@@ -70,7 +73,8 @@ def main() -> None:
         for r in shots:
             print(f"  one-shot {r['streams']:>3} x {r['frames']}: {r['ms']:7.2f} ms  {r['frames_per_s']:8.0f} frames/s")
         del dec
-    json.dump(result, open(args.out, "w"), indent=1)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def main() -> None:
     text = "\n\n".join(tables)
     print(text)
     if args.out:
-        open(args.out, "w").write(text)
+        with open(args.out, "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

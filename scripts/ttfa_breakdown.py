@@ -22,7 +22,9 @@ def breakdown(events: list[list]) -> list[dict]:
     for _, said, first, _end, _samples in streams:
         if first is None:
             continue
-        inside = lambda t0, t1: max(0.0, min(t1, first) - max(t0, said))
+        def inside(t0: float, t1: float, said: float = said, first: float = first) -> float:
+            return max(0.0, min(t1, first) - max(t0, said))
+
         own_steps = [s for s in steps if inside(s[1], s[3]) > 0]
         own_calls = [c for c in calls if inside(c[1], c[2]) > 0]
         busy = sorted([(max(s[1], said), min(s[3], first)) for s in own_steps]
@@ -33,18 +35,18 @@ def breakdown(events: list[list]) -> list[dict]:
                 covered += t1 - max(t0, reach)
                 reach = t1
         others = [o for o in streams if o[1] != said and o[1] < first and o[3] > said]
-        rows.append(dict(
-            alone=not others,
-            ttfa_ms=1e3 * (first - said),
-            steps=len(own_steps),
-            prefill_steps=sum(1 for s in own_steps if len(s) > 6 and s[6] > 0),
-            step_ms=1e3 * sum(inside(s[1], s[3]) for s in own_steps),
-            prefill_step_ms=1e3 * sum(inside(s[1], s[3]) for s in own_steps if len(s) > 6 and s[6] > 0),
-            codec_calls=len(own_calls),
-            codec_ms=1e3 * sum(inside(c[1], c[2]) for c in own_calls),
-            idle_ms=1e3 * (first - said - covered),
-            before_first_step_ms=1e3 * ((own_steps[0][1] - said) if own_steps else first - said),
-            after_last_codec_ms=1e3 * ((first - own_calls[-1][2]) if own_calls else 0.0)))
+        rows.append({
+            "alone": not others,
+            "ttfa_ms": 1e3 * (first - said),
+            "steps": len(own_steps),
+            "prefill_steps": sum(1 for s in own_steps if len(s) > 6 and s[6] > 0),
+            "step_ms": 1e3 * sum(inside(s[1], s[3]) for s in own_steps),
+            "prefill_step_ms": 1e3 * sum(inside(s[1], s[3]) for s in own_steps if len(s) > 6 and s[6] > 0),
+            "codec_calls": len(own_calls),
+            "codec_ms": 1e3 * sum(inside(c[1], c[2]) for c in own_calls),
+            "idle_ms": 1e3 * (first - said - covered),
+            "before_first_step_ms": 1e3 * ((own_steps[0][1] - said) if own_steps else first - said),
+            "after_last_codec_ms": 1e3 * ((first - own_calls[-1][2]) if own_calls else 0.0)})
     return rows
 
 
@@ -55,14 +57,16 @@ def main() -> None:
     ap.add_argument("--alone", action="store_true",
                     help="only streams no other stream overlapped from first text to first audio")
     args = ap.parse_args()
-    rows = [r for r in breakdown(json.load(open(args.trace))["events"]) if r["alone"] or not args.alone]
+    with open(args.trace) as f:
+        rows = [r for r in breakdown(json.load(f)["events"]) if r["alone"] or not args.alone]
     if not rows:
         raise SystemExit("no stream with first audio in the trace")
     keys = [k for k in rows[0] if k != "alone"]
     med = {k: float(np.median([r[k] for r in rows])) for k in keys}
     print(f"{len(rows)} streams; medians: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
     if args.json:
-        json.dump({"median": med, "streams": rows}, open(args.json, "w"), indent=1)
+        with open(args.json, "w") as f:
+            json.dump({"median": med, "streams": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ cancelled by aiohttp when the connection drops, which needs `handler_cancellatio
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -20,7 +21,13 @@ from aiohttp import WSMsgType, web
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream import routes
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.driver import CLOSE_NORMAL, SessionRunner, close_sockets, run_websocket, websocket_refusal
+from higgs_stream.stream.driver import (
+    CLOSE_NORMAL,
+    SessionRunner,
+    close_sockets,
+    run_websocket,
+    websocket_refusal,
+)
 from higgs_stream.stream.errors import TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES, error_reply
 from higgs_stream.stream.http_speech import speech
@@ -406,9 +413,12 @@ def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:
     """`--trace-out`: the pipeline's and codec worker's trace (monotonic seconds), written at shutdown."""
     pipeline.trace = pipeline.codec_worker.trace = []
 
-    async def write(app: web.Application) -> None:
+    def dump() -> None:
         with open(path, "w") as f:
             json.dump({"clock": "monotonic", "events": pipeline.trace}, f)
+
+    async def write(app: web.Application) -> None:
+        await asyncio.to_thread(dump)
         log.info("trace: %d events written to %s", len(pipeline.trace), path)
 
     app.on_cleanup.append(write)

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.step_graphs import (
     bucket_keys,

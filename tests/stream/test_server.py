@@ -497,7 +497,7 @@ async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_
             await lis.until(lambda: "t" in lis.done)
     finally:
         await runner.cleanup()
-    events = json.load(open(path))["events"]
+    events = json.loads(path.read_text())["events"]
     kinds = {e[0] for e in events}
     assert {"step", "codec", "stream"} <= kinds
     (row,) = ttfa_breakdown.breakdown(events)
