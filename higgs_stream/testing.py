@@ -50,3 +50,28 @@ def assert_pcm_close(got: bytes, want: bytes, max_lsb: int = PCM_MAX_LSB, what: 
     lsb = pcm_max_lsb(got, want)
     assert lsb <= max_lsb, f"{what}: PCM differs by up to {lsb} LSB (> {max_lsb})"
     return lsb
+
+
+def check_tensors_are_named(weights_file, load, missing: str, unexpected: str, misshaped: str,
+                            bad_shape: tuple[int, ...]) -> dict:
+    """A checkpoint's safetensors file rewritten three times, each time `load()` raising a CheckpointError
+    that names the tensor: `missing` left out ("missing tensor ..."), `unexpected` added ("unexpected
+    tensor ..."), `misshaped` given `bad_shape` ("... has shape"). The file is restored after; returns
+    its tensors (the loaders' shared key check, engine/checkpoint_files.check_keys, seen from each)."""
+    import pytest
+    import torch
+    from higgs_stream.engine.errors import CheckpointError
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(weights_file)
+    cases = [({k: v for k, v in weights.items() if k != missing}, f"missing tensor {missing}"),
+             ({**weights, unexpected: torch.zeros(2)}, f"unexpected tensor {unexpected}"),
+             ({**weights, misshaped: torch.zeros(bad_shape)}, f"{misshaped} has shape")]
+    try:
+        for tensors, message in cases:
+            save_file(tensors, weights_file)
+            with pytest.raises(CheckpointError, match=message):
+                load()
+    finally:
+        save_file(weights, weights_file)
+    return weights
