@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.bench.decode import copy_bandwidth, decode_sweep
+from higgs_stream.bench.decode import copy_bandwidth, decode_sweep, record_floor
 from higgs_stream.bench.measure import device_seconds, log
 from higgs_stream.bench.stream import stream_bench
 from higgs_stream.bench_model import end_of_speech_guard, logprob_parity
@@ -187,8 +187,8 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     engine = Engine(talker, cfg, tok, cache, config,
                     ModelRunnerConfig() if gpu else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["graph_capture_s"] = time.perf_counter() - t0
-    wb = engine.runner.fast.audio_step_bytes()
-    out.update(audio_step_weight_bytes=wb, floor_batch1_ms=wb / bw * 1e3, talker_weight_bytes=weight_bytes(talker),
+    wb = record_floor(engine, out, bw)
+    out.update(talker_weight_bytes=weight_bytes(talker),
                kv_cache_bytes=cache.pool.k.numel() * cache.pool.k.element_size() * 2,
                engine_allocated_bytes=(torch.cuda.memory_allocated() - base_mem) if gpu else None)
     log(f"[{mode}] engine ready: talker weights {out['talker_weight_bytes'] / 1e9:.2f} GB, audio step reads "

@@ -36,6 +36,7 @@ from higgs_stream.bench.decode import (
     copy_bandwidth,
     decode_profiles,
     decode_sweep,
+    record_floor,
     transformers_baseline,
 )
 from higgs_stream.bench.measure import log
@@ -113,9 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return _other_arch(engine, result, args, bw, save)
     tok, cfg, hf, talker = random_v2(args.quantize)
     engine, result["graph_capture_s"] = v2_engine(talker, cfg, tok, config, cuda_graphs=not args.no_graphs)
-    weight_bytes = engine.runner.fast.audio_step_bytes()
-    result["audio_step_weight_bytes"] = weight_bytes
-    result["floor_batch1_ms"] = weight_bytes / bw * 1e3
+    weight_bytes = record_floor(engine, result, bw)
     log(f"engine ready (capture {result['graph_capture_s']:.1f} s); audio step reads {weight_bytes/1e9:.2f} GB "
         f"-> floor {weight_bytes/bw*1e3:.3f} ms")
     save()
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _other_arch(engine: Engine, result: dict, args: argparse.Namespace, bw: float, save: Any) -> int:
     """The decode and profile sections on another family's random model (`--arch`)."""
-    weight_bytes = engine.runner.fast.audio_step_bytes()
-    result["audio_step_weight_bytes"] = weight_bytes
-    result["floor_batch1_ms"] = weight_bytes / bw * 1e3
+    weight_bytes = record_floor(engine, result, bw)
     log(f"{args.arch} {args.preset} ready in {result['build_and_capture_s']:.1f} s; a decode step reads "
         f"{weight_bytes/1e9:.2f} GB -> floor {weight_bytes/bw*1e3:.3f} ms")
     save()

@@ -29,6 +29,15 @@ def copy_bandwidth(gib: float = 2.0, reps: int = 20) -> float:
     return 2 * n * 4 / seconds
 
 
+def record_floor(engine: Engine, result: dict, bw: float) -> int:
+    """The weight bytes an audio step reads and the batch-1 floor they set at copy bandwidth `bw`
+    (`copy_bandwidth`), into `result`; returns the bytes."""
+    weight_bytes = engine.runner.fast.audio_step_bytes()
+    result["audio_step_weight_bytes"] = weight_bytes
+    result["floor_batch1_ms"] = weight_bytes / bw * 1e3
+    return weight_bytes
+
+
 @torch.inference_mode()
 def decode_sweep(engine: Engine, batches: list[int], context: int, weight_bytes: int, bw: float, reps: int = 30) -> list[dict]:
     """Decode step time at each batch size: graph replay alone (device time) and the full host+device
