@@ -313,28 +313,27 @@ class PrefillGraphs:
         """Fill the static inputs: one copy from fresh pageable memory (several prompts may be
         staged in one step, so no staging buffer is reused while a copy may be pending)."""
         n, ps = len(text_ids), self.page_size
-        st = np.zeros((self._rows.shape[0] if self.embeds else 3, b), np.int64)
+        st = np.zeros((self._rows.shape[0], b), np.int64)
         st[0, :n], st[1, :n] = text_ids, kv_slots
         st[1, n:b] = self.scratch_page * ps + np.arange(b - n) % ps
         st[2, 0] = n - 1
-        if self.embeds:
-            st[3] = -1
+        st[3] = -1  # no codec id
+        if self.embeds:  # the family's other tracks (others: all-text chunks, every row on the text branch)
             if codec_ids is not None:
                 st[3, :n] = codec_ids
             if audio is not None:
                 st[4, :n] = audio
             if codes is not None:
                 st[5:, :n] = np.asarray(codes).T
-            self._rows[:, :b].copy_(upload(st, self._rows.device))
-            self._select[:b].copy_(self._rows[4, :b])
+        self._rows[:, :b].copy_(upload(st, self._rows.device))
+        self._select[:b].copy_(self._rows[4, :b])
+        if self.embeds:  # unused vector entries add zeros to row 0
             m = 0 if vector_rows is None else len(vector_rows)
             rows, vecs = np.zeros(self.MAX_VECTORS, np.int64), np.zeros(tuple(self._vectors.shape), np.float32)
             if m:
                 rows[:m], vecs[:m] = vector_rows, vectors
             self._vector_rows.copy_(upload(rows, self._rows.device))
             self._vectors.copy_(upload(vecs, self._rows.device, self._vectors.dtype))
-        else:
-            self._rows[:3, :b].copy_(upload(st, self._rows.device))
 
     def run(self, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
             audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,

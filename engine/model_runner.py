@@ -340,8 +340,8 @@ class ModelRunner:
                            torch.arange(n, device=self.device))[0]
 
     def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
-        """Each prompt chunk in its own forward: an all-text first chunk through `PrefillGraphs`,
-        others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
+        """Each prompt chunk in its own forward: a first chunk `PrefillGraphs` fits (all text, or any of
+        a family that embeds its own rows) replayed, others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
         ends, if the family samples there), else None."""
         alloc, dev = self.cache.allocator, self.device
         logits, hidden, slots = [], [], []
@@ -352,15 +352,17 @@ class ModelRunner:
             kv_slots = [self._kv_slot(table, q) for q in range(c.start, c.end)]
             sampled = samples_at(c, self.policy)
             pg = self.prefill_graphs
+            # the prompt's other tracks in this chunk (read by a family that embeds its own rows)
+            codec = None if p.codec_ids is None else p.codec_ids[c.start:c.end]
             inside = (p.vector_rows >= c.start) & (p.vector_rows < c.end)
+            vec_rows, vecs = (p.vector_rows[inside] - c.start, p.vectors[inside]) if inside.any() else (None, None)
             if pg is not None and c.start == 0 and pg.fits(c.num_tokens, int(audio.sum()), int(inside.sum())):
-                out, h = pg.run(ids, kv_slots, codes, audio, None if p.codec_ids is None else p.codec_ids[c.start:c.end],
-                                p.vector_rows[inside] - c.start, p.vectors[inside] if inside.any() else None)
+                out, h = pg.run(ids, kv_slots, codes, audio, codec, vec_rows, vecs)
                 if sampled:
                     logits.append(out.clone())
                     hidden.append(h.clone())
             else:
-                h = self._eager_chunk(c, table, ids, codes, audio, kv_slots, sampled)  # [1, H] or None
+                h = self._eager_chunk(c, table, ids, codes, audio, codec, vec_rows, vecs, kv_slots, sampled)
                 if sampled:
                     logits.append(self.fast.audio_logits(h))  # [1, h, V]
                     hidden.append(h)
@@ -375,14 +377,14 @@ class ModelRunner:
         return self.state.sample_and_advance(logits_, upload(slots, dev, torch.long), ones, hidden_)
 
     def _eager_chunk(self, c: Chunk, table: list[int], ids: np.ndarray, codes: np.ndarray, audio: np.ndarray,
+                     codec: np.ndarray | None, vec_rows: np.ndarray | None, vecs: np.ndarray | None,
                      kv_slots: list[int], sampled: bool) -> torch.Tensor | None:
         """One prompt chunk of one sequence, eagerly: K/V, and the last row's final-normed hidden state
-        [1, H] when sampled. The prompt's codec ids and vectors of the chunk travel along (a family
-        that embeds its own rows reads them)."""
-        dev, p = self.device, c.seq.prompt
+        [1, H] when sampled. The chunk's codec ids and input vectors (rows within the chunk) travel
+        along (a family that embeds its own rows reads them)."""
+        dev = self.device
         t = lambda a: upload(a, dev)
         all_audio = bool(audio.all())
-        inside = (p.vector_rows >= c.start) & (p.vector_rows < c.end)
         inp = FastInputs(
             text_ids=t(ids), codes=t(codes), positions=t(np.arange(c.start, c.end)),
             kv_slots=t(np.array(kv_slots, np.int64)),
@@ -390,9 +392,9 @@ class ModelRunner:
             audio_rows=None if all_audio else t(np.flatnonzero(audio)),
             text_rows=None if all_audio else t(np.flatnonzero(~audio)),
             select=None if all_audio else t(audio.astype(np.int32)),
-            codec_ids=None if p.codec_ids is None else t(p.codec_ids[c.start:c.end]),
-            vector_rows=t(p.vector_rows[inside] - c.start) if inside.any() else None,
-            vectors=upload(p.vectors[inside], dev, self.fast.dtype) if inside.any() else None,
+            codec_ids=None if codec is None else t(codec),
+            vector_rows=None if vec_rows is None else t(vec_rows),
+            vectors=None if vecs is None else upload(vecs, dev, self.fast.dtype),
         )
         self._plan_attention([table], [c.end], [c.num_tokens])
         h = self.fast.hidden(inp, self._attn, self.cache.pool.k, self.cache.pool.v)  # [R, H]
