@@ -11,39 +11,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-import numpy as np
 import torch
 from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.streaming import QwenStreamingDecoder
-from higgs_stream.engine.models.qwen3_tts.make_checkpoint import (
-    _condition_decoder,
-    _randomize,
-)
+from higgs_stream.bench.measure import timed
+from higgs_stream.engine.models.qwen3_tts.make_checkpoint import random_decoder
 
 BATCHES, FRAMES = (1, 16, 64), (1, 2, 25)
 ONE_SHOT = ((1, 250), (16, 250), (64, 100))
 
 
 def full_codec() -> QwenCodec:
-    codec = QwenCodec(FULL)
-    _randomize(codec.decoder, 0)
-    _condition_decoder(codec, 2)
-    return codec.cuda()
+    return random_decoder(QwenCodec(FULL), 0).cuda()
 
 
 def one_shot_ms(codec: QwenCodec, b: int, f: int) -> float:
+    """Mean ms of a one-shot decode of b utterances of f frames (3 back-to-back calls after one)."""
     codes = torch.randint(0, codec.cfg.codebook_size, (b, codec.num_codebooks, f), device="cuda")
-    codec.decode(codes)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        codec.decode(codes)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    return 1e3 * timed(lambda: codec.decode(codes), 3, codes.device, warmup=1)
 
 
 def main() -> None:

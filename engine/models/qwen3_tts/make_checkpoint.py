@@ -118,6 +118,15 @@ def _condition_decoder(codec: QwenCodec, seed: int) -> None:
         last.bias.mul_(TARGET_RMS / rms)
 
 
+def random_decoder(codec: QwenCodec, seed: int) -> QwenCodec:
+    """The codec's decoder drawn at random (seed + 1) and conditioned (seed + 2: O(1) activations, output
+    inside the clamp), in place, on its current device: what a written checkpoint holds; benchmarks and
+    GPU tests draw the full-size one with it. Returns the codec."""
+    _randomize(codec.decoder, seed + 1)
+    _condition_decoder(codec, seed + 2)
+    return codec
+
+
 def _randomize_encoder(encoder: QwenEncoder, seed: int) -> None:
     """_randomize, then the codebook buffers (centroids N(0, 1), usage 1) and small layer scales."""
     _randomize(encoder, seed)
@@ -169,8 +178,7 @@ def make_checkpoint_qwen(out: str | Path, preset_name: str = "tiny", seed: int =
     codec_dir.mkdir()
     (codec_dir / "config.json").write_text(json.dumps(codec_cfg.to_json(), indent=2) + "\n")
     codec = QwenCodec(codec_cfg, with_encoder=base)
-    _randomize(codec.decoder, seed + 1)
-    _condition_decoder(codec, seed + 2)
+    random_decoder(codec, seed)
     tensors = {f"decoder.{k}": v.contiguous() for k, v in codec.decoder.state_dict().items()}
     g = torch.Generator().manual_seed(seed + 5)
     for key in ENCODE_ONLY:  # the decoder quantizer's encode-side projections: stored by the hub layout, never run

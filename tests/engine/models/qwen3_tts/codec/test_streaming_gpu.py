@@ -24,12 +24,9 @@ def tiny(tiny_dir) -> QwenCodec:
 def full() -> QwenCodec:
     """The released tokenizer's decoder shape, random weights conditioned as make_checkpoint's (O(1)
     activations, output inside the clamp); conditioned on the CPU, then moved."""
-    from higgs_stream.engine.models.qwen3_tts.make_checkpoint import _condition_decoder, _randomize
+    from higgs_stream.engine.models.qwen3_tts.make_checkpoint import random_decoder
 
-    codec = QwenCodec(FULL)
-    _randomize(codec.decoder, 0)
-    _condition_decoder(codec, 2)
-    return codec.cuda()
+    return random_decoder(QwenCodec(FULL), 0).cuda()
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
