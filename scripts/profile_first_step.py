@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+from higgs_stream.bench.measure import sync
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.random_weights import in_memory_engine
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -19,20 +20,15 @@ from higgs_stream.engine.request import GenerationRequest, SamplingParams
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def one_request(engine, seed: int, steps: int, device: str) -> list[float]:
     """Wall ms of each of the first `steps` engine steps of one lone request (events read each step)."""
     engine.add(GenerationRequest(TEXT, sampling=SamplingParams(seed=seed), max_frames=steps + 4))
     times = []
     for _ in range(steps):
-        sync(device)
+        sync(torch.device(device))
         t0 = time.perf_counter()
         engine.step()
-        sync(device)
+        sync(torch.device(device))
         times.append(1e3 * (time.perf_counter() - t0))
     while engine.has_work():
         engine.step()
@@ -60,7 +56,7 @@ def main() -> None:
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=acts) as prof:
         engine.step()
-        sync(args.device)
+        sync(torch.device(args.device))
     while engine.has_work():
         engine.step()
     tables = [prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)]
