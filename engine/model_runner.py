@@ -188,9 +188,10 @@ class ModelRunner:
                 self.graphs.capture()
         self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends
         if self.config.cuda_graphs:
+            v = self.fast.cfg.audio_vocab
+            head = (self.fast.audio_head.shape[0] // v, v)  # audio_logits' [h, V]
+            self.prompt_ends = PromptEndGraphs(self.state, cfg.hidden_size, head, self.fast.dtype)
             with torch.no_grad():
-                shape = self.fast.audio_logits(torch.zeros(1, cfg.hidden_size, dtype=self.fast.dtype, device=dev)).shape
-                self.prompt_ends = PromptEndGraphs(self.state, cfg.hidden_size, tuple(shape[1:]), self.fast.dtype)
                 self.prompt_ends.capture()
         self.prefill_graphs: PrefillGraphs | None = None
         # the same padded body, replayed or (no graphs) run eagerly
