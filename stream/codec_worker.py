@@ -58,6 +58,7 @@ CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max stre
 CODEC_URGENT_S = 0.3
 CODEC_AHEAD_S = 1.0
 CODEC_HOLD_S = 0.05  # not busy: a job waits at most this long for others to share its call
+CALL_PEAK_HALF_LIFE_S = 1.0  # CodecWorker.call_peak_s forgets a long call this fast
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
 
@@ -138,6 +139,8 @@ class CodecWorker:
         self.calls = 0
         self.busy_s = 0.0  # codec thread time in decode + s16 conversion
         self.call_s = 0.0  # EMA of one call's wall time
+        self.call_peak_s = 0.0  # the longest recent call (halves each CALL_PEAK_HALF_LIFE_S without a longer one)
+        self._peak_at = 0.0
         self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps)
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
@@ -271,6 +274,8 @@ class CodecWorker:
                                    self.code2wav.steps))
             self.busy_s += took
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
+            fade = 0.5 ** ((t1 - self._peak_at) / CALL_PEAK_HALF_LIFE_S)
+            self.call_peak_s, self._peak_at = max(took, self.call_peak_s * fade), t1  # one float store: read anywhere
         items: list[tuple] = []
         bad: set[int] = set()
         for seg, chunk in zip(owners, pcm):

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 
 TTFA_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 STEP_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -162,12 +163,14 @@ class Metrics:
                                     "Streams the talker skips: far ahead of their listener while the GPU is saturated.")
         self.refused = Counter("higgs_refused_saturated_total",
                                "Streams refused (busy) because one more would slow every stream below the admission ratio.")
+        self.gc_pause = Histogram("higgs_gc_pause_seconds",
+                                  "Python garbage collections: every thread of the server stops for each.", GC_BUCKETS)
 
     def all(self) -> list[_Metric]:
         return [self.active_streams, self.engine_streams, self.connections, self.kv_pages_used, self.kv_pages_free,
                 self.requests, self.errors,
                 self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
-                self.paused_streams, self.refused]
+                self.paused_streams, self.refused, self.gc_pause]
 
     def render(self) -> str:
         lines: list[str] = []

@@ -30,9 +30,9 @@ from higgs_stream.engine.errors import ConfigError
 @dataclass(frozen=True)
 class PacingConfig:
     frame_s: float = 0.04  # seconds of audio per AR step (one frame)
-    pause_ahead_s: float = 3.0  # pause a stream this far ahead of its listener (GPU saturated)
-    resume_ahead_s: float = 2.0  # resume it when its listener is this close
-    saturated_ratio: float = 0.25  # the GPU counts as saturated above this many frames of time per step
+    pause_ahead_s: float = 1.5  # pause a stream this far ahead of its listener (GPU saturated)
+    resume_ahead_s: float = 1.0  # resume it when its listener is this close
+    saturated_ratio: float = 0.1  # the GPU counts as saturated above this many frames of time per step
     admit_ratio: float | None = 0.5  # admit while the predicted step stays under this share of a frame (None: off)
 
     def __post_init__(self) -> None:

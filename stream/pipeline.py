@@ -63,6 +63,7 @@ from higgs_stream.stream.codec_worker import (
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
+from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig
 from higgs_stream.stream.voices import Voice
 
@@ -118,6 +119,7 @@ class Pipeline:
         self._stopping = False
         self._stop_by = 0.0
         self._thread: threading.Thread | None = None
+        self._gc_watch: GcWatch | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="higgs-encode")
         self._encodes: dict[str, asyncio.Future] = {}
@@ -156,8 +158,15 @@ class Pipeline:
             self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
         await self.codec_worker.start(self._engine_stream)
         self._count_pages()
+        self._gc_watch = GcWatch(self._gc_paused)
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
+
+    def _gc_paused(self, generation: int, start: float, seconds: float) -> None:
+        """Every garbage collection stops every thread: counted, and traced (`serve --trace-out`)."""
+        self.metrics.gc_pause.observe(seconds)
+        if self.trace is not None:
+            self.trace.append(("gc", start, start + seconds, generation))
 
     async def warm_up(self, voice: Voice, timeout_s: float = WARM_UP_TIMEOUT_S) -> float | None:
         """One short utterance through every stage (prompt prefill, decode steps, codec, PCM) before a
@@ -194,6 +203,8 @@ class Pipeline:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         await self.codec_worker.stop(STOP_GRACE_S)
+        if self._gc_watch is not None:
+            self._gc_watch.close()
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -212,15 +223,23 @@ class Pipeline:
     def adapter_config(self, mode: str) -> AdapterConfig:
         """A new segment's chunk plan. In exact mode its first chunk must outlast the delivery jitter
         of the chunks after it (a listener plays chunk 0 at once), so under load it starts with more
-        frames: first = ceil(JITTER_FACTOR x (engine loop + codec call) / frame), the loop time being
-        the larger of the recent one and the one predicted at the current number of streams (a burst
-        is loaded from its first arrival); 1 when idle, then doubling to DEFAULT_SCHEDULE's last size.
+        frames, the larger of two needs, the loop time being the larger of the recent one and the one
+        predicted at the current number of streams (a burst is loaded from its first arrival):
+        - ceil(JITTER_FACTOR x (engine loop + mean codec call) / frame);
+        - chunk 1 (twice chunk 0's frames) may wait for the longest codec call in flight while chunk 0
+          waited for none: f frames of audio must cover 2f engine steps plus that call, so
+          f >= peak call / (frame - 2 x loop) (MAX_FIRST_CHUNK when a frame cannot cover two loops).
+        1 when idle, then doubling to DEFAULT_SCHEDULE's last size; never above MAX_FIRST_CHUNK.
         Sizes are fixed per segment: a schedule never shrinks."""
         if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
             return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        jitter = JITTER_FACTOR * (loop_s + self.codec_worker.call_s)
-        first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], math.ceil(jitter / self.geometry.frame_seconds)))
+        frame_s, worker = self.geometry.frame_seconds, self.codec_worker
+        first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
+        if worker.call_peak_s > 0:
+            spare = frame_s - 2 * loop_s  # what each frame of chunk 0 leaves after chunk 1's two steps
+            first = max(first, MAX_FIRST_CHUNK if spare <= 0 else math.ceil(worker.call_peak_s / spare))
+        first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], first))
         last, schedule = DEFAULT_SCHEDULE[-1], [first]  # from 1: DEFAULT_SCHEDULE itself
         while schedule[-1] < last:
             schedule.append(min(last, 2 * schedule[-1]))

@@ -20,6 +20,7 @@ import os
 from aiohttp import WSMsgType, web
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream import routes
+from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
@@ -271,6 +272,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPU saturated: pause streams this far ahead of their listener (s)")
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
+    parser.add_argument("--saturated-step-ratio", type=float, default=d.saturated_step_ratio, metavar="R",
+                        help="the GPU counts as saturated (pausing streams far ahead is on) while an engine step "
+                             "takes more than R x one frame (default %(default)s)")
+    parser.add_argument("--codec-max-windows", type=int, default=CODEC_MAX_WINDOWS, metavar="N",
+                        help="streams one codec call decodes at most (default %(default)s): fewer makes the longest "
+                             "call shorter (a first chunk waits for the call in flight) and the codec less efficient")
     parser.add_argument("--codec-schedule", choices=("eager", "just_in_time"), default=d.codec_schedule,
                         help="eager: decode audio as the talker makes it (batched over 50 ms); just_in_time: while "
                              "streams are starting, decode each stream's audio only when its listener needs it within "
@@ -279,6 +286,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
                              "convolutions never take every SM from the talker; default: every SM (measured "
                              "better on an H100 than 48 or 32: docs/PERF.md)")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="diagnostics: leave start-up's objects in Python's garbage collection (each full "
+                             "collection then walks them all while every thread of the server waits)")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="report healthy without first running one utterance through the pipeline (the "
                              "first client then pays for kernel compilation and autotuning)")
@@ -369,7 +379,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
                         admit_step_ratio=args.admit_step_ratio or None,
-                        codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up)
+                        codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
+                        saturated_step_ratio=args.saturated_step_ratio,
+                        gc_freeze=not args.no_gc_freeze)
 
 
 def build_state(args: argparse.Namespace) -> ServerState:
@@ -406,7 +418,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
-    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
+    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows), voices, metrics_)
 
 
 def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:

@@ -3,14 +3,18 @@ config, pipeline, voices, metrics and the open sockets, under one app key."""
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.gc_pauses import freeze_startup
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import DEFAULT, VoiceLibrary
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,13 +31,15 @@ STATE = web.AppKey("higgs_state", ServerState)
 
 async def start_pipeline(state: ServerState) -> None:
     """Start the pipeline and, with `config.warm_up`, run one utterance in the default voice through
-    it before the transport accepts anyone (both transports: aiohttp's startup, ASGI's lifespan)."""
+    it before the transport accepts anyone (both transports: aiohttp's startup, ASGI's lifespan); then,
+    with `config.gc_freeze`, freeze start-up's objects out of garbage collection (stream/gc_pauses.py)."""
     await state.pipeline.start()
-    if not state.config.warm_up:
-        return
-    # the default voice first; a model that needs a reference voice (Qwen3-TTS Base) warms up with the
-    # first preset that has one, if any (else its first client pays for the compilation)
-    candidates = [state.voices.resolve(DEFAULT)] + [v for v in state.voices.presets.values() if v.has_reference]
-    for voice in candidates:
-        if await state.pipeline.warm_up(voice) is not None:
-            return
+    if state.config.warm_up:
+        # the default voice first; a model that needs a reference voice (Qwen3-TTS Base) warms up with the
+        # first preset that has one, if any (else its first client pays for the compilation)
+        candidates = [state.voices.resolve(DEFAULT)] + [v for v in state.voices.presets.values() if v.has_reference]
+        for voice in candidates:
+            if await state.pipeline.warm_up(voice) is not None:
+                break
+    if state.config.gc_freeze:
+        log.info("%d start-up objects frozen out of garbage collection (stream/gc_pauses.py)", freeze_startup())

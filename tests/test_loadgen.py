@@ -52,6 +52,7 @@ def test_listener_stalls_and_resumes_when_data_arrives():
                 (2.05, 1000)],  # early
                sample_rate=1000)
     assert p.stalls == (0.5, 0.25)
+    assert p.stalls_at == (0.5, 1.25)  # seconds of audio played before each stall
     assert (p.underruns, p.stall_s, p.max_stall_s, p.samples, p.max_gap_s) == (2, 0.75, 0.5, 2350, 1.0)
 
 
@@ -175,7 +176,7 @@ SCENARIO_KEYS = {"name", "kind", "load", "duration_s", "seed", "count", "request
                  "streams_with_underrun", "underrun_share", "max_stall_ms", "continuity", "audio_s", "wall_s",
                  "audio_s_per_s", "samples_per_stream", "gpu_busy", "gpu_samples", "replicas", "client", "streams"}
 STREAM_KEYS = {"id", "proc", "worker", "scheduled", "sent", "first_audio", "done", "outcome", "reason", "error_code",
-               "samples", "server_samples", "underruns", "stall_s", "max_stall_s", "stalls", "max_gap_s",
+               "samples", "server_samples", "underruns", "stall_s", "max_stall_s", "stalls", "stalls_at", "max_gap_s",
                "connect_s", "ttfa_s", "replica"}
 
 

@@ -112,7 +112,8 @@ async def request(ws, cid: str, text: str, options: dict, deadline: float) -> di
     return {"sent": sent, "first_audio": play.first, "done": time.monotonic(), "outcome": outcome, "reason": reason,
             "error_code": error, "samples": play.samples, "server_samples": server_samples,
             "underruns": play.underruns, "stall_s": play.stall_s, "max_stall_s": play.max_stall_s,
-            "stalls": [round(s, 4) for s in play.stalls], "max_gap_s": play.max_gap_s}
+            "stalls": [round(s, 4) for s in play.stalls], "stalls_at": [round(s, 4) for s in play.stalls_at],
+            "max_gap_s": play.max_gap_s}
 
 
 async def _loop_lag(stop: asyncio.Event, lags: list[float], every: float = 0.05) -> None:
@@ -200,7 +201,7 @@ def _failed(idx: int, worker: int | None, scheduled: float, code: str, outcome: 
     now = time.monotonic()
     return {"id": idx, "worker": worker, "scheduled": scheduled, "sent": now, "first_audio": None, "done": now,
             "outcome": outcome, "reason": None, "error_code": code, "samples": 0, "server_samples": None,
-            "underruns": 0, "stall_s": 0.0, "max_stall_s": 0.0, "stalls": [], "max_gap_s": 0.0, "connect_s": None,
+            "underruns": 0, "stall_s": 0.0, "max_stall_s": 0.0, "stalls": [], "stalls_at": [], "max_gap_s": 0.0, "connect_s": None,
             "ttfa_s": None, "replica": None}
 
 

@@ -17,6 +17,7 @@ class Playback:
     samples: int
     stalls: tuple[float, ...]  # duration of each underrun (s), in order
     max_gap_s: float  # largest time between two audio arrivals
+    stalls_at: tuple[float, ...] = ()  # where in the audio each underrun happened (s of audio played before it)
 
     @property
     def underruns(self) -> int:
@@ -38,6 +39,7 @@ def listen(arrivals: Iterable[tuple[float, int]], sample_rate: int = SAMPLE_RATE
     first = last = None
     anchor_t, anchor_n, samples = 0.0, 0, 0  # playback (re)started at anchor_t with anchor_n samples delivered
     stalls: list[float] = []
+    stalls_at: list[float] = []
     max_gap = 0.0
     for t, n in arrivals:
         if n <= 0:
@@ -49,7 +51,8 @@ def listen(arrivals: Iterable[tuple[float, int]], sample_rate: int = SAMPLE_RATE
             dry_at = anchor_t + (samples - anchor_n) / sample_rate  # when the audio delivered so far runs out
             if t > dry_at:
                 stalls.append(t - dry_at)
+                stalls_at.append(samples / sample_rate)
                 anchor_t, anchor_n = t, samples
         samples += n
         last = t
-    return Playback(first, samples, tuple(stalls), max_gap)
+    return Playback(first, samples, tuple(stalls), max_gap, tuple(stalls_at))

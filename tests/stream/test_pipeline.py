@@ -10,6 +10,8 @@ import logging
 import queue
 import re
 import threading
+from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -445,6 +447,29 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
     p.codec_worker.call_s = 1.0
     assert p.adapter_config("exact").schedule[0] == 8
+    # a long call in flight delays chunk 1 but not chunk 0: 3 frames must cover 6 loops + the call
+    p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080  # 3 x 20 ms of mean jitter: 2 frames
+    assert p.adapter_config("exact").schedule[0] == 4  # 80 ms / (40 - 2 x 10 ms) = 4 frames
+    p.codec_worker.call_peak_s = 0.030
+    assert p.adapter_config("exact").schedule[0] == 2  # 30 / 20 = 1.5 -> 2: the mean rule's 2 stands
+    p.loop_model.observe(64, 0.030)  # a loop of ~20 ms or more: a frame cannot cover two loops
+    p.loop_model.last_s = 0.025
+    assert p.adapter_config("exact").schedule[0] == 8
+
+
+def test_the_codec_worker_remembers_its_longest_recent_call():
+    """call_peak_s: the longest call, halving every CALL_PEAK_HALF_LIFE_S unless a longer one comes."""
+    from higgs_stream.bench_pipeline import FakeCodec
+    from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S, CodecWorker
+
+    codec = FakeCodec()
+    w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, warm=False)
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: None)
+    clock = iter([10.0, 10.08, 11.0, 11.01, 11.0 + CALL_PEAK_HALF_LIFE_S, 11.0 + CALL_PEAK_HALF_LIFE_S + 0.001])
+    with mock.patch("higgs_stream.stream.codec_worker.time.perf_counter", lambda: next(clock)):
+        for _ in range(3):
+            w._decode_call([])
+    assert w.call_peak_s == pytest.approx(max(0.001, 0.08 * 0.5 ** ((11.0 + CALL_PEAK_HALF_LIFE_S + 0.001 - 10.08) / CALL_PEAK_HALF_LIFE_S)))
 
 
 async def test_warm_up_runs_one_utterance_and_forgets_its_steps():

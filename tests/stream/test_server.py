@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import io
 import json
 import time
@@ -309,7 +310,10 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
     (tmp_path / "index.html").write_text("<html>demo</html>")
     (tmp_path / "app.js").write_text("console.log('hi')")
     monkeypatch.setattr(routes, "web_dir", lambda: tmp_path)
+    gc.unfreeze()
     host, state = await start_server()
+    assert state.config.gc_freeze and gc.get_freeze_count() > 10_000  # start-up's objects left out of collections
+    gc.unfreeze()
     good_ref = io.BytesIO()
     sf.write(good_ref, 0.3 * np.sin(np.arange(4800) / 10.0), 24000, format="WAV")
     async with aiohttp.ClientSession() as http:
@@ -330,6 +334,7 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         assert "higgs_ttfa_seconds_count 2" in lines
         assert 'higgs_requests_total{transport="http",outcome="completed"} 2' in lines
         assert "higgs_active_streams 0" in lines
+        assert any(line.startswith("higgs_gc_pause_seconds_count ") for line in lines)
         async with http.get(f"http://{host}/v1/voices") as r:
             voices = await r.json()
             assert voices["default"] == "default" and voices["aliases"]["alloy"] == "default"
