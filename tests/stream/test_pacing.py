@@ -87,6 +87,17 @@ def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     assert flat.predict(400) == pytest.approx(0.003)  # one batch size seen: no slope invented
 
 
+def test_steps_that_decode_nothing_do_not_steer_the_fit():
+    m = LoopModel()
+    for _ in range(50):
+        m.observe(1, 0.009)
+    for _ in range(3):
+        m.observe(0, 0.0017)  # a prompt chunk alone: no row decoded
+    assert m.predict(6) == pytest.approx(0.009)  # one row seen: no slope (with the empty steps: ~46 ms)
+    m.observe(2, 0.012)
+    assert 0.009 < m.predict(6) < 0.040
+
+
 def test_admission_by_load_can_be_off():
     model = LoopModel()
     model.observe(8, 1.0)  # a second per step: far beyond any ratio
