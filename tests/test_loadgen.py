@@ -130,6 +130,20 @@ def test_summary_counts_busy_apart_from_errors():
     assert summarize(Scenario("open", 1, 1.0), [], 1.0, None, [])["gpu_busy"] is None
 
 
+def test_closed_loop_ttfa_apart_from_the_first_wave():
+    """Closed loop: each worker's first request with audio arrives with every other worker's (the ramp);
+    `ttfa_later_ms` is the TTFA of the requests after it. Open loop has no such wave (None)."""
+    def rec(worker, sent, ttfa):
+        return {**_rec("completed", ttfa, 24000), "worker": worker, "sent": sent}
+
+    recs = [rec(0, 0.0, 0.4), rec(1, 0.1, 0.5), rec(0, 3.0, 0.2), rec(1, 3.5, 0.1), rec(0, 6.0, 0.3),
+            {**_rec("busy", code="busy"), "worker": 2, "sent": 0.2}, rec(2, 1.3, 0.6)]
+    s = summarize(Scenario("closed", 3, 10.0), recs, wall_s=10.0, gpu=None, lags=[])
+    assert s["ttfa_ms"]["n"] == 6 and s["ttfa_later_ms"]["n"] == 3
+    assert s["ttfa_later_ms"]["p50"] == pytest.approx(200) and s["ttfa_later_ms"]["max"] == pytest.approx(300)
+    assert summarize(Scenario("open", 1, 1.0), recs, 1.0, None, [])["ttfa_later_ms"] is None
+
+
 def test_requests_per_replica_and_a_refused_upgrade_is_busy():
     """Behind Ray Serve each connection names its replica, and the proxy refuses an upgrade over
     capacity with 503: that is `busy`, not an error."""
@@ -172,7 +186,7 @@ async def _serve(tiny, **cfg):
 
 
 SCENARIO_KEYS = {"name", "kind", "load", "duration_s", "seed", "count", "requests", "completed", "errored", "busy",
-                 "timed_out", "error_codes", "ttfa_ms", "underruns", "underrun_s", "streams_with_audio",
+                 "timed_out", "error_codes", "ttfa_ms", "ttfa_later_ms", "underruns", "underrun_s", "streams_with_audio",
                  "streams_with_underrun", "underrun_share", "max_stall_ms", "continuity", "audio_s", "wall_s",
                  "audio_s_per_s", "samples_per_stream", "gpu_busy", "gpu_samples", "replicas", "client", "streams"}
 STREAM_KEYS = {"id", "proc", "worker", "scheduled", "sent", "first_audio", "done", "outcome", "reason", "error_code",

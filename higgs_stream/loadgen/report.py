@@ -58,6 +58,7 @@ def summarize(scenario: Scenario, records: list[dict], wall_s: float, gpu: list[
         "completed": outcomes.count("completed"), "errored": outcomes.count("error") + outcomes.count("timeout"),
         "busy": outcomes.count("busy"), "timed_out": outcomes.count("timeout"), "error_codes": codes,
         "ttfa_ms": _ms([r["ttfa_s"] for r in heard]),
+        "ttfa_later_ms": _ms([r["ttfa_s"] for r in later_requests(heard)]) if scenario.kind == "closed" else None,
         "underruns": sum(r["underruns"] for r in heard), "underrun_s": sum(r["stall_s"] for r in heard),
         "streams_with_audio": len(heard), "streams_with_underrun": with_underrun,
         "underrun_share": with_underrun / len(heard) if heard else None,
@@ -73,6 +74,18 @@ def summarize(scenario: Scenario, records: list[dict], wall_s: float, gpu: list[
                    "loop_lag_ms_max": max((x["loop_lag_s_max"] for x in lags), default=0.0) * 1e3},
         "streams": records,
     }
+
+
+def later_requests(heard: list[dict]) -> list[dict]:
+    """Closed loop: every worker's requests after its first one with audio. The first ones arrive together
+    (all workers start within `--ramp`): a burst no steady load has, so its TTFA is a population of its own."""
+    seen: set = set()
+    later = []
+    for r in sorted(heard, key=lambda r: r["sent"]):
+        if r.get("worker") in seen:
+            later.append(r)
+        seen.add(r.get("worker"))
+    return later
 
 
 def brief(s: dict) -> str:
