@@ -104,13 +104,14 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def table(result: dict) -> str:
-    head = (f"{'scenario':<14}{'sent':>6}{'ok':>6}{'err':>5}{'busy':>6}{'TTFA p50':>10}{'p95':>8}{'p99':>8}"
+    head = (f"{'scenario':<14}{'sent':>6}{'ok':>6}{'err':>5}{'busy':>6}{'TTFA p50':>10}{'p95':>8}{'p99':>8}{'p95 later':>10}"
             f"{'underruns':>10}{'stall s':>9}{'w/ und.':>8}{'cont100':>8}{'audio-s/s':>10}{'GPU':>6}")
     lines = [head]
     for s in result["scenarios"]:
-        t = s["ttfa_ms"]
+        t, later = s["ttfa_ms"], (s.get("ttfa_later_ms") or {}).get("p95")  # older results lack it
         lines.append(f"{s['name']:<14}{s['requests']:>6}{s['completed']:>6}{s['errored']:>5}{s['busy']:>6}"
-                     f"{_fmt(t['p50'], '.0f'):>10}{_fmt(t['p95'], '.0f'):>8}{_fmt(t['p99'], '.0f'):>8}{s['underruns']:>10}"
+                     f"{_fmt(t['p50'], '.0f'):>10}{_fmt(t['p95'], '.0f'):>8}{_fmt(t['p99'], '.0f'):>8}"
+                     f"{_fmt(later, '.0f'):>10}{s['underruns']:>10}"
                      f"{s['underrun_s']:>9.2f}{s['streams_with_underrun']:>8}{_fmt(s['continuity']['100'], '.2f'):>8}"
                      f"{_fmt(s['audio_s_per_s'], '.1f'):>10}{_fmt(s['gpu_busy'], '.0%'):>6}")
     if result.get("skipped"):
