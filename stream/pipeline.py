@@ -61,9 +61,9 @@ from higgs_stream.stream.codec_worker import (
     on_stream,
 )
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
+from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig
 from higgs_stream.stream.voices import Voice
 
