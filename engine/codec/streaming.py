@@ -274,18 +274,31 @@ class StreamingDecoder(SlotArenaDecoder):
         codes = torch.where(use[:, None, :], codes, 0)  # junk columns -> a valid code
         quantized = self.codec.quantizer.decode(codes)  # [B, H, C]
         x = self.codec.fc2(quantized.transpose(1, 2)).transpose(1, 2)  # [B, D, C]
-        x = torch.where(real[:, None, :], x, 0.0)
         fresh = (start == 0)[:, None, None]
-        for stage, state in zip(self.stages, self.states):
-            hist = torch.where(fresh, 0.0, state.index_select(0, slots))  # [B, Cin, H]
-            buf = torch.cat([hist, x], dim=2)  # [B, Cin, H + n]
-            y = _advance(stage, buf, x.shape[2])  # [B, Cout, n * stride]
-            keep = valid[:, None] * stage.rate_in + torch.arange(stage.history, device=inp.device)  # [B, H]
+        zero = x.new_zeros(())  # torch.where(..., out=) takes no Python scalar
+        # each layer's input buffer [B, Cin, H + n]: its history, then the previous layer's masked outputs,
+        # written in place (one pass over the activations per layer instead of a mask and a concatenation)
+        buf = self._buffer(0, x)
+        torch.where(real[:, None, :], x, zero, out=buf[:, :, self.stages[0].history:])
+        for i, (stage, state) in enumerate(zip(self.stages, self.states)):
+            h = stage.history
+            torch.where(fresh, zero, state.index_select(0, slots), out=buf[:, :, :h])
+            y = _advance(stage, buf, buf.shape[2] - h)  # [B, Cout, n * stride]
+            keep = valid[:, None] * stage.rate_in + torch.arange(h, device=inp.device)  # [B, H]
             state.index_copy_(0, slots, buf.gather(2, keep[:, None, :].expand(-1, stage.channels, -1)))
             pos = start[:, None] * stage.rate_out - stage.lag + torch.arange(y.shape[2], device=inp.device)
             inside = (pos >= 0) & (pos < end[:, None] * stage.rate_out)  # [B, n * stride]
-            x = torch.where(inside[:, None, :], y, 0.0)  # one-shot zero-pads every layer's input
+            if i + 1 == len(self.stages):
+                x = torch.where(inside[:, None, :], y, 0.0)  # one-shot zero-pads every layer's input
+            else:
+                buf = self._buffer(i + 1, y)
+                torch.where(inside[:, None, :], y, zero, out=buf[:, :, self.stages[i + 1].history:])
         return x[:, 0, :]  # [B, C * hop]
+
+    def _buffer(self, i: int, inputs: torch.Tensor) -> torch.Tensor:
+        """Stage i's input buffer for `inputs` [B, Cin, n]: [B, Cin, history + n], uninitialised."""
+        b, cin, n = inputs.shape
+        return torch.empty((b, cin, self.stages[i].history + n), dtype=inputs.dtype, device=inputs.device)
 
     # ---- CUDA graphs ----
     def _check_graph(self, key: tuple[int, int], graph: torch.cuda.CUDAGraph, output: torch.Tensor) -> float:
