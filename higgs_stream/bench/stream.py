@@ -158,6 +158,7 @@ async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, in
                        codec_sms: int | None = None) -> list[dict]:
     """runs: (N streams, mode, repeats). Streams arrive uniformly over min(2 s, N * 10 ms)."""
     from higgs_stream.stream.config import ServerConfig
+    from higgs_stream.stream.gc_pauses import freeze_startup
     from higgs_stream.stream.pipeline import Pipeline
 
     n_max = max(n for n, _, _ in runs)
@@ -178,6 +179,8 @@ async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, in
     try:
         for mode in ("exact", "low_latency"):  # warm-up (codec shapes, allocator)
             await _stream_run(pipeline, 4, mode, 0.0, 7)
+        if cfg.gc_freeze:  # as `serve` does after its warm-up (stream/gc_pauses.py)
+            freeze_startup()
         for n, mode, repeats in runs:
             for r in range(repeats):
                 res = await _stream_run(pipeline, n, mode, min(2.0, n * 0.01), 1000 * r, timers, trace=trace and n > 1)
