@@ -31,17 +31,13 @@ for f in sorted(glob.glob(sys.argv[1] + "/lg_*.json")):
     for s in json.load(open(f))["scenarios"]:
         at = sorted(a for r in s["streams"] for a in r.get("stalls_at", []))
         print(f.split("/")[-1], s["name"], "stalls at (s of audio):", [round(a, 3) for a in at[:40]])
+from higgs_stream.bench import trace_summary
 for f in sorted(glob.glob(sys.argv[1] + "/trace_*.json")):
     ev = json.load(open(f))["events"]
-    gcs = [e for e in ev if e[0] == "gc"]
-    steps = sorted(e[3] - e[1] for e in ev if e[0] == "step")
-    calls = sorted(e[2] - e[1] for e in ev if e[0] == "codec")
-    ms = lambda xs, q: round(1e3 * xs[min(len(xs) - 1, int(q * len(xs)))], 1) if xs else None
-    print(f.split("/")[-1], f"gc: {len(gcs)} collections, {sum(e[3] == 2 for e in gcs)} full, max",
-          max((round(1e3 * (e[2] - e[1]), 1) for e in gcs), default=None), "ms, longest full:",
-          sorted((round(1e3 * (e[2] - e[1]), 1) for e in gcs if e[3] == 2), reverse=True)[:5],
-          f"| steps {len(steps)} p50/p99/max ms", ms(steps, .5), ms(steps, .99), ms(steps, 1),
-          f"| codec calls {len(calls)} p50/p99/max ms", ms(calls, .5), ms(calls, .99), ms(calls, 1))
+    times = [e[1] for e in ev if e[0] in ("step", "codec")]
+    s = trace_summary(ev, wall_s=max(times) - min(times)) if times else {}
+    print(f.split("/")[-1], {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()
+                            if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "steps", "codec_calls"))})
 PY
-(cd "$OUT" && tar czf configs.tgz lg_*.json server_*.log trace_*.json 2>/dev/null && rm -f lg_*.json server_*.log trace_*.json)
+(cd "$OUT" && shopt -s nullglob && f=(lg_*.json server_*.log trace_*.json) && tar czf configs.tgz "${f[@]}" && rm -f "${f[@]}")
 echo "done in $SECONDS s"

@@ -35,6 +35,15 @@ def test_replay_device_time_beside_and_apart_from_codec_calls():
     assert s["replay_rows_mean"] == pytest.approx(20 / 3)
 
 
+def test_garbage_collections_are_counted_and_the_longest_found():
+    trace = [("step", 0.0, 0.004, 0.005, 8, 0.0), ("gc", 0.010, 0.0102, 0), ("gc", 0.020, 0.320, 2),
+             ["gc", 0.500, 0.525, 2]]  # a server's --trace-out file holds lists (JSON)
+    s = trace_summary(trace, wall_s=1.0)
+    assert (s["gc_collections"], s["gc_full"]) == (3, 2)
+    assert s["gc_ms_max"] == pytest.approx(300.0) and s["gc_full_ms_max"] == pytest.approx(300.0)
+    assert trace_summary(trace[:1], 1.0)["gc_collections"] == 0
+
+
 def test_ab_variants_change_one_setting_each():
     from types import SimpleNamespace
 

@@ -1,5 +1,6 @@
-"""Where an in-process streaming run's time went, from its trace (`stream_bench(trace=True)`): engine
-steps, codec calls, and the talker's decode replays beside a codec call."""
+"""Where a streaming run's time went, from its trace (`stream_bench(trace=True)`, or a server's
+`serve --trace-out FILE`: its "events"): engine steps, codec calls, the talker's decode replays beside
+a codec call, and garbage collections (every thread waits for each)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,14 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
             "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
-            **_replay_summary(replays, calls)}
+            **_replay_summary(replays, calls), **_gc_summary([t for t in trace if t[0] == "gc"])}
+
+
+def _gc_summary(gcs: list) -> dict:
+    """("gc", t0, t1, generation) events: how many, how many full (generation 2), the longest of each."""
+    full = [g[2] - g[1] for g in gcs if g[3] == 2]
+    return {"gc_collections": len(gcs), "gc_full": len(full),
+            "gc_ms_max": max((g[2] - g[1] for g in gcs), default=0.0) * 1e3, "gc_full_ms_max": max(full, default=0.0) * 1e3}
 
 
 def _mean(a: np.ndarray) -> float | None:
