@@ -66,3 +66,13 @@ def test_underrun_meter():
     assert m.underruns == 1 and m.max_gap_s == pytest.approx(0.25)
     # the listener resumed at 0.5 with 0.1 s: the next chunk at 0.55 is in time
     assert not m.chunk(0.55, 10)
+
+
+def test_the_readme_lists_every_metric_with_its_kind():
+    """Operators read the metrics from the README's table: every metric /metrics exports is in it."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("### Metrics (`GET /metrics`"):]
+    for m in Metrics().all():
+        assert f"| `{m.name}` | {m.kind} |" in table, f"README's metrics table lacks {m.name}"
