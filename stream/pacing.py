@@ -70,6 +70,7 @@ class PlaybackClock:
 
 
 RECENT_WEIGHT = 0.2  # LoopModel.last_s: weight of the newest step (reacts within ~10 steps)
+SLOPE_PRIOR_ROWS2 = 1.0  # LoopModel.predict: ridge on the rows' variance (rows^2), see there
 
 
 class LoopModel:
@@ -81,12 +82,6 @@ class LoopModel:
         self.last_s = 0.0  # the recent loop time (a fast EMA, any batch)
 
     def observe(self, rows: int, seconds: float) -> None:
-        """One engine step that decoded `rows` rows in `seconds`. A step that decoded none (a prompt
-        chunk alone) says nothing of the per-row cost and is left out: paced Qwen3-TTS streams ran one
-        row a step (9 ms) beside a few empty steps (1.7 ms), and the fit then sloped 7.5 ms a row and
-        refused a sixth stream at 1 request/s (H100)."""
-        if rows <= 0:
-            return
         keep = 1.0 - self.decay
         self._w = self._w * keep + 1.0
         self._x = self._x * keep + rows
@@ -101,7 +96,11 @@ class LoopModel:
             return None
         mx, my = self._x / self._w, self._y / self._w
         var = self._xx / self._w - mx * mx
-        slope = max(0.0, (self._xy / self._w - mx * my) / var) if var > 1e-9 else 0.0
+        # ridge: a slope needs rows that vary. Paced streams can run one row a step for minutes; a few
+        # two-row steps of 17-18 ms then sloped a plain fit ~9 ms a row, and a served Qwen3-TTS 1.7B
+        # refused a sixth stream at 1 request/s (53 ms predicted, ~9 ms real; its H100 trace replayed).
+        # Under load rows spread over tens (variance 28-1,460 in v2/v3 traces): the prior moves <= 0.5 ms.
+        slope = max(0.0, (self._xy / self._w - mx * my) / (var + SLOPE_PRIOR_ROWS2))
         return max(my + slope * (rows - mx), my if rows >= mx else 0.0)
 
     def admits(self, streams: int, cfg: PacingConfig) -> bool:

@@ -79,7 +79,7 @@ def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
         for rows in (8, 16, 32, 64):
             model.observe(rows, 0.004 + 0.0002 * rows)  # 4 ms + 0.2 ms per stream
     assert model.predict(32) == pytest.approx(0.0104, rel=1e-3)
-    assert model.predict(128) == pytest.approx(0.0296, rel=1e-3)  # extrapolated
+    assert model.predict(128) == pytest.approx(0.0296, rel=3e-3)  # extrapolated (the ridge: slope x 0.998)
     assert model.admits(78, cfg) and not model.admits(80, cfg)  # 79 -> 19.8 ms, 81 -> 20.2 ms
     flat = LoopModel()
     for _ in range(50):
@@ -87,15 +87,19 @@ def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     assert flat.predict(400) == pytest.approx(0.003)  # one batch size seen: no slope invented
 
 
-def test_steps_that_decode_nothing_do_not_steer_the_fit():
+def test_a_slope_needs_rows_that_vary():
+    """Paced streams ran one row a step (9 ms) for hundreds of steps; a few two-row steps took 18 ms. A
+    plain fit slopes ~9 ms a row and predicts ~54 ms at six streams (refusing them); the ridge on the
+    rows' variance keeps that near the measured 9 ms, and a fit over rows that do vary keeps its slope."""
     m = LoopModel()
-    for _ in range(50):
-        m.observe(1, 0.009)
-    for _ in range(3):
-        m.observe(0, 0.0017)  # a prompt chunk alone: no row decoded
-    assert m.predict(6) == pytest.approx(0.009)  # one row seen: no slope (with the empty steps: ~46 ms)
-    m.observe(2, 0.012)
-    assert 0.009 < m.predict(6) < 0.040
+    for i in range(300):
+        m.observe(2 if i in (150, 290) else 1, 0.018 if i in (150, 290) else 0.009)
+    assert m.predict(6) < 0.012 and m.admits(5, PacingConfig(frame_s=0.08))
+    wide = LoopModel()
+    for i in range(300):
+        rows = 1 + i % 128
+        wide.observe(rows, 0.004 + 0.00005 * rows)
+    assert wide.predict(200) == pytest.approx(0.004 + 0.00005 * 200, rel=0.02)
 
 
 def test_admission_by_load_can_be_off():
