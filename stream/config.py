@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream.pacing import PacingConfig
 
 SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
 PROTOCOL_VERSION = 1
@@ -73,14 +74,16 @@ class ServerConfig:
     ice_servers: tuple[str, ...] = ()
 
     # Deadline-aware scheduling (stream/pacing.py).
-    pause_ahead_s: float = 1.5  # GPU saturated: pause a stream this far ahead of its listener ...
-    resume_ahead_s: float = 1.0  # ... and resume it this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
+    # (defaults: PacingConfig's) GPU saturated: pause a stream this far ahead of its listener, and resume it
+    # this close (a 25-frame chunk + look-ahead takes ~0.4 s at load)
+    pause_ahead_s: float = PacingConfig.pause_ahead_s
+    resume_ahead_s: float = PacingConfig.resume_ahead_s
     warm_up: bool = False  # serve: one utterance through the pipeline before the server reports healthy
     gc_freeze: bool = True  # after start-up: gc.freeze() its objects, so full collections stay short (gc_pauses.py)
-    admit_step_ratio: float | None = 0.5  # admit while the predicted engine step stays under this share of a frame (None: off)
+    admit_step_ratio: float | None = PacingConfig.admit_ratio  # admit while the predicted engine step stays under this share of a frame (None: off)
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
-    saturated_step_ratio: float = 0.1  # the GPU counts as saturated (pausing on) above this share of a frame (4 ms)
+    saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
 
     # Voices.
     voices_dir: str | None = None
