@@ -1,41 +1,64 @@
 #!/usr/bin/env bash
 # One device call, one card: the load generator against this tree's server under several `serve` flag sets,
-# one after the other (a fresh server each), same scenarios and seeds: an A/B of serving options.
-# Usage (device tool, carry .whl):
-#   CONFIGS="base=;call15=--codec-call-ms 15" bash scripts/gpu_loadgen_configs.sh
-# Env (defaults): CONFIGS (required: label=flags, ';'-separated), ARCH=v2, OPEN_RATES="" (req/s), CLOSED=128,
-#   DURATION=10, MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (configs that would not fit are skipped),
-#   TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections).
+# one after the other (a fresh server each), same scenarios and seeds: an A/B of serving options; with
+# BASELINE_DIR, then against an older tree's server too (label `base`, the first flag set).
+# Usage (device tool, carry .whl; for a baseline also its folder):
+#   CONFIGS="now=;pace3=--pause-ahead 3 --resume-ahead 2" bash scripts/gpu_loadgen_configs.sh
+#   CONFIGS="new=" BASELINE_DIR=.baseline_s5 bash scripts/gpu_loadgen_configs.sh
+# The baseline folder is a `git archive` of an older commit, made here with
+#   mkdir -p .baseline_x && git archive REV engine kernels stream clients higgs_stream | tar -x -C .baseline_x
+# and listed in .git/info/exclude. It runs through a shim package that links its folders, with the editable
+# install removed (its finder wins over PYTHONPATH) and from /tmp (from the repo root this tree's own
+# higgs_stream/ folder would be imported first); each run prints the module path it imported.
+# Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, ARCH=v2, OPEN_RATES="" (req/s),
+#   CLOSED=128, DURATION=10, MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
+#   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections);
+#   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU.
 # Writes $OUT/configs.tgz (lg_<label>.json, server_<label>.log, trace_<label>.json); prints one line per
-# scenario and config, where in the audio the stalls came, and the traced garbage-collection pauses.
+# scenario and run, where in the audio the stalls came, and each trace's summary (GC pauses included).
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-port=8110
-IFS=';' read -ra configs <<< "${CONFIGS:?set CONFIGS=label=flags;...}"
-for item in "${configs[@]}"; do
-  label=${item%%=*} flags=${item#*=}
+repo=$PWD port=8110
+run() {  # label flags: one fresh server, the scenarios against it (from $rundir)
+  local label=$1 flags=$2 left=$(( ${BUDGET_S:-570} - SECONDS ))
   [ -n "${TRACE:-}" ] && flags+=" --trace-out $OUT/trace_$label.json"
-  left=$(( ${BUDGET_S:-570} - SECONDS ))
-  if [ "$left" -lt 80 ]; then echo "$label: skipped ($left s left)"; continue; fi
-  timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
-    --spawn "python3 -m higgs_stream.cli serve --model random:full --arch ${ARCH:-v2} --device cuda --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
+  if [ "$left" -lt 80 ]; then echo "$label: skipped ($left s left)"; return; fi
+  (cd "$rundir" && python3 -c "import higgs_stream.stream.pipeline as p; print('$label code:', p.__file__)" && \
+   timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
+    --spawn "python3 -m higgs_stream.cli serve --model ${MODEL:-random:full} --arch ${ARCH:-v2} --device ${DEVICE:-cuda} --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
     --spawn-log "$OUT/server_$label.log" --spawn-timeout 240 --time-budget $(( left - 60 )) --open-rates "${OPEN_RATES-}" \
     --closed "${CLOSED-128}" --duration "${DURATION:-10}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
-    --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /"
+    --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /")
   port=$(( port + 1 ))
-done
-python3 - "$OUT" <<'PY'
-import glob, json, sys
+}
+IFS=';' read -ra configs <<< "${CONFIGS:?set CONFIGS=label=flags;...}"
+rundir=$repo
+for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
+if [ -n "${BASELINE_DIR:-}" ]; then
+  [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
+  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
+  rm -rf /tmp/shim_base && mkdir -p /tmp/shim_base/higgs_stream
+  for d in engine kernels stream clients; do ln -sfn "$repo/$BASELINE_DIR/$d" "/tmp/shim_base/higgs_stream/$d"; done
+  for f in "$repo/$BASELINE_DIR"/higgs_stream/*; do ln -sfn "$f" /tmp/shim_base/higgs_stream/; done
+  export PYTHONPATH=/tmp/shim_base:$PYTHONPATH
+  rundir=/tmp
+  first=${configs[0]}
+  run base "${first#*=}"
+fi
+python3 - "$OUT" "$repo/higgs_stream/bench/trace.py" <<'PY'
+import glob, importlib.util, json, sys
 for f in sorted(glob.glob(sys.argv[1] + "/lg_*.json")):
     for s in json.load(open(f))["scenarios"]:
         at = sorted(a for r in s["streams"] for a in r.get("stalls_at", []))
         print(f.split("/")[-1], s["name"], "stalls at (s of audio):", [round(a, 3) for a in at[:40]])
-from higgs_stream.bench import trace_summary
+spec = importlib.util.spec_from_file_location("trace", sys.argv[2])  # this tree's, whichever tree ran last
+trace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(trace)
 for f in sorted(glob.glob(sys.argv[1] + "/trace_*.json")):
     ev = json.load(open(f))["events"]
     times = [e[1] for e in ev if e[0] in ("step", "codec")]
-    s = trace_summary(ev, wall_s=max(times) - min(times)) if times else {}
+    s = trace.trace_summary(ev, wall_s=max(times) - min(times)) if times else {}
     print(f.split("/")[-1], {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()
                             if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "steps", "codec_calls"))})
 PY
