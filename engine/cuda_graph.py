@@ -25,10 +25,12 @@ included: Qwen3-TTS's code predictor, ~1,000 launches eagerly), per count bucket
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.engine.device_copy import upload
@@ -218,13 +220,17 @@ class PromptEndGraphs:
 
 
 class ChunkAttention:
-    """Causal attention of a prompt's first chunk over itself, from the pool rows it just wrote:
-    gathers K/V at the chunk's slots and runs SDPA. Fixed shapes (the chunk is padded to its
-    bucket; padded rows come last, so causality keeps them out of the real rows)."""
+    """Causal attention of prompts' first chunks over themselves, from the pool rows they just wrote:
+    gathers K/V at the chunks' slots and runs SDPA. Fixed shapes (padded to a bucket; padded rows
+    come last). `seg` [L] (static): the prompt each row belongs to when several are packed; a row
+    then sees the earlier rows of its own prompt only. None: one prompt (plain causal attention)."""
 
-    def __init__(self, kv_slots: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, kv_slots: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                 seg: torch.Tensor | None = None, causal: torch.Tensor | None = None) -> None:
         self.kv_slots = kv_slots  # [L] long, static
         self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
+        self.seg = seg
+        self.causal = causal  # [>= L, >= L] bool lower triangle (static), with seg
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [L, Hq, D], pools [P, page, Hkv, D] -> [L, Hq, D]."""
@@ -232,42 +238,86 @@ class ChunkAttention:
         k = k_cache.view(-1, self.hkv, self.d)[self.kv_slots].to(q.dtype)  # [L, Hkv, D] (an fp8 pool: widened)
         v = v_cache.view(-1, self.hkv, self.d)[self.kv_slots].to(q.dtype)
         k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1)[None] for t in (k, v))  # [1, Hq, L, D]
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, is_causal=True,
-                                                             scale=self.d**-0.5)  # [1, Hq, L, D]
+        qh = q.transpose(0, 1)[None]
+        if self.seg is None:
+            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.d**-0.5)  # [1, Hq, L, D]
+        else:
+            n = q.shape[0]
+            causal = self.causal if self.causal is not None else torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            keep = (self.seg[:, None] == self.seg[None, :]) & causal[:n, :n]  # block-diagonal causal
+            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=keep[None, None], scale=self.d**-0.5)
         return o[0].transpose(0, 1).contiguous()
 
 
-class PrefillGraphs:
-    """A prompt's first chunk, one sequence at a time, replayed from a CUDA graph per length bucket:
-    an all-text chunk (v2 without a reference or history, v3), or any first chunk of a family that
-    embeds its own rows (Qwen3-TTS: text track, codec ids, reference frames and up to MAX_VECTORS
-    input vectors, all staged into the graph's buffers).
+@dataclass(frozen=True)
+class FirstChunk:
+    """Rows 0..n-1 of one prompt for `PrefillGraphs`: text ids and K/V slots, and for a family that
+    embeds its own rows the chunk's frames (`codes` [n, K] at the `audio` rows), codec ids and input
+    vectors (`vector_rows` within the chunk)."""
 
-    The chunk is padded to the smallest bucket >= its length: padded rows are text id 0 (no codec id,
-    no frame) at the following positions, their K/V go to the scratch page, their outputs are
-    dropped; unused vector entries add zeros to row 0. The body is `FastTalker.hidden` (every row on
-    the text branch of a dual-FFN family) with `ChunkAttention`; it returns the audio logits and the
-    final-normed hidden state of the chunk's last row (v3 and Qwen3-TTS sample there, Qwen3-TTS
-    completes the row from the hidden state; v2 ignores both). `enabled=False` runs the same padded
-    body eagerly, so an engine without graphs computes the same numbers.
+    text_ids: np.ndarray
+    kv_slots: Sequence[int]
+    codes: np.ndarray | None = None
+    audio: np.ndarray | None = None
+    codec_ids: np.ndarray | None = None
+    vector_rows: np.ndarray | None = None
+    vectors: np.ndarray | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.text_ids)
+
+    @property
+    def num_vectors(self) -> int:
+        return 0 if self.vector_rows is None else len(self.vector_rows)
+
+    @property
+    def num_audio(self) -> int:
+        return 0 if self.audio is None else int(np.count_nonzero(self.audio))
+
+
+class PrefillGraphs:
+    """Prompts' first chunks, replayed from a CUDA graph per length bucket: all-text chunks (v2 without a
+    reference or history, v3), or any first chunk of a family that embeds its own rows (Qwen3-TTS:
+    text track, codec ids, reference frames and input vectors, all staged into the graph's buffers).
+
+    `max_prompts` 1: one prompt per replay, plain causal attention; nothing but the prompt decides its
+    K/V and logits (batch-invariant prefill). Above 1: up to that many first chunks packed into one
+    replay (`run_many`; their rows one after another, positions restarting at 0 for each, attention
+    block-diagonal causal), so a burst of arrivals reads the weights once per pack instead of once per
+    prompt; a prompt's numbers then depend on its pack (GEMM shapes) to fp rounding.
+
+    The rows are padded to the smallest bucket >= their count: padded rows are text id 0 (no codec id,
+    no frame), their K/V go to the scratch page, their outputs are dropped; unused vector entries add
+    zeros to row 0. The body is `FastTalker.hidden` (every row on the text branch of a dual-FFN family)
+    with `ChunkAttention`; it returns the audio logits and final-normed hidden state of each prompt's
+    last row (v3 and Qwen3-TTS sample there, Qwen3-TTS completes the row from the hidden state; v2
+    ignores both). `enabled=False` runs the same padded body eagerly, so an engine without graphs
+    computes the same numbers.
     """
 
-    MAX_VECTORS = 4
+    MAX_VECTORS = 16  # input vectors per replay (Qwen3-TTS: a speaker embedding per prompt)
 
     def __init__(self, fast: FastTalker, k_pool: torch.Tensor, v_pool: torch.Tensor, scratch_page: int,
-                 page_size: int, buckets: Sequence[int] = PREFILL_BUCKETS, enabled: bool = True) -> None:
+                 page_size: int, buckets: Sequence[int] = PREFILL_BUCKETS, enabled: bool = True,
+                 max_prompts: int = 1) -> None:
         self.fast, self.k_pool, self.v_pool = fast, k_pool, v_pool
         self.buckets = tuple(sorted(set(b for b in buckets if b <= fast.max_positions)))
         assert self.buckets, "no prefill bucket fits the position table"
+        assert 1 <= max_prompts <= self.buckets[0], f"max_prompts {max_prompts} must be in 1..{self.buckets[0]}"
         self.scratch_page, self.page_size, self.enabled = scratch_page, page_size, enabled
+        self.max_prompts = max_prompts
         self.embeds = fast.embed_rows is not None  # the family stages its other tracks too
         dev, top, k = fast.device, self.buckets[-1], fast.cfg.num_codebooks
-        self._rows = torch.zeros((5 + k, top), dtype=torch.long, device=dev)  # ids, kv slot, last, codec, select, codes
+        # ids, kv slot, out rows, codec, select, position, prompt index, codes
+        self._rows = torch.zeros((7 + k, top), dtype=torch.long, device=dev)
         self._ids, self._slots, self._codec = self._rows[0], self._rows[1], self._rows[3]
-        self._last = self._rows[2, :1]
+        self._out = self._rows[2, :max_prompts]
+        self._pos, self._seg = self._rows[5], self._rows[6]
         self._select = torch.zeros(top, dtype=torch.int32, device=dev)
-        self._codes = self._rows[5:].t()  # [top, K], a view: staged with the rest in one copy
-        self._pos = torch.arange(top, device=dev)
+        self._codes = self._rows[7:].t()  # [top, K], a view: staged with the rest in one copy
+        self._arange = torch.arange(top, device=dev)
+        self._causal = torch.ones(top, top, dtype=torch.bool, device=dev).tril() if max_prompts > 1 else None
         self._vector_rows = torch.zeros(self.MAX_VECTORS, dtype=torch.long, device=dev)
         self._vectors = torch.zeros((self.MAX_VECTORS, fast.cfg.hidden_size), dtype=fast.dtype, device=dev)
         self._no_rows = torch.zeros(0, dtype=torch.long, device=dev)
@@ -289,65 +339,88 @@ class PrefillGraphs:
         return n <= self.max_len and (audio_rows == 0 or self.embeds) and (vectors == 0 or self.embeds) \
             and vectors <= self.MAX_VECTORS
 
+    def packs(self, chunks: Sequence[FirstChunk]) -> list[list[int]]:
+        """The chunks (each `fits`) cut into replays, in order: a pack grows while its rows fit the
+        largest bucket, its prompts `max_prompts` and its vectors MAX_VECTORS."""
+        out: list[list[int]] = []
+        rows = vecs = 0
+        for i, c in enumerate(chunks):
+            if not out or len(out[-1]) == self.max_prompts or rows + c.num_rows > self.max_len \
+                    or vecs + c.num_vectors > self.MAX_VECTORS:
+                out.append([])
+                rows = vecs = 0
+            out[-1].append(i)
+            rows, vecs = rows + c.num_rows, vecs + c.num_vectors
+        return out
+
     def _body(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         hq, hkv, d = self.fast.heads
         tracks = ({"codec_ids": self._codec[:b], "vector_rows": self._vector_rows, "vectors": self._vectors}
                   if self.embeds else {})
-        inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b], positions=self._pos[:b],
-                         kv_slots=self._slots[:b], out_rows=self._last, audio_rows=self._no_rows,
-                         text_rows=self._pos[:b], select=self._select[:b], **tracks)
-        hidden = self.fast.hidden(inp, ChunkAttention(self._slots[:b], hq, hkv, d), self.k_pool, self.v_pool)
-        return self.fast.audio_logits(hidden), hidden  # [1, h, V] fp32, [1, H]
+        packed = self.max_prompts > 1
+        inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b],
+                         positions=self._pos[:b] if packed else self._arange[:b],
+                         kv_slots=self._slots[:b], out_rows=self._out, audio_rows=self._no_rows,
+                         text_rows=self._arange[:b], select=self._select[:b], **tracks)
+        attn = ChunkAttention(self._slots[:b], hq, hkv, d, self._seg[:b] if packed else None, self._causal)
+        hidden = self.fast.hidden(inp, attn, self.k_pool, self.v_pool)
+        return self.fast.audio_logits(hidden), hidden  # [P, h, V] fp32, [P, H]
 
     def capture(self) -> None:
         """Capture every bucket (largest first, one memory pool)."""
         if not self.enabled:
             return
-        self._graphs, self._outputs = capture_buckets(
-            self.buckets, lambda b: self._stage(b, np.zeros(1, np.int64), [self.scratch_page * self.page_size]),
-            self._body)
+        dummy = FirstChunk(np.zeros(1, np.int64), [self.scratch_page * self.page_size])
+        self._graphs, self._outputs = capture_buckets(self.buckets, lambda b: self._stage(b, [dummy]), self._body)
 
-    def _stage(self, b: int, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
-               audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,
-               vector_rows: np.ndarray | None = None, vectors: np.ndarray | None = None) -> None:
-        """Fill the static inputs: one copy from fresh pageable memory (several prompts may be
-        staged in one step, so no staging buffer is reused while a copy may be pending)."""
-        n, ps = len(text_ids), self.page_size
+    def _stage(self, b: int, chunks: Sequence[FirstChunk]) -> None:
+        """Fill the static inputs: one copy from fresh pageable memory (several packs may be staged in
+        one step, so no staging buffer is reused while a copy may be pending)."""
+        ps, p = self.page_size, len(chunks)
         st = np.zeros((self._rows.shape[0], b), np.int64)
-        st[0, :n], st[1, :n] = text_ids, kv_slots
-        st[1, n:b] = self.scratch_page * ps + np.arange(b - n) % ps
-        st[2, 0] = n - 1
         st[3] = -1  # no codec id
-        if self.embeds:  # the family's other tracks (others: all-text chunks, every row on the text branch)
-            if codec_ids is not None:
-                st[3, :n] = codec_ids
-            if audio is not None:
-                st[4, :n] = audio
-            if codes is not None:
-                st[5:, :n] = np.asarray(codes).T
+        st[6] = self.max_prompts  # padded rows: a prompt of their own
+        rows, vecs = np.zeros(self.MAX_VECTORS, np.int64), np.zeros(tuple(self._vectors.shape), np.float32)
+        r = m = 0
+        for j, c in enumerate(chunks):
+            n = c.num_rows
+            st[0, r:r + n], st[1, r:r + n] = c.text_ids, c.kv_slots
+            st[5, r:r + n], st[6, r:r + n] = np.arange(n), j
+            if self.embeds:  # the family's other tracks (others: all-text chunks, every row on the text branch)
+                if c.codec_ids is not None:
+                    st[3, r:r + n] = c.codec_ids
+                if c.audio is not None:
+                    st[4, r:r + n] = c.audio
+                if c.codes is not None:
+                    st[7:, r:r + n] = np.asarray(c.codes).T
+                if c.num_vectors:
+                    rows[m:m + c.num_vectors], vecs[m:m + c.num_vectors] = np.asarray(c.vector_rows) + r, c.vectors
+                    m += c.num_vectors
+            r += n
+            st[2, j] = r - 1  # the prompt's last row
+        st[2, p:self.max_prompts] = r - 1  # unused outputs repeat the last prompt's (dropped)
+        st[1, r:b] = self.scratch_page * ps + np.arange(b - r) % ps
         self._rows[:, :b].copy_(upload(st, self._rows.device))
         self._select[:b].copy_(self._rows[4, :b])
-        if self.embeds:  # unused vector entries add zeros to row 0
-            m = 0 if vector_rows is None else len(vector_rows)
-            rows, vecs = np.zeros(self.MAX_VECTORS, np.int64), np.zeros(tuple(self._vectors.shape), np.float32)
-            if m:
-                rows[:m], vecs[:m] = vector_rows, vectors
+        if self.embeds:
             self._vector_rows.copy_(upload(rows, self._rows.device))
             self._vectors.copy_(upload(vecs, self._rows.device, self._vectors.dtype))
+
+    def run_many(self, chunks: Sequence[FirstChunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill every chunk (one pack: see `packs`) in one replay -> (audio logits [p, h, V], hidden
+        [p, H]) of each chunk's last row, in order (views of the graph's buffers: valid until the next run)."""
+        p = len(chunks)
+        n = sum(c.num_rows for c in chunks)
+        assert 1 <= p <= self.max_prompts and sum(c.num_vectors for c in chunks) <= self.MAX_VECTORS, "not one pack"
+        assert all(c.num_rows >= 1 and len(c.kv_slots) == c.num_rows for c in chunks), "one slot per token"
+        b = self.bucket_for(n)
+        self._stage(b, chunks)
+        logits, hidden = self._body(b) if not self.enabled else (self._graphs[b].replay() or self._outputs[b])
+        return logits[:p], hidden[:p]
 
     def run(self, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
             audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,
             vector_rows: np.ndarray | None = None, vectors: np.ndarray | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill positions 0..n-1 of one sequence -> (audio logits [1, h, V], hidden [1, H]) of row
-        n - 1 (the graph's buffers: valid until the next run). A family that embeds its own rows also
-        takes the chunk's frames (`codes` [n, K] at the `audio` rows), codec ids and input vectors
-        (rows within the chunk)."""
-        n = len(text_ids)
-        assert n >= 1 and len(kv_slots) == n, "one slot per token"
-        b = self.bucket_for(n)
-        self._stage(b, text_ids, kv_slots, codes, audio, codec_ids, vector_rows, vectors)
-        if not self.enabled:
-            return self._body(b)
-        self._graphs[b].replay()
-        return self._outputs[b]
+        """One prompt's positions 0..n-1 -> (audio logits [1, h, V], hidden [1, H]) of row n - 1."""
+        return self.run_many([FirstChunk(text_ids, kv_slots, codes, audio, codec_ids, vector_rows, vectors)])

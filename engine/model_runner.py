@@ -21,13 +21,15 @@ finished at t-1 is therefore scheduled once more at t; the device ignores that r
 commitment has one position of slack for it, `kv_slack`).
 
 Decode rows replay a CUDA graph per batch bucket (engine/cuda_graph.py), also in steps that
-prefill other sequences. Prompts are prefilled one sequence per forward, cut at multiples of
-`ModelRunnerConfig.prefill_chunk` tokens whatever else is running (scheduler.PrefillScheduler), so
-a sequence's K/V and logits do not depend on what shares its steps: with batch-invariant decode
-steps, greedy codes of streams served together equal each stream served alone. A first chunk that
-is all text (e.g. a Higgs v2 prompt without reference or history), or any first chunk of a family
-that embeds its own rows (Qwen3-TTS), replays a prefill graph per length bucket (`PrefillGraphs`);
-other chunks run eagerly with FlashInfer's paged prefill. The rows that end prompts are sampled
+prefill other sequences. Prompts are cut at multiples of `ModelRunnerConfig.prefill_chunk` tokens
+whatever else is running (scheduler.PrefillScheduler). A first chunk that is all text (e.g. a Higgs
+v2 prompt without reference or history), or any first chunk of a family that embeds its own rows
+(Qwen3-TTS), replays a prefill graph per length bucket (`PrefillGraphs`), up to
+`ModelRunnerConfig.prefill_pack` first chunks packed into one replay (a burst of arrivals reads the
+weights once per pack, not once per prompt); other chunks run eagerly with FlashInfer's paged
+prefill, one per forward. With `prefill_pack=1` a sequence's K/V and logits do not depend on what
+shares its steps: with batch-invariant decode steps, greedy codes of streams served together equal
+each stream served alone (packed, they equal them to fp rounding). The rows that end prompts are sampled
 (and completed) by one graph replay per count bucket (`PromptEndGraphs`).
 A family whose prompt end yields a forced start row instead of a sample (`sample_at_prompt_end`
 False: Higgs v2's AUDIO_INIT) has that step folded into the prompt's last step: the first decode
@@ -52,8 +54,8 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS, DecodeGraphs, PrefillGraphs,
-                                             PromptEndGraphs, decode_step)
+from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS, DecodeGraphs, FirstChunk,
+                                             PrefillGraphs, PromptEndGraphs, decode_step)
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
@@ -69,6 +71,7 @@ from higgs_stream.kernels._triton import KernelUnavailableError
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
+MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
 
@@ -121,6 +124,7 @@ class ModelRunnerConfig:
     graph_buckets: tuple[int, ...] = DEFAULT_BUCKETS
     ras_window_max: int = 16  # longest RAS window a request may ask for
     prefill_chunk: int = 512  # prompt tokens per prefill forward (capped by token_budget - max_batch)
+    prefill_pack: int = 8  # first chunks per prefill replay (1: one prompt per forward, batch-invariant prefill)
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -133,6 +137,8 @@ class ModelRunnerConfig:
             raise ConfigError(f"ras_window_max must be >= 1, got {self.ras_window_max}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
+            raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
 
 
 @dataclass
@@ -197,7 +203,8 @@ class ModelRunner:
         # the same padded body, replayed or (no graphs) run eagerly
         if self.config.kernels == "fast":
             self.prefill_graphs = PrefillGraphs(self.fast, cache.pool.k, cache.pool.v, self.scratch_page,
-                                                alloc.page_size, enabled=self.config.cuda_graphs)
+                                                alloc.page_size, enabled=self.config.cuda_graphs,
+                                                max_prompts=self.config.prefill_pack)
             with torch.no_grad():
                 self.prefill_graphs.capture()
         k = cfg.num_codebooks
@@ -254,9 +261,10 @@ class ModelRunner:
     def _launch(self, plan: list[Chunk]) -> _Launched | None:
         """Stage, run and start copying back one step; returns it (None: nothing sampled).
 
-        Device order: each prompt chunk in its own forward (one sample-and-advance for the prompts
-        that end, if the family samples there), then the decode rows (one graph replay, or one
-        eager forward), which include the folded first decode token of the prompts that end."""
+        Device order: the prompt chunks (packs of first chunks, other chunks one per forward; one
+        sample-and-advance for the prompts that end, if the family samples there), then the decode
+        rows (one graph replay, or one eager forward), which include the folded first decode token
+        of the prompts that end."""
         if self._staged is not None:  # host staging buffers of the previous step are free again
             t0 = time.perf_counter()
             self._staged.synchronize()
@@ -341,37 +349,40 @@ class ModelRunner:
                            torch.arange(n, device=self.device))[0]
 
     def _prefill(self, chunks: list[Chunk]) -> torch.Tensor | None:
-        """Each prompt chunk in its own forward: a first chunk `PrefillGraphs` fits (all text, or any of
-        a family that embeds its own rows) replayed, others eagerly. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
-        ends, if the family samples there), else None."""
-        alloc, dev = self.cache.allocator, self.device
-        logits, hidden, slots = [], [], []
-        for c in chunks:
+        """The step's prompt chunks: first chunks `PrefillGraphs` fits (all text, or any of a family that
+        embeds its own rows) replayed, up to `prefill_pack` of them per replay; the others eagerly, one
+        chunk per forward. Returns packed [E, K + 1] for the chunks whose last row is sampled (prompt
+        ends, if the family samples there; in plan order), else None."""
+        alloc, dev, pg = self.cache.allocator, self.device, self.prefill_graphs
+        got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # chunk index -> (logits [1, h, V], hidden [1, H])
+        graphed: list[tuple[int, FirstChunk]] = []
+        for i, c in enumerate(chunks):
             p = c.seq.prompt
             table = alloc.page_table(c.sid)
             ids, codes, audio = p.input_ids[c.start:c.end], p.audio_codes[c.start:c.end], p.is_audio[c.start:c.end]
             kv_slots = [self._kv_slot(table, q) for q in range(c.start, c.end)]
-            sampled = samples_at(c, self.policy)
-            pg = self.prefill_graphs
             # the prompt's other tracks in this chunk (read by a family that embeds its own rows)
             codec = None if p.codec_ids is None else p.codec_ids[c.start:c.end]
             inside = (p.vector_rows >= c.start) & (p.vector_rows < c.end)
             vec_rows, vecs = (p.vector_rows[inside] - c.start, p.vectors[inside]) if inside.any() else (None, None)
             if pg is not None and c.start == 0 and pg.fits(c.num_tokens, int(audio.sum()), int(inside.sum())):
-                out, h = pg.run(ids, kv_slots, codes, audio, codec, vec_rows, vecs)
-                if sampled:
-                    logits.append(out.clone())
-                    hidden.append(h.clone())
-            else:
-                h = self._eager_chunk(c, table, ids, codes, audio, codec, vec_rows, vecs, kv_slots, sampled)
-                if sampled:
-                    logits.append(self.fast.audio_logits(h))  # [1, h, V]
-                    hidden.append(h)
+                graphed.append((i, FirstChunk(ids, kv_slots, codes, audio, codec, vec_rows, vecs)))
+                continue
+            sampled = samples_at(c, self.policy)
+            h = self._eager_chunk(c, table, ids, codes, audio, codec, vec_rows, vecs, kv_slots, sampled)
             if sampled:
-                slots.append(c.seq.slot)
-        if not logits:
+                got[i] = (self.fast.audio_logits(h), h)  # [1, h, V]
+        for pack in pg.packs([fc for _, fc in graphed]) if graphed else []:
+            logits, hidden = pg.run_many([graphed[j][1] for j in pack])  # the next replay rewrites them
+            for row, j in enumerate(pack):
+                i = graphed[j][0]
+                if samples_at(chunks[i], self.policy):
+                    got[i] = (logits[row:row + 1].clone(), hidden[row:row + 1].clone())
+        if not got:
             return None
-        logits_, hidden_ = torch.cat(logits), torch.cat(hidden) if len(hidden) == len(logits) else None
+        order = sorted(got)
+        logits_, hidden_ = torch.cat([got[i][0] for i in order]), torch.cat([got[i][1] for i in order])
+        slots = [chunks[i].seq.slot for i in order]
         if self.prompt_ends is not None:
             return self.prompt_ends.run(logits_, hidden_, slots)
         ones = torch.ones(len(slots), dtype=torch.bool, device=dev)

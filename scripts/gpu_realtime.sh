@@ -8,27 +8,39 @@
 # Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
 # Env: BUDGET_S (default 580), STREAMS (default 1,16,64,128,256), BASELINE_STREAMS (64,128; empty: skip),
 # BASELINE_DIR (default .baseline: another `git archive` of an older commit, made the same way), BENCH_ARGS,
-# SECTIONS (default stream; decode,stream adds the decode-step sweep to both), CODEC=0 skips the codec alone.
+# SECTIONS (default stream; decode,stream adds the decode-step sweep to both), CODEC=0 skips the codec alone,
+# CODEC_TESTS=0 skips its GPU tests,
+# CODEC_BASELINE=1 runs the codec alone of BASELINE_DIR's tree too ($OUT/codec_base.{json,log}), STREAMS=none
+# skips the in-process benchmark.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 budget=${BUDGET_S:-580}
 left() { echo $(( budget - SECONDS )); }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${CODEC:-1}" = 1 ]; then
-  timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/engine/test_codec_streaming_gpu.py \
+  [ "${CODEC_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/engine/test_codec_streaming_gpu.py \
     tests/stream/test_codec_graphs.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -8
   timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
 fi
+bdir=${BASELINE_DIR:-.baseline}
+shim_base() {  # the older tree as the higgs_stream package, in /tmp/shim_base
+  mkdir -p /tmp/shim_base/higgs_stream
+  for d in engine kernels stream clients; do ln -sfn "$PWD/$bdir/$d" /tmp/shim_base/higgs_stream/$d; done
+  for f in "$bdir"/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+}
+if [ "${CODEC_BASELINE:-0}" = 1 ] && [ -d "$bdir" ]; then  # from /tmp: see below
+  shim_base
+  (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout 120 python3 -m higgs_stream.bench_codec \
+    --out "$OUT/codec_base.json" 2>&1 | tee "$OUT/codec_base.log" | tail -25)
+fi
+[ "${STREAMS:-}" = none ] && { echo "done in $SECONDS s"; exit 0; }
 sections=${SECTIONS:-stream}
 base=${BASELINE_STREAMS-64,128}
 reserve=$([ -n "$base" ] && echo ${BASELINE_RESERVE:-170} || echo 0)
 timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections "$sections" --streams "${STREAMS:-1,16,64,128,256}" \
   ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
-bdir=${BASELINE_DIR:-.baseline}
 if [ -n "$base" ] && [ -d "$bdir" ]; then  # the previous pipeline, same card, same call
-  mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/$bdir/$d" /tmp/shim_base/higgs_stream/$d; done
-  for f in "$bdir"/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+  shim_base
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
     "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \

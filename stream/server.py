@@ -19,6 +19,7 @@ import os
 
 from aiohttp import WSMsgType, web
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.stream import routes
 from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS
 from higgs_stream.stream.config import ServerConfig
@@ -286,6 +287,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
                              "convolutions never take every SM from the talker; default: every SM (measured "
                              "better on an H100 than 48 or 32: docs/PERF.md)")
+    parser.add_argument("--prefill-pack", type=int, default=ModelRunnerConfig.prefill_pack, metavar="N",
+                        help="CUDA: prefill up to N arriving prompts in one forward (a burst of arrivals reads the "
+                             "weights once per N prompts; default %(default)s); 1: one prompt per forward, so a "
+                             "stream's codes never depend on what else runs (batch-invariant, slower bursts)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="diagnostics: leave start-up's objects in Python's garbage collection (each full "
                              "collection then walks them all while every thread of the server waits)")
@@ -396,8 +401,10 @@ def build_state(args: argparse.Namespace) -> ServerState:
                                                             else torch.float32)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+    ModelRunnerConfig(prefill_pack=args.prefill_pack)  # a bad --prefill-pack fails here on any device
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
-                   "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize}
+                   "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,
+                   "prefill_pack": args.prefill_pack}
     if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
         from higgs_stream.engine.random_weights import build_random
 

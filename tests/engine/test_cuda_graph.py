@@ -170,3 +170,92 @@ def test_padded_qwen_prefill_with_every_track_equals_the_eager_forward(n):
     for pool in ("k", "v"):
         a, b = (getattr(c.pool, pool).flatten(1, 2)[:, real] for c in caches)
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def _pools(cfg, lengths, num_pages=64):
+    """Two caches with the scratch page first, then one sequence per length (ids 0..)."""
+    caches = [KVCache.create(cfg, num_pages=num_pages, page_size=4) for _ in range(2)]
+    for c in caches:
+        c.allocator.reserve(-1, 1)
+        for sid, n in enumerate(lengths):
+            c.allocator.reserve(sid, n)
+    return caches
+
+
+@pytest.mark.parametrize("arch", ["v2", "qwen3-tts"])
+def test_packed_first_chunks_equal_each_prompt_alone(arch):
+    """Three first chunks (5, 17 and 9 rows) packed into one run of PrefillGraphs(max_prompts=4) (eager,
+    CPU, fp32): each prompt's last-row logits and hidden state, and every real row's K/V, equal the
+    same prompt prefilled alone (max_prompts=1) within 1e-5; Qwen3-TTS with codec ids, frames and an
+    input vector per prompt (vector rows offset into the pack)."""
+    from higgs_stream.engine.cuda_graph import FirstChunk
+    from higgs_stream.engine.engine import EngineConfig
+    from higgs_stream.engine.random_weights import in_memory_engine
+
+    eng = in_memory_engine(arch, "tiny", "cpu", torch.float32, EngineConfig(kv_pages=64, max_batch=2),
+                           cuda_graphs=False, kernels="ref")
+    cfg, fast = eng.cfg, eng.runner.fast
+    lengths = [5, 17, 9]
+    rng = np.random.default_rng(7)
+    caches = _pools(cfg, lengths)
+    chunks = []
+    for sid, n in enumerate(lengths):
+        slots = caches[0].layout([sid], [n]).slot_mapping.tolist()
+        ids = rng.integers(0, 100, size=n)
+        if arch == "qwen3-tts":
+            codec = rng.integers(0, cfg.vocab_size, size=n)
+            codec[rng.random(n) < 0.5] = -1
+            audio = rng.random(n) < 0.3
+            codes = rng.integers(0, cfg.codebook_size, size=(n, cfg.num_codebooks))
+            vec = rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
+            chunks.append(FirstChunk(ids, slots, codes, audio, codec, np.array([n // 2]), vec))
+        else:
+            chunks.append(FirstChunk(ids, slots))
+    with torch.no_grad():
+        scratch = caches[0].allocator.page_table(-1)[0]
+        alone = PrefillGraphs(fast, caches[0].pool.k, caches[0].pool.v, scratch, 4, buckets=(8, 32), enabled=False)
+        want = [tuple(t.clone() for t in alone.run_many([c])) for c in chunks]
+        packed = PrefillGraphs(fast, caches[1].pool.k, caches[1].pool.v, scratch, 4, buckets=(8, 32), enabled=False,
+                               max_prompts=4)
+        assert packed.packs(chunks) == [[0, 1, 2]]
+        logits, hidden = packed.run_many(chunks)
+    assert logits.shape[0] == hidden.shape[0] == 3
+    for j, (wl, wh) in enumerate(want):
+        torch.testing.assert_close(logits[j:j + 1], wl, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(hidden[j:j + 1], wh, rtol=1e-5, atol=1e-5)
+    real = torch.tensor([s for c in chunks for s in c.kv_slots])
+    for pool in ("k", "v"):
+        a, b = (getattr(c.pool, pool).flatten(1, 2)[:, real] for c in caches)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_packs_respect_rows_prompts_and_vectors(tiny_ckpt):
+    from higgs_stream.engine.cuda_graph import FirstChunk
+
+    base = Engine.from_pretrained(str(tiny_ckpt))
+    fast = FastTalker(base.talker, "ref")
+    cache = KVCache.create(base.cfg, num_pages=16, page_size=4)
+    pg = PrefillGraphs(fast, cache.pool.k, cache.pool.v, 0, 4, buckets=(8, 32), enabled=False, max_prompts=3)
+    rows = [10, 10, 10, 10, 30, 2, 1, 1]
+    chunks = [FirstChunk(np.zeros(n, np.int64), list(range(n))) for n in rows]
+    # 3 prompts at most; 32 rows at most (10 + 10 + 10, then 10 + 30 > 32); order kept
+    assert pg.packs(chunks) == [[0, 1, 2], [3], [4, 5], [6, 7]]
+    vec = lambda k: FirstChunk(np.zeros(4, np.int64), list(range(4)), vector_rows=np.zeros(k, np.int64),  # noqa: E731
+                               vectors=np.zeros((k, 1), np.float32))
+    assert pg.packs([vec(10), vec(6), vec(1)]) == [[0, 1], [2]]  # 17 vectors > MAX_VECTORS (16)
+    with pytest.raises(AssertionError):
+        PrefillGraphs(fast, cache.pool.k, cache.pool.v, 0, 4, buckets=(8, 32), enabled=False, max_prompts=9)
+
+
+def test_chunk_attention_with_prompts_packed_is_block_diagonal():
+    torch.manual_seed(1)
+    hq, hkv, d = 4, 2, 8
+    seg = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])  # rows 5..7: padding (a prompt of their own)
+    n = len(seg)
+    pool_k, pool_v = torch.randn(4, 4, hkv, d), torch.randn(4, 4, hkv, d)
+    slots = torch.randperm(16)[:n]
+    q = torch.randn(n, hq, d)
+    got = ChunkAttention(slots, hq, hkv, d, seg).run(q, pool_k, pool_v)
+    for lo, hi in ((0, 3), (3, 5), (5, 8)):  # each prompt alone: plain causal attention
+        want = ChunkAttention(slots[lo:hi], hq, hkv, d).run(q[lo:hi], pool_k, pool_v)
+        torch.testing.assert_close(got[lo:hi], want, rtol=1e-5, atol=1e-5)

@@ -70,3 +70,19 @@ def test_codec_schedule_is_eager_unless_asked():
     assert ServerConfig().codec_sms is None and ServerConfig(codec_sms=48).codec_sms == 48
     with pytest.raises(ConfigError, match="codec_sms"):
         ServerConfig(codec_sms=0)
+
+
+def test_prefill_pack_is_checked_before_the_model_loads():
+    """--prefill-pack (first chunks per prefill replay, CUDA): 1..32, a ConfigError on any device before
+    the checkpoint is read (the CPU's reference runner does not use it)."""
+    from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.engine.model_runner import MAX_PREFILL_PACK, ModelRunnerConfig
+    from higgs_stream.stream.server import build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--model", "m"]).prefill_pack == ModelRunnerConfig().prefill_pack == 8
+    assert ModelRunnerConfig(prefill_pack=MAX_PREFILL_PACK).prefill_pack == 32
+    for bad in ("0", "33"):
+        with pytest.raises(ConfigError, match="prefill_pack must be in 1..32"):
+            build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--prefill-pack", bad]))

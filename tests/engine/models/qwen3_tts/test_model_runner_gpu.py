@@ -254,9 +254,10 @@ def test_base_prompts_replay_their_prefill_and_first_frame_from_graphs(model):
 
 def test_batched_greedy_frames_equal_each_stream_alone(model):
     """6 streams of different prompt lengths admitted together (graphs, bucket 8), up to 100 greedy
-    frames each: every stream's frames equal the eager batch-1 engine's."""
-    graphed = engine(model)
-    alone = engine(model, ModelRunnerConfig(cuda_graphs=False), max_batch=1, fast=graphed.runner.fast)
+    frames each: every stream's frames equal the eager batch-1 engine's (`prefill_pack=1`: prompts
+    prefilled one per forward, the batch-invariant prefill)."""
+    graphed = engine(model, ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1))
+    alone = engine(model, ModelRunnerConfig(cuda_graphs=False, prefill_pack=1), max_batch=1, fast=graphed.runner.fast)
     requests = [greedy(t, 100, seed=20 + i) for i, t in enumerate(TEXTS)]
     together = run(graphed, requests)
     for i, r in enumerate(requests):
