@@ -126,6 +126,11 @@ def test_graphs_equal_eager_v3(model):
     for x, y in zip(a, b):
         assert x.shape[1] == 40 and np.array_equal(x, y)  # the frame cap (40 + 7 rows)
     sampled = [GenerationRequest(text="Hi there.", max_frames=30, sampling=SamplingParams(seed=3, temperature=0.9))] * 4
-    s = run(graphed, sampled)
+    # identical prompts packed into one prefill may round differently at different rows: one per forward
+    one = engine(tok, cfg, graphed.talker, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1),
+                 fast=graphed.runner.fast)
+    s = run(one, sampled)
     assert all(np.array_equal(s[0], x) for x in s[1:])
-    assert np.array_equal(s[0], run(eager, sampled)[0])
+    one_eager = engine(tok, cfg, graphed.talker, gpu=ModelRunnerConfig(cuda_graphs=False, prefill_pack=1),
+                       fast=graphed.runner.fast)
+    assert np.array_equal(s[0], run(one_eager, sampled)[0])

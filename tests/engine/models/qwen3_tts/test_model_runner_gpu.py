@@ -220,9 +220,12 @@ def test_graphed_engine_equals_eager_engine(model):
         assert x.shape == (60, 16) and np.array_equal(x, y)
     sampled = [GenerationRequest(TEXTS[0], speaker="aiden", max_frames=40,
                                  sampling=SamplingParams(seed=3, temperature=0.9, top_k=50))] * 4
-    s = run(graphed, sampled)
+    # identical prompts packed into one prefill may round differently at different rows: one per forward
+    one = engine(model, ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1), fast=graphed.runner.fast)
+    s = run(one, sampled)
     assert all(np.array_equal(s[0], x) for x in s[1:])  # same request + seed, same frames
-    assert np.array_equal(s[0], run(eager, sampled)[0])
+    one_eager = engine(model, ModelRunnerConfig(cuda_graphs=False, prefill_pack=1), fast=graphed.runner.fast)
+    assert np.array_equal(s[0], run(one_eager, sampled)[0])
 
 
 def test_base_prompts_replay_their_prefill_and_first_frame_from_graphs(model):
