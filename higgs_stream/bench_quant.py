@@ -8,9 +8,8 @@ A mode is a `--quantize` mode, optionally with `/kv8`: K/V pages in fp8 e4m3 (`-
 Sections:
   gemm      each backbone linear's shape (v2: qkv, o, audio gate_up, audio down) at M = 1..256, one
             call timed inside a CUDA graph (as the decode step runs it), for every implementation
-            available: bf16 cuBLAS; fp8 = ours (what --quantize fp8 runs: weight-only at M <= 16, else the
-            next), our Triton per-token quantization + torch's row-wise scaled GEMM (accumulation exact or
-            "fast"), the weight-only Triton kernel alone (M <= 64), the same GEMM after a quantization in plain torch ops
+            available: bf16 cuBLAS; fp8 = our Triton per-token quantization + torch's row-wise scaled
+            GEMM (accumulation exact or "fast"), the same GEMM after a quantization in plain torch ops
             (what torchao's float8 tensor runs eagerly), torchao's Float8DynamicActivationFloat8WeightConfig
             (PerRow) and Int8WeightOnlyConfig when torchao imports; int8 = our Triton kernel, torch's CUDA
             `_weight_int8pack_mm`, dequantize-then-mm. Beside each shape: its weight-read floor.
@@ -127,14 +126,8 @@ def gemm_sweep(batches: list[int], bw: float) -> list[dict]:
                 impls["int8_aten_cuda"] = partial(torch.ops.aten._weight_int8pack_mm, x, q8.qweight,
                                                   q8.scale.to(x.dtype))
             if q_fp8 is not None:
-                impls["fp8_ours"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale)  # what --quantize fp8 runs
-                impls["fp8_triton_quant_scaled_mm"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale,
-                                                              weight_only_max_m=0)
-                impls["fp8_triton_quant_scaled_mm_fast_accum"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale,
-                                                                         True, weight_only_max_m=0)
-                if m <= 64:  # the weight-only kernel alone (a GEMV's tiles: slow past a few dozen rows)
-                    impls["fp8_weight_only_triton"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale,
-                                                              weight_only_max_m=m)
+                impls["fp8_triton_quant_scaled_mm"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale)
+                impls["fp8_triton_quant_scaled_mm_fast_accum"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale, True)
                 impls["fp8_torch_quant_scaled_mm"] = partial(_fp8_torch_quant, x, q_fp8.qweight, q_fp8.scale)
             for key, lin in ao.items():
                 impls[key] = partial(lin, x)

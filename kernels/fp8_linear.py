@@ -7,17 +7,6 @@
 `q` [N, K] e4m3 and `w_scale` [N] fp32 come from quantizing the weight once at load (the engine's
 quantize.py, the same rule per output channel).
 
-Up to WEIGHT_ONLY_MAX_M rows (decode steps at small batch) the activations are not quantized:
-
-    y  = (x @ q^T) * w_scale[None, :]                       # e4m3 weights widened exactly, fp32 accumulation
-
-There the GEMM only reads the weight (its bytes set the time), and on an H100 torch's row-wise scaled
-GEMM plus the quantization launch took 12-16 us per attention projection where bf16 cuBLAS took 8-9
-(docs in the README's "Quantization"), so those rows go through the weight-only Triton kernel of
-kernels/int8_linear.py reading the e4m3 weight once. A row's result so depends on whether its batch
-has more than WEIGHT_ONLY_MAX_M rows (like any change of GEMM shape, to rounding; here also the
-activation rounding).
-
 `fp8_linear_ref` / `quantize_per_token_ref` are the definitions (plain torch, any device: fp8 is
 emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the fast path (CUDA,
 compute capability >= 8.9): one Triton kernel quantizes the activations per token, then torch's
@@ -40,12 +29,10 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
-from higgs_stream.kernels.int8_linear import weight_only_cuda
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp32 reciprocal, exactly
-WEIGHT_ONLY_MAX_M = 16  # rows up to which the activations stay unquantized (weight-read-bound GEMMs)
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
 
@@ -65,27 +52,18 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> t
     """x [..., K] float, q [N, K] e4m3, w_scale [N] fp32 -> [..., N] in x's dtype (emulated in fp32)."""
     _check(x, q, w_scale)
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if x2.shape[0] <= WEIGHT_ONLY_MAX_M:  # weight-only: activations as given
-        y = (x2.float() @ q.float().t()) * w_scale[None, :]
-    else:
-        xq, x_scale = quantize_per_token_ref(x2)
-        y = (xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]  # [M, N] fp32
+    xq, x_scale = quantize_per_token_ref(x.reshape(-1, k))
+    y = (xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]  # [M, N] fp32
     return y.to(x.dtype).view(*lead, q.shape[0])
 
 
-def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
-               weight_only_max_m: int = WEIGHT_ONLY_MAX_M) -> torch.Tensor:
-    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `weight_only_max_m` rows the
-    weight-only Triton kernel, above them per-token quantization + the row-wise scaled GEMM
-    (`weight_only_max_m=0`: always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast
-    accumulation (Hopper's reduced-precision fp8 accumulator) in the scaled GEMM; off by default."""
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
+    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16). `fast_accum`: cuBLAS/CUTLASS
+    fast accumulation (Hopper's reduced-precision fp8 accumulator); off by default."""
     _check(x, q, w_scale)
     require_cuda(x, q, w_scale, what="fp8_linear")
     assert x.dtype == torch.bfloat16, f"fp8_linear's row-wise scaled GEMM writes bf16; x is {x.dtype}"
     lead, k = x.shape[:-1], x.shape[-1]
-    if 0 < x.numel() // k <= weight_only_max_m:  # weight-only: the e4m3 weight widened in the Triton kernel
-        return weight_only_cuda(x.reshape(-1, k).contiguous(), q, w_scale).view(*lead, q.shape[0])
     xq, x_scale = quantize_per_token(x.reshape(-1, k))
     if xq.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])

@@ -10,8 +10,7 @@ channel (scale [N]); activations stay in their float dtype.
   fp32 version runs (scalar, exact to fp32, slow). Its bf16 kernel given another K reads past the
   rows (NaN, or a segfault: torch 2.11), so it is never called so.
 * CUDA: a Triton kernel that converts each int8 weight tile in registers and accumulates in fp32
-  (the weight is read once, as int8). The same kernel reads e4m3 weights (`weight_only_cuda`: fp8's
-  small batches, kernels/fp8_linear.py). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
+  (the weight is read once, as int8). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
   kernel, and torchao's int8 weight-only linear is `mm(x, q.to(x.dtype)) * scale` (fast only when
   torch.compile fuses it; eager under a CUDA graph it writes and re-reads a bf16 copy of the weight).
 
@@ -47,19 +46,13 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()  # [M, K]
     if x.device.type == "cpu":
-        return _cpu(x2, q, scale).to(x.dtype).view(*lead, q.shape[0])
-    require_cuda(x2, q, scale, what="int8_linear")
-    return weight_only_cuda(x2, q, scale).view(*lead, q.shape[0])
-
-
-def weight_only_cuda(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x2 [M, K] (CUDA, contiguous) @ (q * scale)^T -> [M, N] in x2's dtype through the Triton kernel;
-    q [N, K] int8 or float8_e4m3fn (both widen exactly to bf16 in registers), scale [N] fp32.
-    kernels/fp8_linear.py runs its small batches here (weight-only: the activations stay bf16)."""
-    out = torch.empty((x2.shape[0], q.shape[0]), dtype=x2.dtype, device=x2.device)
-    if x2.shape[0]:
-        launch(_kernel(), x2, q, scale, out)
-    return out
+        out = _cpu(x2, q, scale).to(x.dtype)
+    else:
+        require_cuda(x2, q, scale, what="int8_linear")
+        out = torch.empty((x2.shape[0], q.shape[0]), dtype=x.dtype, device=x.device)
+        if x2.shape[0]:
+            launch(_kernel(), x2, q, scale, out)
+    return out.view(*lead, q.shape[0])
 
 
 def cpu_vectorized(k: int, q: torch.Tensor) -> bool:
@@ -116,8 +109,8 @@ def build_kernel():
             x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
             w = tl.load(q_ptr + cols[:, None].to(tl.int64) * K + kk[None, :],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # [BN, BK] int8 or e4m3
-            wt = tl.trans(w.to(x.dtype))  # int8 or e4m3 -> bf16/fp16/fp32 is exact
+                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # [BN, BK] int8
+            wt = tl.trans(w.to(x.dtype))  # int8 -> bf16/fp16/fp32 is exact
             if IEEE:  # fp32 activations: true fp32 products, not TF32
                 acc = tl.dot(x, wt, acc, input_precision="ieee")
             else:
