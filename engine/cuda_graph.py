@@ -16,8 +16,9 @@ does not fit (batch above the largest bucket, more pages than the buffers hold) 
 `GraphShapeError`: nothing falls back silently. `DecodeGraphs(enabled=False)` runs the same body
 eagerly (for debugging) with the same padding.
 
-`PrefillGraphs` does the same for the first chunk of an all-text prompt (one sequence per replay,
-padded to a length bucket), so a stream's prefill costs a replay instead of ~600 eager launches.
+`PrefillGraphs` does the same for prompts' first chunks (all-text ones; any of a family that embeds its
+own rows), padded to a length bucket, one prompt or a pack of them per replay, so a stream's prefill
+costs a replay instead of ~600 eager launches.
 `PromptEndGraphs` replays the sampling of the rows that end prompts (a family's row completion
 included: Qwen3-TTS's code predictor, ~1,000 launches eagerly), per count bucket.
 """
