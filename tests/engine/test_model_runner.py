@@ -252,3 +252,47 @@ def test_frame_n_arrives_with_the_step_of_delay_column_n_plus_8(tiny_ckpt, fast)
         step += 1
     assert len(steps) >= 11 and steps[:11] == list(range(8, 19))
     assert steps == list(range(8, 8 + len(steps)))  # then one frame per step
+
+
+@pytest.mark.parametrize("arch", ["v3", "qwen3-tts"])
+def test_packed_prompts_keep_plan_order_beside_eager_chunks(arch, monkeypatch):
+    """The runner's prefill with PrefillGraphs (eager body, CPU, fp32): three prompts admitted in one step,
+    the middle one too long for the graphs' buckets (run eagerly, one chunk per forward), the other two
+    packed into one run: the prompt-end logits handed to sampling are, in plan order, each prompt's own
+    (the same runner with one prompt per run, within 1e-5); families that sample at the prompt end."""
+    from higgs_stream.engine.cuda_graph import PrefillGraphs
+    from higgs_stream.engine.random_weights import in_memory_engine
+
+    texts = ["Hi.", "Hello there, how are you doing today? " * 3, "Ok."]
+
+    def first_step(pack: int):
+        eng = in_memory_engine(arch, "tiny", "cpu", torch.float32, EngineConfig(kv_pages=128, max_batch=4),
+                               cuda_graphs=False, kernels="ref")
+        r = eng.runner
+        r.prefill_graphs = PrefillGraphs(r.fast, eng.cache.pool.k, eng.cache.pool.v, r.scratch_page,
+                                         eng.cache.allocator.page_size, buckets=(8, 32), enabled=False,
+                                         max_prompts=pack)
+        lengths = [eng.policy.build_prompt(GenerationRequest(text=t)).input_ids.shape[0] for t in texts]
+        assert lengths[0] <= 32 < lengths[1] and lengths[2] <= 32, lengths
+        seen, sample = [], r.state.sample_and_advance
+
+        def spy(logits, *rest):
+            seen.append(logits.clone())
+            return sample(logits, *rest)
+
+        monkeypatch.setattr(r.state, "sample_and_advance", spy)
+        packs = []
+        run_many = r.prefill_graphs.run_many
+        monkeypatch.setattr(r.prefill_graphs, "run_many", lambda chunks: packs.append(len(chunks)) or run_many(chunks))
+        for t in texts:
+            eng.add(GenerationRequest(text=t, max_frames=4, sampling=SamplingParams(temperature=0.0)))
+        eng.step()
+        assert r.last_prefill == 3
+        return seen[0], packs
+
+    packed, packs = first_step(4)
+    alone, runs = first_step(1)
+    assert packs == [2] and runs == [1, 1]  # prompts 0 and 2 in one run; prompt 1 eagerly in both
+    assert packed.shape[0] == 3
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    assert (packed[0] - packed[1]).abs().max() > 1e-3 and (packed[1] - packed[2]).abs().max() > 1e-3
