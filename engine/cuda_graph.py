@@ -272,10 +272,6 @@ class FirstChunk:
     def num_vectors(self) -> int:
         return 0 if self.vector_rows is None else len(self.vector_rows)
 
-    @property
-    def num_audio(self) -> int:
-        return 0 if self.audio is None else int(np.count_nonzero(self.audio))
-
 
 class PrefillGraphs:
     """Prompts' first chunks, replayed from a CUDA graph per length bucket: all-text chunks (v2 without a
