@@ -227,11 +227,10 @@ class ChunkAttention:
     then sees the earlier rows of its own prompt only. None: one prompt (plain causal attention)."""
 
     def __init__(self, kv_slots: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 seg: torch.Tensor | None = None, causal: torch.Tensor | None = None) -> None:
+                 seg: torch.Tensor | None = None) -> None:
         self.kv_slots = kv_slots  # [L] long, static
         self.hq, self.hkv, self.d = num_q_heads, num_kv_heads, head_dim
         self.seg = seg
-        self.causal = causal  # [>= L, >= L] bool lower triangle (static), with seg
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [L, Hq, D], pools [P, page, Hkv, D] -> [L, Hq, D]."""
@@ -243,9 +242,8 @@ class ChunkAttention:
         if self.seg is None:
             o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=self.d**-0.5)  # [1, Hq, L, D]
         else:
-            n = q.shape[0]
-            causal = self.causal if self.causal is not None else torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            keep = (self.seg[:, None] == self.seg[None, :]) & causal[:n, :n]  # block-diagonal causal
+            row = torch.arange(q.shape[0], device=q.device)
+            keep = (self.seg[:, None] == self.seg[None, :]) & (row[:, None] >= row[None, :])  # block-diagonal causal
             o = F.scaled_dot_product_attention(qh, k, v, attn_mask=keep[None, None], scale=self.d**-0.5)
         return o[0].transpose(0, 1).contiguous()
 
@@ -284,8 +282,8 @@ class PrefillGraphs:
     block-diagonal causal), so a burst of arrivals reads the weights once per pack instead of once per
     prompt; a prompt's numbers then depend on its pack (GEMM shapes) to fp rounding.
 
-    The rows are padded to the smallest bucket >= their count: padded rows are text id 0 (no codec id,
-    no frame), their K/V go to the scratch page, their outputs are dropped; unused vector entries add
+    The rows are padded to the smallest bucket >= their count: padded rows are text id 0 at position 0
+    (no codec id, no frame; after every real row, so no real row sees them), their K/V go to the scratch page, their outputs are dropped; unused vector entries add
     zeros to row 0. The body is `FastTalker.hidden` (every row on the text branch of a dual-FFN family)
     with `ChunkAttention`; it returns the audio logits and final-normed hidden state of each prompt's
     last row (v3 and Qwen3-TTS sample there, Qwen3-TTS completes the row from the hidden state; v2
@@ -314,7 +312,6 @@ class PrefillGraphs:
         self._select = torch.zeros(top, dtype=torch.int32, device=dev)
         self._codes = self._rows[7:].t()  # [top, K], a view: staged with the rest in one copy
         self._arange = torch.arange(top, device=dev)
-        self._causal = torch.ones(top, top, dtype=torch.bool, device=dev).tril() if max_prompts > 1 else None
         self._vector_rows = torch.zeros(self.MAX_VECTORS, dtype=torch.long, device=dev)
         self._vectors = torch.zeros((self.MAX_VECTORS, fast.cfg.hidden_size), dtype=fast.dtype, device=dev)
         self._no_rows = torch.zeros(0, dtype=torch.long, device=dev)
@@ -354,12 +351,10 @@ class PrefillGraphs:
         hq, hkv, d = self.fast.heads
         tracks = ({"codec_ids": self._codec[:b], "vector_rows": self._vector_rows, "vectors": self._vectors}
                   if self.embeds else {})
-        packed = self.max_prompts > 1
-        inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b],
-                         positions=self._pos[:b] if packed else self._arange[:b],
+        inp = FastInputs(text_ids=self._ids[:b], codes=self._codes[:b], positions=self._pos[:b],
                          kv_slots=self._slots[:b], out_rows=self._out, audio_rows=self._no_rows,
                          text_rows=self._arange[:b], select=self._select[:b], **tracks)
-        attn = ChunkAttention(self._slots[:b], hq, hkv, d, self._seg[:b] if packed else None, self._causal)
+        attn = ChunkAttention(self._slots[:b], hq, hkv, d, self._seg[:b] if self.max_prompts > 1 else None)
         hidden = self.fast.hidden(inp, attn, self.k_pool, self.v_pool)
         return self.fast.audio_logits(hidden), hidden  # [P, h, V] fp32, [P, H]
 

@@ -14,16 +14,23 @@ from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.kernels.flashinfer_attention import RefAttention
 
 
+def _pools(cfg, lengths, num_pages=64):
+    """Two caches with the scratch page first (as in the ModelRunner), then one sequence per length (ids 0..)."""
+    caches = [KVCache.create(cfg, num_pages=num_pages, page_size=4) for _ in range(2)]
+    for c in caches:
+        c.allocator.reserve(-1, 1)
+        for sid, n in enumerate(lengths):
+            c.allocator.reserve(sid, n)
+    return caches
+
+
 @pytest.mark.parametrize("n", [1, 7, 32, 45])
 def test_padded_text_prefill_equals_the_eager_forward(tiny_ckpt, n):
     base = Engine.from_pretrained(str(tiny_ckpt))
     cfg = base.cfg
     fast = FastTalker(base.talker, "ref")
     ids = np.random.default_rng(n).integers(0, 500, size=n)
-    caches = [KVCache.create(cfg, num_pages=16, page_size=4) for _ in range(2)]
-    for c in caches:
-        c.allocator.reserve(-1, 1)  # scratch page first, as in the ModelRunner
-        c.allocator.reserve(0, n)
+    caches = _pools(cfg, [n], num_pages=16)
     scratch = caches[1].allocator.page_table(-1)[0]
     layout = caches[0].layout([0], [n])
     slots = layout.slot_mapping  # [n]
@@ -145,10 +152,7 @@ def test_padded_qwen_prefill_with_every_track_equals_the_eager_forward(n):
     audio = rng.random(n) < 0.3
     codes = rng.integers(0, cfg.codebook_size, size=(n, cfg.num_codebooks))
     vec_rows, vecs = np.array([n // 2]), rng.standard_normal((1, cfg.hidden_size)).astype(np.float32)
-    caches = [KVCache.create(cfg, num_pages=16, page_size=4) for _ in range(2)]
-    for c in caches:
-        c.allocator.reserve(-1, 1)
-        c.allocator.reserve(0, n)
+    caches = _pools(cfg, [n], num_pages=16)
     scratch = caches[1].allocator.page_table(-1)[0]
     layout = caches[0].layout([0], [n])
     slots = layout.slot_mapping
@@ -171,15 +175,6 @@ def test_padded_qwen_prefill_with_every_track_equals_the_eager_forward(n):
         a, b = (getattr(c.pool, pool).flatten(1, 2)[:, real] for c in caches)
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
-
-def _pools(cfg, lengths, num_pages=64):
-    """Two caches with the scratch page first, then one sequence per length (ids 0..)."""
-    caches = [KVCache.create(cfg, num_pages=num_pages, page_size=4) for _ in range(2)]
-    for c in caches:
-        c.allocator.reserve(-1, 1)
-        for sid, n in enumerate(lengths):
-            c.allocator.reserve(sid, n)
-    return caches
 
 
 @pytest.mark.parametrize("arch", ["v2", "qwen3-tts"])
