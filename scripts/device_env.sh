@@ -4,10 +4,16 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+shim_tree() {  # shim_tree TREE DEST: DEST/higgs_stream, a package whose sub-packages are TREE's top-level
+  # folders and the entries of TREE/higgs_stream (its modules and its bench/, loadgen/ packages); for this
+  # tree when the editable install fails, for a `git archive` of an older commit in the A/B scripts
+  local tree dest=$2
+  tree=$(cd "$1" && pwd)
+  rm -rf "$dest" && mkdir -p "$dest/higgs_stream"
+  for d in engine kernels stream clients; do ln -sfn "$tree/$d" "$dest/higgs_stream/$d"; done
+  for f in "$tree"/higgs_stream/*; do ln -sfn "$f" "$dest/higgs_stream/"; done
+}
 if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
-  # shim: a higgs_stream package whose sub-packages are the top-level folders
-  mkdir -p /tmp/shim/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/$d" /tmp/shim/higgs_stream/$d; done
-  for f in higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim/higgs_stream/; done
+  shim_tree . /tmp/shim
   export PYTHONPATH=/tmp/shim:$PYTHONPATH
 fi

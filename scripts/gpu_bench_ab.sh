@@ -14,9 +14,7 @@ left() { echo $(( budget - SECONDS )); }
 args=(--sections "${SECTIONS:-decode,stream}" --batches "${BATCHES:-1,16,64,128}" --streams "${STREAMS:-16,64,128}")
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ -d .baseline ]; then  # the baseline first, same card, same call
-  mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/.baseline/$d" /tmp/shim_base/higgs_stream/$d; done
-  for f in .baseline/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
+  shim_tree .baseline /tmp/shim_base
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) / 2 )) python3 -c \
     "import higgs_stream.engine.engine as e, sys; print('baseline code:', e.__file__); sys.argv[0] = 'bench'; \

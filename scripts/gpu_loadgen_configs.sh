@@ -38,9 +38,7 @@ for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
 if [ -n "${BASELINE_DIR:-}" ]; then
   [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
   python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  rm -rf /tmp/shim_base && mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$repo/$BASELINE_DIR/$d" "/tmp/shim_base/higgs_stream/$d"; done
-  for f in "$repo/$BASELINE_DIR"/higgs_stream/*; do ln -sfn "$f" /tmp/shim_base/higgs_stream/; done
+  shim_tree "$repo/$BASELINE_DIR" /tmp/shim_base  # device_env.sh
   export PYTHONPATH=/tmp/shim_base:$PYTHONPATH
   rundir=/tmp
   first=${configs[0]}

@@ -23,13 +23,8 @@ if [ "${CODEC:-1}" = 1 ]; then
   timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
 fi
 bdir=${BASELINE_DIR:-.baseline}
-shim_base() {  # the older tree as the higgs_stream package, in /tmp/shim_base
-  mkdir -p /tmp/shim_base/higgs_stream
-  for d in engine kernels stream clients; do ln -sfn "$PWD/$bdir/$d" /tmp/shim_base/higgs_stream/$d; done
-  for f in "$bdir"/higgs_stream/*.py; do ln -sf "$PWD/$f" /tmp/shim_base/higgs_stream/; done
-}
 if [ "${CODEC_BASELINE:-0}" = 1 ] && [ -d "$bdir" ]; then  # from /tmp: see below
-  shim_base
+  shim_tree "$bdir" /tmp/shim_base  # device_env.sh
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout 120 python3 -m higgs_stream.bench_codec \
     --out "$OUT/codec_base.json" 2>&1 | tee "$OUT/codec_base.log" | tail -25)
 fi
@@ -40,7 +35,7 @@ reserve=$([ -n "$base" ] && echo ${BASELINE_RESERVE:-170} || echo 0)
 timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections "$sections" --streams "${STREAMS:-1,16,64,128,256}" \
   ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
 if [ -n "$base" ] && [ -d "$bdir" ]; then  # the previous pipeline, same card, same call
-  shim_base
+  shim_tree "$bdir" /tmp/shim_base
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
   (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
     "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \
