@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from higgs_stream.kernels.snake import snake, snake_ref
+from higgs_stream.kernels.snake import snake, snake_beta, snake_beta_ref, snake_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -15,6 +15,16 @@ def test_matches_ref(b, c, t):
     got = snake(x, alpha)
     want = snake_ref(x.double(), alpha.double()).float()
     assert got.shape == x.shape and torch.isfinite(got).all()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-6, err
+
+
+@pytest.mark.parametrize("b,c,t", [(1, 96, 48000), (2, 1536, 4), (1, 7, 1)])
+def test_snake_beta_matches_ref(b, c, t):
+    x = torch.randn(b, c, t, device="cuda") * 3
+    la, lb = torch.randn(c, device="cuda") * 0.5, torch.randn(c, device="cuda") * 0.5
+    got = snake_beta(x, la, lb)
+    want = snake_beta_ref(x.double(), la.double(), lb.double()).float()
     err = ((got - want).norm() / want.norm()).item()
     assert err < 1e-6, err
 

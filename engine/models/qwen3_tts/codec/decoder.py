@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from higgs_stream.engine.codec.gemm_conv import conv1d, conv_transpose1d
 from higgs_stream.engine.layers import RMSNorm  # fp32 here: the same products as rms_norm_ref's
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
+from higgs_stream.kernels.snake import snake_beta, snake_beta_ref
 
 
 # ------------------------------------------------------------------------------- pointwise parts
@@ -39,9 +41,9 @@ class Snake(nn.Module):
         self.beta = nn.Parameter(torch.zeros(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
-        a = self.alpha.exp()[None, :, None]
-        b = self.beta.exp()[None, :, None]
-        return x + (1.0 / (b + 1e-9)) * torch.sin(x * a).pow(2)
+        if x.is_cuda and x.dtype == torch.float32:
+            return snake_beta(x, self.alpha, self.beta)  # one fused pass (Triton); CPU: the plain definition
+        return snake_beta_ref(x, self.alpha, self.beta)
 
 
 class _Codebook(nn.Module):
@@ -73,13 +75,28 @@ class _RVQGroup(nn.Module):
         super().__init__()
         self.vq = _CodebookList(n, size, dim)
         self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+        self._tables: tuple[tuple, torch.Tensor, torch.Tensor] | None = None  # (key, tables, offsets)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The n tables stacked [n * size, dim] and each codebook's first row [n], made again only when
+        a codebook tensor changed (loaded in place, or moved: its version or address), so a step is one
+        lookup, not two divisions and a lookup per codebook."""
+        books = [layer._codebook for layer in self.vq.layers]
+        key = tuple((t.data_ptr(), t._version) for b in books for t in (b.embedding_sum, b.cluster_usage))
+        if self._tables is None or self._tables[0] != key:
+            with torch.no_grad():
+                stacked = torch.cat([b.table() for b in books])
+            offsets = torch.arange(len(books), device=stacked.device) * books[0].embedding_sum.shape[0]
+            self._tables = (key, stacked, offsets)
+        return self._tables[1], self._tables[2]
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, n, T] -> [B, out_dim, T]
-        acc = None
-        for i, layer in enumerate(self.vq.layers):
-            e = F.embedding(codes[:, i], layer._codebook.table())  # [B, T, dim]
-            acc = e if acc is None else acc + e
-        return F.conv1d(acc.transpose(1, 2), self.output_proj.weight)
+        stacked, offsets = self.tables()
+        e = F.embedding(codes + offsets[:, None], stacked)  # [B, n, T, dim]
+        acc = e[:, 0]
+        for i in range(1, e.shape[1]):  # in codebook order, as the reference: the same sums for any chunking
+            acc = acc + e[:, i]
+        return conv1d(acc.transpose(1, 2), self.output_proj.weight, None)
 
 
 class SplitRVQ(nn.Module):
@@ -106,7 +123,7 @@ class CausalConv(nn.Module):
 
     def run(self, buf: torch.Tensor) -> torch.Tensor:  # [B, Cin, H + n] -> [B, Cout, n]
         c = self.conv
-        return F.conv1d(buf, c.weight, c.bias, dilation=c.dilation, groups=c.groups)
+        return conv1d(buf, c.weight, c.bias, dilation=c.dilation[0], groups=c.groups)
 
 
 class CausalUpsample(nn.Module):
@@ -122,7 +139,7 @@ class CausalUpsample(nn.Module):
 
     def run(self, buf: torch.Tensor) -> torch.Tensor:  # [B, Cin, H + n] -> [B, Cout, n * s]
         s, h = self.stride, self.history
-        y = F.conv_transpose1d(buf, self.conv.weight, self.conv.bias, stride=s)  # [B, Cout, (H+n+h) s]
+        y = conv_transpose1d(buf, self.conv.weight, self.conv.bias, stride=s)  # [B, Cout, (H+n+h) s]
         n = buf.shape[2] - h
         return y[:, :, h * s: (h + n) * s]
 
@@ -229,14 +246,20 @@ class _Layer(nn.Module):
         self.mlp_layer_scale = _Scale(cfg.hidden_size)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE: x [B, H, T, D] at absolute positions pos [B, T]."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # [D/2]
+def rope_angles(pos: torch.Tensor, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [B, 1, T, D] of rotate-half RoPE at absolute positions pos [B, T] (once per step: every
+    layer rotates at the same positions)."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d))  # [D/2]
     ang = pos.to(torch.float32)[..., None] * inv  # [B, T, D/2]
     emb = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, D]
+    return emb.cos(), emb.sin()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [B, H, T, D] with `rope_angles`."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 class PreTransformer(nn.Module):
@@ -271,6 +294,7 @@ class PreTransformer(nn.Module):
             & (kpos[:, None, :] >= 0)  # [B, n, w + n]
         bias = torch.zeros(allowed.shape, dtype=h.dtype, device=x.device).masked_fill(~allowed, float("-inf"))
         keep_at = valid[:, None] + torch.arange(w, device=x.device)  # [B, w]: the new state's columns
+        cos, sin = rope_angles(qpos, c.head_dim, c.rope_theta)
         new_state = []
         groups = c.num_attention_heads // c.num_key_value_heads
         for layer, past in zip(self.layers, state.unbind(1)):  # past [B, 2, kvh, w, hd]
@@ -279,13 +303,14 @@ class PreTransformer(nn.Module):
             q = a.q_proj(y).view(b, n, -1, c.head_dim).transpose(1, 2)  # [B, H, n, hd]
             k = a.k_proj(y).view(b, n, -1, c.head_dim).transpose(1, 2)  # [B, kvh, n, hd]
             v = a.v_proj(y).view(b, n, -1, c.head_dim).transpose(1, 2)
-            q, k = rope(q, qpos, c.rope_theta), rope(k, qpos, c.rope_theta)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             keys = torch.cat([past[:, 0], k], dim=2)  # [B, kvh, w + n, hd]
             values = torch.cat([past[:, 1], v], dim=2)
             idx = keep_at[:, None, :, None].expand(-1, keys.shape[1], -1, c.head_dim)
             new_state.append(torch.stack([keys.gather(2, idx), values.gather(2, idx)], dim=1))
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
+            if groups > 1:
+                keys = keys.repeat_interleave(groups, dim=1)
+                values = values.repeat_interleave(groups, dim=1)
             scores = torch.matmul(q, keys.transpose(2, 3)) * c.head_dim ** -0.5 + bias[:, None]
             att = torch.matmul(torch.softmax(scores, dim=-1), values)  # [B, H, n, hd]
             h = h + layer.self_attn_layer_scale.scale * a.o_proj(att.transpose(1, 2).reshape(b, n, -1))

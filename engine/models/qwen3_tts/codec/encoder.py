@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from higgs_stream.engine.errors import CheckpointError, ConfigError
-from higgs_stream.engine.models.qwen3_tts.codec.decoder import rope
+from higgs_stream.engine.models.qwen3_tts.codec.decoder import rope, rope_angles
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,8 @@ class _Attention(nn.Module):
         k = self.k_proj(x).view(b, f, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, f, self.kv_heads, self.head_dim).transpose(1, 2)
         pos = torch.arange(f, device=x.device)[None].expand(b, f)
-        q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
+        cos, sin = rope_angles(pos, self.head_dim, self.theta)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim)  # [B, h, F, F]
