@@ -85,6 +85,10 @@ class Pending:
 
 def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) -> list[Pending]:
     """The jobs of the next calls, in deadline order (stable: a segment's jobs keep their order).
+    Some job overdue (a first chunk, or a listener already dry): just the urgent jobs (within
+    CODEC_URGENT_S, or of a flushed segment), so a first frame's call is not stretched by other
+    streams' 25-frame steps (H100, Qwen3-TTS at 1 request/s: a first frame shared a [2 x 26]-frame
+    call of 20 ms where its own takes 7).
     Busy (a stream waits for its first audio): none while no job is within CODEC_URGENT_S of its
     deadline and no segment is in `flush` (ids of ended segments), else every job due within
     CODEC_AHEAD_S plus every job of a flushed segment. Not busy: all of them once one is urgent or
@@ -92,6 +96,10 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
     if not pending:
         return []
     urgent = any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending)
+    if any(p.deadline <= now for p in pending):  # a first chunk (due at its creation) or a dry listener:
+        # its call takes only the urgent jobs; the rest follow in the next call instead of lengthening this one
+        return sorted((p for p in pending if p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush),
+                      key=lambda p: p.deadline)
     if not busy:
         ready = urgent or now - min(p.taken for p in pending) >= CODEC_HOLD_S
         return sorted(pending, key=lambda p: p.deadline) if ready else []

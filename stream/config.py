@@ -84,6 +84,7 @@ class ServerConfig:
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
+    yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
 
     # Voices.
     voices_dir: str | None = None
@@ -119,6 +120,7 @@ class ServerConfig:
         need(self.codec_sms is None or (isinstance(self.codec_sms, int) and self.codec_sms >= 1),
              "codec_sms must be a positive int or None")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
+        need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
         need(self.context_idle_s > 0, "context_idle_s must be > 0")
         need(self.http_body_timeout_s > 0, "http_body_timeout_s must be > 0")
         need(isinstance(self.allowed_origins, tuple), "allowed_origins must be a tuple")

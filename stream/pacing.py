@@ -11,6 +11,10 @@ engine loop's time per step at a given batch (`LoopModel`):
   talker pauses streams more than `pause_ahead_s` ahead of their listener and resumes them below
   `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`); only while
   some other stream is not far ahead, and never with the talker left idle (all paused: resume);
+- while a stream waits for its first audio, streams more than `yield_ahead_s` ahead skip steps
+  whatever the load, so the newcomer's prompt and first frames run alone: a Qwen3-TTS frame step is
+  ~9 ms at any small batch, and a prompt admitted beside a playing stream ran both graphs back to
+  back (18 ms) before its first frame (H100 trace, 1 request/s);
 - admission refuses a new stream (`busy`, Retry-After) when the predicted step time with one more
   stream would leave any stream below `admit_ratio` x real time (`LoopModel.admits`): the doubling
   chunk schedule needs about 2x real time while it ramps up (`chunking.max_step_ratio`).
@@ -34,6 +38,7 @@ class PacingConfig:
     resume_ahead_s: float = 1.0  # resume it when its listener is this close
     saturated_ratio: float = 0.1  # the GPU counts as saturated above this many frames of time per step
     admit_ratio: float | None = 0.5  # admit while the predicted step stays under this share of a frame (None: off)
+    yield_ahead_s: float | None = 1.0  # while a stream waits for its first audio, skip streams this far ahead (None: off)
 
     def __post_init__(self) -> None:
         if not self.frame_s > 0:
@@ -44,6 +49,8 @@ class PacingConfig:
             raise ConfigError(f"saturated_ratio must be in (0, 1], got {self.saturated_ratio}")
         if self.admit_ratio is not None and not 0 < self.admit_ratio <= 1:
             raise ConfigError(f"admit_ratio must be in (0, 1] or None, got {self.admit_ratio}")
+        if self.yield_ahead_s is not None and not self.yield_ahead_s >= 0:
+            raise ConfigError(f"yield_ahead_s must be >= 0 or None, got {self.yield_ahead_s}")
 
 
 class PlaybackClock:
@@ -130,23 +137,26 @@ class Pacer:
         `idle`: the talker has nothing to run but paused streams; then the GPU is not saturated
         whatever the last loop time was (no step has run since), and everyone resumes. A stream is
         paused only while some unpaused stream is not far ahead (waiting for first audio counts):
-        pausing when every stream is far ahead frees the GPU for nobody."""
+        pausing when every stream is far ahead frees the GPU for nobody. While some stream waits for
+        its first audio, streams above `yield_ahead_s` stay paused too (idle or not: the newcomer runs)."""
         cfg = self.cfg
         saturated = self.saturated(loop_s) and not idle
         aheads = {sid: clock.ahead_s(now) for sid, clock in clocks.items()}
         needy = any(a <= cfg.pause_ahead_s for sid, a in aheads.items() if sid not in self.paused)
+        yielding = cfg.yield_ahead_s is not None and any(a == -math.inf for a in aheads.values())
         pause, resume, wake = [], [], None
         for sid, ahead in aheads.items():
-            if sid in self.paused:
-                if not saturated or ahead <= cfg.resume_ahead_s:
-                    resume.append(sid)
-                else:
-                    left = ahead - cfg.resume_ahead_s
-                    wake = left if wake is None else min(wake, left)
-            elif saturated and needy and ahead > cfg.pause_ahead_s:
+            yields = yielding and ahead > cfg.yield_ahead_s
+            paced = saturated and ahead > cfg.resume_ahead_s
+            if sid in self.paused and not (yields or paced):
+                resume.append(sid)
+                continue
+            if sid not in self.paused:
+                if not (yields or (saturated and needy and ahead > cfg.pause_ahead_s)):
+                    continue
                 pause.append(sid)
-                left = ahead - cfg.resume_ahead_s
-                wake = left if wake is None else min(wake, left)
+            left = ahead - max(cfg.resume_ahead_s if paced else -math.inf, cfg.yield_ahead_s if yields else -math.inf)
+            wake = left if wake is None else min(wake, left)
         self.paused.difference_update(resume)
         self.paused.update(pause)
         return pause, resume, wake

@@ -106,7 +106,7 @@ class Pipeline:
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
                                    resume_ahead_s=cfg.resume_ahead_s, admit_ratio=cfg.admit_step_ratio,
-                                   saturated_ratio=cfg.saturated_step_ratio)
+                                   saturated_ratio=cfg.saturated_step_ratio, yield_ahead_s=cfg.yield_ahead_s)
         self.loop_model = LoopModel()  # engine loop seconds per step vs decode rows (engine thread writes)
         self.pacer = Pacer(self.pacing)
         self._paced_at = 0.0
@@ -283,6 +283,7 @@ class Pipeline:
         with self._lock:  # the engine thread must not see this stream's events before it is mapped
             seg.sid = self.engine.add(seg.request)
             self._segments[seg.sid] = seg
+            self._paced_at = 0.0  # pace before the next step: streams far ahead yield to this one's prompt
         self.metrics.engine_streams.inc()
         self._wake.set()
 

@@ -109,11 +109,14 @@ def test_in_memory_builder_of_random_full_at_tiny_size(arch):
 def test_serve_flags_reach_the_codec_and_the_pacing_config():
     """--codec-precision tf32 is an explicit opt-in on the codec; the pacing flags land in ServerConfig."""
     state = server.build_state(args("--model", "random:tiny", "--codec-precision", "tf32", "--pause-ahead", "4",
-                                    "--resume-ahead", "1.5", "--admit-step-ratio", "0.6"))
+                                    "--resume-ahead", "1.5", "--admit-step-ratio", "0.6", "--yield-ahead", "0.5"))
     assert state.pipeline.codec.allow_tf32 is True
     assert (state.config.pause_ahead_s, state.config.resume_ahead_s, state.config.admit_step_ratio) == (4.0, 1.5, 0.6)
+    assert state.config.yield_ahead_s == state.pipeline.pacing.yield_ahead_s == 0.5
     default = server.build_state(args("--model", "random:tiny"))
     assert default.pipeline.codec.allow_tf32 is False  # exact unless asked
+    assert default.pipeline.pacing.yield_ahead_s == 1.0
+    assert server.build_state(args("--model", "random:tiny", "--yield-ahead", "-1")).pipeline.pacing.yield_ahead_s is None
 
 
 def test_serve_quantize_flag_reaches_the_engine():

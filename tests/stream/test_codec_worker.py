@@ -58,6 +58,22 @@ def test_when_no_stream_is_starting_everything_goes_after_a_short_hold():
     assert [p.job for p in due(urgent, now + 0.01, set(), busy=False)] == ["job2", "job0", "job1"]
 
 
+def test_a_first_chunk_or_a_dry_listener_gets_a_call_of_urgent_jobs_only():
+    """Busy or not: with a job overdue the call takes only what is urgent (ordered by deadline); the
+    rest go in the next call."""
+    now = 100.0
+    a, b, c = SimpleNamespace(sid=1), SimpleNamespace(sid=2), SimpleNamespace(sid=3)
+    other = [Pending(a, "job0", now + 0.6, taken=now - 1.0), Pending(a, "job1", now + 0.9, taken=now - 1.0)]
+    first = [Pending(b, "job0", now, taken=now), Pending(b, "job1", now + 0.04, taken=now)]  # a newcomer's
+    near = [Pending(c, "job0", now + 0.2, taken=now - 1.0)]
+    for busy in (False, True):
+        got = due(other + first + near, now, set(), busy=busy)
+        assert [(p.seg.sid, p.job) for p in got] == [(2, "job0"), (2, "job1"), (3, "job0")]
+    assert [p.job for p in due(other, now, set(), busy=False)] == ["job0", "job1"]  # no newcomer: all, as before
+    dry = [Pending(a, "job0", now - 0.05, taken=now - 1.0)] + other[1:]
+    assert [p.job for p in due(dry, now, set(), busy=False)] == ["job0"]
+
+
 def test_an_ended_segment_flushes_its_jobs():
     now = 100.0
     a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
@@ -143,7 +159,8 @@ def test_frame_buckets_fit_the_ramp_the_steady_chunk_and_its_final_push():
 
 def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind_it():
     """Not busy, max_windows 2: five streams' held jobs are due; each pass decodes the two most urgent
-    and leaves the rest held, so a first chunk that arrives after the first call goes in the second."""
+    and leaves the rest held, so a first chunk that arrives after the first call goes in the second
+    (alone: the others are not urgent)."""
     got: list[list[int]] = []
     w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
     w.code2wav = stub = StubCode2Wav()
@@ -158,7 +175,9 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
     got.append([seg.sid for seg, _ in zip(*_last(stub))])
     w._decode_due()
     got.append([seg.sid for seg, _ in zip(*_last(stub))])
-    assert got == [[0, 1], [5, 2], [3, 4]] and w.pending == []
+    w._decode_due()
+    got.append([seg.sid for seg, _ in zip(*_last(stub))])
+    assert got == [[0, 1], [5], [2, 3], [4]] and w.pending == []
 
 
 def _last(stub: "StubCode2Wav") -> tuple[list, list]:

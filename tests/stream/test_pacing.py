@@ -64,6 +64,29 @@ def test_pacer_never_leaves_the_talker_idle():
     assert pacer.plan(100.0, waiting, loop_s=0.02)[:2] == ([0], [])
 
 
+def test_streams_far_ahead_yield_to_a_newcomer_until_its_first_audio():
+    """While a stream waits for its first audio, streams more than yield_ahead_s ahead skip steps even
+    when the GPU is not saturated; once it has audio they resume (not saturated), or stay paused down to
+    the resume mark (saturated). yield_ahead_s=None: no yielding."""
+    cfg = PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25, yield_ahead_s=1.0)
+    pacer = Pacer(cfg)
+    cs = clocks(a=5.0, b=1.5, c=0.5)
+    cs[3] = PlaybackClock()  # the newcomer: no audio yet
+    pause, resume, wake = pacer.plan(100.0, cs, loop_s=0.005)  # not saturated
+    assert pause == [0, 1] and resume == [] and wake == pytest.approx(0.5)  # b is 0.5 s above the yield mark
+    assert pacer.plan(100.01, cs, loop_s=0.005)[:2] == ([], [])  # still waiting: they stay paused
+    cs[3].sent(100.02, 0.08)  # the newcomer's first audio
+    assert pacer.plan(100.02, cs, loop_s=0.005)[:2] == ([], [0, 1])  # not saturated: both run again
+    saturated = Pacer(cfg)
+    waiting = {**cs, 3: PlaybackClock()}
+    assert saturated.plan(100.0, waiting, loop_s=0.02)[:2] == ([0, 1], [])
+    waiting[3].sent(100.02, 0.08)
+    assert saturated.plan(100.02, waiting, loop_s=0.02)[:2] == ([], [1])  # a (4.98 s) stays paused: above 2 s; b (1.48 s) runs
+    off = Pacer(PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25, yield_ahead_s=None))
+    newcomer = {**clocks(a=5.0, b=2.5), 2: PlaybackClock()}
+    assert off.plan(100.0, newcomer, loop_s=0.005) == ([], [], None)
+
+
 def test_an_idle_server_always_admits():
     """One slow step (first-use kernel compilation: seconds) predicts a saturated engine; with no stream
     running nothing would ever update the model, so an idle server admits anyway."""
@@ -107,6 +130,12 @@ def test_admission_by_load_can_be_off():
     model.observe(8, 1.0)  # a second per step: far beyond any ratio
     assert not model.admits(8, PacingConfig(admit_ratio=0.5))
     assert model.admits(8, PacingConfig(admit_ratio=None))
+
+
+def test_pacing_config_validation_of_yield():
+    with pytest.raises(ConfigError, match="yield_ahead_s"):
+        PacingConfig(yield_ahead_s=-0.1)
+    assert PacingConfig(yield_ahead_s=0.0).yield_ahead_s == 0.0
 
 
 def test_pacing_config_validation():

@@ -406,6 +406,43 @@ async def test_saturated_engine_pauses_streams_far_ahead_while_another_needs_the
         await p.stop()
 
 
+async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
+    """Yielding end to end (fake engine at 3 ms a step, saturated only above a whole frame a step, so
+    pacing alone pauses nobody; 250 frames, ~0.75 s of steps): a stream more than yield_ahead_s ahead
+    is paused while a second waits for its first audio, then runs again; both streams' audio is
+    unchanged and nobody stays paused."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    engine = FakeEngine(step_s=0.003)
+    pauses: list[int] = []
+    engine.pause = lambda sid, pause=engine.pause: (pauses.append(sid), pause(sid))[1]
+    cfg = ServerConfig(max_frames=250, history_segments=0, admit_step_ratio=None, yield_ahead_s=0.3,
+                       saturated_step_ratio=1.0)
+    p = Pipeline(engine, FakeCodec(), cfg)
+    await p.start()
+    try:
+        first = p.open(ContextOptions(voice=default_voice(), seed=1))
+        first.say("Hello.")
+        first.close()
+        head: list[bytes] = []
+        async with asyncio.timeout(20):  # 0.6 s of audio sent at many times real time: > 0.3 s ahead
+            while sum(map(len, head)) < 2 * 24000 * 0.6:
+                for ev in await first.next(1 << 20):
+                    assert not isinstance(ev, End), "the stream ended before 0.6 s of audio"
+                    head.append(ev.pcm)
+        assert pauses == []  # far ahead, but nobody waits
+        second = p.open(ContextOptions(voice=default_voice(), seed=2))
+        second.say("Hello.")
+        second.close()
+        pcm2, end2 = await collect(second, timeout=20)
+        pcm1, end1 = await collect(first, timeout=20)
+        assert end1 == end2 == End("completed")
+        assert b"".join(head) + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
+        assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
+    finally:
+        await p.stop()
+
+
 async def test_saturated_engine_refuses_new_streams():
     """With the measured step time (fake engine: 12 ms) above the admission limit (a quarter of a
     40 ms frame), a new stream is refused with CapacityError and counted while one runs; once the
