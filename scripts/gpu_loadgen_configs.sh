@@ -13,20 +13,28 @@
 # Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, ARCH=v2, OPEN_RATES="" (req/s),
 #   CLOSED=128, DURATION=10, MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
 #   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections);
-#   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU.
+#   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU; CHECKPOINT="ARCH PRESET" (e.g. "qwen3-tts 1.7b")
+#   serves a random checkpoint that `make-checkpoint` writes first in the real on-disk layout (MODEL and ARCH unused).
 # Writes $OUT/configs.tgz (lg_<label>.json, server_<label>.log, trace_<label>.json); prints one line per
 # scenario and run, where in the audio the stalls came, and each trace's summary (GC pauses included).
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 repo=$PWD port=8110
+model="--model ${MODEL:-random:full} --arch ${ARCH:-v2}"
+if [ -n "${CHECKPOINT:-}" ]; then
+  set -- $CHECKPOINT
+  python3 -m higgs_stream.cli make-checkpoint /tmp/lg_ckpt --arch "$1" --preset "$2" --seed 0 >"$OUT/make_ckpt.log" 2>&1 \
+    || { tail -5 "$OUT/make_ckpt.log"; exit 1; }
+  model="--model /tmp/lg_ckpt"
+fi
 run() {  # label flags: one fresh server, the scenarios against it (from $rundir)
   local label=$1 flags=$2 left=$(( ${BUDGET_S:-570} - SECONDS ))
   [ -n "${TRACE:-}" ] && flags+=" --trace-out $OUT/trace_$label.json"
   if [ "$left" -lt 80 ]; then echo "$label: skipped ($left s left)"; return; fi
   (cd "$rundir" && python3 -c "import higgs_stream.stream.pipeline as p; print('$label code:', p.__file__)" && \
    timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
-    --spawn "python3 -m higgs_stream.cli serve --model ${MODEL:-random:full} --arch ${ARCH:-v2} --device ${DEVICE:-cuda} --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
+    --spawn "python3 -m higgs_stream.cli serve $model --device ${DEVICE:-cuda} --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
     --spawn-log "$OUT/server_$label.log" --spawn-timeout 240 --time-budget $(( left - 60 )) --open-rates "${OPEN_RATES-}" \
     --closed "${CLOSED-128}" --duration "${DURATION:-10}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
     --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /")
