@@ -221,14 +221,20 @@ class Engine:
         return len(self._pending) + len(self._seqs)
 
     @torch.inference_mode()
-    def step(self) -> list[StepEvent]:
-        """One AR step for every scheduled stream; returns what happened to each."""
+    def step(self, sync: bool = False) -> list[StepEvent]:
+        """One AR step for every scheduled stream; returns what happened to each.
+
+        On CUDA a step's rows normally come back with the next step (the host stages step n + 1 while
+        the device runs step n). `sync=True` gives up that overlap for latency: with a step in flight
+        this call only collects it (nothing new is launched), else it runs one step and returns its own
+        rows; nothing is left queued on the device, so a prompt that arrives next waits for at most the
+        step then running, not a second one queued behind it."""
         out = self._carry + self._admit_and_cancel()
         self._carry = []
-        plan = self.scheduler.schedule()
+        plan = [] if sync and self.runner.busy else self.scheduler.schedule()
         self._reserve(plan)
         try:
-            rows = self.runner.run(plan)
+            rows = self.runner.run(plan, sync=sync)
         except Exception as exc:
             self._carry = [self._finish(s, "error", f"forward failed: {exc!r}") for s in _distinct(c.seq for c in plan)]
             raise

@@ -97,7 +97,8 @@ class Runner(Protocol):
 
     def check(self, request: GenerationRequest) -> None: ...  # InvalidInputError for what it cannot serve
 
-    def run(self, plan: list[Chunk]) -> list[RowOut]: ...  # the rows that are ready (maybe a step late)
+    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]: ...  # the rows that are ready (maybe a
+    # step late; sync: this step's own rows too, nothing left in flight)
 
     @property
     def busy(self) -> bool: ...  # results still in flight
@@ -244,10 +245,14 @@ class ModelRunner:
     def busy(self) -> bool:
         return self._inflight is not None
 
-    def run(self, plan: list[Chunk]) -> list[RowOut]:
-        """Launch this step (if anything is planned), then return the previous step's rows."""
+    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]:
+        """Launch this step (if anything is planned), then return the previous step's rows; `sync`: this
+        step's rows too (after the previous step's), and nothing stays in flight."""
         launched = self._launch(plan) if plan else None
         out = self._collect(self._inflight) if self._inflight is not None else []
+        if sync and launched is not None:
+            out += self._collect(launched)
+            launched = None
         self._inflight = launched
         return out
 

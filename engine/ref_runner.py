@@ -49,7 +49,8 @@ class RefRunner:
     def release(self, seq: Sequence) -> None:
         """Nothing is held per sequence beyond what the engine frees."""
 
-    def run(self, plan: list[Chunk]) -> list[RowOut]:
+    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]:
+        """This step's rows (always synchronous: `sync` changes nothing)."""
         self.last_prefill = sum(1 for c in plan if c.prefill)  # prompt chunks in this step (traces)
         if not plan:
             return []

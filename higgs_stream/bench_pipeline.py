@@ -75,7 +75,7 @@ class FakeEngine:
     def num_active(self) -> int:
         return len(self._pending) + len(self._live)
 
-    def step(self) -> list[StepEvent]:
+    def step(self, sync: bool = False) -> list[StepEvent]:  # always synchronous
         t0 = time.perf_counter()
         events = []
         while self._pending:

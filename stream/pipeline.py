@@ -110,6 +110,7 @@ class Pipeline:
         self.loop_model = LoopModel()  # engine loop seconds per step vs decode rows (engine thread writes)
         self.pacer = Pacer(self.pacing)
         self._paced_at = 0.0
+        self._relaxed = False  # every stream far ahead, none waiting: steps run synchronously (`_pace`)
         self.max_paused = 0  # most streams paused at once (benchmarks read it)
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
@@ -284,6 +285,7 @@ class Pipeline:
             seg.sid = self.engine.add(seg.request)
             self._segments[seg.sid] = seg
             self._paced_at = 0.0  # pace before the next step: streams far ahead yield to this one's prompt
+            self._relaxed = False
         self.metrics.engine_streams.inc()
         self._wake.set()
 
@@ -337,7 +339,7 @@ class Pipeline:
             t0 = time.perf_counter()
             wait0 = getattr(self.engine, "wait_s", 0.0)
             try:
-                events = self.engine.step()
+                events = self.engine.step(sync=True) if self._relaxed else self.engine.step()
                 self._failures = 0
             except Exception:
                 self._failures += 1
@@ -372,6 +374,11 @@ class Pipeline:
             if sid not in clocks:
                 self.pacer.forget(sid)
         pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
+        # Relaxed: every stream more than yield_ahead_s ahead of its listener and none waiting for its first
+        # audio. Then nothing is gained by queueing a step behind the running one, and a prompt arriving next
+        # would wait for both (Qwen3-TTS: two 9 ms frame steps): the engine steps synchronously.
+        mark = self.pacing.yield_ahead_s
+        self._relaxed = mark is not None and bool(clocks) and all(c.ahead_s(now) > mark for c in clocks.values())
         for sid in pause:
             self.engine.pause(sid)
         for sid in resume:

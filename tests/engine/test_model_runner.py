@@ -236,6 +236,39 @@ def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):
     assert gpu.num_active == 0
 
 
+def test_synchronous_steps_give_the_same_codes_and_leave_nothing_in_flight(tiny_ckpt):
+    """Engine.step(sync=True) mixed with pipelined steps (the server's relaxed mode): with a step in flight it
+    only collects it (nothing launched), else it returns its own step's rows; a stream's sampled codes are
+    those of a run of pipelined steps alone."""
+    req = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=5, temperature=1.0, top_k=40, top_p=0.9),
+                            max_frames=40)
+    other = GenerationRequest(text="Something else entirely.", sampling=SamplingParams(seed=9), max_frames=40)
+    _, gpu = engines(tiny_ckpt)
+    alone = gpu.generate(req)
+    a = gpu.add(req)
+    gpu.add(other)
+    launches: list[int] = []
+    launch = gpu.runner._launch
+    gpu.runner._launch = lambda plan: (launches.append(len(plan)), launch(plan))[1]
+    cols: list[np.ndarray] = []
+    drains = 0
+    for step in range(400):
+        sync = (step // 7) % 2 == 1  # runs of pipelined and synchronous steps
+        busy, before = gpu.runner.busy, len(launches)
+        events = gpu.step(sync=sync)
+        if sync:
+            assert not gpu.runner.busy  # nothing left queued
+            if busy:  # a step was in flight: collected, nothing launched
+                assert len(launches) == before
+                drains += 1
+        cols += [ev.frame for ev in events if ev.stream_id == a and ev.frame is not None]
+        if not gpu.has_work():
+            break
+    assert drains >= 1
+    assert np.array_equal(np.stack(cols, axis=1), alone)
+    assert gpu.num_active == 0
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_frame_n_arrives_with_the_step_of_delay_column_n_plus_8(tiny_ckpt, fast):
     """The engine emits frames at the steps it emitted the delay-pattern columns that complete them:

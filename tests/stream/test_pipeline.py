@@ -416,6 +416,8 @@ async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
     engine = FakeEngine(step_s=0.003)
     pauses: list[int] = []
     engine.pause = lambda sid, pause=engine.pause: (pauses.append(sid), pause(sid))[1]
+    syncs: list[bool] = []  # relaxed (every stream far ahead, nobody waiting): synchronous engine steps
+    engine.step = lambda sync=False, step=engine.step: (syncs.append(sync), step(sync))[1]
     cfg = ServerConfig(max_frames=250, history_segments=0, admit_step_ratio=None, yield_ahead_s=0.3,
                        saturated_step_ratio=1.0)
     p = Pipeline(engine, FakeCodec(), cfg)
@@ -439,6 +441,7 @@ async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
         assert end1 == end2 == End("completed")
         assert b"".join(head) + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
         assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
+        assert syncs[0] is False and True in syncs  # the first steps pipelined (a stream waited), later relaxed
     finally:
         await p.stop()
 
