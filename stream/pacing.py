@@ -11,10 +11,12 @@ engine loop's time per step at a given batch (`LoopModel`):
   talker pauses streams more than `pause_ahead_s` ahead of their listener and resumes them below
   `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`); only while
   some other stream is not far ahead, and never with the talker left idle (all paused: resume);
-- while a stream waits for its first audio, streams more than `yield_ahead_s` ahead skip steps
-  whatever the load, so the newcomer's prompt and first frames run alone: a Qwen3-TTS frame step is
-  ~9 ms at any small batch, and a prompt admitted beside a playing stream ran both graphs back to
-  back (18 ms) before its first frame (H100 trace, 1 request/s);
+- opt-in, for low request rates (`yield_ahead_s`, off by default): while a stream waits for its
+  first audio, streams more than `yield_ahead_s` ahead skip steps whatever the load, so the
+  newcomer's prompt and first frames run alone: a Qwen3-TTS frame step is ~9 ms at any small batch,
+  and a prompt admitted beside a playing stream ran both graphs back to back (18 ms) before its
+  first frame (H100 trace, 1 request/s). Under load it costs throughput: streams can no longer run
+  ahead while others start (H100, v2 closed loop of 128: 157 vs 266 audio-s/s);
 - admission refuses a new stream (`busy`, Retry-After) when the predicted step time with one more
   stream would leave any stream below `admit_ratio` x real time (`LoopModel.admits`): the doubling
   chunk schedule needs about 2x real time while it ramps up (`chunking.max_step_ratio`).
@@ -38,7 +40,9 @@ class PacingConfig:
     resume_ahead_s: float = 1.0  # resume it when its listener is this close
     saturated_ratio: float = 0.1  # the GPU counts as saturated above this many frames of time per step
     admit_ratio: float | None = 0.5  # admit while the predicted step stays under this share of a frame (None: off)
-    yield_ahead_s: float | None = 1.0  # while a stream waits for its first audio, skip streams this far ahead (None: off)
+    # low load (opt-in): while a stream waits for its first audio, skip streams this far ahead; while all are, step
+    # synchronously (None: off; on, it cut Qwen3-TTS's p50 at 1 req/s but held v2's closed loop of 128 to real time)
+    yield_ahead_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.frame_s > 0:
