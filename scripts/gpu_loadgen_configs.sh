@@ -24,6 +24,7 @@ repo=$PWD port=8110
 model="--model ${MODEL:-random:full} --arch ${ARCH:-v2}"
 if [ -n "${CHECKPOINT:-}" ]; then
   set -- $CHECKPOINT
+  rm -rf /tmp/lg_ckpt  # a warm machine keeps the last call's
   python3 -m higgs_stream.cli make-checkpoint /tmp/lg_ckpt --arch "$1" --preset "$2" --seed 0 >"$OUT/make_ckpt.log" 2>&1 \
     || { tail -5 "$OUT/make_ckpt.log"; exit 1; }
   model="--model /tmp/lg_ckpt"
