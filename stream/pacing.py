@@ -11,12 +11,12 @@ engine loop's time per step at a given batch (`LoopModel`):
   talker pauses streams more than `pause_ahead_s` ahead of their listener and resumes them below
   `resume_ahead_s` (hysteresis), so arrivals and late streams get the steps (`Pacer`); only while
   some other stream is not far ahead, and never with the talker left idle (all paused: resume);
-- opt-in, for low request rates (`yield_ahead_s`, off by default): while a stream waits for its
-  first audio, streams more than `yield_ahead_s` ahead skip steps whatever the load, so the
-  newcomer's prompt and first frames run alone: a Qwen3-TTS frame step is ~9 ms at any small batch,
-  and a prompt admitted beside a playing stream ran both graphs back to back (18 ms) before its
-  first frame (H100 trace, 1 request/s). Under load it costs throughput: streams can no longer run
-  ahead while others start (H100, v2 closed loop of 128: 157 vs 266 audio-s/s);
+- at low load: while a stream waits for its first audio and at most `yield_max_streams` others
+  exist, those more than `yield_ahead_s` ahead skip steps, so the newcomer's prompt and first
+  frames run alone: a Qwen3-TTS frame step is ~9 ms at any small batch, and a prompt admitted
+  beside a playing stream ran both graphs back to back (18 ms) before its first frame (H100 trace,
+  1 request/s). Not under load: with no cap, streams could no longer run ahead while others start
+  (H100, v2 closed loop of 128: 157 vs 266 audio-s/s);
 - admission refuses a new stream (`busy`, Retry-After) when the predicted step time with one more
   stream would leave any stream below `admit_ratio` x real time (`LoopModel.admits`): the doubling
   chunk schedule needs about 2x real time while it ramps up (`chunking.max_step_ratio`).
@@ -40,9 +40,10 @@ class PacingConfig:
     resume_ahead_s: float = 1.0  # resume it when its listener is this close
     saturated_ratio: float = 0.1  # the GPU counts as saturated above this many frames of time per step
     admit_ratio: float | None = 0.5  # admit while the predicted step stays under this share of a frame (None: off)
-    # low load (opt-in): while a stream waits for its first audio, skip streams this far ahead; while all are, step
-    # synchronously (None: off; on, it cut Qwen3-TTS's p50 at 1 req/s but held v2's closed loop of 128 to real time)
-    yield_ahead_s: float | None = None
+    # low load: while a stream waits for its first audio and at most yield_max_streams others run, skip those this far
+    # ahead; while every stream is that far ahead and none waits, step synchronously (None: off)
+    yield_ahead_s: float | None = 1.0
+    yield_max_streams: int = 4
 
     def __post_init__(self) -> None:
         if not self.frame_s > 0:
@@ -55,6 +56,8 @@ class PacingConfig:
             raise ConfigError(f"admit_ratio must be in (0, 1] or None, got {self.admit_ratio}")
         if self.yield_ahead_s is not None and not self.yield_ahead_s >= 0:
             raise ConfigError(f"yield_ahead_s must be >= 0 or None, got {self.yield_ahead_s}")
+        if self.yield_max_streams < 1:
+            raise ConfigError(f"yield_max_streams must be >= 1, got {self.yield_max_streams}")
 
 
 class PlaybackClock:
@@ -142,12 +145,14 @@ class Pacer:
         whatever the last loop time was (no step has run since), and everyone resumes. A stream is
         paused only while some unpaused stream is not far ahead (waiting for first audio counts):
         pausing when every stream is far ahead frees the GPU for nobody. While some stream waits for
-        its first audio, streams above `yield_ahead_s` stay paused too (idle or not: the newcomer runs)."""
+        its first audio and at most `yield_max_streams` others exist, streams above `yield_ahead_s` stay
+        paused too (idle or not: the newcomer runs)."""
         cfg = self.cfg
         saturated = self.saturated(loop_s) and not idle
         aheads = {sid: clock.ahead_s(now) for sid, clock in clocks.items()}
         needy = any(a <= cfg.pause_ahead_s for sid, a in aheads.items() if sid not in self.paused)
-        yielding = cfg.yield_ahead_s is not None and any(a == -math.inf for a in aheads.values())
+        waiting = sum(a == -math.inf for a in aheads.values())
+        yielding = cfg.yield_ahead_s is not None and 0 < waiting and len(aheads) - waiting <= cfg.yield_max_streams
         pause, resume, wake = [], [], None
         for sid, ahead in aheads.items():
             yields = yielding and ahead > cfg.yield_ahead_s

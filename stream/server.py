@@ -274,11 +274,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
     parser.add_argument("--yield-ahead", type=float, default=d.yield_ahead_s, metavar="S",
-                        help="low request rates (off by default): while a stream waits for its first audio, streams "
-                             "more than S seconds ahead of their listener skip engine steps, and while every stream is "
-                             "that far ahead the engine steps synchronously, so a newcomer's first frames run alone "
-                             "(Qwen3-TTS 1.7B at 1 req/s: TTFA p50 32 -> 25 ms on an H100). Under load it costs "
-                             "throughput (streams cannot run ahead); a negative value is off")
+                        help="low load: while a stream waits for its first audio and at most 4 others exist, those more "
+                             "than S seconds ahead of their listener skip engine steps, and while every stream is that "
+                             "far ahead the engine steps synchronously, so a newcomer's first frames run alone (default "
+                             "%(default)s; a negative value is off)")
     parser.add_argument("--saturated-step-ratio", type=float, default=d.saturated_step_ratio, metavar="R",
                         help="the GPU counts as saturated (pausing streams far ahead is on) while an engine step "
                              "takes more than R x one frame (default %(default)s)")

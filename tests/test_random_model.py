@@ -115,7 +115,7 @@ def test_serve_flags_reach_the_codec_and_the_pacing_config():
     assert state.config.yield_ahead_s == state.pipeline.pacing.yield_ahead_s == 0.5
     default = server.build_state(args("--model", "random:tiny"))
     assert default.pipeline.codec.allow_tf32 is False  # exact unless asked
-    assert default.pipeline.pacing.yield_ahead_s is None  # opt-in
+    assert default.pipeline.pacing.yield_ahead_s == 1.0
     assert server.build_state(args("--model", "random:tiny", "--yield-ahead", "-1")).pipeline.pacing.yield_ahead_s is None
 
 

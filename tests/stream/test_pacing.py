@@ -85,6 +85,11 @@ def test_streams_far_ahead_yield_to_a_newcomer_until_its_first_audio():
     off = Pacer(PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25, yield_ahead_s=None))
     newcomer = {**clocks(a=5.0, b=2.5), 2: PlaybackClock()}
     assert off.plan(100.0, newcomer, loop_s=0.005) == ([], [], None)
+    # under load (more than yield_max_streams others) nobody yields: streams keep running ahead
+    capped = Pacer(PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25, yield_max_streams=2))
+    crowd = {**clocks(a=5.0, b=2.5, c=1.5), 3: PlaybackClock()}
+    assert capped.plan(100.0, crowd, loop_s=0.005) == ([], [], None)
+    assert capped.plan(100.0, {**clocks(a=5.0, b=2.5), 2: PlaybackClock()}, loop_s=0.005)[:2] == ([0, 1], [])
 
 
 def test_an_idle_server_always_admits():
@@ -135,6 +140,8 @@ def test_admission_by_load_can_be_off():
 def test_pacing_config_validation_of_yield():
     with pytest.raises(ConfigError, match="yield_ahead_s"):
         PacingConfig(yield_ahead_s=-0.1)
+    with pytest.raises(ConfigError, match="yield_max_streams"):
+        PacingConfig(yield_max_streams=0)
     assert PacingConfig(yield_ahead_s=0.0).yield_ahead_s == 0.0
 
 
