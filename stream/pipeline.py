@@ -64,7 +64,7 @@ from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig
 from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
-from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig
+from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, relaxed
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -374,13 +374,7 @@ class Pipeline:
             if sid not in clocks:
                 self.pacer.forget(sid)
         pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
-        # Relaxed (low load): at most yield_max_streams streams, each more than yield_ahead_s ahead of its listener,
-        # none waiting for its first audio. Then nothing is gained by queueing a step behind the running one, and a
-        # prompt arriving next would wait for both (Qwen3-TTS: two 9 ms frame steps): the engine steps
-        # synchronously. Not under load: synchronous steps at 128 streams cut v2's closed-loop throughput by a third.
-        mark = self.pacing.yield_ahead_s
-        self._relaxed = (mark is not None and 0 < len(clocks) <= self.pacing.yield_max_streams
-                         and all(c.ahead_s(now) > mark for c in clocks.values()))
+        self._relaxed = relaxed(now, clocks, self.pacing)
         for sid in pause:
             self.engine.pause(sid)
         for sid in resume:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, PlaybackClock
+from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, PlaybackClock, relaxed
 
 
 def test_playback_clock_counts_audio_left_at_the_listener():
@@ -90,6 +90,16 @@ def test_streams_far_ahead_yield_to_a_newcomer_until_its_first_audio():
     crowd = {**clocks(a=5.0, b=2.5, c=1.5), 3: PlaybackClock()}
     assert capped.plan(100.0, crowd, loop_s=0.005) == ([], [], None)
     assert capped.plan(100.0, {**clocks(a=5.0, b=2.5), 2: PlaybackClock()}, loop_s=0.005)[:2] == ([0, 1], [])
+
+
+def test_relaxed_only_at_low_load_with_every_stream_far_ahead():
+    cfg = PacingConfig(yield_ahead_s=1.0, yield_max_streams=2)
+    assert relaxed(100.0, clocks(a=3.0, b=1.5), cfg)
+    assert not relaxed(100.0, clocks(a=3.0, b=0.5), cfg)  # b is close to its listener
+    assert not relaxed(100.0, {**clocks(a=3.0), 1: PlaybackClock()}, cfg)  # a newcomer waits
+    assert not relaxed(100.0, clocks(a=3.0, b=2.0, c=2.0), cfg)  # more than yield_max_streams: load
+    assert not relaxed(100.0, {}, cfg)
+    assert not relaxed(100.0, clocks(a=3.0), PacingConfig(yield_ahead_s=None))
 
 
 def test_an_idle_server_always_admits():
