@@ -12,7 +12,7 @@ import argparse
 import time
 
 import torch
-from higgs_stream.bench.measure import sync
+from higgs_stream.bench.measure import report, sync
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.random_weights import in_memory_engine
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -62,11 +62,7 @@ def main() -> None:
     tables = [prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)]
     if cuda:
         tables.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
-    text = "\n\n".join(tables)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report("\n\n".join(tables), args.out)
 
 
 if __name__ == "__main__":

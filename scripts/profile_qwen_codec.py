@@ -12,6 +12,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from higgs_stream.bench.measure import report
 from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.streaming import QwenStreamingDecoder
 from higgs_stream.engine.models.qwen3_tts.make_checkpoint import random_decoder
@@ -27,7 +28,7 @@ def main() -> None:
     dec = QwenStreamingDecoder(codec, max_slots=4)
     dec.capture((1,), (1, 25))
     slot = dec.open()
-    report = []
+    parts = []
     for frames in (1, 25):
         codes = torch.randint(0, codec.cfg.codebook_size, (1, codec.num_codebooks, frames))
         for _ in range(3):
@@ -42,13 +43,8 @@ def main() -> None:
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
         head = (f"1 x {frames} frames: replay ms {1e3 * dec.timings.get((1, frames), float('nan')):.2f}, "
                 f"{len(kernels) / REPLAYS:.0f} device ops per step, {busy:.2f} ms of kernel time per step")
-        print(head)
-        report += [head, table]
-    text = "\n".join(report)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        parts += [head, table]
+    report("\n".join(parts), args.out)
 
 
 if __name__ == "__main__":

@@ -42,3 +42,11 @@ def timed(fn: Callable[[], Any], iters: int, device: torch.device, warmup: int =
         fn()
     sync(device)
     return (time.perf_counter() - t0) / iters
+
+
+def report(text: str, out: str | None) -> None:
+    """Print `text`, and write it to `out` when given (the profiling scripts' tables)."""
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)

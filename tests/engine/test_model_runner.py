@@ -213,16 +213,23 @@ def test_load_engine_picks_the_reference_runner_on_cpu(tiny_ckpt):
     assert type(eng) is Engine and type(eng.runner) is RefRunner and eng.talker.dtype == torch.float32
 
 
-def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):
-    """The GPU path's pipelined step (launch k+1, then collect k) with a stream left out of some
-    steps: its sampled codes equal those of a run without pauses."""
+def sampled_beside_another(ckpt) -> tuple[Engine, int, np.ndarray]:
+    """The model runner's engine with a sampled stream `a` and a second one added (not yet stepped), and
+    a's codes generated alone first."""
     req = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=5, temperature=1.0, top_k=40, top_p=0.9),
                             max_frames=40)
     other = GenerationRequest(text="Something else entirely.", sampling=SamplingParams(seed=9), max_frames=40)
-    _, gpu = engines(tiny_ckpt)
+    _, gpu = engines(ckpt)
     alone = gpu.generate(req)
     a = gpu.add(req)
     gpu.add(other)  # a second stream shares the steps
+    return gpu, a, alone
+
+
+def test_paused_stream_resumes_with_the_same_codes(tiny_ckpt):
+    """The GPU path's pipelined step (launch k+1, then collect k) with a stream left out of some
+    steps: its sampled codes equal those of a run without pauses."""
+    gpu, a, alone = sampled_beside_another(tiny_ckpt)
     cols: list[np.ndarray] = []
     for step in range(400):
         if step == 10:
@@ -240,13 +247,7 @@ def test_synchronous_steps_give_the_same_codes_and_leave_nothing_in_flight(tiny_
     """Engine.step(sync=True) mixed with pipelined steps (the server's relaxed mode): with a step in flight it
     only collects it (nothing launched), else it returns its own step's rows; a stream's sampled codes are
     those of a run of pipelined steps alone."""
-    req = GenerationRequest(text="Hello world.", sampling=SamplingParams(seed=5, temperature=1.0, top_k=40, top_p=0.9),
-                            max_frames=40)
-    other = GenerationRequest(text="Something else entirely.", sampling=SamplingParams(seed=9), max_frames=40)
-    _, gpu = engines(tiny_ckpt)
-    alone = gpu.generate(req)
-    a = gpu.add(req)
-    gpu.add(other)
+    gpu, a, alone = sampled_beside_another(tiny_ckpt)
     launches: list[int] = []
     launch = gpu.runner._launch
     gpu.runner._launch = lambda plan: (launches.append(len(plan)), launch(plan))[1]

@@ -23,7 +23,7 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.handle import Audio, End
+from higgs_stream.stream.handle import Audio, End, StreamHandle
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
@@ -367,6 +367,33 @@ async def test_codec_failure_ends_only_the_streams_in_that_call():
         await p.stop()
 
 
+async def far_ahead(p: Pipeline, seconds: float = 0.6) -> tuple[StreamHandle, bytes]:
+    """A stream (seed 1) read until `seconds` of its audio are out: with a fake engine many times faster than
+    real time, it is then far ahead of its listener. Returns it and that audio."""
+    first = p.open(ContextOptions(voice=default_voice(), seed=1))
+    first.say("Hello.")
+    first.close()
+    head: list[bytes] = []
+    async with asyncio.timeout(20):
+        while sum(map(len, head)) < 2 * 24000 * seconds:  # s16 mono, 24 kHz
+            for ev in await first.next(1 << 20):
+                assert not isinstance(ev, End), f"the stream ended before {seconds} s of audio"
+                head.append(ev.pcm)
+    return first, b"".join(head)
+
+
+async def then_a_newcomer(p: Pipeline, first: StreamHandle) -> tuple[bytes, bytes]:
+    """A second stream (seed 2) beside `first`; both to the end. Returns the rest of first's audio and the
+    second's, each completed."""
+    second = p.open(ContextOptions(voice=default_voice(), seed=2))
+    second.say("Hello.")
+    second.close()
+    pcm2, end2 = await collect(second, timeout=20)
+    pcm1, end1 = await collect(first, timeout=20)
+    assert end1 == end2 == End("completed")
+    return pcm1, pcm2
+
+
 async def test_saturated_engine_pauses_streams_far_ahead_while_another_needs_the_steps():
     """Deadline-aware pacing end to end (fake engine at 12 ms a step: 'saturated' above 10 ms, no
     admission limit): alone, a stream far ahead is never paused (that frees the GPU for nobody);
@@ -383,23 +410,10 @@ async def test_saturated_engine_pauses_streams_far_ahead_while_another_needs_the
     p = Pipeline(engine, FakeCodec(), cfg)
     await p.start()
     try:
-        first = p.open(ContextOptions(voice=default_voice(), seed=1))
-        first.say("Hello.")
-        first.close()
-        head: list[bytes] = []
-        async with asyncio.timeout(20):  # 0.6 s of audio sent at ~3x real time: > 0.3 s ahead
-            while sum(map(len, head)) < 2 * 24000 * 0.6:  # s16 mono, 24 kHz
-                for ev in await first.next(1 << 20):
-                    assert not isinstance(ev, End), "the stream ended before 0.6 s of audio"
-                    head.append(ev.pcm)
+        first, head = await far_ahead(p)  # 0.6 s of audio sent at ~3x real time: > 0.3 s ahead
         assert pauses == []  # far ahead, but alone
-        second = p.open(ContextOptions(voice=default_voice(), seed=2))
-        second.say("Hello.")
-        second.close()
-        pcm2, end2 = await collect(second, timeout=20)
-        pcm1, end1 = await collect(first, timeout=20)
-        assert end1 == end2 == End("completed")
-        assert b"".join(head) + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
+        pcm1, pcm2 = await then_a_newcomer(p, first)
+        assert head + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
         # the first is paused first; later either may be (whichever is far ahead while the other is not)
         assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
     finally:
@@ -423,23 +437,10 @@ async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
     p = Pipeline(engine, FakeCodec(), cfg)
     await p.start()
     try:
-        first = p.open(ContextOptions(voice=default_voice(), seed=1))
-        first.say("Hello.")
-        first.close()
-        head: list[bytes] = []
-        async with asyncio.timeout(20):  # 0.6 s of audio sent at many times real time: > 0.3 s ahead
-            while sum(map(len, head)) < 2 * 24000 * 0.6:
-                for ev in await first.next(1 << 20):
-                    assert not isinstance(ev, End), "the stream ended before 0.6 s of audio"
-                    head.append(ev.pcm)
+        first, head = await far_ahead(p)  # 0.6 s of audio sent at many times real time: > 0.3 s ahead
         assert pauses == []  # far ahead, but nobody waits
-        second = p.open(ContextOptions(voice=default_voice(), seed=2))
-        second.say("Hello.")
-        second.close()
-        pcm2, end2 = await collect(second, timeout=20)
-        pcm1, end1 = await collect(first, timeout=20)
-        assert end1 == end2 == End("completed")
-        assert b"".join(head) + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
+        pcm1, pcm2 = await then_a_newcomer(p, first)
+        assert head + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
         assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
         assert syncs[0] is False and True in syncs  # the first steps pipelined (a stream waited), later relaxed
     finally:
