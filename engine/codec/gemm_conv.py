@@ -9,6 +9,8 @@ weight-read time. Larger steps keep cuDNN (`GEMM_ROWS`), whose kernels win once 
 positions. Both compute the same products in fp32; only the summation order differs (fp32 rounding).
 
 `conv1d` / `conv_transpose1d` pick the path; `*_gemm` always take the GEMM one (the tests compare the two).
+The GEMM follows `torch.backends.cuda.matmul.allow_tf32` (off by default), so a codec in its TF32 mode (a
+cuDNN setting) keeps these small layers in full fp32.
 """
 
 from __future__ import annotations

@@ -82,8 +82,10 @@ class _RVQGroup(nn.Module):
         a codebook tensor changed (loaded in place, or moved: its version or address), so a step is one
         lookup, not two divisions and a lookup per codebook."""
         books = [layer._codebook for layer in self.vq.layers]
-        key = tuple((t.data_ptr(), t._version) for b in books for t in (b.embedding_sum, b.cluster_usage))
-        if self._tables is None or self._tables[0] != key:
+        tensors = [t for b in books for t in (b.embedding_sum, b.cluster_usage)]
+        # inference tensors (made under torch.inference_mode) keep no version: no cache for them
+        key = None if any(t.is_inference() for t in tensors) else tuple((t.data_ptr(), t._version) for t in tensors)
+        if key is None or self._tables is None or self._tables[0] != key:
             with torch.no_grad():
                 stacked = torch.cat([b.table() for b in books])
             offsets = torch.arange(len(books), device=stacked.device) * books[0].embedding_sum.shape[0]

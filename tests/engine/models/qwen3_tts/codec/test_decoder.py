@@ -73,3 +73,34 @@ def test_a_foreign_config_is_refused(tmp_path, tiny_dir):
     (root / "config.json").write_text(json.dumps({**raw, "decode_upsample_rate": 960}))
     with pytest.raises(CheckpointError, match="decode_upsample_rate 960"):
         load_qwen_codec(root)
+
+
+def test_codebook_tables_follow_the_weights_and_inference_tensors():
+    """The stacked codebook table is cached, remade when a codebook tensor changes in place (a load), and
+    not cached for a codec made under torch.inference_mode (its tensors keep no version)."""
+    import torch
+    from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
+    from higgs_stream.engine.models.qwen3_tts.codec.decoder import SplitRVQ
+
+    cfg = QwenCodecConfig(codebook_size=8, codebook_dim=4, num_quantizers=3)
+    q = SplitRVQ(cfg)
+    g = torch.Generator().manual_seed(0)
+    for p in q.parameters():
+        p.data.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    codes = torch.randint(0, 8, (2, 3, 5), generator=g)
+
+    def plain(q):  # the sum of each codebook's lookup, projected, by hand
+        out = 0
+        for group, cols in ((q.rvq_first, codes[:, :1]), (q.rvq_rest, codes[:, 1:])):
+            acc = sum(torch.nn.functional.embedding(cols[:, i], l._codebook.table()) for i, l in enumerate(group.vq.layers))
+            out = out + torch.nn.functional.conv1d(acc.transpose(1, 2), group.output_proj.weight)
+        return out
+
+    assert torch.allclose(q(codes), plain(q), atol=1e-6)
+    with torch.no_grad():
+        q.rvq_rest.vq.layers[1]._codebook.embedding_sum.mul_(3.0)  # loaded in place
+    assert torch.allclose(q(codes), plain(q), atol=1e-6)
+    with torch.inference_mode():
+        qi = SplitRVQ(cfg)
+        qi.load_state_dict(q.state_dict())
+        assert torch.allclose(qi(codes), plain(q), atol=1e-6)
