@@ -89,6 +89,29 @@ def test_graphs_equal_eager(model, ras_window):
     assert np.array_equal(s[0], run(one_eager, sampled)[0])
 
 
+def test_synchronous_steps_give_the_pipelined_codes(model):
+    """Engine.step(sync=True) on the graphed CUDA path (the server's relaxed mode), alternating with
+    pipelined steps: each sync call leaves nothing in flight, and every stream's frames equal those of
+    pipelined steps only (4 sampled streams, graphs, one prompt per forward)."""
+    gpu = ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1)
+    sampled = [GenerationRequest(text="Hello world. " * (1 + i), max_frames=40,
+                                 sampling=SamplingParams(seed=20 + i, temperature=0.9)) for i in range(4)]
+    want = run(engine(model, gpu=gpu), sampled)
+    eng = engine(model, gpu=gpu)
+    sids = {eng.add(r): i for i, r in enumerate(sampled)}
+    frames = {i: [] for i in range(len(sampled))}
+    step = 0
+    while eng.has_work():
+        sync = (step // 5) % 2 == 1
+        for ev in eng.step(sync=sync):
+            if ev.frame is not None:
+                frames[sids[ev.stream_id]].append(ev.frame)
+        assert not (sync and eng.runner.busy)
+        step += 1
+    for i, w in enumerate(want):
+        assert w.shape[1] > 0 and np.array_equal(np.stack(frames[i], axis=1), w)
+
+
 def test_batch_above_largest_bucket_raises(model):
     eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8)))
     with pytest.raises(GraphShapeError):
