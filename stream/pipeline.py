@@ -75,6 +75,7 @@ WARM_UP_TIMEOUT_S = 600.0  # Pipeline.warm_up: first-use kernel compilation can 
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
 JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
 MAX_FIRST_CHUNK = 8  # frames (TTFA grows by one engine step per frame)
+DOWNLOADS = ("http",)  # transports whose client may not play in real time: never stepped synchronously for others
 PACE_EVERY_S = 0.01  # engine thread: how often the playback clocks are checked (pause/resume)
 IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on every add/cancel)
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
@@ -374,7 +375,9 @@ class Pipeline:
             if sid not in clocks:
                 self.pacer.forget(sid)
         pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
-        self._relaxed = relaxed(now, clocks, self.pacing)
+        with self._lock:  # an HTTP response may be a download: its client wants the audio as fast as it is made
+            downloads = any(seg.handle.transport in DOWNLOADS for seg in self._segments.values())
+        self._relaxed = relaxed(now, clocks, self.pacing) and not downloads
         for sid in pause:
             self.engine.pause(sid)
         for sid in resume:

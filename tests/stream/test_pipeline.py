@@ -367,10 +367,10 @@ async def test_codec_failure_ends_only_the_streams_in_that_call():
         await p.stop()
 
 
-async def far_ahead(p: Pipeline, seconds: float = 0.6) -> tuple[StreamHandle, bytes]:
+async def far_ahead(p: Pipeline, seconds: float = 0.6, transport: str = "ws") -> tuple[StreamHandle, bytes]:
     """A stream (seed 1) read until `seconds` of its audio are out: with a fake engine many times faster than
     real time, it is then far ahead of its listener. Returns it and that audio."""
-    first = p.open(ContextOptions(voice=default_voice(), seed=1))
+    first = p.open(ContextOptions(voice=default_voice(), seed=1), transport=transport)
     first.say("Hello.")
     first.close()
     head: list[bytes] = []
@@ -443,6 +443,25 @@ async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
         assert head + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
         assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
         assert syncs[0] is False and True in syncs  # the first steps pipelined (a stream waited), later relaxed
+    finally:
+        await p.stop()
+
+
+async def test_an_http_response_is_never_stepped_synchronously():
+    """A lone HTTP stream far ahead of its (notional) listener keeps pipelined steps: its client may be
+    downloading the audio."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    engine = FakeEngine(step_s=0.003)
+    syncs: list[bool] = []
+    engine.step = lambda sync=False, step=engine.step: (syncs.append(sync), step(sync))[1]
+    p = Pipeline(engine, FakeCodec(), ServerConfig(max_frames=250, history_segments=0, yield_ahead_s=0.3))
+    await p.start()
+    try:
+        first, head = await far_ahead(p, transport="http")
+        pcm, end = await collect(first, timeout=20)
+        assert end == End("completed") and head + pcm == fake_pcm(engine, 0)
+        assert syncs and True not in syncs
     finally:
         await p.stop()
 
