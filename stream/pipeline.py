@@ -375,9 +375,7 @@ class Pipeline:
             if sid not in clocks:
                 self.pacer.forget(sid)
         pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
-        with self._lock:  # an HTTP response may be a download: its client wants the audio as fast as it is made
-            downloads = any(seg.handle.transport in DOWNLOADS for seg in self._segments.values())
-        self._relaxed = relaxed(now, clocks, self.pacing) and not downloads
+        self._relaxed = relaxed(now, clocks, self.pacing) and not self._downloading()
         for sid in pause:
             self.engine.pause(sid)
         for sid in resume:
@@ -385,6 +383,11 @@ class Pipeline:
         self.metrics.paused_streams.set(len(self.pacer.paused))
         self.max_paused = max(self.max_paused, len(self.pacer.paused))
         return wake
+
+    def _downloading(self) -> bool:
+        """An HTTP response streams: its client may be downloading, wanting the audio as fast as it is made."""
+        with self._lock:
+            return any(seg.handle.transport in DOWNLOADS for seg in self._segments.values())
 
     def _count_pages(self) -> None:
         cache = getattr(self.engine, "cache", None)
