@@ -71,12 +71,14 @@ def build_prompt(cfg: QwenTTSConfig, text_ids: list[int], *, language: str = "au
         dialect = cfg.speaker_dialects.get(key, False)
         if lang in ("chinese", "auto") and dialect:
             language_id = cfg.languages[dialect]
-    text, codec, frames = [], [], []
+    text, codec = [], []
+    frames: dict[int, np.ndarray] = {}  # position -> its whole frame (reference audio); NONE rows elsewhere
 
     def put(t: int = NONE, c: int = NONE, f: np.ndarray | None = None) -> None:
+        if f is not None:
+            frames[len(text)] = f
         text.append(t)
         codec.append(c)
-        frames.append(f if f is not None else np.full(cfg.num_codebooks, NONE))
 
     for t in instruct_ids or []:
         put(t=t)
@@ -118,8 +120,11 @@ def build_prompt(cfg: QwenTTSConfig, text_ids: list[int], *, language: str = "au
     else:
         put(t=text_ids[3], c=cfg.codec_bos_id)
         trailing = list(text_ids[4:-5]) + [cfg.tts_eos_id]
+    rows = np.full((len(text), cfg.num_codebooks), NONE, np.int64)
+    for at, f in frames.items():
+        rows[at] = f
     return QwenPrompt(text_ids=np.array(text, np.int64), codec_ids=np.array(codec, np.int64),
-                      frames=np.stack(frames).astype(np.int64), speaker_at=speaker_at,
+                      frames=rows, speaker_at=speaker_at,
                       speaker=None if speaker_vector is None else np.asarray(speaker_vector, np.float32),
                       trailing=np.array(trailing, np.int64))
 
