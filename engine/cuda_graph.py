@@ -409,10 +409,3 @@ class PrefillGraphs:
         self._stage(b, chunks)
         logits, hidden = self._body(b) if not self.enabled else (self._graphs[b].replay() or self._outputs[b])
         return logits[:p], hidden[:p]
-
-    def run(self, text_ids: np.ndarray, kv_slots: Sequence[int], codes: np.ndarray | None = None,
-            audio: np.ndarray | None = None, codec_ids: np.ndarray | None = None,
-            vector_rows: np.ndarray | None = None, vectors: np.ndarray | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One prompt's positions 0..n-1 -> (audio logits [1, h, V], hidden [1, H]) of row n - 1."""
-        return self.run_many([FirstChunk(text_ids, kv_slots, codes, audio, codec_ids, vector_rows, vectors)])

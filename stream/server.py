@@ -34,6 +34,7 @@ from higgs_stream.stream.errors import TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES, error_reply
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
+from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
 from higgs_stream.stream.server_state import STATE, ServerState, start_pipeline
@@ -274,7 +275,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
     parser.add_argument("--yield-ahead", type=float, default=d.yield_ahead_s, metavar="S",
-                        help="low load: while a stream waits for its first audio and at most 4 others exist, those more "
+                        help=f"low load: while a stream waits for its first audio and at most {PacingConfig.yield_max_streams} "
+                             "others exist, those more "
                              "than S seconds ahead of their listener skip engine steps, and while every stream is that "
                              "far ahead the engine steps synchronously, so a newcomer's first frames run alone (default "
                              "%(default)s; a negative value is off)")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.cuda_graph import ChunkAttention, GraphShapeError, PrefillGraphs
+from higgs_stream.engine.cuda_graph import ChunkAttention, FirstChunk, GraphShapeError, PrefillGraphs
 from higgs_stream.engine.engine import Engine
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.kv_cache import KVCache
@@ -43,7 +43,7 @@ def test_padded_text_prefill_equals_the_eager_forward(tiny_ckpt, n):
     with torch.no_grad():
         want = fast.forward(inp, attn, caches[0].pool.k, caches[0].pool.v)  # [1, K, V]
         pg = PrefillGraphs(fast, caches[1].pool.k, caches[1].pool.v, scratch, 4, buckets=(8, 32, 64), enabled=False)
-        got, _ = pg.run(ids, slots.tolist())
+        got, _ = pg.run_many([FirstChunk(ids, slots.tolist())])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     real = slots.long()
     for pool in ("k", "v"):
@@ -167,7 +167,7 @@ def test_padded_qwen_prefill_with_every_track_equals_the_eager_forward(n):
         want_h = fast.hidden(inp, attn, caches[0].pool.k, caches[0].pool.v)
         pg = PrefillGraphs(fast, caches[1].pool.k, caches[1].pool.v, scratch, 4, buckets=(8, 32), enabled=False)
         assert pg.embeds and pg.fits(n, int(audio.sum()), 1) and not pg.fits(n, 0, pg.MAX_VECTORS + 1)
-        got_logits, got_h = pg.run(ids, slots.tolist(), codes, audio, codec, vec_rows, vecs)
+        got_logits, got_h = pg.run_many([FirstChunk(ids, slots.tolist(), codes, audio, codec, vec_rows, vecs)])
     torch.testing.assert_close(got_h, want_h, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_logits, fast.audio_logits(want_h), rtol=1e-5, atol=1e-5)
     real = slots.long()
@@ -183,7 +183,6 @@ def test_packed_first_chunks_equal_each_prompt_alone(arch):
     CPU, fp32): each prompt's last-row logits and hidden state, and every real row's K/V, equal the
     same prompt prefilled alone (max_prompts=1) within 1e-5; Qwen3-TTS with codec ids, frames and an
     input vector per prompt (vector rows offset into the pack)."""
-    from higgs_stream.engine.cuda_graph import FirstChunk
     from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.engine.random_weights import in_memory_engine
 
@@ -225,7 +224,6 @@ def test_packed_first_chunks_equal_each_prompt_alone(arch):
 
 
 def test_packs_respect_rows_prompts_and_vectors(tiny_ckpt):
-    from higgs_stream.engine.cuda_graph import FirstChunk
 
     base = Engine.from_pretrained(str(tiny_ckpt))
     fast = FastTalker(base.talker, "ref")
