@@ -34,8 +34,8 @@ import torch
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.family import DeviceRules, Pick
 from higgs_stream.engine.request import SamplingParams
-from higgs_stream.engine.sampling import SamplingTensors, warp_logits
-from higgs_stream.kernels import sampling_noise
+from higgs_stream.engine.sampling import SamplingTensors
+from higgs_stream.kernels import sample_rows, sampling_noise
 
 # status column of the packed output
 RUNNING, STOP, LENGTH, ERROR, IGNORED = 0, 1, 2, 3, 4
@@ -55,7 +55,7 @@ class StreamStart:
 class DeviceStreamState:
     def __init__(self, num_slots: int, scratch_slots: int, num_codebooks: int, codebook_size: int,
                  device: torch.device, rules: DeviceRules, ras_window_max: int = 16,
-                 fast_noise: bool | None = None, vocab: int | None = None,
+                 fast_kernels: bool | None = None, vocab: int | None = None,
                  complete: Callable[[torch.Tensor, torch.Tensor, Pick], torch.Tensor] | None = None) -> None:
         """`vocab`: ids the head samples per codebook (default codebook_size + 2: codes, BOS, EOS).
         `complete`: a family whose head samples fewer codebooks than K completes each row with it
@@ -67,7 +67,9 @@ class DeviceStreamState:
         self.bos, self.eos = codebook_size, codebook_size + 1
         self.w = ras_window_max
         self.device = torch.device(device)
-        self.fast_noise = self.device.type == "cuda" if fast_noise is None else fast_noise
+        self.fast_kernels = self.device.type == "cuda" if fast_kernels is None else fast_kernels
+        self._exp_noise = sampling_noise.exp_noise if self.fast_kernels else sampling_noise.exp_noise_ref
+        self._sample_rows = sample_rows.sample_rows if self.fast_kernels else sample_rows.sample_rows_ref
 
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=self.device)
@@ -146,8 +148,7 @@ class DeviceStreamState:
         """[B, 2, h, V] Exp(1) noise of these slots' current column (sampling | RAS candidate) for
         the head's h codebooks (default K)."""
         h = h or self.k
-        fn = sampling_noise.exp_noise if self.fast_noise else sampling_noise.exp_noise_ref
-        return fn(self.seed[slots], self.ncols[slots], 2 * h * self.v).view(-1, 2, h, self.v)
+        return self._exp_noise(self.seed[slots], self.ncols[slots], 2 * h * self.v).view(-1, 2, h, self.v)
 
     def _sampling(self, slots: torch.Tensor, vocab: int | None = None) -> SamplingTensors:
         top_k = self.top_k[slots] if vocab is None else torch.clamp(self.top_k[slots], max=vocab)
@@ -171,14 +172,17 @@ class DeviceStreamState:
         clean = self.rules.process(self, clean, slots)  # identity for the Higgs families
         st = self._sampling(slots)
         noise = self.noise(slots, logits.shape[1])  # [B, 2, h, V]
-        probs = warp_logits(clean, st).softmax(dim=-1)
-        sampled = (probs / noise[:, 0]).argmax(dim=-1)  # [B, h]
-        tokens = torch.where(st.greedy[:, None], clean.argmax(dim=-1), sampled)  # [B, h]
+        tokens, _ = self._draw(clean, noise[:, 0], st, clean=False)  # [B, h]
         if tokens.shape[1] < self.k:
             assert self.complete is not None and hidden is not None, "completing rows needs `complete` and hidden"
             tokens, ok = self._complete(hidden, tokens, slots)  # [B, K]
             finite = finite & ok
         return self.rules.advance(self, tokens, clean, noise, slots, live, finite)  # the family's row rules
+
+    def _draw(self, logits: torch.Tensor, noise: torch.Tensor, st: SamplingTensors, clean: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draw per row of logits [B, h, V] (kernels/sample_rows.py: fused on the fast path)."""
+        return self._sample_rows(logits, noise, st.temperature, st.top_k, st.top_p_cut, st.greedy, clean=clean)
 
     def _complete(self, hidden: torch.Tensor, head: torch.Tensor, slots: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,17 +192,16 @@ class DeviceStreamState:
         codebook's vocabulary, top-p; greedy: the argmax), with noise keyed on (seed ^ c << 40,
         column): independent of the head's draws and of the batch."""
         ok = torch.ones(head.shape[0], dtype=torch.bool, device=head.device)
-        fn = sampling_noise.exp_noise if self.fast_noise else sampling_noise.exp_noise_ref
+        seeds, ncols, st = self.seed[slots], self.ncols[slots], None  # gathered once for every codebook
 
         def pick(codebook: int, logits: torch.Tensor) -> torch.Tensor:  # [B, Vc] fp32 -> [B]
-            nonlocal ok
-            finite = torch.isfinite(logits).all(dim=1)
-            ok = ok & finite
-            clean = torch.where(finite[:, None], logits, torch.zeros_like(logits))[:, None]  # [B, 1, Vc]
-            st = self._sampling(slots, clean.shape[-1])
-            noise = fn(self.seed[slots] ^ (codebook << 40), self.ncols[slots], clean.shape[-1])  # [B, Vc]
-            sampled = (warp_logits(clean, st).softmax(dim=-1)[:, 0] / noise).argmax(dim=-1)
-            return torch.where(st.greedy, clean[:, 0].argmax(dim=-1), sampled)
+            nonlocal ok, st
+            if st is None:
+                st = self._sampling(slots, logits.shape[-1])
+            noise = self._exp_noise(seeds ^ (codebook << 40), ncols, logits.shape[-1])  # [B, Vc]
+            tokens, finite = self._draw(logits[:, None], noise[:, None], st, clean=True)
+            ok = ok & finite[:, 0]
+            return tokens[:, 0]
 
         return self.complete(hidden, head, pick), ok
 

@@ -182,7 +182,7 @@ class ModelRunner:
         scratch = max(max_bucket, PROMPT_END_BUCKETS[-1]) if self.config.cuda_graphs else 0  # padded rows' slots
         self.state = DeviceStreamState(max_batch, scratch, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.config.ras_window_max,
-                                       rules=family.device_rules(cfg), fast_noise=self.config.kernels == "fast",
+                                       rules=family.device_rules(cfg), fast_kernels=self.config.kernels == "fast",
                                        vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._attn = self._eager_attention()

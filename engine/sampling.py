@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from higgs_stream.engine.request import SamplingParams
+from higgs_stream.kernels.sample_rows import warp_scores_ref
 
 _TINY = torch.finfo(torch.float32).tiny  # exponential_ may return 0.0; 0 would always win the race
 
@@ -59,20 +60,7 @@ class SamplingTensors:
 
 def warp_logits(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """[S, K, V] raw logits -> [S, K, V] scores after temperature, top-k, top-p (HF semantics)."""
-    s, k, _ = logits.shape
-    scores = logits / st.temperature[:, None, None]
-    if st.use_top_k:  # keep scores >= the k-th largest of the row (ties kept, as TopKLogitsWarper)
-        desc = scores.sort(dim=-1, descending=True).values  # [S, K, V]
-        kth = desc.gather(-1, (st.top_k - 1).view(s, 1, 1).expand(s, k, 1))  # [S, K, 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if st.use_top_p:  # drop the ascending-sorted prefix with cumulative prob <= 1 - top_p, keep the top
-        asc, order = scores.sort(dim=-1, descending=False)  # (TopPLogitsWarper, min_tokens_to_keep=1)
-        cum = asc.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted = cum <= st.top_p_cut[:, None, None]
-        drop_sorted[..., -1] = False
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    return scores
+    return warp_scores_ref(logits, st.temperature, st.top_k, st.top_p_cut, st.use_top_k, st.use_top_p)
 
 
 def draw_noise(generators: Sequence[torch.Generator], k: int, v: int, device: torch.device) -> torch.Tensor:

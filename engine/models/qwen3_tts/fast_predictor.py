@@ -69,12 +69,13 @@ class FrameAttention:
         self.t, self.s, self.hq, self.hkv, self.d = t, s, num_q_heads, num_kv_heads, head_dim
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q [B t, Hq, D], buffers [B, 16, Hkv, D] -> [B t, Hq, D]."""
-        b, group = k_cache.shape[0], self.hq // self.hkv
+        """q [B t, Hq, D], buffers [B, 16, Hkv, D] -> [B t, Hq, D]. K/V heads are shared by SDPA itself
+        (`enable_gqa`), not copied out per query head."""
+        b = k_cache.shape[0]
         q = q.view(b, self.t, self.hq, self.d).transpose(1, 2)  # [B, Hq, t, D]
-        k, v = (c[:, : self.s].transpose(1, 2).repeat_interleave(group, dim=1) for c in (k_cache, v_cache))
-        o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=self.t > 1,
-                                           scale=self.d**-0.5)  # [B, Hq, t, D]
+        k, v = (c[:, : self.s].transpose(1, 2).to(q.dtype) for c in (k_cache, v_cache))  # [B, Hkv, s, D] views
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.t > 1, scale=self.d**-0.5,
+                                           enable_gqa=self.hq != self.hkv)  # [B, Hq, t, D]
         return o.transpose(1, 2).reshape(b * self.t, self.hq, self.d)
 
 
@@ -96,26 +97,29 @@ class FastCodePredictor:
 
     def __call__(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
         """hidden [B, H] (the talker's final-normed state), head [B, 1] (group 0) -> rows [B, 16]."""
-        b, dev, fast = hidden.shape[0], hidden.device, self.fast
+        b, dev, fast, n = hidden.shape[0], hidden.device, self.fast, self.groups + 1
         hq, hkv, d = fast.heads
-        pool = (len(fast.layers), b, self.groups + 1, hkv, d)  # [L, B pages, 16 slots, Hkv, D]
+        pool = (len(fast.layers), b, n, hkv, d)  # [L, B pages, 16 slots, Hkv, D]
         k_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
         v_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
+        # every sub-step's row indices, built once: position p of stream s sits at slot n s + p
         streams = torch.arange(b, device=dev)
-        no_codes = torch.zeros((b, 0), dtype=torch.long, device=dev)
+        slots = streams[:, None] * n + torch.arange(n, device=dev)  # [B, 16]
+        by_position = slots.t().contiguous()  # [16, B]: row p holds position p's slots, contiguous
+        positions = by_position % n  # [16, B]
+        no_codes = torch.zeros((2 * b, 0), dtype=torch.long, device=dev)
+        first = FastInputs(text_ids=None, codes=no_codes, positions=positions[:2].t().reshape(-1),
+                           kv_slots=slots[:, :2].reshape(-1), out_rows=2 * streams + 1)  # positions 0, 1
         x = torch.stack([hidden, self.codec_embed(head[:, 0])], dim=1)  # [B, 2, H]
-        codes, pos = [head[:, 0]], 0
-        for g in range(1, self.groups + 1):
-            h = self.proj(x)  # [B, t, Hc]
-            t = h.shape[1]
-            positions = torch.arange(pos, pos + t, device=dev).repeat(b)  # [B t]
-            inp = FastInputs(text_ids=None, codes=no_codes.repeat_interleave(t, dim=0), positions=positions,
-                             kv_slots=streams.repeat_interleave(t) * (self.groups + 1) + positions,
-                             out_rows=streams * t + t - 1)
-            out = fast.hidden(inp, FrameAttention(t, pos + t, hq, hkv, d), k_pool, v_pool,
-                              x=h.reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
+        codes, inp = [head[:, 0]], first
+        for g in range(1, n):
+            t = x.shape[1]
+            out = fast.hidden(inp, FrameAttention(t, g + 1, hq, hkv, d), k_pool, v_pool,
+                              x=self.proj(x).reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
             ids = pick(g, self.head(out, g))  # [B]
             codes.append(ids)
             x = fast.embed_audio[(g - 1) * self.vc + ids][:, None]  # [B, 1, H]: group g's table
-            pos += t
+            if g + 1 < n:  # the next sub-step's one row per stream, at position g + 1
+                inp = FastInputs(text_ids=None, codes=no_codes[:b], positions=positions[g + 1],
+                                 kv_slots=by_position[g + 1], out_rows=streams)
         return torch.stack(codes, dim=1)  # [B, 16]

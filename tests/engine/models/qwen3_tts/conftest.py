@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch.nn.functional as F
 from higgs_stream.engine.models.qwen3_tts.checkpoint import load_model
 from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, INSTRUCTION, REFERENCE
 
@@ -59,3 +60,18 @@ def tokenizer(ref) -> IdTokenizer:
                         ASSISTANT.format("B"): ref["scenario_text_b"].tolist(),
                         INSTRUCTION.format("I"): ref["scenario_instruct"].tolist(),
                         REFERENCE.format("R"): ref["clone_ref_ids"].tolist()})
+
+
+def _copied_heads(q, k_cache, v_cache, t, s, hq, hkv, d):
+    """The code predictor's frame attention in its plain form: every query head gets its own copy of
+    its K/V head (q [B t, Hq, D], buffers [B, 16, Hkv, D] -> [B t, Hq, D])."""
+    b = k_cache.shape[0]
+    q = q.view(b, t, hq, d).transpose(1, 2)
+    k, v = (c[:, :s].transpose(1, 2).repeat_interleave(hq // hkv, dim=1) for c in (k_cache, v_cache))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=d**-0.5)
+    return o.transpose(1, 2).reshape(b * t, hq, d)
+
+
+@pytest.fixture(scope="session")
+def copied_heads():
+    return _copied_heads

@@ -1,0 +1,45 @@
+"""Helpers of the kernel tests, shared by the CPU tests, their GPU twins and the interpreter scripts
+(which import this file by path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from higgs_stream.kernels.sample_rows import warp_scores_ref
+
+
+def params(b: int, v: int, seed: int) -> dict[str, torch.Tensor]:
+    """Per-stream sampling parameters covering every case: top-k off (V), top-k 1, top-p off (cut -1),
+    tight and loose top-p, temperatures around 1, greedy rows."""
+    g = torch.Generator().manual_seed(seed)
+    top_k = torch.randint(1, v + 1, (b,), generator=g)
+    top_k[::3], top_k[1::5] = v, 1
+    cut = torch.rand(b, generator=g) * 0.6
+    cut[::4] = -1.0
+    greedy = torch.zeros(b, dtype=torch.bool)
+    greedy[2::7] = True
+    temperature = torch.where(greedy, 1.0, torch.rand(b, generator=g) + 0.5)
+    return {"temperature": temperature, "top_k": top_k, "top_p_cut": cut, "greedy": greedy}
+
+
+def ambiguous(logits: torch.Tensor, noise: torch.Tensor, p: dict[str, torch.Tensor], tol: float = 1e-4) -> torch.Tensor:
+    """[B, H] rows whose draw rounding or tie order could decide: a cumulative top-p mass within `tol`
+    of the cut, the two best race ratios within a relative `tol` of each other, or tied finite scores
+    (the warper drops an arbitrary subset of the ids tied at its cut, the kernel keeps them all)."""
+    asc = logits.sort(dim=-1).values
+    tied = ((asc[..., 1:] == asc[..., :-1]) & torch.isfinite(asc[..., 1:])).any(dim=-1)
+    scores = warp_scores_ref(logits, p["temperature"], p["top_k"], p["top_p_cut"], use_top_p=False)
+    cum = scores.sort(dim=-1).values.softmax(dim=-1).cumsum(dim=-1)
+    near_cut = ((cum - p["top_p_cut"][:, None, None]).abs() < tol).any(dim=-1)
+    ratios = (warp_scores_ref(logits, p["temperature"], p["top_k"], p["top_p_cut"]).softmax(-1) / noise)
+    best = ratios.topk(2, dim=-1).values
+    near_tie = (best[..., 0] - best[..., 1]) < tol * best[..., 0]
+    return near_cut | near_tie | tied
+
+
+
+@pytest.fixture
+def sampling_cases():
+    """(params, ambiguous) above, for the tests of the fused draw."""
+    return params, ambiguous
