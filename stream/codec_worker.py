@@ -20,7 +20,11 @@ A failed decode ends only the segments in that call (their engine streams are ca
 thread lives on.
 
 On CUDA it decodes on its own low-priority stream (`stream_mode="separate"`) or on the talker's
-(`"engine"`: the device then runs them back to back, only the host work overlaps). The stateful
+(`"engine"`: the device then runs them back to back, only the host work overlaps). With
+`overdue_first`, a call that holds an overdue job (a stream's first chunk, a listener already dry)
+runs on a stream of the device's highest priority instead, above the talker's, so its kernels are
+scheduled first while a talker step runs beside it (the talker step needed next is ~80 ms away for a
+starting stream; its first chunk is what the listener waits for). The stateful
 steps replay from CUDA graphs captured per (streams, frames) bucket by `start()`; ramp windows use
 bucketed batches (stream/codec_graphs.py replays them). A CPU codec runs eagerly.
 
@@ -127,7 +131,8 @@ class CodecWorker:
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
-                 busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None):
+                 busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
+                 overdue_first: bool = False):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -142,6 +147,11 @@ class CodecWorker:
         if codec_sms is not None and stream_mode != "separate":
             raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
         self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
+        if overdue_first and (stream_mode != "separate" or codec_sms is not None):
+            raise ConfigError("codec_overdue_first needs the codec on its own stream (codec_stream='separate', "
+                              "no codec_sms)")
+        self.overdue_first = overdue_first
+        self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
         self.calls = 0
@@ -149,7 +159,7 @@ class CodecWorker:
         self.call_s = 0.0  # EMA of one call's wall time
         self.call_peak_s = 0.0  # the longest recent call (halves each CALL_PEAK_HALF_LIFE_S without a longer one)
         self._peak_at = 0.0
-        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps)
+        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue)
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -171,6 +181,8 @@ class CodecWorker:
         elif self.device is not None:
             self._stream = (engine_stream if self.stream_mode == "engine" and engine_stream is not None
                             else torch.cuda.Stream(self.device, priority=0))
+            if self.overdue_first:  # torch maps a priority beyond the device's range to its highest
+                self._first = torch.cuda.Stream(self.device, priority=-100)
         if self._warm:
             t0 = time.perf_counter()
             shapes = await asyncio.to_thread(self.warm_up)
@@ -243,8 +255,8 @@ class CodecWorker:
         """Decode the due jobs of the `max_windows` most urgent streams (everything with `everything`:
         at stop) in one call — the rest stay held, so a first chunk that comes meanwhile goes in the
         next call, not after all of them — then hand over the ends whose segments have no held job left."""
-        flush = {id(e[1]) for e in self._ends}
-        take = list(self.pending) if everything else due(self.pending, time.monotonic(), flush, self.busy())
+        flush, now = {id(e[1]) for e in self._ends}, time.monotonic()
+        take = list(self.pending) if everything else due(self.pending, now, flush, self.busy())
         per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)
@@ -254,7 +266,7 @@ class CodecWorker:
             call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
             taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
-            self._decode_call([(p.seg, p.job) for p in call])
+            self._decode_call([(p.seg, p.job) for p in call], overdue=any(p.deadline <= now for p in call))
         if self._ends:
             held = {id(p.seg) for p in self.pending}
             ready = [e for e in self._ends if id(e[1]) not in held]
@@ -263,11 +275,13 @@ class CodecWorker:
                 self.code2wav.release(e[1])
             self._send(ready)
 
-    def _decode_call(self, pairs: list[tuple[Any, Job]]) -> None:
+    def _decode_call(self, pairs: list[tuple[Any, Job]], overdue: bool = False) -> None:
         owners, jobs = [seg for seg, _ in pairs], [job for _, job in pairs]
+        first = self._first if overdue else None
         t0 = time.perf_counter()
         try:
-            pcm = jobs_to_s16le(self.code2wav.run(owners, jobs))
+            with after_and_before(first, self._stream):
+                pcm = jobs_to_s16le(self.code2wav.run(owners, jobs))
             self.calls += 1
         except Exception as exc:
             log.exception("codec decode of %d jobs failed", len(jobs))
@@ -279,7 +293,7 @@ class CodecWorker:
             took = t1 - t0
             if self.trace is not None:
                 self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
-                                   self.code2wav.steps))
+                                   self.code2wav.steps, overdue))
             self.busy_s += took
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
             fade = 0.5 ** ((t1 - self._peak_at) / CALL_PEAK_HALF_LIFE_S)
@@ -375,6 +389,19 @@ def on_stream(stream: torch.cuda.Stream | None):
     stream.wait_stream(torch.cuda.default_stream(stream.device))
     with torch.cuda.stream(stream):
         yield
+
+
+@contextlib.contextmanager
+def after_and_before(stream: torch.cuda.Stream | None, home: torch.cuda.Stream | None):
+    """Run this thread's device work on `stream` (None: where it runs now), ordered after everything
+    queued on `home` so far, and `home`'s later work after it (the decoder state both touch)."""
+    if stream is None or home is None:
+        yield
+        return
+    stream.wait_stream(home)
+    with torch.cuda.stream(stream):
+        yield
+    home.wait_stream(stream)
 
 
 def _prime_blas(device: torch.device) -> None:

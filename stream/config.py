@@ -83,6 +83,7 @@ class ServerConfig:
     admit_step_ratio: float | None = PacingConfig.admit_ratio  # admit while the predicted engine step stays under this share of a frame (None: off)
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
+    codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
 

@@ -101,7 +101,7 @@ class Pipeline:
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
                                         max_windows=codec_max_windows, max_streams=cfg.max_streams,
                                         busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
-                                        codec_sms=cfg.codec_sms)
+                                        codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones

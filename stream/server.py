@@ -294,6 +294,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
                              "convolutions never take every SM from the talker; default: every SM (measured "
                              "better on an H100 than 48 or 32: docs/PERF.md)")
+    parser.add_argument("--codec-overdue-first", action="store_true",
+                        help="CUDA: a codec call that holds an overdue job (a stream's first chunk, a listener already "
+                             "dry) runs on a CUDA stream above the talker's priority, so its kernels go first beside a "
+                             "running talker step (default off: the talker's kernels go first; docs/PERF.md)")
     parser.add_argument("--prefill-pack", type=int, default=ModelRunnerConfig.prefill_pack, metavar="N",
                         help="CUDA: prefill up to N arriving prompts in one forward (a burst of arrivals reads the "
                              "weights once per N prompts; default %(default)s); 1: one prompt per forward, so a "
@@ -392,6 +396,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
+                        codec_overdue_first=args.codec_overdue_first,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

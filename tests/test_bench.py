@@ -10,7 +10,7 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
         ("codec", 0.0045, 0.012, 3, 75, 1),
         ("step", 0.005, 0.013, 0.014, 8, 0.006),  # overlaps the call
         ("step", 0.020, 0.024, 0.025, 8, 0.001, 2),  # two prompt chunks in this step
-        ("codec", 0.030, 0.031, 1, 25, 3),  # two steps in this call (partition)
+        ("codec", 0.030, 0.031, 1, 25, 3, True),  # two steps in this call (partition); it held an overdue job
     ]
     s = trace_summary(trace, wall_s=0.05)
     assert s["steps"] == 3 and s["codec_calls"] == 2 and s["codec_steps"] == 3
@@ -24,6 +24,7 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
     assert s["codec_busy_share"] == pytest.approx((0.0075 + 0.001) / 0.05)
     assert s["step_ms_with_prefill"] == pytest.approx(5.0) and s["share_of_steps_with_prefill"] == pytest.approx(1 / 3)
     assert s["step_ms_without_prefill"] == pytest.approx((5 + 9) / 2)
+    assert s["codec_overdue_calls"] == 1 and s["codec_overdue_ms_p50"] == pytest.approx(1.0)
     assert trace_summary([], 1.0) == {}
 
 

@@ -40,7 +40,16 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
             "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
+            **_overdue_summary(calls),
             **_replay_summary(replays, calls), **_gc_summary([t for t in trace if t[0] == "gc"])}
+
+
+def _overdue_summary(calls: list[tuple]) -> dict:
+    """Codec calls that held an overdue job (first chunks, dry listeners: the trace's 7th field): how
+    many, and their median wall time (what `--codec-overdue-first` shortens, if anything)."""
+    overdue = [1e3 * (c[2] - c[1]) for c in calls if len(c) > 6 and c[6]]
+    return {"codec_overdue_calls": len(overdue),
+            "codec_overdue_ms_p50": float(np.median(overdue)) if overdue else None}
 
 
 def _gc_summary(gcs: list) -> dict:

@@ -180,6 +180,33 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
     assert got == [[0, 1], [5], [2, 3], [4]] and w.pending == []
 
 
+def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
+    """The trace's last field says whether a call held an overdue job (a first chunk, a dry listener):
+    those calls, and only those, run on the highest-priority stream with `overdue_first` on CUDA."""
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
+    w.code2wav = SimpleNamespace(steps=1, run=lambda owners, jobs: [np.zeros(4, np.float32) for _ in jobs])
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    w.trace = []
+    now = time.monotonic()
+    a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
+    job = SimpleNamespace(codes=np.zeros((8, 1), np.int64))
+    w.pending = [Pending(a, job, now + 0.1, taken=now - 1.0)]  # urgent, not overdue
+    w._decode_due()
+    w.pending = [Pending(b, job, now, taken=now), Pending(a, job, now + 0.2, taken=now - 1.0)]  # b's first chunk
+    w._decode_due()
+    assert [(len(t), t[3], t[-1]) for t in w.trace] == [(7, 1, False), (7, 2, True)]
+    assert w._first is None  # no device: nothing to switch to
+
+
+def test_overdue_first_needs_the_codec_on_its_own_plain_stream():
+    from higgs_stream.engine.errors import ConfigError
+
+    for bad in ({"stream_mode": "engine"}, {"codec_sms": 32}):
+        with pytest.raises(ConfigError, match="codec_overdue_first"):
+            CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, overdue_first=True, **bad)
+    assert CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, overdue_first=True).overdue_first
+
+
 def _last(stub: "StubCode2Wav") -> tuple[list, list]:
     return stub.owners[-1], stub.calls[-1]
 
