@@ -141,16 +141,23 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
 
 def random_full_codec(seed: int = 0) -> Any:
     """The full-size Higgs codec decoder (random weights, fp32) on the GPU."""
-    from higgs_stream.engine.codec.codec import Codec
     from higgs_stream.engine.codec.config import CodecConfig
 
+    return random_codec(CodecConfig.full(), seed)
+
+
+def random_codec(config: Any, seed: int = 0, device: str = "cuda") -> Any:
+    """A Higgs codec decoder of `config` (random weights, fp32, codebooks drawn from N(0, 1) so that
+    every code decodes to a different vector) on `device`."""
+    from higgs_stream.engine.codec.codec import Codec
+
     torch.manual_seed(seed)
-    codec = Codec(CodecConfig.full(), with_encoder=False)
+    codec = Codec(config, with_encoder=False)
     with torch.no_grad():
         for name, buf in codec.named_buffers():
             if name.endswith("codebook.embed"):
                 buf.normal_()
-    return codec.cuda().eval()
+    return codec.to(device).eval()
 
 
 # ---------------------------------------------------------------------------------- EOS

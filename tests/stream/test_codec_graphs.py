@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from higgs_stream.engine.codec import Codec, CodecConfig
+from higgs_stream.engine.codec import CodecConfig
 from higgs_stream.engine.errors import InvalidInputError
+from higgs_stream.engine.random_weights import random_codec
 from higgs_stream.stream.adapter import Code2WavAdapter, WindowJob, decode_windows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -17,13 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_replays_equal_the_eager_decode():
     from higgs_stream.stream.codec_graphs import CodecGraphs
 
-    torch.manual_seed(0)
-    codec = Codec(CodecConfig.tiny(), with_encoder=False)
-    with torch.no_grad():
-        for name, buf in codec.named_buffers():
-            if name.endswith("codebook.embed"):
-                buf.normal_()
-    codec = codec.cuda().eval()
+    codec = random_codec(CodecConfig.tiny())
     graphs = CodecGraphs(codec, [(1, 16), (2, 24), (4, 48)])
     assert graphs.capture() == 0.0
     rng = np.random.default_rng(1)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from higgs_stream.engine.codec import Codec, CodecConfig
+from higgs_stream.engine.random_weights import random_codec
 from higgs_stream.stream.adapter import Code2WavAdapter
 from higgs_stream.stream.codec_worker import CodecWorker, Round
 
@@ -23,16 +24,6 @@ class Seg:
 
     def __init__(self, sid: int) -> None:
         self.sid = sid
-
-
-def tiny_codec() -> Codec:
-    torch.manual_seed(0)
-    codec = Codec(CodecConfig.tiny(), with_encoder=False)
-    with torch.no_grad():
-        for name, buf in codec.named_buffers():
-            if name.endswith("codebook.embed"):
-                buf.normal_()
-    return codec.cuda().eval()
 
 
 async def run_worker(codec: Codec, overdue_first: bool, frames: list[np.ndarray]) -> tuple[dict, list]:
@@ -71,7 +62,7 @@ async def run_worker(codec: Codec, overdue_first: bool, frames: list[np.ndarray]
 
 
 def test_overdue_calls_on_the_first_stream_give_the_same_audio():
-    codec = tiny_codec()
+    codec = random_codec(CodecConfig.tiny())
     rng = np.random.default_rng(3)
     frames = [rng.integers(0, 1024, size=(8, n)) for n in (40, 25, 60)]
     plain, _ = asyncio.run(run_worker(codec, False, frames))
