@@ -126,8 +126,10 @@ def gemm_sweep(batches: list[int], bw: float) -> list[dict]:
                 impls["int8_aten_cuda"] = partial(torch.ops.aten._weight_int8pack_mm, x, q8.qweight,
                                                   q8.scale.to(x.dtype))
             if q_fp8 is not None:
-                impls["fp8_triton_quant_scaled_mm"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale)
-                impls["fp8_triton_quant_scaled_mm_fast_accum"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale, True)
+                impls["fp8_ours"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale)  # what --quantize fp8 runs
+                impls["fp8_triton_quant_scaled_mm"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale, gemv_max_m=0)
+                impls["fp8_triton_quant_scaled_mm_fast_accum"] = partial(fp8_linear, x, q_fp8.qweight, q_fp8.scale, True,
+                                                                         gemv_max_m=0)
                 impls["fp8_torch_quant_scaled_mm"] = partial(_fp8_torch_quant, x, q_fp8.qweight, q_fp8.scale)
             for key, lin in ao.items():
                 impls[key] = partial(lin, x)

@@ -9,11 +9,15 @@ quantize.py, the same rule per output channel).
 
 `fp8_linear_ref` / `quantize_per_token_ref` are the definitions (plain torch, any device: fp8 is
 emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the fast path (CUDA,
-compute capability >= 8.9): one Triton kernel quantizes the activations per token, then torch's
-row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
+compute capability >= 8.9): one Triton kernel quantizes the activations per token; up to GEMV_MAX_M
+rows (decode at small batch, where the GEMM only streams the weight) the narrow-tile Triton kernel of
+kernels/int8_linear.py multiplies the e4m3 operands (exact products, fp32 accumulation: the same math)
+and applies both scales; above them torch's row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
 with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
-`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, both
-CUDA-graph safe (no host synchronisation). The scaled GEMM needs N and K multiples of 16; a linear of
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, all
+CUDA-graph safe (no host synchronisation). Why the Triton kernel at small M: on an H100 the scaled GEMM
+with the quantization launch took 12-16 us per attention projection at M <= 16 where bf16 cuBLAS took
+8-9 and the int8 Triton kernel 9.5 (README "Quantization"); the kernel reads e4m3 like int8. The scaled GEMM needs N and K multiples of 16; a linear of
 another shape (none in the served models) runs the same quantization and an fp32 matmul of the e4m3
 values instead.
 
@@ -29,12 +33,14 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels.int8_linear import triton_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp32 reciprocal, exactly
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
+GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies (the scaled GEMM above)
 
 
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,9 +63,12 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> t
     return y.to(x.dtype).view(*lead, q.shape[0])
 
 
-def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
-    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16). `fast_accum`: cuBLAS/CUTLASS
-    fast accumulation (Hopper's reduced-precision fp8 accumulator); off by default."""
+def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
+               gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
+    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` rows the Triton
+    kernel, above them the scaled GEMM (`gemv_max_m=0`: always the latter; benchmarks). `fast_accum`:
+    cuBLAS/CUTLASS fast accumulation (Hopper's reduced-precision fp8 accumulator) in the scaled GEMM;
+    off by default."""
     _check(x, q, w_scale)
     require_cuda(x, q, w_scale, what="fp8_linear")
     assert x.dtype == torch.bfloat16, f"fp8_linear's row-wise scaled GEMM writes bf16; x is {x.dtype}"
@@ -67,6 +76,8 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_acc
     xq, x_scale = quantize_per_token(x.reshape(-1, k))
     if xq.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])
+    if xq.shape[0] <= gemv_max_m:
+        return triton_linear(xq, q, w_scale, x_scale=x_scale, out_dtype=x.dtype).view(*lead, q.shape[0])
     if q.shape[0] % GEMM_ALIGN or k % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
         y = ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(x.dtype)
         return y.view(*lead, q.shape[0])

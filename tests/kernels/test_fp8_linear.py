@@ -92,3 +92,61 @@ def test_triton_quantization_in_the_interpreter():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, True]] * 4
+
+
+GEMV_SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import fp8_linear as f, int8_linear as i8
+kernel, errs = i8.build_kernel(), []
+for m, n, k in [(1, 40, 300), (5, 64, 128), (16, 33, 129)]:
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g) * 3
+    xq, xs = f.quantize_per_token_ref(x)
+    qw, ws = f.quantize_rows_ref(torch.randn(n, k, generator=g) * 0.02)
+    out = torch.full((m, n), float("nan"))
+    i8.launch(kernel, xq.float(), qw.float(), ws, out, x_scale=xs)  # e4m3 values held in fp32: same products
+    want = (xq.float() @ qw.float().t()) * xs[:, None] * ws[None, :]
+    errs.append(((out - want).abs().max() / ((xq.float().abs() @ qw.float().abs().t()) * xs[:, None] * ws).max()).item())
+print(json.dumps(errs))
+"""
+
+
+def test_fp8_small_batch_kernel_in_the_interpreter():
+    """fp8's small-batch multiply (the int8 kernel with both operands e4m3 and the per-token scales)
+    run by Triton's interpreter on the CPU with the e4m3 values held in fp32: the definition's
+    product and scales to fp32 summation order, every output written (M, N and K tails)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", GEMV_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    errs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(errs) == 3 and max(errs) < 1e-6, errs
+
+
+@pytest.mark.parametrize("q_type, x_type, widen", [("*fp8e4nv", "*fp8e4nv", False), ("*i8", "*bf16", True)])
+def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, widen):
+    """No GPU needed: both specializations the engine launches at M <= 16 (fp8: e4m3 x e4m3 with row
+    scales; int8: widened to bf16) lower to PTX and assemble for sm_90 with Triton's bundled ptxas,
+    with 16-byte asynchronous weight loads (a byte-wise weight load would bound the GEMV)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from higgs_stream.kernels import int8_linear
+
+    sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32",
+           "N": "i32", **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "WIDEN", "ROW_SCALE"), "constexpr")}
+    bm, bn, bk, warps, stages = int8_linear.block_sizes(1)
+    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "WIDEN": widen,
+              "ROW_SCALE": not widen}
+    src = ASTSource(fn=int8_linear.build_kernel(), signature=sig, constexprs=consts,
+                    attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})  # as the launcher specializes
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
+                                                                                  "num_stages": stages})
+    except RuntimeError as exc:  # pragma: no cover - a Triton without its bundled CUDA tools
+        if "ptxas" in str(exc):
+            pytest.skip(f"no ptxas: {exc}")
+        raise
+    ptx = compiled.asm["ptx"]
+    assert compiled.asm["cubin"] and "cp.async.cg.shared.global" in ptx and "ld.global.b8" not in ptx

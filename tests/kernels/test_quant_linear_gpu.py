@@ -1,10 +1,11 @@
 """The quantized linears' CUDA kernels == their plain-torch definitions (CUDA only):
 
 - the Triton per-token e4m3 quantization: bit-for-bit the reference's values and scales;
-- fp8_linear (Triton quantization + torch's row-wise scaled GEMM) and int8_linear (Triton) vs the
-  fp32 definitions, bf16 activations: relative error bounds of bf16 output rounding;
+- fp8_linear (Triton quantization, then the Triton kernel up to 16 rows, torch's row-wise scaled GEMM
+  above) and int8_linear (Triton) vs the fp32 definitions, bf16 activations: relative error bounds of
+  bf16 output rounding; fp8's two multiplies agree at small M;
 - both captured in a CUDA graph and replayed on new inputs == eager, bit for bit;
-- int8 at M <= 16 (one tile class): a row's output does not depend on the other rows.
+- int8 and fp8 at M <= 16 (one tile class): a row's output does not depend on the other rows.
 """
 
 from __future__ import annotations
@@ -64,12 +65,27 @@ def test_int8_linear_matches_the_definition(m, n, k):
     assert rel(got, want) < 4e-3, rel(got, want)
 
 
-def test_int8_small_batches_are_row_invariant():
-    qw = quantize_weight(torch.randn(3072, 8192, device="cuda") * 0.02, "int8")
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_small_batches_are_row_invariant(mode):
+    if mode == "fp8" and not fp8_capable():
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    qw = quantize_weight(torch.randn(3072, 8192, device="cuda") * 0.02, mode)
+    fn = int8_linear if mode == "int8" else fp8_linear
     x = torch.randn(16, 8192, device="cuda").bfloat16()
-    batch = int8_linear(x, qw.qweight, qw.scale)
+    batch = fn(x, qw.qweight, qw.scale)
     for i in (0, 7, 15):
-        assert torch.equal(int8_linear(x[i:i + 1], qw.qweight, qw.scale)[0], batch[i])
+        assert torch.equal(fn(x[i:i + 1], qw.qweight, qw.scale)[0], batch[i])
+
+
+@pytest.mark.skipif(not fp8_capable(), reason="fp8 needs compute capability >= 8.9")
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_fp8_small_batches_equal_the_scaled_gemm(m):
+    """The Triton kernel and torch's scaled GEMM multiply the same e4m3 operands with fp32 sums: they
+    differ by summation order and the bf16 output rounding only."""
+    qw = quantize_weight(torch.randn(5120, 3072, device="cuda") * 0.02, "fp8")
+    x = torch.randn(m, 3072, device="cuda").bfloat16()
+    triton_y, gemm_y = fp8_linear(x, qw.qweight, qw.scale), fp8_linear(x, qw.qweight, qw.scale, gemv_max_m=0)
+    assert rel(triton_y, gemm_y) < 4e-3, rel(triton_y, gemm_y)
 
 
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
