@@ -1,5 +1,7 @@
 """Where a lone stream's first engine steps go (the prompt's prefill step first): wall time of each of
-its first steps, then a torch.profiler table of the prefill step, on a random model drawn in memory.
+its first steps, then a torch.profiler table of the prefill step, and on CUDA the number of kernels
+(graph replays included) and their device time in the prefill step and in a decode step of one
+stream, on a random model drawn in memory.
 
     python scripts/profile_first_step.py --arch qwen3-tts --preset 1.7b [--device cuda] [--out prof.txt]
 
@@ -54,14 +56,22 @@ def main() -> None:
               + " ".join(f"{t:.2f}" for t in one_request(engine, seed, args.steps, args.device)))
     engine.add(GenerationRequest(TEXT, sampling=SamplingParams(seed=9), max_frames=8))
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=acts) as prof:
-        engine.step()
-        sync(torch.device(args.device))
+    profiled = []
+    for _ in range(3):  # the prefill step, then (after one step in between) a decode step
+        with torch.profiler.profile(activities=acts) as prof:
+            engine.step()
+            sync(torch.device(args.device))
+        profiled.append(prof)
     while engine.has_work():
         engine.step()
+    prof = profiled[0]
     tables = [prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)]
     if cuda:
         tables.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        for name, p in (("prefill step", profiled[0]), ("decode step", profiled[2])):
+            kernels = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            print(f"{args.arch} {args.preset}: {name}: {len(kernels)} kernels, "
+                  f"{sum(e.device_time for e in kernels) / 1e3:.2f} ms of device time")
     report("\n\n".join(tables), args.out)
 
 
