@@ -6,7 +6,7 @@
 # shared K/V heads); any tree pair works.
 # Usage (device tool, carry .whl and the baseline folder):  BASELINE=.baseline_s8 bash scripts/gpu_first_frame_ab.sh
 # .baseline_s8 (untracked): mkdir -p .baseline_s8 && git archive 44ff9e5 engine kernels stream clients higgs_stream | tar -x -C .baseline_s8
-# Env: BASELINE (default .baseline), MODELS (default "qwen3-tts:1.7b v2:full"), BATCHES (1,8,64).
+# Env: BASELINE (default .baseline), MODELS (default "qwen3-tts:1.7b v2:full"), BATCHES (1,8,64,256).
 # Writes $OUT/first_frame/{gpu.txt, <tree>_<arch>_first.txt, <tree>_<arch>_decode.json/.log}.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -29,7 +29,7 @@ for tree in base this; do
       --out "$d/${tree}_${arch}_prof.txt" > "$d/${tree}_${arch}_first.txt" 2>&1)
     grep -E "steps of a lone|kernels|Error" "$d/${tree}_${arch}_first.txt" | sed "s/^/$tree: /"
     (cd /tmp && PYTHONPATH=$pp timeout 150 python3 -c "import sys; from higgs_stream.bench import main; sys.exit(main(sys.argv[1:]))" \
-      --arch "$arch" --preset "$preset" --sections decode --batches "${BATCHES:-1,8,64}" \
+      --arch "$arch" --preset "$preset" --sections decode --batches "${BATCHES:-1,8,64,256}" \
       --out "$d/${tree}_${arch}_decode.json" > "$d/${tree}_${arch}_decode.log" 2>&1)
     grep -E "decode b=|Error" "$d/${tree}_${arch}_decode.log" | tail -4 | sed "s/^/$tree $arch: /"
   done
