@@ -120,6 +120,8 @@ class ServerConfig:
         need(self.codec_schedule in ("eager", "just_in_time"), "codec_schedule must be 'eager' or 'just_in_time'")
         need(self.codec_sms is None or (isinstance(self.codec_sms, int) and self.codec_sms >= 1),
              "codec_sms must be a positive int or None")
+        need(not (self.codec_overdue_first and self.codec_sms is not None),
+             "codec_overdue_first needs the codec on its own stream: it cannot run with codec_sms")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
         need(self.context_idle_s > 0, "context_idle_s must be > 0")
