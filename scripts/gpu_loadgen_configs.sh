@@ -11,7 +11,7 @@
 # install removed (its finder wins over PYTHONPATH) and from /tmp (from the repo root this tree's own
 # higgs_stream/ folder would be imported first); each run prints the module path it imported.
 # Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, ARCH=v2, OPEN_RATES="" (req/s),
-#   CLOSED=128, DURATION=10, MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
+#   CLOSED=128, DURATION=10, RAMP=1 (s over which closed-loop workers start; issue #10's burst: 2), MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
 #   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections);
 #   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU; CHECKPOINT="ARCH PRESET" (e.g. "qwen3-tts 1.7b")
 #   serves a random checkpoint that `make-checkpoint` writes first in the real on-disk layout (MODEL and ARCH unused).
@@ -37,7 +37,7 @@ run() {  # label flags: one fresh server, the scenarios against it (from $rundir
    timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
     --spawn "python3 -m higgs_stream.cli serve $model --device ${DEVICE:-cuda} --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
     --spawn-log "$OUT/server_$label.log" --spawn-timeout 240 --time-budget $(( left - 60 )) --open-rates "${OPEN_RATES-}" \
-    --closed "${CLOSED-128}" --duration "${DURATION:-10}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
+    --closed "${CLOSED-128}" --duration "${DURATION:-10}" --ramp "${RAMP:-1}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
     --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /")
   port=$(( port + 1 ))
 }
