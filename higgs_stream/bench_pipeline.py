@@ -17,6 +17,7 @@ import asyncio
 import cProfile
 import io
 import pstats
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -36,8 +37,13 @@ from higgs_stream.engine.request import GenerationRequest
 class FakeEngine:
     """The Engine API the pipeline uses (add, cancel, has_work, step, cfg), with random frames."""
 
-    def __init__(self, step_s: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, step_s: float = 0.0, seed: int = 0, releases: int = 0) -> None:
+        """`releases`: tiny torch calls per step, half before and half after the device wait; each
+        releases the GIL and takes it back, as the real ModelRunner's staging, attention planning,
+        graph replay, event records and copies do (~12 per step)."""
         self.cfg = SimpleNamespace(codebook_size=1024, num_codebooks=8)
+        self.releases = releases
+        self._scratch = torch.zeros(8)
         self.policy = SimpleNamespace(takes_history=True, speakers=())  # a Higgs family's answers
         self.device = torch.device("cpu")
         self.step_s = step_s
@@ -98,8 +104,12 @@ class FakeEngine:
             entry[1] = i + 1
             if last:
                 del self._live[sid]
+        for _ in range(self.releases // 2):
+            self._scratch.add_(1.0)
         if self.step_s:
             time.sleep(self.step_s)
+        for _ in range(self.releases - self.releases // 2):
+            self._scratch.add_(1.0)
         self.steps += 1
         self.busy_s += time.perf_counter() - t0
         return events
@@ -176,7 +186,8 @@ class Result:
 
 
 async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec_ms: float = 0.0,
-              arrival_s: float = 0.0, mode: str = "exact", profile: bool = False) -> tuple[Result, str]:
+              arrival_s: float = 0.0, mode: str = "exact", profile: bool = False, releases: int = 0,
+              switch_ms: float | None = None) -> tuple[Result, str]:
     from higgs_stream.stream.config import ServerConfig
     from higgs_stream.stream.metrics import UnderrunMeter
     from higgs_stream.stream.handle import Audio
@@ -184,7 +195,7 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
     from higgs_stream.stream.messages import ContextOptions
     from higgs_stream.stream.voices import Voice
 
-    engine, codec = FakeEngine(step_ms / 1e3), FakeCodec(codec_ms / 1e3)
+    engine, codec = FakeEngine(step_ms / 1e3, releases=releases), FakeCodec(codec_ms / 1e3)
     cfg = ServerConfig(max_streams=streams + 8, max_frames=frames, history_segments=0, stream_buffer_s=600.0,
                        admit_step_ratio=None)  # host cost of N streams: admission by load would refuse some
     pipeline = Pipeline(engine, codec, cfg)
@@ -193,6 +204,9 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
         inner = pipeline._run
         pipeline._run = lambda: prof.runcall(inner)
     await pipeline.start()
+    switch = sys.getswitchinterval()
+    if switch_ms is not None:  # over the pipeline's own setting, for this run
+        sys.setswitchinterval(switch_ms / 1e3)
     loop = asyncio.get_running_loop()
 
     async def one(i: int) -> dict:
@@ -217,6 +231,7 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
     rows = await asyncio.gather(*(one(i) for i in range(streams)))
     wall = time.perf_counter() - t0
     await pipeline.stop()
+    sys.setswitchinterval(switch)
     assert all(r["reason"] == "completed" for r in rows), {r["reason"] for r in rows}
     steps = max(engine.steps, 1)
     ttfa = np.array([r["ttfa"] for r in rows]) * 1e3
@@ -243,9 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arrival-s", type=float, default=0.0)
     ap.add_argument("--mode", default="exact")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--releases", type=int, default=0,
+                    help="GIL-releasing torch calls per fake engine step (the real ModelRunner makes ~12)")
+    ap.add_argument("--switch-ms", type=float, default=None, help="the GIL switch interval (default: the pipeline's)")
     args = ap.parse_args(argv)
     res, text = asyncio.run(run(args.streams, args.frames, args.step_ms, args.codec_ms, args.arrival_s, args.mode,
-                                args.profile))
+                                args.profile, args.releases, args.switch_ms))
     print(res)
     if text:
         print(text)

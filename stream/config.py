@@ -86,6 +86,11 @@ class ServerConfig:
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
+    # The serving process's GIL switch interval (sys.setswitchinterval): how long a thread that wants the
+    # GIL back waits behind pure-Python work on another thread. An engine step makes a dozen or more calls that drop
+    # and retake the GIL (torch ops, attention planning, graph replay, copies), each costing up to one
+    # interval while the event loop or the codec thread runs Python (docs/PERF.md, session 8).
+    gil_switch_s: float = 1e-4
 
     # Voices.
     voices_dir: str | None = None
@@ -124,6 +129,7 @@ class ServerConfig:
              "codec_overdue_first needs the codec on its own stream: it cannot run with codec_sms")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
+        need(1e-6 <= self.gil_switch_s <= 0.1, "gil_switch_s must be in [1e-6, 0.1] seconds")
         need(self.context_idle_s > 0, "context_idle_s must be > 0")
         need(self.http_body_timeout_s > 0, "http_body_timeout_s must be > 0")
         need(isinstance(self.allowed_origins, tuple), "allowed_origins must be a tuple")

@@ -81,9 +81,6 @@ IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on e
 MAX_STEP_FAILURES = 3  # consecutive failed steps after which the pipeline reports unhealthy
 ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes too)
 STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
-# Three threads share the GIL (event loop, engine, codec); a thread that wants it back after a
-# device wait must not sit out CPython's default 5 ms switch interval behind pure-Python work.
-GIL_SWITCH_INTERVAL_S = 0.001
 
 
 from higgs_stream.stream.handle import End, StreamHandle, _Segment
@@ -154,8 +151,8 @@ class Pipeline:
     async def start(self) -> None:
         assert self._thread is None, "pipeline already started"
         self._loop = asyncio.get_running_loop()
-        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
-            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # process-wide: this is the serving process
+        # Three threads share the GIL (event loop, engine, codec): process-wide, this is the serving process
+        sys.setswitchinterval(self.cfg.gil_switch_s)
         if self.engine_device is not None:
             self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
         await self.codec_worker.start(self._engine_stream)

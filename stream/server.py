@@ -294,6 +294,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: run the codec on a green context of N SMs (Hopper: a multiple of 8) so its "
                              "convolutions never take every SM from the talker; default: every SM (measured "
                              "better on an H100 than 48 or 32: docs/PERF.md)")
+    parser.add_argument("--gil-switch-ms", type=float, default=d.gil_switch_s * 1e3, metavar="MS",
+                        help="the serving process's GIL switch interval (default %(default)s ms): how long the engine "
+                             "thread waits for the GIL behind the event loop's or the codec thread's Python each time "
+                             "one of its calls drops it (a dozen or more times per engine step; docs/PERF.md)")
     parser.add_argument("--codec-overdue-first", action="store_true",
                         help="CUDA: a codec call that holds an overdue job (a stream's first chunk, a listener already "
                              "dry) runs on a CUDA stream above the talker's priority, so its kernels go first beside a "
@@ -396,7 +400,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
-                        codec_overdue_first=args.codec_overdue_first,
+                        codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

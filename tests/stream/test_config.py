@@ -70,6 +70,10 @@ def test_codec_schedule_is_eager_unless_asked():
     assert ServerConfig().codec_sms is None and ServerConfig(codec_sms=48).codec_sms == 48
     with pytest.raises(ConfigError, match="codec_sms"):
         ServerConfig(codec_sms=0)
+    assert ServerConfig().gil_switch_s == 1e-4
+    for bad in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="gil_switch_s"):
+            ServerConfig(gil_switch_s=bad)
     with pytest.raises(ConfigError, match="codec_overdue_first"):
         ServerConfig(codec_sms=48, codec_overdue_first=True)
     assert ServerConfig(codec_overdue_first=True).codec_overdue_first and not ServerConfig().codec_overdue_first

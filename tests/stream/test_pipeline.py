@@ -590,3 +590,16 @@ async def test_start_warms_up_with_a_reference_voice_when_the_default_cannot():
     tried.clear()
     await start_pipeline(SimpleNamespace(config=ServerConfig(), pipeline=Pipe(), voices=voices))
     assert tried == ["start"]
+
+
+async def test_the_pipeline_sets_the_process_gil_switch_interval(make_pipeline):
+    """Serving sets the process-wide GIL switch interval it is configured with (its engine thread's
+    calls each drop and retake the GIL; see ServerConfig.gil_switch_s)."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        await make_pipeline(gil_switch_s=2e-4)
+        assert sys.getswitchinterval() == pytest.approx(2e-4)
+    finally:
+        sys.setswitchinterval(before)
