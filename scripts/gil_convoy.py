@@ -5,8 +5,10 @@ planning, the graph replay, event records, copies). While another thread of the 
 Python (the event loop writing to sockets, the codec thread planning a call), each retake waits until
 that thread is made to let go: up to one switch interval per call. This script times a step of N tiny
 torch calls (each drops the GIL) beside a thread that runs pure Python in 20 ms bursts, at several
-switch intervals, and the throughput of two pure-Python threads at the same intervals (what a shorter
-interval costs).
+switch intervals; the latency of a hand-off through a queue when the sender keeps running Python for
+0.7 ms (the engine queues a round for the codec thread and goes on routing; the codec thread hands audio
+to the event loop; the event loop wakes the engine: a stream's first audio crosses three); and the
+throughput of two pure-Python threads at the same intervals (what a shorter interval costs).
 
     python scripts/gil_convoy.py [--calls 12] [--out gil_convoy.json]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
 import sys
 import threading
@@ -54,7 +57,29 @@ def step_times(calls: int, steps: int, busy: bool) -> list[float]:
     return out
 
 
-def two_threads_work(seconds: float = 1.0) -> float:
+def handoff_times(n: int = 300, sender_python_s: float = 0.0007) -> list[float]:
+    """Seconds from a queue put to the receiver running, while the sender runs Python after the put."""
+    q: queue.Queue[float | None] = queue.Queue()
+    lat: list[float] = []
+
+    def receive() -> None:
+        while (t := q.get()) is not None:
+            lat.append(time.perf_counter() - t)
+
+    th = threading.Thread(target=receive)
+    th.start()
+    for _ in range(n):
+        q.put(time.perf_counter())
+        t = time.perf_counter()
+        while time.perf_counter() - t < sender_python_s:
+            sum(i * i for i in range(50))
+        time.sleep(0.003)
+    q.put(None)
+    th.join()
+    return sorted(lat)
+
+
+def two_threads_work(seconds: float = 2.0) -> float:
     stop, counts = threading.Event(), [[0], [0]]
     ths = [threading.Thread(target=python_burst, args=(stop, 1.0, 0.0, c)) for c in counts]
     for th in ths:
@@ -79,16 +104,20 @@ def main() -> None:
             alone = sorted(step_times(args.calls, 50, busy=False))
             beside = sorted(step_times(args.calls, args.steps, busy=True))
             q = lambda xs, p: 1e3 * xs[min(len(xs) - 1, int(p * len(xs)))]
+            hand = handoff_times()
             rows.append({"switch_ms": ms, "alone_p50_ms": 1e3 * statistics.median(alone),
                          "beside_p50_ms": q(beside, 0.5), "beside_p90_ms": q(beside, 0.9),
-                         "beside_p99_ms": q(beside, 0.99), "two_threads_work_per_s": two_threads_work()})
+                         "beside_p99_ms": q(beside, 0.99), "handoff_p50_ms": q(hand, 0.5),
+                         "handoff_p90_ms": q(hand, 0.9), "two_threads_work_per_s": two_threads_work()})
     finally:
         sys.setswitchinterval(before)
     print(f"a step of {args.calls} GIL-dropping torch calls, alone and beside a thread running pure Python in 20 ms bursts")
-    print(f"{'switch ms':>9} {'alone p50':>10} {'beside p50':>11} {'p90':>7} {'p99':>7} {'2 Python threads work/s':>24}")
+    print(f"{'switch ms':>9} {'alone p50':>10} {'beside p50':>11} {'p90':>7} {'p99':>7} {'hand-off p50':>13} {'p90':>6} "
+          f"{'2 Python threads work/s':>24}")
     for r in rows:
         print(f"{r['switch_ms']:>9.1f} {r['alone_p50_ms']:>10.2f} {r['beside_p50_ms']:>11.2f} {r['beside_p90_ms']:>7.2f} "
-              f"{r['beside_p99_ms']:>7.2f} {r['two_threads_work_per_s']:>24.0f}")
+              f"{r['beside_p99_ms']:>7.2f} {r['handoff_p50_ms']:>13.2f} {r['handoff_p90_ms']:>6.2f} "
+              f"{r['two_threads_work_per_s']:>24.0f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"calls": args.calls, "python": sys.version.split()[0], "torch": torch.__version__, "rows": rows}, f,
