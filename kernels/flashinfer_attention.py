@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -70,16 +71,22 @@ class HostCSR:
 
     @classmethod
     def build(cls, page_tables: list[list[int]], kv_lens: list[int], qo_lens: list[int], page_size: int) -> HostCSR:
-        """From per-sequence page tables (at least ceil(kv_len / page_size) pages each) and lengths."""
-        num_pages = [-(-kv // page_size) for kv in kv_lens]
-        assert all(len(t) >= n for t, n in zip(page_tables, num_pages)), "a page table is too short"
-        assert all(1 <= q <= kv for q, kv in zip(qo_lens, kv_lens)), "need 1 <= qo_len <= kv_len"
-        qo = np.zeros(len(kv_lens) + 1, np.int32)
-        qo[1:] = np.cumsum(qo_lens)
-        kv = np.zeros(len(kv_lens) + 1, np.int32)
-        kv[1:] = np.cumsum(num_pages)
-        idx = np.fromiter((p for t, n in zip(page_tables, num_pages) for p in t[:n]), np.int32, int(kv[-1]))
-        last = np.array([k - (n - 1) * page_size for k, n in zip(kv_lens, num_pages)], np.int32)
+        """From per-sequence page tables (at least ceil(kv_len / page_size) pages each) and lengths.
+        Built on every decode step (hundreds of sequences at load): whole-array numpy, and the page
+        indices gathered by one C-level chain over the tables' slices."""
+        b = len(kv_lens)
+        kv_len = np.asarray(kv_lens, np.int64)
+        qo_len = np.asarray(qo_lens, np.int64)
+        num_pages = (kv_len + page_size - 1) // page_size
+        assert (np.fromiter(map(len, page_tables), np.int64, b) >= num_pages).all(), "a page table is too short"
+        assert ((qo_len >= 1) & (qo_len <= kv_len)).all(), "need 1 <= qo_len <= kv_len"
+        qo = np.zeros(b + 1, np.int32)
+        np.cumsum(qo_len, out=qo[1:])
+        kv = np.zeros(b + 1, np.int32)
+        np.cumsum(num_pages, out=kv[1:])
+        idx = np.fromiter(chain.from_iterable([t[:n] for t, n in zip(page_tables, num_pages.tolist())]), np.int32,
+                          int(kv[-1]))
+        last = (kv_len - (num_pages - 1) * page_size).astype(np.int32)
         return cls(torch.from_numpy(qo), torch.from_numpy(kv), torch.from_numpy(idx), torch.from_numpy(last))
 
     @classmethod
