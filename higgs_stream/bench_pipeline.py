@@ -203,8 +203,8 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
     if prof is not None:
         inner = pipeline._run
         pipeline._run = lambda: prof.runcall(inner)
+    switch = sys.getswitchinterval()  # the process's, restored after the run (the pipeline sets its own)
     await pipeline.start()
-    switch = sys.getswitchinterval()
     if switch_ms is not None:  # over the pipeline's own setting, for this run
         sys.setswitchinterval(switch_ms / 1e3)
     loop = asyncio.get_running_loop()
