@@ -167,8 +167,8 @@ async def stream_bench(engine: Engine, codec: Any, runs: list[tuple[int, str, in
     pipeline = Pipeline(engine, codec, cfg, codec_stream=codec_stream)
     pipeline.codec_worker.code2wav.partition_steps = partition_steps
     t0 = time.perf_counter()
+    switch = sys.getswitchinterval()  # the process's, restored at the end (the pipeline sets its own)
     await pipeline.start()  # warms the codec up at its bucketed shapes, captures the small ones
-    switch = sys.getswitchinterval()
     if gil_switch_s is not None:
         sys.setswitchinterval(gil_switch_s)
     log(f"pipeline started in {time.perf_counter() - t0:.1f} s (codec warm-up, codec stream {codec_stream}, "
