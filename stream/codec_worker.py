@@ -227,6 +227,9 @@ class CodecWorker:
         with on_stream(self._stream):
             if self.device is not None:
                 _prime_blas(self.device)
+                if self._first is not None:  # the overdue calls' stream gets its workspaces now too
+                    with after_and_before(self._first, self._stream):
+                        _prime_blas(self.device)
             stop = False
             while not stop:
                 stop = self._take(wake_in(self.pending, time.monotonic(), self.busy()))
@@ -399,9 +402,11 @@ def after_and_before(stream: torch.cuda.Stream | None, home: torch.cuda.Stream |
         yield
         return
     stream.wait_stream(home)
-    with torch.cuda.stream(stream):
-        yield
-    home.wait_stream(stream)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:  # a failed call too: what it queued stays ordered before the next call
+        home.wait_stream(stream)
 
 
 def _prime_blas(device: torch.device) -> None:
