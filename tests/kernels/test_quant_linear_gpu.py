@@ -65,12 +65,16 @@ def test_int8_linear_matches_the_definition(m, n, k):
     assert rel(got, want) < 4e-3, rel(got, want)
 
 
-@pytest.mark.parametrize("mode", ["int8", "fp8"])
-def test_small_batches_are_row_invariant(mode):
+def quantized(mode: str, n: int, k: int):
+    """(the mode's linear, a random [n, k] weight quantized by it); skips fp8 below compute capability 8.9."""
     if mode == "fp8" and not fp8_capable():
         pytest.skip("fp8 needs compute capability >= 8.9")
-    qw = quantize_weight(torch.randn(3072, 8192, device="cuda") * 0.02, mode)
-    fn = int8_linear if mode == "int8" else fp8_linear
+    return (int8_linear if mode == "int8" else fp8_linear), quantize_weight(torch.randn(n, k, device="cuda") * 0.02, mode)
+
+
+@pytest.mark.parametrize("mode", ["int8", "fp8"])
+def test_small_batches_are_row_invariant(mode):
+    fn, qw = quantized(mode, 3072, 8192)
     x = torch.randn(16, 8192, device="cuda").bfloat16()
     batch = fn(x, qw.qweight, qw.scale)
     for i in (0, 7, 15):
@@ -90,10 +94,7 @@ def test_fp8_small_batches_equal_the_scaled_gemm(m):
 
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
 def test_graph_replay_equals_eager(mode):
-    if mode == "fp8" and not fp8_capable():
-        pytest.skip("fp8 needs compute capability >= 8.9")
-    qw = quantize_weight(torch.randn(5120, 3072, device="cuda") * 0.02, mode)
-    fn = int8_linear if mode == "int8" else fp8_linear
+    fn, qw = quantized(mode, 5120, 3072)
     x = torch.randn(8, 3072, device="cuda").bfloat16()
     fn(x, qw.qweight, qw.scale)  # compile / warm up outside the capture
     torch.cuda.synchronize()
