@@ -14,24 +14,28 @@ base=${BASELINE:-.baseline}
 d="$OUT/first_frame"; mkdir -p "$d"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$d/gpu.txt"
 here=$(pwd)
-[ -d "$base" ] && shim_tree "$base" /tmp/shim_base
-for tree in base this; do
-  if [ "$tree" = base ]; then
-    [ -d "$base" ] || { echo "no $base: baseline skipped"; continue; }
-    pp=/tmp/shim_base:${PYTHONPATH:-}
-  else
-    pp=${PYTHONPATH:-}
-  fi
+run_tree() {  # run_tree LABEL: both models' first steps and decode sweep with the higgs_stream importable now
+  local tree=$1 m arch preset
+  (cd /tmp && python3 -c "import higgs_stream.engine.engine as e; print('$tree code:', e.__file__)")
   for m in ${MODELS:-qwen3-tts:1.7b v2:full}; do
     arch=${m%%:*} preset=${m##*:}
     # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
-    (cd /tmp && PYTHONPATH=$pp timeout 200 python3 "$here/scripts/profile_first_step.py" --arch "$arch" --preset "$preset" \
+    (cd /tmp && timeout 200 python3 "$here/scripts/profile_first_step.py" --arch "$arch" --preset "$preset" \
       --out "$d/${tree}_${arch}_prof.txt" > "$d/${tree}_${arch}_first.txt" 2>&1)
     grep -E "steps of a lone|kernels|Error" "$d/${tree}_${arch}_first.txt" | sed "s/^/$tree: /"
-    (cd /tmp && PYTHONPATH=$pp timeout 150 python3 -c "import sys; from higgs_stream.bench import main; sys.exit(main(sys.argv[1:]))" \
+    (cd /tmp && timeout 150 python3 -c "import sys; from higgs_stream.bench import main; sys.exit(main(sys.argv[1:]))" \
       --arch "$arch" --preset "$preset" --sections decode --batches "${BATCHES:-1,8,64,256}" \
       --out "$d/${tree}_${arch}_decode.json" > "$d/${tree}_${arch}_decode.log" 2>&1)
-    grep -E "decode b=|Error" "$d/${tree}_${arch}_decode.log" | tail -4 | sed "s/^/$tree $arch: /"
+    grep -E "decode b=|Error" "$d/${tree}_${arch}_decode.log" | tail -5 | sed "s/^/$tree $arch: /"
   done
-done
+}
+run_tree this  # the editable install (device_env.sh)
+if [ -d "$base" ]; then  # then the baseline through a shim, the editable install removed (its finder wins over PYTHONPATH)
+  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
+  shim_tree "$base" /tmp/shim_base
+  export PYTHONPATH=/tmp/shim_base:${PYTHONPATH:-}
+  run_tree base
+else
+  echo "no $base: baseline skipped"
+fi
 echo "done in $SECONDS s"
