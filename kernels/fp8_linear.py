@@ -12,14 +12,14 @@ emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the f
 compute capability >= 8.9): one Triton kernel quantizes the activations per token; up to GEMV_MAX_M
 rows (decode at small batch, where the GEMM only streams the weight) the narrow-tile Triton kernel of
 kernels/int8_linear.py multiplies the e4m3 operands (exact products, fp32 accumulation: the same math)
-and applies both scales; above them torch's row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]: cuBLASLt on Hopper
-with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
-`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies, all
-CUDA-graph safe (no host synchronisation). Why the Triton kernel at small M: on an H100 the scaled GEMM
-with the quantization launch took 12-16 us per attention projection at M <= 16 where bf16 cuBLAS took
-8-9 and the int8 Triton kernel 9.5 (README "Quantization"); the kernel reads e4m3 like int8. The scaled GEMM needs N and K multiples of 16; a linear of
-another shape (none in the served models) runs the same quantization and an fp32 matmul of the e4m3
-values instead.
+and applies both scales; above them torch's row-wise scaled GEMM (`torch._scaled_mm` with scale_a
+[M, 1] and scale_b [1, N]: cuBLASLt on Hopper with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise;
+what torchao's `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default)
+multiplies, all CUDA-graph safe (no host synchronisation). Why the Triton kernel at small M: on an
+H100 the scaled GEMM with the quantization launch took 12-16 us per attention projection at M <= 16
+where bf16 cuBLAS took 8-9 and the int8 Triton kernel 9.5 (README "Quantization"); the kernel reads
+e4m3 like int8. The scaled GEMM needs N and K multiples of 16; a linear of another shape (none in the
+served models) runs the same quantization and an fp32 matmul of the e4m3 values instead.
 
 The scale is a product with the fp32 reciprocal, not a division: torch's CUDA division of a tensor by
 a scalar multiplies by the reciprocal, its CPU one divides, and a product is rounded the same way by

@@ -10,7 +10,8 @@ channel (scale [N]); activations stay in their float dtype.
   fp32 version runs (scalar, exact to fp32, slow). Its bf16 kernel given another K reads past the
   rows (NaN, or a segfault: torch 2.11), so it is never called so.
 * CUDA: a Triton kernel that converts each int8 weight tile in registers and accumulates in fp32
-  (the weight is read once, as int8). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
+  (the weight is read once, as int8). `triton_linear` also serves fp8's small batches with it (both
+  operands e4m3, per-token row scales: kernels/fp8_linear.py). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
   kernel, and torchao's int8 weight-only linear is `mm(x, q.to(x.dtype)) * scale` (fast only when
   torch.compile fuses it; eager under a CUDA graph it writes and re-reads a bf16 copy of the weight).
 
@@ -111,7 +112,7 @@ def build_kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def int8_weight_only_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
+    def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 IEEE: tl.constexpr, WIDEN: tl.constexpr, ROW_SCALE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
@@ -140,7 +141,7 @@ def build_kernel():
         tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
 
-    return int8_weight_only_kernel
+    return quantized_linear_kernel
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import argparse
 import time
 
 import torch
-from higgs_stream.bench.measure import report, sync
+from higgs_stream.bench.measure import kernel_time, report, sync
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.random_weights import in_memory_engine
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
@@ -69,9 +69,8 @@ def main() -> None:
     if cuda:
         tables.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
         for name, p in (("prefill step", profiled[0]), ("decode step", profiled[2])):
-            kernels = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-            print(f"{args.arch} {args.preset}: {name}: {len(kernels)} kernels, "
-                  f"{sum(e.device_time for e in kernels) / 1e3:.2f} ms of device time")
+            kernels, device_ms = kernel_time(p)
+            print(f"{args.arch} {args.preset}: {name}: {kernels} kernels, {device_ms:.2f} ms of device time")
     report("\n\n".join(tables), args.out)
 
 

@@ -12,7 +12,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from higgs_stream.bench.measure import report
+from higgs_stream.bench.measure import kernel_time, report
 from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.streaming import QwenStreamingDecoder
 from higgs_stream.engine.models.qwen3_tts.make_checkpoint import random_decoder
@@ -38,11 +38,10 @@ def main() -> None:
             for _ in range(REPLAYS):
                 dec.step([slot], codes, [frames], [False])
             torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        busy = sum(e.device_time for e in kernels) / REPLAYS / 1e3
+        kernels, device_ms = kernel_time(prof)
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
         head = (f"1 x {frames} frames: replay ms {1e3 * dec.timings.get((1, frames), float('nan')):.2f}, "
-                f"{len(kernels) / REPLAYS:.0f} device ops per step, {busy:.2f} ms of kernel time per step")
+                f"{kernels / REPLAYS:.0f} device ops per step, {device_ms / REPLAYS:.2f} ms of kernel time per step")
         parts += [head, table]
     report("\n".join(parts), args.out)
 

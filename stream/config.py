@@ -87,9 +87,9 @@ class ServerConfig:
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
     # The serving process's GIL switch interval (sys.setswitchinterval): how long a thread that wants the
-    # GIL back waits behind pure-Python work on another thread. An engine step makes a dozen or more calls that drop
-    # and retake the GIL (torch ops, attention planning, graph replay, copies), each costing up to one
-    # interval while the event loop or the codec thread runs Python (docs/PERF.md, session 8).
+    # GIL back waits behind pure-Python work on another thread. An engine step makes a dozen or more calls
+    # that drop and retake the GIL (torch ops, attention planning, graph replay, copies), each costing up
+    # to one interval while the event loop or the codec thread runs Python (docs/PERF.md, session 8).
     gil_switch_s: float = 1e-4
 
     # Voices.

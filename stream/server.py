@@ -275,11 +275,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
                         help="... and resume them this close to it (s)")
     parser.add_argument("--yield-ahead", type=float, default=d.yield_ahead_s, metavar="S",
-                        help=f"low load: while a stream waits for its first audio and at most {PacingConfig.yield_max_streams} "
-                             "others exist, those more "
-                             "than S seconds ahead of their listener skip engine steps, and while every stream is that "
-                             "far ahead the engine steps synchronously, so a newcomer's first frames run alone (default "
-                             "%(default)s; a negative value is off)")
+                        help=f"low load: while a stream waits for its first audio and at most "
+                             f"{PacingConfig.yield_max_streams} others exist, those more than S seconds ahead of their "
+                             "listener skip engine steps, and while every stream is that far ahead the engine steps "
+                             "synchronously, so a newcomer's first frames run alone (default %(default)s; a negative "
+                             "value is off)")
     parser.add_argument("--saturated-step-ratio", type=float, default=d.saturated_step_ratio, metavar="R",
                         help="the GPU counts as saturated (pausing streams far ahead is on) while an engine step "
                              "takes more than R x one frame (default %(default)s)")

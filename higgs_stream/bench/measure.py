@@ -50,3 +50,10 @@ def report(text: str, out: str | None) -> None:
     if out:
         with open(out, "w") as f:
             f.write(text)
+
+
+def kernel_time(prof: Any) -> tuple[int, float]:
+    """(kernels, ms of device time) a finished torch.profiler run recorded on CUDA (graph replays'
+    kernels included)."""
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels), sum(e.device_time for e in kernels) / 1e3

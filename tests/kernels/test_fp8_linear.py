@@ -124,14 +124,10 @@ def test_fp8_small_batch_kernel_in_the_interpreter():
 
 
 @pytest.mark.parametrize("q_type, x_type, widen", [("*fp8e4nv", "*fp8e4nv", False), ("*i8", "*bf16", True)])
-def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, widen):
+def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, widen, compile_for_hopper):
     """No GPU needed: both specializations the engine launches at M <= 16 (fp8: e4m3 x e4m3 with row
     scales; int8: widened to bf16) lower to PTX and assemble for sm_90 with Triton's bundled ptxas,
     with 16-byte asynchronous weight loads (a byte-wise weight load would bound the GEMV)."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from higgs_stream.kernels import int8_linear
 
     sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32",
@@ -139,14 +135,6 @@ def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, widen):
     bm, bn, bk, warps, stages = int8_linear.block_sizes(1)
     consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "WIDEN": widen,
               "ROW_SCALE": not widen}
-    src = ASTSource(fn=int8_linear.build_kernel(), signature=sig, constexprs=consts,
-                    attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})  # as the launcher specializes
-    try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps,
-                                                                                  "num_stages": stages})
-    except RuntimeError as exc:  # pragma: no cover - a Triton without its bundled CUDA tools
-        if "ptxas" in str(exc):
-            pytest.skip(f"no ptxas: {exc}")
-        raise
+    compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"] and "cp.async.cg.shared.global" in ptx and "ld.global.b8" not in ptx

@@ -77,25 +77,15 @@ def test_the_kernel_in_the_interpreter_draws_what_the_reference_draws():
 
 
 @pytest.mark.parametrize("block,clean,warps", [(2048, True, 4), (4096, False, 8)])
-def test_the_kernel_compiles_for_hopper(block, clean, warps):
+def test_the_kernel_compiles_for_hopper(block, clean, warps, compile_for_hopper):
     """No GPU needed: Triton lowers the kernel to PTX and its bundled ptxas assembles it for sm_90, at
     the block sizes the engine launches (vocabularies up to 2048 and up to 4096), with no local-memory
     traffic in the PTX (the sorted row stays in registers and shared memory)."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from higgs_stream.kernels import sample_rows
 
     _, kernel = sample_rows._kernel()
     sig = {"x_ptr": "*fp32", "noise_ptr": "*fp32", "temp_ptr": "*fp32", "topk_ptr": "*i64", "cut_ptr": "*fp32",
            "greedy_ptr": "*i8", "tok_ptr": "*i64", "finite_ptr": "*i8", "x_sb": "i32", "x_sh": "i32",
            "n_sb": "i32", "n_sh": "i32", "heads": "i32", "vocab": "i32", "BLOCK": "constexpr", "CLEAN": "constexpr"}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={"BLOCK": block, "CLEAN": clean})
-    try:
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    except RuntimeError as exc:  # pragma: no cover - a Triton without its bundled CUDA tools
-        if "ptxas" in str(exc):
-            pytest.skip(f"no ptxas: {exc}")
-        raise
+    compiled = compile_for_hopper(kernel, sig, {"BLOCK": block, "CLEAN": clean}, num_warps=warps)
     assert compiled.asm["cubin"] and "ld.local" not in compiled.asm["ptx"]
