@@ -75,3 +75,25 @@ def check_tensors_are_named(weights_file, load, missing: str, unexpected: str, m
     finally:
         save_file(weights, weights_file)
     return weights
+
+
+async def collect(handle, timeout: float = 60.0) -> tuple[bytes, object]:
+    """A pipeline stream's whole PCM and its End event (stream/handle.py), within `timeout` seconds."""
+    import asyncio
+
+    from higgs_stream.stream.handle import End
+
+    pcm = []
+    async with asyncio.timeout(timeout):
+        while True:
+            for ev in await handle.next(1 << 20):
+                if isinstance(ev, End):
+                    return b"".join(pcm), ev
+                pcm.append(ev.pcm)
+
+
+def default_voice():
+    """The server's default voice (no reference audio)."""
+    from higgs_stream.stream.voices import VoiceLibrary
+
+    return VoiceLibrary().resolve("default")

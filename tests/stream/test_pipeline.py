@@ -1,5 +1,6 @@
 """The asyncio pipeline on the tiny random checkpoint (CPU): streamed PCM equals offline
-synthesis (s16 within 1 LSB, equal length), segments chain their history, cancel/slow clients free KV pages."""
+synthesis (s16 within 1 LSB, equal length), segments chain their history, cancel/slow clients free KV pages.
+Its threads and scheduling on a fake engine and codec: test_pipeline_threads.py."""
 
 from __future__ import annotations
 
@@ -7,11 +8,7 @@ import asyncio
 import base64
 import io
 import logging
-import queue
 import re
-import threading
-from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,11 +20,11 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.handle import Audio, End, StreamHandle
+from higgs_stream.stream.handle import Audio, End
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
-from higgs_stream.testing import assert_pcm_close
+from higgs_stream.testing import assert_pcm_close, collect, default_voice
 
 MAX_FRAMES = 30
 
@@ -63,20 +60,6 @@ async def make_pipeline(engine, codec):
     for p in started:
         await p.stop()
     assert engine.cache.allocator.num_used == 0, "KV pages leaked"
-
-
-def default_voice():
-    return VoiceLibrary().resolve("default")
-
-
-async def collect(handle, timeout=60.0) -> tuple[bytes, End]:
-    pcm = []
-    async with asyncio.timeout(timeout):
-        while True:
-            for ev in await handle.next(1 << 20):
-                if isinstance(ev, End):
-                    return b"".join(pcm), ev
-                pcm.append(ev.pcm)
 
 
 async def pages_freed(engine, timeout=5.0):
@@ -256,340 +239,6 @@ async def test_engine_failure_ends_only_the_affected_stream(make_pipeline, engin
     h2.close()
     pcm2, end2 = await collect(h2)
     assert end2 == End("completed") and len(pcm2) > 0 and p.healthy
-
-
-# ---------------------------------------------------------------- the codec thread (fake engine and codec)
-
-
-def fake_pcm(engine, sid: int) -> bytes:
-    """What the frame-local FakeCodec makes of stream `sid`'s frames: code 0 / 2048, held for a frame."""
-    frames = engine.frames[sid]  # [8, F]
-    return to_s16le(np.repeat(frames[0].astype(np.float32) / np.float32(2048.0), 960))
-
-
-class GatedCodec:
-    """FakeCodec whose calls wait for `gate`; `fail_call`: the call (1-based) that raises."""
-
-    def __init__(self, fail_call: int | None = None):
-        from higgs_stream.bench_pipeline import FakeCodec
-
-        self.inner, self.fail_call = FakeCodec(), fail_call
-        self.geometry = self.inner.geometry
-        self.gate = threading.Event()
-        self.shapes = []
-
-    def streaming_decoder(self, max_slots: int):
-        from higgs_stream.bench_pipeline import FrameLocalStreaming
-
-        return FrameLocalStreaming(self.decode, self.geometry, max_slots)
-
-    def decode(self, codes):
-        self.gate.wait(30)
-        self.shapes.append(tuple(codes.shape))
-        if len(self.shapes) == self.fail_call:
-            raise RuntimeError("codec fell over")
-        return self.inner.decode(codes)
-
-
-async def fake_pipeline(codec, rounds: int | None = None):
-    from higgs_stream.bench_pipeline import FakeEngine
-
-    engine = FakeEngine(step_s=0.001)
-    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0))
-    if rounds is not None:
-        p.codec_worker.rounds = queue.Queue(maxsize=rounds)  # before start(): a shorter codec queue
-    await p.start()
-    return engine, p
-
-
-async def test_engine_steps_while_the_codec_works_and_streams_keep_their_order():
-    codec = GatedCodec()
-    engine, p = await fake_pipeline(codec)
-    try:
-        handles = [p.open(ContextOptions(voice=default_voice(), seed=i)) for i in range(3)]
-        for h in handles:
-            h.say("Hello.")
-            h.close()
-        async with asyncio.timeout(10):  # the codec is stuck in its first call; generation goes on
-            while engine.steps < 40:
-                await asyncio.sleep(0.005)
-        assert all(h.samples == 0 for h in handles) and len(codec.shapes) == 0
-        codec.gate.set()
-        for sid, h in enumerate(handles):
-            pcm, end = await collect(h, timeout=10)
-            assert end == End("completed") and pcm == fake_pcm(engine, sid)
-        # rounds queued while the codec was busy were decoded together: fewer calls than rounds
-        assert p.codec_calls == len(codec.shapes) < 3 * 7
-    finally:
-        await p.stop()
-
-
-async def test_full_codec_queue_holds_the_engine_back():
-    codec = GatedCodec()
-    engine, p = await fake_pipeline(codec, rounds=1)
-    try:
-        h = p.open(ContextOptions(voice=default_voice(), seed=1))
-        h.say("Hello.")
-        h.close()
-        async with asyncio.timeout(10):
-            while True:  # one round in the codec, one queued, the engine waits on the third
-                steps = engine.steps
-                await asyncio.sleep(0.1)
-                if engine.steps == steps:
-                    break
-        assert engine.has_work() and steps < 60
-        codec.gate.set()
-        pcm, end = await collect(h, timeout=10)
-        assert end == End("completed") and pcm == fake_pcm(engine, 0)
-    finally:
-        await p.stop()
-
-
-async def test_codec_failure_ends_only_the_streams_in_that_call():
-    codec = GatedCodec(fail_call=1)
-    engine, p = await fake_pipeline(codec)
-    codec.gate.set()
-    try:
-        a = p.open(ContextOptions(voice=default_voice(), seed=1))
-        a.say("Hello.")
-        a.close()
-        pcm, end = await collect(a, timeout=10)
-        assert pcm == b"" and end.reason == "error" and "codec fell over" in str(end.error)
-        b = p.open(ContextOptions(voice=default_voice(), seed=2))
-        b.say("Hello.")
-        b.close()
-        pcm, end = await collect(b, timeout=10)
-        assert end == End("completed") and pcm == fake_pcm(engine, 1) and p.healthy
-        async with asyncio.timeout(5):
-            while engine.has_work():  # the failed stream was cancelled in the engine
-                await asyncio.sleep(0.01)
-    finally:
-        await p.stop()
-
-
-async def far_ahead(p: Pipeline, seconds: float = 0.6, transport: str = "ws") -> tuple[StreamHandle, bytes]:
-    """A stream (seed 1) read until `seconds` of its audio are out: with a fake engine many times faster than
-    real time, it is then far ahead of its listener. Returns it and that audio."""
-    first = p.open(ContextOptions(voice=default_voice(), seed=1), transport=transport)
-    first.say("Hello.")
-    first.close()
-    head: list[bytes] = []
-    async with asyncio.timeout(20):
-        while sum(map(len, head)) < 2 * 24000 * seconds:  # s16 mono, 24 kHz
-            for ev in await first.next(1 << 20):
-                assert not isinstance(ev, End), f"the stream ended before {seconds} s of audio"
-                head.append(ev.pcm)
-    return first, b"".join(head)
-
-
-async def then_a_newcomer(p: Pipeline, first: StreamHandle) -> tuple[bytes, bytes]:
-    """A second stream (seed 2) beside `first`; both to the end. Returns the rest of first's audio and the
-    second's, each completed."""
-    second = p.open(ContextOptions(voice=default_voice(), seed=2))
-    second.say("Hello.")
-    second.close()
-    pcm2, end2 = await collect(second, timeout=20)
-    pcm1, end1 = await collect(first, timeout=20)
-    assert end1 == end2 == End("completed")
-    return pcm1, pcm2
-
-
-async def test_saturated_engine_pauses_streams_far_ahead_while_another_needs_the_steps():
-    """Deadline-aware pacing end to end (fake engine at 12 ms a step: 'saturated' above 10 ms, no
-    admission limit): alone, a stream far ahead is never paused (that frees the GPU for nobody);
-    while a second stream waits for its first audio, the first (more than 0.3 s ahead of its
-    listener) is paused, and it resumes when 0.2 s are left or nobody needs the steps any more
-    (never left paused with the talker idle). Both streams' audio is unchanged, nobody stays paused."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    engine = FakeEngine(step_s=0.012)
-    pauses: list[int] = []
-    engine.pause = lambda sid, pause=engine.pause: (pauses.append(sid), pause(sid))[1]
-    cfg = ServerConfig(max_frames=60, history_segments=0, pause_ahead_s=0.3, resume_ahead_s=0.2,
-                       admit_step_ratio=None)
-    p = Pipeline(engine, FakeCodec(), cfg)
-    await p.start()
-    try:
-        first, head = await far_ahead(p)  # 0.6 s of audio sent at ~3x real time: > 0.3 s ahead
-        assert pauses == []  # far ahead, but alone
-        pcm1, pcm2 = await then_a_newcomer(p, first)
-        assert head + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
-        # the first is paused first; later either may be (whichever is far ahead while the other is not)
-        assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
-    finally:
-        await p.stop()
-
-
-async def test_streams_far_ahead_yield_to_a_newcomer_on_an_unsaturated_engine():
-    """Yielding end to end (fake engine at 3 ms a step, saturated only above a whole frame a step, so
-    pacing alone pauses nobody; 250 frames, ~0.75 s of steps): a stream more than yield_ahead_s ahead
-    is paused while a second waits for its first audio, then runs again; both streams' audio is
-    unchanged and nobody stays paused."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    engine = FakeEngine(step_s=0.003)
-    pauses: list[int] = []
-    engine.pause = lambda sid, pause=engine.pause: (pauses.append(sid), pause(sid))[1]
-    syncs: list[bool] = []  # relaxed (every stream far ahead, nobody waiting): synchronous engine steps
-    engine.step = lambda sync=False, step=engine.step: (syncs.append(sync), step(sync))[1]
-    cfg = ServerConfig(max_frames=250, history_segments=0, admit_step_ratio=None, yield_ahead_s=0.3,
-                       saturated_step_ratio=1.0)
-    p = Pipeline(engine, FakeCodec(), cfg)
-    await p.start()
-    try:
-        first, head = await far_ahead(p)  # 0.6 s of audio sent at many times real time: > 0.3 s ahead
-        assert pauses == []  # far ahead, but nobody waits
-        pcm1, pcm2 = await then_a_newcomer(p, first)
-        assert head + pcm1 == fake_pcm(engine, 0) and pcm2 == fake_pcm(engine, 1)
-        assert pauses[0] == 0 and not engine.paused and not p.pacer.paused
-        assert syncs[0] is False and True in syncs  # the first steps pipelined (a stream waited), later relaxed
-    finally:
-        await p.stop()
-
-
-async def test_an_http_response_is_never_stepped_synchronously():
-    """A lone HTTP stream far ahead of its (notional) listener keeps pipelined steps: its client may be
-    downloading the audio."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    engine = FakeEngine(step_s=0.003)
-    syncs: list[bool] = []
-    engine.step = lambda sync=False, step=engine.step: (syncs.append(sync), step(sync))[1]
-    p = Pipeline(engine, FakeCodec(), ServerConfig(max_frames=250, history_segments=0, yield_ahead_s=0.3))
-    await p.start()
-    try:
-        first, head = await far_ahead(p, transport="http")
-        pcm, end = await collect(first, timeout=20)
-        assert end == End("completed") and head + pcm == fake_pcm(engine, 0)
-        assert syncs and True not in syncs
-    finally:
-        await p.stop()
-
-
-async def test_saturated_engine_refuses_new_streams():
-    """With the measured step time (fake engine: 12 ms) above the admission limit (a quarter of a
-    40 ms frame), a new stream is refused with CapacityError and counted while one runs; once the
-    server is idle again it admits (its loop model learns only from steps)."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    engine = FakeEngine(step_s=0.012)
-    p = Pipeline(engine, FakeCodec(), ServerConfig(max_frames=60, history_segments=0, admit_step_ratio=0.25))
-    await p.start()
-    try:
-        h = p.open(ContextOptions(voice=default_voice(), seed=1))
-        h.say("Hello.")
-        h.close()
-        head = await h.next(1 << 20)  # audio: the engine has stepped (and been measured)
-        assert head and not isinstance(head[-1], End)
-        assert p.loop_model.predict(2) > 0.25 * 0.04  # measured: ~12 ms a step
-        with pytest.raises(CapacityError, match="saturated"):
-            p.open(ContextOptions(voice=default_voice(), seed=2))
-        assert p.metrics.refused.value() == 1
-        pcm, end = await collect(h, timeout=20)
-        assert end == End("completed") and b"".join(ev.pcm for ev in head) + pcm == fake_pcm(engine, 0)
-        again = p.open(ContextOptions(voice=default_voice(), seed=3))  # idle: admitted
-        again.cancel()
-    finally:
-        await p.stop()
-
-
-async def test_first_chunk_grows_with_the_measured_jitter():
-    """Idle: the default schedule (a 1-frame first chunk). Loaded: the first chunk covers three
-    times (engine loop + codec call), then doubles to 25 frames; never more than 8 frames."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())
-    assert p.adapter_config("exact").schedule == (1, 2, 4, 8, 16, 25)  # nothing measured yet
-    p.loop_model.observe(64, 0.010)
-    p.codec_worker.call_s = 0.030  # 3 x 40 ms = 120 ms of jitter = 3 frames
-    cfg = p.adapter_config("exact")
-    assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "exact"
-    assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
-    p.codec_worker.call_s = 1.0
-    assert p.adapter_config("exact").schedule[0] == 8
-    # a long call in flight delays chunk 1 but not chunk 0: 3 frames must cover 6 loops + the call
-    p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080  # 3 x 20 ms of mean jitter: 2 frames
-    assert p.adapter_config("exact").schedule[0] == 4  # 80 ms / (40 - 2 x 10 ms) = 4 frames
-    p.codec_worker.call_peak_s = 0.030
-    assert p.adapter_config("exact").schedule[0] == 2  # 30 / 20 = 1.5 -> 2: the mean rule's 2 stands
-    p.loop_model.observe(64, 0.030)  # a loop of ~20 ms or more: a frame cannot cover two loops
-    p.loop_model.last_s = 0.025
-    assert p.adapter_config("exact").schedule[0] == 8
-
-
-def test_the_codec_worker_remembers_its_longest_recent_call():
-    """call_peak_s: the longest call, halving every CALL_PEAK_HALF_LIFE_S unless a longer one comes."""
-    from higgs_stream.bench_pipeline import FakeCodec
-    from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S, CodecWorker
-
-    codec = FakeCodec()
-    w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, warm=False)
-    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: None)
-    clock = iter([10.0, 10.08, 11.0, 11.01, 11.0 + CALL_PEAK_HALF_LIFE_S, 11.0 + CALL_PEAK_HALF_LIFE_S + 0.001])
-    with mock.patch("higgs_stream.stream.codec_worker.time.perf_counter", lambda: next(clock)):
-        for _ in range(3):
-            w._decode_call([])
-    assert w.call_peak_s == pytest.approx(max(0.001, 0.08 * 0.5 ** ((11.0 + CALL_PEAK_HALF_LIFE_S + 0.001 - 10.08) / CALL_PEAK_HALF_LIFE_S)))
-
-
-async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
-    """`warm_up` sends one utterance through engine and codec before a server reports healthy, then
-    starts the loop model afresh (slow first-use steps must not make admission refuse); a warm-up
-    that fails says so and returns None instead of keeping the server down."""
-    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
-
-    engine = FakeEngine(step_s=0.0)
-    p = Pipeline(engine, FakeCodec(), ServerConfig(max_frames=30, history_segments=0))
-    await p.start()
-    try:
-        seconds = await p.warm_up(default_voice())
-        assert seconds is not None and seconds > 0
-        assert len(engine.frames[0][0]) == 30  # one whole utterance ran
-        assert p.loop_model.predict(1) is None and p.metrics.refused.value() == 0
-        assert p.metrics.requests.value(transport="warm-up", outcome="completed") == 0  # not a request
-        assert await p.warm_up(default_voice(), timeout_s=0.0) is None  # timed out: logged, not raised
-    finally:
-        await p.stop()
-
-
-def test_serve_warms_up_unless_told_not_to():
-    import argparse
-
-    from higgs_stream.stream.server import add_arguments, config_from_args
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert config_from_args(parser.parse_args(["--model", "m"])).warm_up
-    assert not config_from_args(parser.parse_args(["--model", "m", "--no-warm-up"])).warm_up
-
-
-async def test_start_warms_up_with_a_reference_voice_when_the_default_cannot():
-    """A model that needs reference audio (Qwen3-TTS Base) fails the default voice's warm-up: the server
-    then warms up with the first preset that has a reference, and stops at the first that works."""
-    from types import SimpleNamespace
-
-    from higgs_stream.stream.server_state import start_pipeline
-    from higgs_stream.stream.voices import Voice
-
-    tried = []
-
-    class Pipe:
-        async def start(self):
-            tried.append("start")
-
-        async def warm_up(self, voice):
-            tried.append(voice.name)
-            return None if voice.name == "default" else 1.0
-
-    default = Voice(name="default")
-    presets = {"plain": Voice(name="plain"), "ref": Voice(name="ref", audio=b"RIFF", transcript="Hi."),
-               "ref2": Voice(name="ref2", audio=b"RIFF", transcript="Hi.")}
-    voices = SimpleNamespace(resolve=lambda name: default, presets=presets)
-    await start_pipeline(SimpleNamespace(config=ServerConfig(warm_up=True), pipeline=Pipe(), voices=voices))
-    assert tried == ["start", "default", "ref"]
-    tried.clear()
-    await start_pipeline(SimpleNamespace(config=ServerConfig(), pipeline=Pipe(), voices=voices))
-    assert tried == ["start"]
 
 
 async def test_the_pipeline_sets_the_process_gil_switch_interval(make_pipeline):
