@@ -7,7 +7,7 @@ export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 shim_tree() {  # shim_tree TREE DEST: DEST/higgs_stream, a package whose sub-packages are TREE's top-level
   # folders and the entries of TREE/higgs_stream (its modules and its bench/, loadgen/ packages); for this
   # tree when the editable install fails, for a `git archive` of an older commit in the A/B scripts
-  local tree dest=$2
+  local tree dest=$2 d f
   tree=$(cd "$1" && pwd)
   rm -rf "$dest" && mkdir -p "$dest/higgs_stream"
   for d in engine kernels stream clients; do ln -sfn "$tree/$d" "$dest/higgs_stream/$d"; done

@@ -6,7 +6,7 @@
 # shared K/V heads); any tree pair works.
 # Usage (device tool, carry .whl and the baseline folder):  BASELINE=.baseline_s8 bash scripts/gpu_first_frame_ab.sh
 # .baseline_s8 (untracked): mkdir -p .baseline_s8 && git archive 44ff9e5 engine kernels stream clients higgs_stream | tar -x -C .baseline_s8
-# Env: BASELINE (default .baseline), MODELS (default "qwen3-tts:1.7b v2:full"), BATCHES (1,8,64,256).
+# Env: SKIP_THIS=1 (baseline only), BASELINE (default .baseline), MODELS (default "qwen3-tts:1.7b v2:full"), BATCHES (1,8,64,256).
 # Writes $OUT/first_frame/{gpu.txt, <tree>_<arch>_first.txt, <tree>_<arch>_decode.json/.log}.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -29,7 +29,7 @@ run_tree() {  # run_tree LABEL: both models' first steps and decode sweep with t
     grep -E "decode b=|Error" "$d/${tree}_${arch}_decode.log" | tail -5 | sed "s/^/$tree $arch: /"
   done
 }
-run_tree this  # the editable install (device_env.sh)
+[ "${SKIP_THIS:-0}" = 1 ] || run_tree this  # the editable install (device_env.sh)
 if [ -d "$base" ]; then  # then the baseline through a shim, the editable install removed (its finder wins over PYTHONPATH)
   python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
   shim_tree "$base" /tmp/shim_base

@@ -25,8 +25,9 @@ def test_full_decoder_cuda_matches_cpu_in_strict_fp32():
     cpu = codec.decode(codes)
     codec.cuda()
     assert rel_err(codec.decode(codes.cuda()), cpu) <= 1e-5
-    codec.allow_tf32 = True  # cuDNN's default: measurably less exact
-    assert 1e-5 < rel_err(codec.decode(codes.cuda()), cpu) < 1e-2
+    codec.allow_tf32 = True  # cuDNN's default: TF32 where cuDNN picks a TF32 algorithm (H100 run 2026-11-27
+    # picked none for these shapes: 1.4e-6), so only its bound is asserted
+    assert rel_err(codec.decode(codes.cuda()), cpu) < 1e-2
     assert torch.backends.cudnn.allow_tf32  # the global flag is restored after each call
 
 

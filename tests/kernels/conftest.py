@@ -24,19 +24,34 @@ def params(b: int, v: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def ambiguous(logits: torch.Tensor, noise: torch.Tensor, p: dict[str, torch.Tensor], tol: float = 1e-4) -> torch.Tensor:
-    """[B, H] rows whose draw rounding or tie order could decide: a cumulative top-p mass within `tol`
-    of the cut, the two best race ratios within a relative `tol` of each other, or tied finite scores
-    (the warper drops an arbitrary subset of the ids tied at its cut, the kernel keeps them all)."""
-    asc = logits.sort(dim=-1).values
-    tied = ((asc[..., 1:] == asc[..., :-1]) & torch.isfinite(asc[..., 1:])).any(dim=-1)
+    """[B, H] rows whose draw rounding or tie order could decide. The race's winner, argmax(score - log
+    noise), does not depend on the softmax's normalisation, only on which ids top-p keeps: an id whose
+    cumulative top-p mass lies within `tol` of the cut, or whose score ties one at the cut (the warper drops
+    an arbitrary subset of tied ids there, the kernel keeps them all), may go either way, so a row is
+    ambiguous when keeping and dropping those ids crown different winners. Also ambiguous: the two best
+    race keys within a relative `tol`, and greedy rows whose two best logits tie."""
+    v = logits.shape[-1]
     scores = warp_scores_ref(logits, p["temperature"], p["top_k"], p["top_p_cut"], use_top_p=False)
-    cum = scores.sort(dim=-1).values.softmax(dim=-1).cumsum(dim=-1)
-    near_cut = ((cum - p["top_p_cut"][:, None, None]).abs() < tol).any(dim=-1)
-    ratios = (warp_scores_ref(logits, p["temperature"], p["top_k"], p["top_p_cut"]).softmax(-1) / noise)
+    asc, order = scores.sort(dim=-1)
+    cum = asc.softmax(dim=-1).cumsum(dim=-1)
+    cut = p["top_p_cut"][:, None, None]
+    n_drop = (cum <= cut).sum(dim=-1, keepdim=True).clamp(max=v - 1)  # the warper's dropped prefix
+    first_kept, last_dropped = asc.gather(-1, n_drop), asc.gather(-1, (n_drop - 1).clamp(min=0))
+    straddles = (n_drop > 0) & (first_kept == last_dropped) & torch.isfinite(first_kept)  # a tie across the cut
+    maybe = ((cum - cut).abs() < tol) | (straddles & (asc == first_kept))
+    maybe[..., -1] = False  # the best id is always kept
+    surely_dropped = (cum <= cut) & ~maybe
+    surely_dropped[..., -1] = False
+    key = asc - noise.gather(-1, order).log()  # the race key of each sorted id
+    lo = key.masked_fill(surely_dropped | maybe, float("-inf")).argmax(dim=-1)
+    hi = key.masked_fill(surely_dropped, float("-inf")).argmax(dim=-1)
+    near_cut = lo != hi
+    ratios = warp_scores_ref(logits, p["temperature"], p["top_k"], p["top_p_cut"]).softmax(-1) / noise
     best = ratios.topk(2, dim=-1).values
     near_tie = (best[..., 0] - best[..., 1]) < tol * best[..., 0]
-    return near_cut | near_tie | tied
-
+    top2 = logits.topk(2, dim=-1).values
+    greedy_tie = p["greedy"][:, None] & (top2[..., 0] == top2[..., 1])
+    return near_cut | near_tie | greedy_tie
 
 
 @pytest.fixture
