@@ -1,25 +1,31 @@
-"""FP8 (e4m3) linear with per-output-channel weight scales and per-token dynamic activation scales:
+"""FP8 (e4m3) linear with per-output-channel weight scales; activations quantized per token at run time
+above GEMV_MAX_M rows, kept in their float dtype up to it:
 
-    x_scale[m] = max(amax(|x[m, :]|), EPS) * fp32(1/448)    # one fp32 scale per row (token), at run time
-    xq = e4m3(x / x_scale)                                   # round to nearest even, |xq| <= 448
-    y  = (xq @ q^T) * x_scale[:, None] * w_scale[None, :]   # fp32 accumulation, out in x's dtype
+    M > GEMV_MAX_M (prefill, large decode batches; w8a8):
+      x_scale[m] = max(amax(|x[m, :]|), EPS) * fp32(1/448)    # one fp32 scale per row (token)
+      xq = e4m3(x / x_scale)                                   # round to nearest even, |xq| <= 448
+      y  = (xq @ q^T) * x_scale[:, None] * w_scale[None, :]   # fp32 accumulation, out in x's dtype
+    M <= GEMV_MAX_M (decode at small batch; weight-only):
+      y  = (x @ q^T) * w_scale[None, :]                        # e4m3 weights widened, fp32 accumulation
 
 `q` [N, K] e4m3 and `w_scale` [N] fp32 come from quantizing the weight once at load (the engine's
 quantize.py, the same rule per output channel).
 
 `fp8_linear_ref` / `quantize_per_token_ref` are the definitions (plain torch, any device: fp8 is
 emulated as exact products of e4m3 values with fp32 sums). `fp8_linear` is the fast path (CUDA,
-compute capability >= 8.9): one Triton kernel quantizes the activations per token; up to GEMV_MAX_M
-rows (decode at small batch, where the GEMM only streams the weight) the narrow-tile Triton kernel of
-kernels/int8_linear.py multiplies the e4m3 operands (exact products, fp32 accumulation: the same math)
-and applies both scales; above them torch's row-wise scaled GEMM (`torch._scaled_mm` with scale_a
-[M, 1] and scale_b [1, N]: cuBLASLt on Hopper with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise;
-what torchao's `Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default)
-multiplies, all CUDA-graph safe (no host synchronisation). Why the Triton kernel at small M: on an
-H100 the scaled GEMM with the quantization launch took 12-16 us per attention projection at M <= 16
-where bf16 cuBLAS took 8-9 and the int8 Triton kernel 9.5 (README "Quantization"); the kernel reads
-e4m3 like int8. The scaled GEMM needs N and K multiples of 16; a linear of another shape (none in the
-served models) runs the same quantization and an fp32 matmul of the e4m3 values instead.
+compute capability >= 8.9). Above GEMV_MAX_M rows one Triton kernel quantizes the activations per
+token and torch's row-wise scaled GEMM (`torch._scaled_mm` with scale_a [M, 1] and scale_b [1, N]:
+cuBLASLt on Hopper with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what torchao's
+`Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())` calls by default) multiplies. Up to
+GEMV_MAX_M rows the GEMM only streams the weight: the narrow-tile Triton kernel of
+kernels/int8_linear.py reads the e4m3 weight, widens it to bf16 in registers and multiplies the bf16
+activations, in one launch (no quantization launch, no activation rounding). Measured on an H100
+(scripts/sweep_fp8_gemv.py, weights read from HBM, 2026-11-27): a v2 layer's four linears at M = 1 took
+71.3 us with the quantization launch and e4m3 x e4m3 in the same kernel, 62.5 us weight-only with
+GEMV_BLOCKS (bf16 cuBLAS 82.9), and the output's max error against the fp32 product fell from
+3.5-4.4% to 2.5-2.9% of its peak. All CUDA-graph safe (no host synchronisation). The scaled GEMM needs
+N and K multiples of 16; a linear of another shape (none in the served models) runs the same
+quantization and an fp32 matmul of the e4m3 values instead.
 
 The scale is a product with the fp32 reciprocal, not a division: torch's CUDA division of a tensor by
 a scalar multiplies by the reciprocal, its CPU one divides, and a product is rounded the same way by
@@ -40,7 +46,14 @@ FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp32 reciprocal, exactly
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
-GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies (the scaled GEMM above)
+GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies weight-only (the w8a8 scaled GEMM above)
+
+
+def gemv_blocks(k: int) -> tuple[int, int, int, int, int]:
+    """The Triton kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for fp8 weights at M <= GEMV_MAX_M:
+    the fastest of a grid on an H100 for v2's linears (scripts/sweep_fp8_gemv.py): K tiles of 256, of
+    512 for the long-K down projection. Depends on K only, so a row never depends on the others."""
+    return 16, 32, 512 if k >= 8192 else 256, 4, 3
 
 
 def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,30 +67,37 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 quantize_per_token_ref = quantize_rows_ref  # activations: one row per token
 
 
-def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    """x [..., K] float, q [N, K] e4m3, w_scale [N] fp32 -> [..., N] in x's dtype (emulated in fp32)."""
+def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv_max_m: int = GEMV_MAX_M
+                   ) -> torch.Tensor:
+    """x [..., K] float, q [N, K] e4m3, w_scale [N] fp32 -> [..., N] in x's dtype (emulated in fp32):
+    weight-only up to `gemv_max_m` rows, activations quantized per token above (the module docstring)."""
     _check(x, q, w_scale)
     lead, k = x.shape[:-1], x.shape[-1]
-    xq, x_scale = quantize_per_token_ref(x.reshape(-1, k))
-    y = (xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]  # [M, N] fp32
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] <= gemv_max_m:
+        y = (x2.float() @ q.float().t()) * w_scale[None, :]
+    else:
+        xq, x_scale = quantize_per_token_ref(x2)
+        y = (xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]  # [M, N] fp32
     return y.to(x.dtype).view(*lead, q.shape[0])
 
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
                gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
     """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` rows the Triton
-    kernel, above them the scaled GEMM (`gemv_max_m=0`: always the latter; benchmarks). `fast_accum`:
-    cuBLAS/CUTLASS fast accumulation (Hopper's reduced-precision fp8 accumulator) in the scaled GEMM;
-    off by default."""
+    kernel (weight-only), above them the per-token quantization and the scaled GEMM (`gemv_max_m=0`:
+    always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast accumulation (Hopper's
+    reduced-precision fp8 accumulator) in the scaled GEMM; off by default."""
     _check(x, q, w_scale)
     require_cuda(x, q, w_scale, what="fp8_linear")
     assert x.dtype == torch.bfloat16, f"fp8_linear's row-wise scaled GEMM writes bf16; x is {x.dtype}"
     lead, k = x.shape[:-1], x.shape[-1]
-    xq, x_scale = quantize_per_token(x.reshape(-1, k))
-    if xq.shape[0] == 0:
+    x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])
-    if xq.shape[0] <= gemv_max_m:
-        return triton_linear(xq, q, w_scale, x_scale=x_scale, out_dtype=x.dtype).view(*lead, q.shape[0])
+    if x2.shape[0] <= gemv_max_m:
+        return triton_linear(x2.contiguous(), q, w_scale, blocks=gemv_blocks(k)).view(*lead, q.shape[0])
+    xq, x_scale = quantize_per_token(x2)
     if q.shape[0] % GEMM_ALIGN or k % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
         y = ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(x.dtype)
         return y.view(*lead, q.shape[0])

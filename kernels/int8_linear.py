@@ -10,8 +10,8 @@ channel (scale [N]); activations stay in their float dtype.
   fp32 version runs (scalar, exact to fp32, slow). Its bf16 kernel given another K reads past the
   rows (NaN, or a segfault: torch 2.11), so it is never called so.
 * CUDA: a Triton kernel that converts each int8 weight tile in registers and accumulates in fp32
-  (the weight is read once, as int8). `triton_linear` also serves fp8's small batches with it (both
-  operands e4m3, per-token row scales: kernels/fp8_linear.py). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
+  (the weight is read once, as int8). `triton_linear` also serves fp8's small batches with it (e4m3
+  weights widened the same way: kernels/fp8_linear.py). torch's CUDA `_weight_int8pack_mm` is a one-thread-per-output
   kernel, and torchao's int8 weight-only linear is `mm(x, q.to(x.dtype)) * scale` (fast only when
   torch.compile fuses it; eager under a CUDA graph it writes and re-reads a bf16 copy of the weight).
 
@@ -54,14 +54,14 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return out.view(*lead, q.shape[0])
 
 
-def triton_linear(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, x_scale: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x2 [M, K] @ q^T (CUDA, contiguous) * x_scale[:, None] * scale[None, :] -> [M, N] in `out_dtype`
-    (default x2's) through the Triton kernel: int8 weights widened to x2's dtype, or x2 and q both
-    e4m3 with fp8's per-token `x_scale` (kernels/fp8_linear.py's small batches)."""
+def triton_linear(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype | None = None,
+                  blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """x2 [M, K] @ q^T (CUDA, contiguous) * scale[None, :] -> [M, N] in `out_dtype` (default x2's)
+    through the Triton kernel: int8 or e4m3 weights widened to x2's dtype in registers
+    (kernels/fp8_linear.py's small batches pass their own `blocks`)."""
     out = torch.empty((x2.shape[0], q.shape[0]), dtype=out_dtype or x2.dtype, device=x2.device)
     if x2.shape[0]:
-        launch(_kernel(), x2, q, scale, out, x_scale=x_scale)
+        launch(_kernel(), x2, q, scale, out, blocks=blocks)
     return out
 
 
@@ -90,31 +90,30 @@ def block_sizes(m: int) -> tuple[int, int, int, int, int]:
 
 
 def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-           x_scale: torch.Tensor | None = None) -> None:
-    """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands).
-    `x_scale` [M] fp32: one scale per row of x, applied before `scale` (fp8's per-token activation
-    scales: kernels/fp8_linear.py, where x and q are both e4m3 and multiply natively)."""
+           blocks: tuple[int, int, int, int, int] | None = None) -> None:
+    """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands). A weight of
+    another dtype than x (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers.
+    `blocks`: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), default `block_sizes(M)`."""
     assert x.is_contiguous() and q.is_contiguous() and out.is_contiguous(), "operands must be contiguous"
     m, k = x.shape
     n = q.shape[0]
-    bm, bn, bk, warps, stages = block_sizes(m)
+    bm, bn, bk, warps, stages = blocks or block_sizes(m)
     grid = (-(-m // bm), -(-n // bn))
-    kernel[grid](x, q, scale, scale if x_scale is None else x_scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn,
-                 BLOCK_K=bk, IEEE=x.dtype == torch.float32, WIDEN=q.dtype != x.dtype,
-                 ROW_SCALE=x_scale is not None, num_warps=warps, num_stages=stages)
+    kernel[grid](x, q, scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, IEEE=x.dtype == torch.float32,
+                 WIDEN=q.dtype != x.dtype, W_FLOAT=q.dtype.is_floating_point, num_warps=warps, num_stages=stages)
 
 
 def build_kernel():
     """The Triton kernel (uncached: a test builds it under TRITON_INTERPRET=1 to run it on the CPU).
-    WIDEN: the weight (int8) is converted to x's dtype in registers (exact); otherwise x and the
-    weight share a dtype (fp8: both e4m3, whose products are exact in the fp32 accumulator).
-    ROW_SCALE: rows are scaled by xs[m] before the columns' scales (fp8's per-token scales)."""
+    WIDEN: the weight (int8, or e4m3 under bf16 activations) is converted to x's dtype in registers
+    (exact); otherwise x and the weight share a dtype (the interpreter tests). W_FLOAT: the weight is a
+    float type (e4m3), which needs a float fill."""
     triton, tl = triton_modules()
 
     @triton.jit
-    def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
+    def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                IEEE: tl.constexpr, WIDEN: tl.constexpr, ROW_SCALE: tl.constexpr):
+                                IEEE: tl.constexpr, WIDEN: tl.constexpr, W_FLOAT: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         ks = tl.arange(0, BLOCK_K)
@@ -126,16 +125,16 @@ def build_kernel():
             x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + kk[None, :],
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
             w_ptrs = q_ptr + cols[:, None].to(tl.int64) * K + kk[None, :]
-            if WIDEN:  # int8 -> bf16/fp16/fp32 is exact
-                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0).to(x.dtype)  # [BN, BK]
-            else:  # e4m3 (a float fill: an int one does not cast to e4m3)
+            if W_FLOAT:  # e4m3 (a float fill: an int one does not cast to e4m3)
                 w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            else:
+                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+            if WIDEN:  # int8 or e4m3 -> bf16/fp16/fp32 is exact
+                w = w.to(x.dtype)  # [BN, BK]
             if IEEE:  # fp32 activations: true fp32 products, not TF32
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
-        if ROW_SCALE:
-            acc = acc * tl.load(xs_ptr + rows, mask=row_ok, other=0.0)[:, None]
         s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
         y = acc * s[None, :]
         tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),

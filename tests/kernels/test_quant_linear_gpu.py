@@ -1,9 +1,9 @@
 """The quantized linears' CUDA kernels == their plain-torch definitions (CUDA only):
 
 - the Triton per-token e4m3 quantization: bit-for-bit the reference's values and scales;
-- fp8_linear (Triton quantization, then the Triton kernel up to 16 rows, torch's row-wise scaled GEMM
-  above) and int8_linear (Triton) vs the fp32 definitions, bf16 activations: relative error bounds of
-  bf16 output rounding; fp8's two multiplies agree at small M;
+- fp8_linear (the Triton kernel weight-only up to 16 rows; the Triton quantization and torch's row-wise
+  scaled GEMM above) and int8_linear (Triton) vs the fp32 definitions, bf16 activations: relative error
+  bounds of bf16 output rounding; at small M the weight-only product is nearer the dense one than w8a8;
 - both captured in a CUDA graph and replayed on new inputs == eager, bit for bit;
 - int8 and fp8 at M <= 16 (one tile class): a row's output does not depend on the other rows.
 """
@@ -83,13 +83,17 @@ def test_small_batches_are_row_invariant(mode):
 
 @pytest.mark.skipif(not fp8_capable(), reason="fp8 needs compute capability >= 8.9")
 @pytest.mark.parametrize("m", [1, 8, 16])
-def test_fp8_small_batches_equal_the_scaled_gemm(m):
-    """The Triton kernel and torch's scaled GEMM multiply the same e4m3 operands with fp32 sums: they
-    differ by summation order and the bf16 output rounding only."""
-    qw = quantize_weight(torch.randn(5120, 3072, device="cuda") * 0.02, "fp8")
+def test_fp8_small_batches_are_weight_only_and_nearer_the_dense_product(m):
+    """Up to 16 rows the activations are not rounded to e4m3: the product is nearer the dense bf16 one
+    than the w8a8 scaled GEMM's (H100 sweep: 2.5-2.9% vs 3.5-4.4% max error of peak), and both are
+    the same weight's product (within e4m3 rounding of the activations)."""
+    w = torch.randn(5120, 3072, device="cuda") * 0.02
+    qw = quantize_weight(w, "fp8")
     x = torch.randn(m, 3072, device="cuda").bfloat16()
-    triton_y, gemm_y = fp8_linear(x, qw.qweight, qw.scale), fp8_linear(x, qw.qweight, qw.scale, gemv_max_m=0)
-    assert rel(triton_y, gemm_y) < 4e-3, rel(triton_y, gemm_y)
+    dense = x.float() @ w.t()
+    small, gemm = fp8_linear(x, qw.qweight, qw.scale), fp8_linear(x, qw.qweight, qw.scale, gemv_max_m=0)
+    assert rel(small, dense) < 0.85 * rel(gemm, dense), (rel(small, dense), rel(gemm, dense))
+    assert rel(small, gemm) < 6e-2
 
 
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
