@@ -161,6 +161,12 @@ class Pipeline:
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
+    def mark_serving(self) -> None:
+        """Start-up is over (warm-up run, start-up's objects frozen, the port about to open): the trace
+        says so, and its summary keeps start-up's own collection apart from the pauses listeners feel."""
+        if self.trace is not None:
+            self.trace.append(("serving", time.monotonic()))
+
     def _gc_paused(self, generation: int, start: float, seconds: float) -> None:
         """Every garbage collection stops every thread: counted, and traced (`serve --trace-out`)."""
         self.metrics.gc_pause.observe(seconds)

@@ -43,3 +43,4 @@ async def start_pipeline(state: ServerState) -> None:
                 break
     if state.config.gc_freeze:
         log.info("%d start-up objects frozen out of garbage collection (stream/gc_pauses.py)", freeze_startup())
+    state.pipeline.mark_serving()

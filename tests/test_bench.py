@@ -45,6 +45,14 @@ def test_garbage_collections_are_counted_and_the_longest_found():
     assert trace_summary(trace[:1], 1.0)["gc_collections"] == 0
 
 
+def test_start_up_collections_are_kept_apart_from_serving_pauses():
+    """The server marks the end of start-up (its own gc.collect() before gc.freeze() comes before)."""
+    trace = [("gc", 0.0, 0.3, 2), ("serving", 0.5), ("step", 0.6, 0.604, 0.605, 8, 0.0), ("gc", 0.7, 0.71, 2)]
+    s = trace_summary(trace, wall_s=1.0)
+    assert (s["gc_collections"], s["gc_full"]) == (1, 1)
+    assert s["gc_ms_max"] == pytest.approx(10.0) and s["gc_startup_ms_max"] == pytest.approx(300.0)
+
+
 def test_ab_variants_change_one_setting_each():
     from types import SimpleNamespace
 

@@ -41,7 +41,8 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
             "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
             **_overdue_summary(calls),
-            **_replay_summary(replays, calls), **_gc_summary([t for t in trace if t[0] == "gc"])}
+            **_replay_summary(replays, calls),
+            **_gc_summary([t for t in trace if t[0] == "gc"], next((t[1] for t in trace if t[0] == "serving"), None))}
 
 
 def _overdue_summary(calls: list[tuple]) -> dict:
@@ -52,11 +53,16 @@ def _overdue_summary(calls: list[tuple]) -> dict:
             "codec_overdue_ms_p50": float(np.median(overdue)) if overdue else None}
 
 
-def _gc_summary(gcs: list) -> dict:
-    """("gc", t0, t1, generation) events: how many, how many full (generation 2), the longest of each."""
+def _gc_summary(gcs: list, serving: float | None = None) -> dict:
+    """("gc", t0, t1, generation) events: how many, how many full (generation 2), the longest of each;
+    with a ("serving", t) event (the server's start-up done), collections that began before it (start-up's
+    own gc.collect() before gc.freeze(), no listener yet) are left out and reported apart."""
+    startup = [g for g in gcs if serving is not None and g[1] < serving]
+    gcs = [g for g in gcs if serving is None or g[1] >= serving]
     full = [g[2] - g[1] for g in gcs if g[3] == 2]
     return {"gc_collections": len(gcs), "gc_full": len(full),
-            "gc_ms_max": max((g[2] - g[1] for g in gcs), default=0.0) * 1e3, "gc_full_ms_max": max(full, default=0.0) * 1e3}
+            "gc_ms_max": max((g[2] - g[1] for g in gcs), default=0.0) * 1e3, "gc_full_ms_max": max(full, default=0.0) * 1e3,
+            "gc_startup_ms_max": max((g[2] - g[1] for g in startup), default=0.0) * 1e3}
 
 
 def _mean(a: np.ndarray) -> float | None:

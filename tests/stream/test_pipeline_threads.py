@@ -343,14 +343,17 @@ async def test_start_warms_up_with_a_reference_voice_when_the_default_cannot():
             tried.append(voice.name)
             return None if voice.name == "default" else 1.0
 
+        def mark_serving(self):
+            tried.append("serving")
+
     default = Voice(name="default")
     presets = {"plain": Voice(name="plain"), "ref": Voice(name="ref", audio=b"RIFF", transcript="Hi."),
                "ref2": Voice(name="ref2", audio=b"RIFF", transcript="Hi.")}
     voices = SimpleNamespace(resolve=lambda name: default, presets=presets)
     await start_pipeline(SimpleNamespace(config=ServerConfig(warm_up=True), pipeline=Pipe(), voices=voices))
-    assert tried == ["start", "default", "ref"]
+    assert tried == ["start", "default", "ref", "serving"]
     tried.clear()
     await start_pipeline(SimpleNamespace(config=ServerConfig(), pipeline=Pipe(), voices=voices))
-    assert tried == ["start"]
+    assert tried == ["start", "serving"]
 
 
