@@ -89,10 +89,13 @@ class Pending:
 
 def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) -> list[Pending]:
     """The jobs of the next calls, in deadline order (stable: a segment's jobs keep their order).
-    Some job overdue (a first chunk, or a listener already dry): just the urgent jobs (within
-    CODEC_URGENT_S, or of a flushed segment), so a first frame's call is not stretched by other
-    streams' 25-frame steps (H100, Qwen3-TTS at 1 request/s: a first frame shared a [2 x 26]-frame
-    call of 20 ms where its own takes 7).
+    Some job overdue (a first chunk, or a listener already dry): just the jobs within CODEC_URGENT_S
+    of their deadline, so a first frame's call is not stretched by other streams' 25-frame steps
+    (H100, Qwen3-TTS at 1 request/s: a first frame shared a [2 x 26]-frame call of 20 ms where its own
+    takes 7). An ended segment's jobs that are not urgent wait for the next call (its listener has that
+    audio's worth of buffer; only its `done` comes one call later): at 20 requests/s a stream ends every
+    50 ms, and calls holding a first chunk took 24 frames at the median when over 15 ms (H100 trace,
+    Qwen3-TTS 1.7B, 4 s clips: 37 of 171 such calls; p95 27 ms).
     Busy (a stream waits for its first audio): none while no job is within CODEC_URGENT_S of its
     deadline and no segment is in `flush` (ids of ended segments), else every job due within
     CODEC_AHEAD_S plus every job of a flushed segment. Not busy: all of them once one is urgent or
@@ -101,9 +104,9 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
         return []
     urgent = any(p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush for p in pending)
     if any(p.deadline <= now for p in pending):  # a first chunk (due at its creation) or a dry listener:
-        # its call takes only the urgent jobs; the rest follow in the next call instead of lengthening this one
-        return sorted((p for p in pending if p.deadline - now <= CODEC_URGENT_S or id(p.seg) in flush),
-                      key=lambda p: p.deadline)
+        # its call takes only the urgent jobs; the rest (ended segments' too) follow in the next call
+        # instead of lengthening this one
+        return sorted((p for p in pending if p.deadline - now <= CODEC_URGENT_S), key=lambda p: p.deadline)
     if not busy:
         ready = urgent or now - min(p.taken for p in pending) >= CODEC_HOLD_S
         return sorted(pending, key=lambda p: p.deadline) if ready else []
@@ -113,10 +116,13 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
     return sorted(take, key=lambda p: p.deadline)
 
 
-def wake_in(pending: list[Pending], now: float, busy: bool = True) -> float | None:
-    """Seconds until `due` would take something without a new round (None: nothing held)."""
+def wake_in(pending: list[Pending], now: float, busy: bool = True, flush: set[int] = frozenset()) -> float | None:
+    """Seconds until `due` would take something without a new round (None: nothing held; 0 while an
+    ended segment in `flush` still holds jobs, which a first chunk's call left for the next one)."""
     if not pending:
         return None
+    if any(id(p.seg) in flush for p in pending):
+        return 0.0
     first = min(p.deadline for p in pending) - CODEC_URGENT_S
     if not busy:
         first = min(first, min(p.taken for p in pending) + CODEC_HOLD_S)
@@ -232,7 +238,8 @@ class CodecWorker:
                         _prime_blas(self.device)
             stop = False
             while not stop:
-                stop = self._take(wake_in(self.pending, time.monotonic(), self.busy()))
+                flush = {id(e[1]) for e in self._ends}
+                stop = self._take(wake_in(self.pending, time.monotonic(), self.busy(), flush))
                 self._decode_due(everything=stop)
 
     def _take(self, wait: float | None) -> bool:

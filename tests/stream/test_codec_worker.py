@@ -82,6 +82,21 @@ def test_an_ended_segment_flushes_its_jobs():
     assert [(p.seg.sid, p.job) for p in due(pending, now, {id(a)})] == [(1, "job0"), (1, "job1")]
 
 
+def test_a_first_chunk_call_leaves_an_ended_segments_later_jobs_to_the_next_call():
+    """An ended segment's held jobs do not ride with a newcomer's first chunk unless they are urgent
+    themselves; the next call (no job overdue then) flushes them."""
+    now = 100.0
+    a, b = SimpleNamespace(sid=1), SimpleNamespace(sid=2)
+    ended = [Pending(a, "job0", now + 0.1, taken=now - 1.0), Pending(a, "job1", now + 1.5, taken=now - 1.0)]
+    first = [Pending(b, "job0", now, taken=now)]
+    for busy in (False, True):
+        got = due(ended + first, now, {id(a)}, busy=busy)
+        assert [(p.seg.sid, p.job) for p in got] == [(2, "job0"), (1, "job0")]
+        assert [(p.seg.sid, p.job) for p in due(ended[1:], now, {id(a)}, busy=busy)] == [(1, "job1")]
+        assert wake_in(ended[1:], now, busy, flush={id(a)}) == 0.0  # and that call comes at once
+    assert wake_in(ended[1:], now, busy=True) == pytest.approx(1.5 - CODEC_URGENT_S)  # without the flush: later
+
+
 class StubCode2Wav:
     """Code2Wav's interface: job (seg, k) decodes to 4 samples of value 0.001 * (10 * seg.sid + k)."""
 
