@@ -90,7 +90,10 @@ class ServerConfig:
     # GIL back waits behind pure-Python work on another thread. An engine step makes a dozen or more calls
     # that drop and retake the GIL (torch ops, attention planning, graph replay, copies), each costing up
     # to one interval while the event loop or the codec thread runs Python (docs/PERF.md, session 8).
-    gil_switch_s: float = 1e-4
+    # CPython's 1 ms by default: 0.1 ms (session 8's default, from a CPU benchmark) measured no better for
+    # Qwen3-TTS on an H100 and v2's 20 req/s p95 came out 193 ms against 147-165 at 1 ms in earlier
+    # sessions (other calls): back to 1 ms until a same-call A/B says otherwise (docs/PERF.md, session 9).
+    gil_switch_s: float = 1e-3
 
     # Voices.
     voices_dir: str | None = None

@@ -70,7 +70,7 @@ def test_codec_schedule_is_eager_unless_asked():
     assert ServerConfig().codec_sms is None and ServerConfig(codec_sms=48).codec_sms == 48
     with pytest.raises(ConfigError, match="codec_sms"):
         ServerConfig(codec_sms=0)
-    assert ServerConfig().gil_switch_s == 1e-4
+    assert ServerConfig().gil_switch_s == 1e-3
     for bad in (0.0, 1.0):
         with pytest.raises(ConfigError, match="gil_switch_s"):
             ServerConfig(gil_switch_s=bad)
