@@ -20,7 +20,7 @@ cuBLASLt on Hopper with cuBLAS >= 12.9, torch's CUTLASS kernel otherwise; what t
 GEMV_MAX_M rows the GEMM only streams the weight: the narrow-tile Triton kernel of
 kernels/int8_linear.py reads the e4m3 weight, widens it to bf16 in registers and multiplies the bf16
 activations, in one launch (no quantization launch, no activation rounding). Measured on an H100
-(scripts/sweep_fp8_gemv.py, weights read from HBM, 2026-11-27): a v2 layer's four linears at M = 1 took
+(scripts/sweep_gemv.py, weights read from HBM, 2026-11-27): a v2 layer's four linears at M = 1 took
 71.3 us with the quantization launch and e4m3 x e4m3 in the same kernel, 62.5 us weight-only with
 GEMV_BLOCKS (bf16 cuBLAS 82.9), and the output's max error against the fp32 product fell from
 3.5-4.4% to 2.5-2.9% of its peak. All CUDA-graph safe (no host synchronisation). The scaled GEMM needs
@@ -51,7 +51,7 @@ GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies weight-only (th
 
 def gemv_blocks(k: int) -> tuple[int, int, int, int, int]:
     """The Triton kernel's (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for fp8 weights at M <= GEMV_MAX_M:
-    the fastest of a grid on an H100 for v2's linears (scripts/sweep_fp8_gemv.py): K tiles of 256, of
+    the fastest of a grid on an H100 for v2's linears (scripts/sweep_gemv.py): K tiles of 256, of
     512 for the long-K down projection. Depends on K only, so a row never depends on the others."""
     return 16, 32, 512 if k >= 8192 else 256, 4, 3
 

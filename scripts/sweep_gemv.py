@@ -1,0 +1,134 @@
+"""Device script (one H100/H200): the quantized small-batch linears of the full-size v2 talker, and the
+Triton kernel's block sizes for them.
+
+    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8] [--batches 1,16]
+
+For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; what `--quantize` serves now (`fp8_linear`:
+weight-only in the Triton kernel at its `gemv_blocks`; `int8_linear`: the Triton kernel at
+`block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's scaled GEMM, what fp8
+runs above 16 rows); then the Triton kernel at every block configuration of a grid. Each timing is 24
+calls in one CUDA graph over enough weight copies to exceed the L2 cache (every call reads its weight
+from HBM, as a decode step does). Also each way's max error against the fp32 product, relative to its
+peak. Writes DIR/gemv_sweep.json and prints the table and, per M, the one configuration best summed
+over a decode layer's four linears. Session 9 (H100) ran its predecessor on fp8 (the served path was
+then w8a8 in the same kernel): docs/bench/fp8_gemv_sweep_h100.json, docs/PERF.md."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from higgs_stream.bench.measure import device_seconds
+from higgs_stream.bench_quant import V2_LINEARS
+from higgs_stream.engine.quantize import quantize_weight
+from higgs_stream.kernels.fp8_linear import fp8_linear
+from higgs_stream.kernels.int8_linear import int8_linear, triton_linear
+
+L2_BYTES = 64 << 20
+CALLS = 24
+GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 5)))  # BN, BK, warps, stages
+
+
+def timed(fns: list) -> float:
+    """Microseconds per call: CALLS calls cycling over `fns` (one per weight copy) in one CUDA graph."""
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fns[i % len(fns)]()
+    graph.replay()
+    us = device_seconds(graph.replay, 5) / CALLS * 1e6
+    del graph
+    return us
+
+
+def served(mode: str):
+    """The linear `--quantize mode` runs."""
+    return fp8_linear if mode == "fp8" else int8_linear
+
+
+def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int]) -> list[dict]:
+    copies = max(2, -(-2 * L2_BYTES // (n * k)))  # 8-bit bytes per copy: n * k
+    ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(min(copies, 3))]
+    qs = [quantize_weight(ws[i % len(ws)], mode) for i in range(copies)]
+    rows = []
+    for m in batches:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        exact = x.float() @ ws[0].float().t()
+
+        def err(y: torch.Tensor) -> float:
+            return float((y.float() - exact).abs().max() / exact.abs().max())
+
+        fn = served(mode)
+        row = {"weights": mode, "linear": name, "n": n, "k": k, "m": m, "weight_copies": copies,
+               "floor_us": n * k / 3.0e6,  # at ~3 TB/s (an H100's copy bandwidth)
+               "bf16_cublas": timed([lambda w=w: F.linear(x, w) for w in ws]),
+               "served": timed([lambda q=q: fn(x, q.qweight, q.scale) for q in qs]),
+               "err_served": err(fn(x, qs[0].qweight, qs[0].scale)), "err_bf16": err(F.linear(x, ws[0])), "grid": {}}
+        if mode == "fp8":
+            row["w8a8_scaled_gemm"] = timed([lambda q=q: fp8_linear(x, q.qweight, q.scale, gemv_max_m=0) for q in qs])
+            row["err_w8a8"] = err(fp8_linear(x, qs[0].qweight, qs[0].scale, gemv_max_m=0))
+        for bn, bk, warps, stages in GRID:
+            cfg = (16, bn, bk, warps, stages)
+            try:
+                row["grid"][str(cfg)] = timed([lambda q=q, c=cfg: triton_linear(x, q.qweight, q.scale, blocks=c)
+                                               for q in qs])
+            except Exception as exc:  # e.g. shared memory exceeded: say so, go on
+                row["grid"][str(cfg)] = repr(exc)[:120]
+        ok = {c: t for c, t in row["grid"].items() if isinstance(t, float)}
+        best = sorted(ok, key=ok.get)[:2]
+        row["best"] = [(c, ok[c]) for c in best]
+        rows.append(row)
+        extra = f"w8a8 {row['w8a8_scaled_gemm']:5.1f} | " if mode == "fp8" else ""
+        print(f"{mode} {name:8s} m={m:3d} floor {row['floor_us']:5.1f} us | bf16 {row['bf16_cublas']:5.1f} | "
+              f"served {row['served']:5.1f} | {extra}best {best[0]} {ok[best[0]]:5.1f} ({best[1]} {ok[best[1]]:5.1f}) | "
+              f"err served {row['err_served']:.1e} bf16 {row['err_bf16']:.1e}", flush=True)
+    return rows
+
+
+def layer_summary(rows: list[dict]) -> dict:
+    """Per (weights, M): a decode layer's four linears summed, served vs the best single configuration."""
+    out = {}
+    for mode, m in sorted({(r["weights"], r["m"]) for r in rows}):
+        per = [r for r in rows if r["weights"] == mode and r["m"] == m]
+        cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
+        tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
+        b = min(tot, key=tot.get)
+        key = f"{mode} m={m}"
+        out[key] = {"best_cfg": b, "best_layer_us": tot[b], "served_layer_us": sum(r["served"] for r in per),
+                    "bf16_layer_us": sum(r["bf16_cublas"] for r in per)}
+        print(f"{key}: one layer's 4 linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
+              f"{out[key]['served_layer_us']:.1f}, best single configuration {b} {tot[b]:.1f}")
+    return out
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--weights", default="fp8,int8")
+    ap.add_argument("--batches", default="1,16")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    t_start, rows = time.time(), []
+    batches = [int(b) for b in args.batches.split(",")]
+    for mode in args.weights.split(","):
+        for name, (n, k) in V2_LINEARS.items():
+            rows += sweep_one(mode, name, n, k, batches)
+    summary = layer_summary(rows)
+    dev = torch.cuda.get_device_name()
+    with open(os.path.join(args.out, "gemv_sweep.json"), "w") as f:
+        json.dump({"device": dev, "rows": rows, "summary": summary, "seconds": time.time() - t_start}, f, indent=1)
+    print(f"{dev}: done in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
