@@ -11,8 +11,9 @@ capture a decode step in a CUDA graph.
 Per layer, with x the fp32 residual stream:
 
     h   = add_rms_norm(prev_mlp_out, x, input_norm[branch])          # x += prev; h bf16
-    qkv = h @ W_qkv;  q, k heads = rms_norm(q, k heads, qk_norm)      # v3 only (Qwen3 QK-norm)
-    q   = rope_store_kv(qkv)                                          # k, v -> page pool
+    qkv = h @ W_qkv
+    q   = rope_store_kv(qkv, qk_norm)                                 # k, v -> page pool; Qwen3 layers
+                                                                      #   (v3, Qwen3-TTS) RMSNorm q, k heads first
     h   = add_rms_norm(o_proj(attention(q)), x, post_norm[branch])
     out = down(silu_and_mul(h @ W_gate_up[branch]))
 
@@ -133,8 +134,6 @@ class FastTalker:
         self.extra_step_bytes = w.extra_step_bytes
         self.complete_rows = w.complete_rows(kernels) if w.complete_rows is not None else None
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
-        hq, hkv, _ = self.heads
-        self._qk_select = (torch.arange(hq + hkv, device=self.device) >= hq).int()  # [Hq + Hkv]: 0 q, 1 k head
         assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.max_positions = max_positions  # the engine's context cap (see the module docstring)
@@ -171,17 +170,6 @@ class FastTalker:
                 out[rows] = lin(self.k.silu_and_mul(lin(sub, layer.gate_up[branch])), layer.down[branch])
         return out
 
-    def _qk_norm(self, qkv: torch.Tensor, weight: torch.Tensor, select: torch.Tensor) -> None:
-        """Qwen3's per-head RMSNorm of the q and k heads of qkv [N, (Hq + 2 Hkv) D], in place.
-
-        weight [2, D] (q, k); select [N (Hq + Hkv)] int32 picks its row per head.
-        """
-        hq, hkv, d = self.heads
-        n = qkv.shape[0]
-        heads = qkv.view(n, hq + 2 * hkv, d)[:, : hq + hkv]  # [N, Hq + Hkv, D] view
-        rows = heads.float().reshape(n * (hq + hkv), d)  # fp32 copy, one row per head
-        heads.copy_(self.k.add_rms_norm(None, rows, weight, self.eps, select, qkv.dtype).view(n, hq + hkv, d))
-
     # ------------------------------------------------------------------ forward
     def hidden(self, inp: FastInputs, attn: Attention, k_pool: torch.Tensor, v_pool: torch.Tensor,
                x: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,14 +177,12 @@ class FastTalker:
         vectors [N, H] fp32 (updated in place) when the caller embedded them (Qwen3-TTS's code predictor)."""
         hq, hkv, d = self.heads
         x = self.embed(inp) if x is None else x  # [N, H] fp32
-        qk_select = self._qk_select.repeat(x.shape[0]) if self.layers[0].qk_norm is not None else None  # [N (Hq + Hkv)]
         delta = None
         for i, layer in enumerate(self.layers):
             h = self._norm(delta, x, layer.input_norm, inp)
             qkv = self.k.linear(h, layer.qkv)  # [N, (Hq + 2 Hkv) D]
-            if layer.qk_norm is not None:
-                self._qk_norm(qkv, layer.qk_norm, qk_select)
-            q = self.k.rope_store_kv(qkv, inp.positions, self.cos_sin, inp.kv_slots, k_pool[i], v_pool[i], hq, hkv, d)
+            q = self.k.rope_store_kv(qkv, inp.positions, self.cos_sin, inp.kv_slots, k_pool[i], v_pool[i], hq, hkv, d,
+                                     layer.qk_norm, self.eps)  # Qwen3's QK-norm (if any) fused in
             o = attn.run(q, k_pool[i], v_pool[i])  # [N, Hq, D]
             h = self._norm(self.k.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
             delta = self._mlp(h, layer, inp)  # [N, H]

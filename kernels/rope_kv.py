@@ -6,6 +6,14 @@ From one fused projection row `qkv` = [q heads | k heads | v heads] of each new 
     k_cache[slots[n]]   = rope(k[n], positions[n])          (written into the page pool)
     v_cache[slots[n]]   = v[n]
 
+With `qk_norm` (Qwen3's per-head RMSNorm of the q and k heads, weight [2, D]: row 0 for q heads,
+row 1 for k heads), each q/k head is first normalized in fp32 and rounded to qkv's dtype, as an
+unfused norm that wrote its result back into qkv would leave it, then rotated:
+
+    x = (x * rsqrt(mean(x^2) + eps) * qk_norm[is_k_head]).to(qkv.dtype)
+
+One launch instead of three (an fp32 copy of the heads, the norm, the copy back) per layer.
+
 The rotation angles come from a precomputed table `cos_sin` [max_pos, D] fp32 whose row p holds
 cos(p * inv_freq) in its first D/2 entries and sin(p * inv_freq) in the rest (`cos_sin_table`),
 inv_freq from `kernels.rope.llama3_inv_freq`: the same angles as `kernels.rope.rope_cos_sin`.
@@ -34,8 +42,9 @@ def cos_sin_table(inv_freq: torch.Tensor, max_positions: int, device: torch.devi
     return torch.cat((angles.cos(), angles.sin()), dim=-1).contiguous()
 
 
-def _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim):
+def _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim, qk_norm=None):
     n = qkv.shape[0]
+    assert qk_norm is None or qk_norm.shape == (2, head_dim), f"qk_norm must be [2, {head_dim}]"
     assert qkv.shape == (n, (num_q_heads + 2 * num_kv_heads) * head_dim), f"qkv {tuple(qkv.shape)}"
     assert positions.shape == (n,) and slots.shape == (n,), "positions/slots must be [N]"
     assert cos_sin.dim() == 2 and cos_sin.shape[1] == head_dim and cos_sin.dtype == torch.float32, "cos_sin [P, D] fp32"
@@ -53,14 +62,19 @@ def rope_store_kv_ref(
     num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    qk_norm: torch.Tensor | None = None,  # [2, D] (q, k) per-head RMSNorm weights, or None
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """-> q [N, Hq, D] in qkv's dtype; k/v written into the pools."""
-    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim)
+    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim, qk_norm)
     n, half = qkv.shape[0], head_dim // 2
     heads = qkv.float().view(n, num_q_heads + 2 * num_kv_heads, head_dim)
     cs = cos_sin[positions]  # [N, D]
     cos, sin = cs[:, None, :half], cs[:, None, half:]  # [N, 1, D/2]
     rot = heads[:, : num_q_heads + num_kv_heads]
+    if qk_norm is not None:
+        w = qk_norm.float()[(torch.arange(num_q_heads + num_kv_heads, device=qkv.device) >= num_q_heads).long()]
+        rot = (rot * torch.rsqrt(rot.pow(2).mean(dim=-1, keepdim=True) + eps) * w).to(qkv.dtype).float()
     x1, x2 = rot[..., :half], rot[..., half:]
     rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)  # [N, Hq+Hkv, D]
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [P * page, Hkv, D]
@@ -75,9 +89,9 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def rope_store_kv_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+    def rope_store_kv_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, w_ptr, eps,
                              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV_FP8: tl.constexpr,
-                             KV_MAX: tl.constexpr):
+                             KV_MAX: tl.constexpr, QK_NORM: tl.constexpr):
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         half: tl.constexpr = D // 2
@@ -89,6 +103,11 @@ def _kernel():
         src = qkv_ptr + tok * width + head * D
         x1 = tl.load(src + i).to(tl.float32)
         x2 = tl.load(src + half + i).to(tl.float32)
+        if QK_NORM:  # the head's RMSNorm in fp32, rounded to qkv's dtype as an unfused norm's output
+            inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+            w = w_ptr + (head >= HQ).to(tl.int64) * D
+            x1 = (x1 * inv * tl.load(w + i).to(tl.float32)).to(qkv_ptr.dtype.element_ty).to(tl.float32)
+            x2 = (x2 * inv * tl.load(w + half + i).to(tl.float32)).to(qkv_ptr.dtype.element_ty).to(tl.float32)
         o1 = x1 * cos - x2 * sin
         o2 = x2 * cos + x1 * sin
         if head < HQ:
@@ -122,16 +141,21 @@ def rope_store_kv(
     num_q_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    qk_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
     """Triton version of `rope_store_kv_ref` (positions must lie inside the table: not checked here)."""
-    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim)
-    require_cuda(qkv, positions, cos_sin, slots, k_cache, v_cache, what="rope_store_kv")
+    _check(qkv, positions, cos_sin, slots, k_cache, v_cache, num_q_heads, num_kv_heads, head_dim, qk_norm)
+    require_cuda(qkv, positions, cos_sin, slots, k_cache, v_cache, qk_norm, what="rope_store_kv")
     assert qkv.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert qk_norm is None or qk_norm.is_contiguous()
     kernel = _kernel()
     n = qkv.shape[0]
     q = torch.empty((n, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if n:
         kernel[(n, num_q_heads + num_kv_heads)](qkv, positions, cos_sin, slots, q, k_cache, v_cache,
+                                                cos_sin if qk_norm is None else qk_norm, eps,
                                                 HQ=num_q_heads, HKV=num_kv_heads, D=head_dim,
-                                                KV_FP8=k_cache.dtype == FP8_KV, KV_MAX=FP8_KV_MAX, num_warps=1)
+                                                KV_FP8=k_cache.dtype == FP8_KV, KV_MAX=FP8_KV_MAX,
+                                                QK_NORM=qk_norm is not None, num_warps=1)
     return q

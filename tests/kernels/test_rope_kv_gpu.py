@@ -35,6 +35,44 @@ def test_matches_ref_and_rope(n):
     assert err < 4e-3, err
 
 
+@pytest.mark.parametrize("n", [1, 37])
+def test_qk_norm_fused_matches_ref_and_the_unfused_norm(n):
+    """Qwen3 layers (v3, Qwen3-TTS: 16 q / 8 kv heads of 128): the fused QK-norm == the reference (bf16
+    rounding of the normed heads may differ by one unit where the fp32 sums differ), and == the unfused
+    path (add_rms_norm of each head, written back, then RoPE) it replaced."""
+    from higgs_stream.kernels.fused_norm import add_rms_norm
+
+    hq, hkv, d, pages, ps = 16, 8, 128, 16, 16
+    table = cos_sin_table(llama3_inv_freq(d, 1000000.0, None), 4096, "cuda")
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, device="cuda").bfloat16() * 4
+    w = (torch.rand(2, d, device="cuda") + 0.5).bfloat16()
+    positions = torch.randint(0, 4096, (n,), device="cuda")
+    slots = torch.randperm(pages * ps, device="cuda")[:n]
+    pools = [torch.zeros(pages, ps, hkv, d, device="cuda").bfloat16() for _ in range(2)]
+    ref_pools, unfused_pools = [p.clone() for p in pools], [p.clone() for p in pools]
+    got = rope_store_kv(qkv, positions, table, slots, *pools, hq, hkv, d, w, 1e-6)
+    want = rope_store_kv_ref(qkv, positions, table, slots, *ref_pools, hq, hkv, d, w, 1e-6)
+    heads = qkv.clone().view(n, hq + 2 * hkv, d)
+    select = (torch.arange(hq + hkv, device="cuda") >= hq).int().repeat(n)
+    rows = heads[:, : hq + hkv].float().reshape(-1, d)
+    heads[:, : hq + hkv] = add_rms_norm(None, rows, w, 1e-6, select, torch.bfloat16).view(n, hq + hkv, d)
+    unfused = rope_store_kv(heads.view(n, -1), positions, table, slots, *unfused_pools, hq, hkv, d)
+    for a, b in [(got, want), (pools[0], ref_pools[0]), (got, unfused), (pools[0], unfused_pools[0])]:
+        err = ((a.float() - b.float()).norm() / b.float().norm()).item()
+        assert err < 4e-3, err
+    assert torch.equal(pools[1], ref_pools[1])  # V is neither normed nor rotated
+    # graph replay == eager
+    graph_pools = [torch.zeros_like(p) for p in pools]
+    rope_store_kv(qkv, positions, table, slots, *graph_pools, hq, hkv, d, w, 1e-6)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        replayed = rope_store_kv(qkv, positions, table, slots, *graph_pools, hq, hkv, d, w, 1e-6)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, got) and torch.equal(graph_pools[0], pools[0])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="fp8 pages need compute capability >= 8.9")
 def test_fp8_pages_store_the_saturated_rounding():
