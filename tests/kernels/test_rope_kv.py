@@ -57,14 +57,15 @@ def test_triton_store_in_the_interpreter():
     assert max(normed[:3]) < 1e-5 and max(normed[4:6]) < 1e-5 and normed[6] < 10, normed
 
 
-def test_the_kernel_with_qk_norm_compiles_for_hopper(compile_for_hopper):
-    """bf16 qkv and pools, the QK-norm on (Qwen3 layers: Higgs v3, Qwen3-TTS), head_dim 128: lowers to
-    PTX and assembles for sm_90 with Triton's bundled ptxas."""
+@pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
+def test_the_kernel_with_qk_norm_compiles_for_hopper(pool, compile_for_hopper):
+    """bf16 qkv, bf16 or fp8 K/V pages, the QK-norm on (Qwen3 layers: Higgs v3, Qwen3-TTS), head_dim 128:
+    lowers to PTX and assembles for sm_90 with Triton's bundled ptxas."""
     from higgs_stream.kernels import rope_kv
 
     sig = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "slot_ptr": "*i64",
-           "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "w_ptr": "*bf16", "eps": "fp32",
+           "q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "w_ptr": "*bf16", "eps": "fp32",
            **dict.fromkeys(("HQ", "HKV", "D", "KV_FP8", "KV_MAX", "QK_NORM"), "constexpr")}
-    consts = {"HQ": 16, "HKV": 8, "D": 128, "KV_FP8": False, "KV_MAX": 448.0, "QK_NORM": True}
+    consts = {"HQ": 16, "HKV": 8, "D": 128, "KV_FP8": pool == "*fp8e4nv", "KV_MAX": 448.0, "QK_NORM": True}
     compiled = compile_for_hopper(rope_kv._kernel(), sig, consts, num_warps=1)
     assert compiled.asm["cubin"]
