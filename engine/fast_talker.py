@@ -186,9 +186,8 @@ class FastTalker:
             o = attn.run(q, k_pool[i], v_pool[i])  # [N, Hq, D]
             h = self._norm(self.k.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
             delta = self._mlp(h, layer, inp)  # [N, H]
-        x.add_(delta.float())
-        last = x[inp.out_rows]  # [R, H]
-        return self.k.add_rms_norm(None, last, self.final_norm, self.eps, None, self.dtype)
+        # the last MLP's output added and every row normed in one kernel, then the output rows taken
+        return self.k.add_rms_norm(delta, x, self.final_norm, self.eps, None, self.dtype)[inp.out_rows]  # [R, H]
 
     def audio_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> [R, h, audio_vocab] fp32 (bf16 weights, fp32 accumulation and output); h = K, or
