@@ -118,7 +118,7 @@ class FastCodePredictor:
                               x=self.proj(x).reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
             ids = pick(g, self.head(out, g))  # [B]
             codes.append(ids)
-            x = fast.embed_audio[(g - 1) * self.vc + ids][:, None]  # [B, 1, H]: group g's table
+            x = fast.embed_audio[(g - 1) * self.vc : g * self.vc][ids][:, None]  # [B, 1, H]: group g's table (a view)
             if g + 1 < n:  # the next sub-step's one row per stream, at position g + 1
                 inp = FastInputs(text_ids=None, codes=no_codes[:b], positions=positions[g + 1],
                                  kv_slots=by_position[g + 1], out_rows=streams)
