@@ -21,8 +21,8 @@ GEMV_MAX_M rows the GEMM only streams the weight: the narrow-tile Triton kernel 
 kernels/int8_linear.py reads the e4m3 weight, widens it to bf16 in registers and multiplies the bf16
 activations, in one launch (no quantization launch, no activation rounding). Measured on an H100
 (scripts/sweep_gemv.py, weights read from HBM, 2026-11-27): a v2 layer's four linears at M = 1 took
-71.3 us with the quantization launch and e4m3 x e4m3 in the same kernel, 62.5 us weight-only with
-GEMV_BLOCKS (bf16 cuBLAS 82.9), and the output's max error against the fp32 product fell from
+71.3 us with the quantization launch and e4m3 x e4m3 in the same kernel, 62.5 us weight-only at
+`gemv_blocks` (bf16 cuBLAS 82.9), and the output's max error against the fp32 product fell from
 3.5-4.4% to 2.5-2.9% of its peak. All CUDA-graph safe (no host synchronisation). The scaled GEMM needs
 N and K multiples of 16; a linear of another shape (none in the served models) runs the same
 quantization and an fp32 matmul of the e4m3 values instead.

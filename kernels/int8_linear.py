@@ -54,12 +54,12 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return out.view(*lead, q.shape[0])
 
 
-def triton_linear(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype | None = None,
+def triton_linear(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                   blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """x2 [M, K] @ q^T (CUDA, contiguous) * scale[None, :] -> [M, N] in `out_dtype` (default x2's)
-    through the Triton kernel: int8 or e4m3 weights widened to x2's dtype in registers
-    (kernels/fp8_linear.py's small batches pass their own `blocks`)."""
-    out = torch.empty((x2.shape[0], q.shape[0]), dtype=out_dtype or x2.dtype, device=x2.device)
+    """x2 [M, K] @ q^T (CUDA, contiguous) * scale[None, :] -> [M, N] in x2's dtype through the Triton
+    kernel: int8 or e4m3 weights widened to x2's dtype in registers (kernels/fp8_linear.py's small
+    batches pass their own `blocks`)."""
+    out = torch.empty((x2.shape[0], q.shape[0]), dtype=x2.dtype, device=x2.device)
     if x2.shape[0]:
         launch(_kernel(), x2, q, scale, out, blocks=blocks)
     return out
@@ -91,8 +91,8 @@ def block_sizes(m: int) -> tuple[int, int, int, int, int]:
 
 def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
            blocks: tuple[int, int, int, int, int] | None = None) -> None:
-    """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands). A weight of
-    another dtype than x (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers.
+    """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands). The weight
+    (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers.
     `blocks`: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), default `block_sizes(M)`."""
     assert x.is_contiguous() and q.is_contiguous() and out.is_contiguous(), "operands must be contiguous"
     m, k = x.shape
@@ -100,20 +100,18 @@ def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: t
     bm, bn, bk, warps, stages = blocks or block_sizes(m)
     grid = (-(-m // bm), -(-n // bn))
     kernel[grid](x, q, scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, IEEE=x.dtype == torch.float32,
-                 WIDEN=q.dtype != x.dtype, W_FLOAT=q.dtype.is_floating_point, num_warps=warps, num_stages=stages)
+                 W_FLOAT=q.dtype.is_floating_point, num_warps=warps, num_stages=stages)
 
 
 def build_kernel():
     """The Triton kernel (uncached: a test builds it under TRITON_INTERPRET=1 to run it on the CPU).
-    WIDEN: the weight (int8, or e4m3 under bf16 activations) is converted to x's dtype in registers
-    (exact); otherwise x and the weight share a dtype (the interpreter tests). W_FLOAT: the weight is a
-    float type (e4m3), which needs a float fill."""
+    W_FLOAT: the weight is a float type (e4m3), which needs a float fill."""
     triton, tl = triton_modules()
 
     @triton.jit
     def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                IEEE: tl.constexpr, WIDEN: tl.constexpr, W_FLOAT: tl.constexpr):
+                                IEEE: tl.constexpr, W_FLOAT: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         ks = tl.arange(0, BLOCK_K)
@@ -129,12 +127,11 @@ def build_kernel():
                 w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             else:
                 w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
-            if WIDEN:  # int8 or e4m3 -> bf16/fp16/fp32 is exact
-                w = w.to(x.dtype)  # [BN, BK]
+            wt = tl.trans(w.to(x.dtype))  # int8 or e4m3 -> bf16/fp16/fp32 is exact
             if IEEE:  # fp32 activations: true fp32 products, not TF32
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+                acc = tl.dot(x, wt, acc, input_precision="ieee")
             else:
-                acc = tl.dot(x, tl.trans(w), acc)
+                acc = tl.dot(x, wt, acc)
         s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
         y = acc * s[None, :]
         tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),

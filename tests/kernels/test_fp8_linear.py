@@ -135,10 +135,10 @@ def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, compile_for_
     from higgs_stream.kernels.fp8_linear import gemv_blocks
 
     sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "WIDEN", "W_FLOAT"), "constexpr")}
+           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT"), "constexpr")}
     fp8 = q_type == "*fp8e4nv"
     bm, bn, bk, warps, stages = gemv_blocks(3072) if fp8 else int8_linear.block_sizes(1)
-    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "WIDEN": True, "W_FLOAT": fp8}
+    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "W_FLOAT": fp8}
     compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"] and "cp.async.cg.shared.global" in ptx and "ld.global.b8" not in ptx
