@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, one card: the talker benchmark of a baseline tree and of this tree, back to back
+# One device call, one card: the talker benchmark of this tree and of a baseline tree, back to back
 # (issue #12: decode step sweep and in-process streams N=16/64/128 before and after the refactor).
 # Usage (device tool, carry .whl and .baseline):  bash scripts/gpu_bench_ab.sh
 # .baseline/ (untracked) holds the baseline's sources, made once here with
@@ -17,14 +17,15 @@ base=${BASELINE:-.baseline}
 args=(--sections "${SECTIONS:-decode,stream}" --batches "${BATCHES:-1,16,64,128}" --streams "${STREAMS:-16,64,128}"
       ${MODEL_ARGS:-})
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-if [ -d "$base" ]; then  # the baseline first, same card, same call
-  shim_tree "$base" /tmp/shim_base
+share=1; [ -d "$base" ] && share=2  # this tree gets half the budget when the baseline runs after it
+timeout $(( ($(left) - 5) / share )) python3 -m higgs_stream.bench "${args[@]}" --out "$OUT/bench.json" 2>&1 \
+  | tee "$OUT/bench.log" | grep -E "decode b=|stream n=|Error" | tail -12
+if [ -d "$base" ]; then  # then the baseline, same card, same call (device_env.sh)
+  use_baseline "$base"
   # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
-  (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) / 2 )) python3 -c \
+  (cd /tmp && timeout $(( $(left) - 5 )) python3 -c \
     "import higgs_stream.engine.engine as e, sys; print('baseline code:', e.__file__); sys.argv[0] = 'bench'; \
 from higgs_stream.bench import main; sys.exit(main(sys.argv[1:]))" "${args[@]}" --out "$OUT/baseline.json" \
     2>&1 | tee "$OUT/baseline.log" | grep -E "baseline code|decode b=|stream n=|Error" | tail -12)
 fi
-timeout $(( $(left) - 5 )) python3 -m higgs_stream.bench "${args[@]}" --out "$OUT/bench.json" 2>&1 \
-  | tee "$OUT/bench.log" | grep -E "decode b=|stream n=|Error" | tail -12
 echo "done in $SECONDS s"

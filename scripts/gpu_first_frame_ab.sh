@@ -30,10 +30,8 @@ run_tree() {  # run_tree LABEL: both models' first steps and decode sweep with t
   done
 }
 [ "${SKIP_THIS:-0}" = 1 ] || run_tree this  # the editable install (device_env.sh)
-if [ -d "$base" ]; then  # then the baseline through a shim, the editable install removed (its finder wins over PYTHONPATH)
-  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  shim_tree "$base" /tmp/shim_base
-  export PYTHONPATH=/tmp/shim_base:${PYTHONPATH:-}
+if [ -d "$base" ]; then  # then the baseline (device_env.sh)
+  use_baseline "$base"
   run_tree base
 else
   echo "no $base: baseline skipped"

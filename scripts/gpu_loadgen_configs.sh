@@ -46,9 +46,7 @@ rundir=$repo
 for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
 if [ -n "${BASELINE_DIR:-}" ]; then
   [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
-  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  shim_tree "$repo/$BASELINE_DIR" /tmp/shim_base  # device_env.sh
-  export PYTHONPATH=/tmp/shim_base:$PYTHONPATH
+  use_baseline "$repo/$BASELINE_DIR"  # device_env.sh
   rundir=/tmp
   first=${configs[0]}
   run base "${first#*=}"
