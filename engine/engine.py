@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -69,6 +70,9 @@ class EngineConfig:
     kv_pages: int = 4096  # pages of the cache `from_pretrained` creates
     page_size: int = 16
     kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": e4m3 pages (half of bf16's bytes, unscaled)
+    # A prompt arriving while a step runs is launched right behind it, not in the next step (families that
+    # sample at the prompt end, on the ModelRunner; others ignore it): engine/model_runner.py, "Late prompts"
+    late_prompts: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):
@@ -135,6 +139,7 @@ class Engine:
         ))
         self._ids = itertools.count()
         self._pending: deque[Sequence] = deque()  # added, not yet seen by step()
+        self._arrived = threading.Event()  # set by add(): a late-prompt wait ends (ModelRunner late_prompts)
         self._cancels: deque[int] = deque()  # stream ids (cancel() may run on another thread)
         self._seqs: dict[int, Sequence] = {}  # id -> live sequence (known to the scheduler, not finished)
         self._carry: list[tuple[Sequence, StepEvent]] = []  # events of a failed step, delivered next step
@@ -181,6 +186,7 @@ class Engine:
         if pages > self.scheduler.config.num_pages:
             raise CapacityError(f"stream may need {pages} KV pages, the cache has {self.scheduler.config.num_pages}")
         self._pending.append(seq)
+        self._arrived.set()
         return seq.sid
 
     def cancel(self, stream_id: int) -> None:
@@ -231,12 +237,15 @@ class Engine:
         step then running, not a second one queued behind it."""
         out = self._carry + self._admit_and_cancel()
         self._carry = []
-        plan = [] if sync and self.runner.busy else self.scheduler.schedule()
+        runner = self.runner
+        hold = runner.busy and (sync or runner.in_flight >= 2)  # collect first: at most 2 launches in flight
+        plan = [] if hold else self.scheduler.schedule()
         self._reserve(plan)
+        late = self._late_prompts if self.config.late_prompts and runner.late_prompts and not sync else None
         try:
-            rows = self.runner.run(plan, sync=sync)
+            rows = runner.run(plan, sync=sync, late=late)
         except Exception as exc:
-            self._carry = [self._finish(s, "error", f"forward failed: {exc!r}") for s in _distinct(c.seq for c in plan)]
+            self._carry += [self._finish(s, "error", f"forward failed: {exc!r}") for s in _distinct(c.seq for c in plan)]
             raise
         out += self._postprocess(rows)
         return self._deliver(out)
@@ -260,7 +269,29 @@ class Engine:
         return np.stack(frames, axis=1) if frames else np.zeros((self.cfg.num_codebooks, 0), np.int64)
 
     # ------------------------------------------------------------------ step stages
+    def _late_prompts(self, timeout_s: float) -> list[Chunk]:
+        """The runner waits for a step: the prompts added meanwhile (waiting up to `timeout_s` for one),
+        admitted and planned for a launch of their own; [] when none came (or none fits now)."""
+        self._arrived.clear()
+        if not self._pending and timeout_s > 0:
+            self._arrived.wait(timeout_s)
+        if not self._pending:
+            return []
+        self._carry += self._admit()
+        chunks = self.scheduler.admit_late(self.runner.config.prefill_pack)
+        self._reserve(chunks)
+        return chunks
+
     def _admit_and_cancel(self) -> list[tuple[Sequence, StepEvent]]:
+        out = self._admit()
+        while self._cancels:
+            seq = self._seqs.get(self._cancels.popleft())
+            if seq is not None:
+                out.append(self._finish(seq, "cancelled"))
+        return out
+
+    def _admit(self) -> list[tuple[Sequence, StepEvent]]:
+        """Added sequences to the scheduler's queue; a refusal's error event."""
         out = []
         while self._pending:
             seq = self._pending.popleft()
@@ -270,10 +301,6 @@ class Engine:
                 out.append((seq, StepEvent(seq.sid, None, True, "error", f"busy: {exc}")))
                 continue
             self._seqs[seq.sid] = seq
-        while self._cancels:
-            seq = self._seqs.get(self._cancels.popleft())
-            if seq is not None:
-                out.append(self._finish(seq, "cancelled"))
         return out
 
     def _reserve(self, plan: list[Chunk]) -> None:

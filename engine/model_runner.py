@@ -38,6 +38,15 @@ the prefill on the device. The first sampled row so comes one step earlier; the 
 same function of the same inputs. On the CPU, in fp32, with the plain-torch kernels it reproduces
 the reference runner's greedy codes (tests/engine/test_model_runner.py).
 
+Late prompts (`EngineConfig.late_prompts`, families that sample at the prompt end): the host runs a
+step ahead, so a prompt that arrives while the device runs step t would wait for step t + 1 (already
+queued) and then ride in step t + 2 behind every stream's decode. Instead, while the host waits for
+step t, a prompt that arrives is prefilled (and its first row sampled and completed) in a launch of
+its own queued right behind step t + 1: its first frame comes one decode step sooner, and the device
+does the same work in the same order otherwise. Only a call that launched a regular step makes one (so
+arrivals cannot hold decode steps back), and a regular step is launched only while at most one launch is
+in flight, so a sequence is still scheduled at most once after its end (`LAG_SLACK`).
+
 A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) has each
 sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code
 predictor: 15 sub-steps), so its graphed decode step is a whole frame; its rows embed through the
@@ -47,7 +56,10 @@ next text-track id.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
@@ -74,6 +86,11 @@ from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostC
 MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
+LATE_POLL_S = 5e-4  # while waiting for a step: how often the host looks at its event when no prompt arrives
+HOST_ROWS = 4  # pinned row buffers: a regular step and a late launch in flight, the next ones staging
+LateCall = Callable[[float], list[Chunk]]  # late(timeout_s): prompts arrived meanwhile, admitted and planned
+
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ the contract
@@ -97,11 +114,18 @@ class Runner(Protocol):
 
     def check(self, request: GenerationRequest) -> None: ...  # InvalidInputError for what it cannot serve
 
-    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]: ...  # the rows that are ready (maybe a
-    # step late; sync: this step's own rows too, nothing left in flight)
+    def run(self, plan: list[Chunk], sync: bool = False, late: LateCall | None = None) -> list[RowOut]: ...
+    # the rows that are ready (maybe a step late; sync: this step's own rows too, nothing left in flight;
+    # late: prompts that arrive while the host waits, launched at once: `late_prompts` runners only)
 
     @property
     def busy(self) -> bool: ...  # results still in flight
+
+    @property
+    def in_flight(self) -> int: ...  # launches whose rows are not collected yet
+
+    @property
+    def late_prompts(self) -> bool: ...  # run() can take `late`
 
     def release(self, seq: Sequence) -> None: ...  # the sequence ended: free what the runner holds for it
 
@@ -109,6 +133,10 @@ class Runner(Protocol):
 def _text_ids(decode: list[Chunk]) -> list[int]:
     """Each decode row's text-track id (family.Prompt.step_text_id of its step)."""
     return [c.seq.prompt.step_text_id(c.start - c.seq.prompt_len) for c in decode]
+
+
+def _distinct_seqs(chunks: list[Chunk]) -> list[Sequence]:
+    return list({id(c.seq): c.seq for c in chunks}.values())
 
 
 def samples_at(c: Chunk, policy: GenerationPolicy) -> bool:
@@ -210,9 +238,10 @@ class ModelRunner:
                 self.prefill_graphs.capture()
         k = cfg.num_codebooks
         pin = dev.type == "cuda"
-        self._host = [torch.zeros((max_batch, k + 1), dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        self._parity = 0
-        self._inflight: _Launched | None = None
+        self._host = [torch.zeros((max_batch, k + 1), dtype=torch.long, pin_memory=pin) for _ in range(HOST_ROWS)]
+        self._next_host = 0
+        self._flight: deque[_Launched] = deque()  # launched, rows not collected, oldest first
+        self.late_launches = 0  # prompt-only launches made while waiting (late_prompts)
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
         self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
         self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
@@ -243,18 +272,58 @@ class ModelRunner:
 
     @property
     def busy(self) -> bool:
-        return self._inflight is not None
+        return bool(self._flight)
 
-    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]:
-        """Launch this step (if anything is planned), then return the previous step's rows; `sync`: this
-        step's rows too (after the previous step's), and nothing stays in flight."""
+    @property
+    def in_flight(self) -> int:
+        return len(self._flight)
+
+    @property
+    def late_prompts(self) -> bool:
+        """Whether run() can take late prompts: the family samples at the prompt end (a prompt that folds
+        its first decode token into its step needs that step's decode rows)."""
+        return self.policy.sample_at_prompt_end
+
+    def run(self, plan: list[Chunk], sync: bool = False, late: LateCall | None = None) -> list[RowOut]:
+        """Launch this step (if anything is planned), then return the rows of what was in flight before it
+        (the oldest launch only, when the engine planned nothing because two were in flight); `sync`: every
+        launch's rows, this step's too, and nothing stays in flight. `late`: called while the host waits,
+        it returns prompts that arrived meanwhile (admitted and planned), launched at once (`late_prompts`)."""
         launched = self._launch(plan) if plan else None
-        out = self._collect(self._inflight) if self._inflight is not None else []
-        if sync and launched is not None:
-            out += self._collect(launched)
-            launched = None
-        self._inflight = launched
+        if launched is not None:
+            self._flight.append(launched)
+        keep = 0 if sync else (1 if launched is not None or len(self._flight) >= 2 else 0)
+        out: list[RowOut] = []
+        for _ in range(len(self._flight) - keep):
+            if late is not None and launched is not None and len(self._flight) <= 2:  # never two late in a row
+                out += self._late(late, self._flight[0])
+                late = None
+            out += self._collect(self._flight.popleft())
         return out
+
+    def _late(self, late: LateCall, oldest: _Launched) -> list[RowOut]:
+        """Until `oldest` is done: prompts that arrive are launched at once (one launch); their error rows
+        if that launch failed."""
+        t0 = time.perf_counter()
+        try:
+            while True:
+                finished = oldest.done is None or oldest.done.query()
+                chunks = late(0.0 if finished else LATE_POLL_S)
+                if chunks:
+                    break
+                if finished:
+                    return []
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        try:
+            launched = self._launch_prompts(chunks)
+        except Exception as exc:  # these prompts fail alone; the steps in flight go on
+            log.exception("late prompt launch failed")
+            return [RowOut(s, [], "error", f"prompt launch failed: {exc!r}") for s in _distinct_seqs(chunks)]
+        if launched is not None:
+            self._flight.append(launched)
+        self.late_launches += 1
+        return []
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:
@@ -270,10 +339,7 @@ class ModelRunner:
         sample-and-advance for the prompts that end, if the family samples there), then the decode
         rows (one graph replay, or one eager forward), which include the folded first decode token
         of the prompts that end."""
-        if self._staged is not None:  # host staging buffers of the previous step are free again
-            t0 = time.perf_counter()
-            self._staged.synchronize()
-            self.wait_s += time.perf_counter() - t0
+        self._wait_staged()
         decode = [c for c in plan if not c.prefill]
         prefill = [c for c in plan if c.prefill]
         self.last_prefill = len(prefill)  # benchmarks' traces
@@ -301,15 +367,33 @@ class ModelRunner:
         self._staged = staged or self._record_staged()
         if not parts:
             return None
-        packed = parts[0] if len(parts) == 1 else torch.cat(parts)  # [S, K + 1]
-        host = self._host[self._parity][: packed.shape[0]]
-        self._parity ^= 1
+        return self._ship(parts[0] if len(parts) == 1 else torch.cat(parts), [c.seq for c in ends + decode])
+
+    def _launch_prompts(self, chunks: list[Chunk]) -> _Launched | None:
+        """A launch of prompt chunks alone (late prompts): their K/V, and their first rows where sampled."""
+        self._wait_staged()
+        self._start_streams([c for c in chunks if c.last_of_prompt])
+        first = self._prefill(chunks)
+        self._staged = self._record_staged()
+        return None if first is None else self._ship(first, [c.seq for c in chunks if samples_at(c, self.policy)])
+
+    def _wait_staged(self) -> None:
+        """The host staging buffers of the last launch are free again (its input copies ran)."""
+        if self._staged is not None:
+            t0 = time.perf_counter()
+            self._staged.synchronize()
+            self.wait_s += time.perf_counter() - t0
+
+    def _ship(self, packed: torch.Tensor, seqs: list[Sequence]) -> _Launched:
+        """Start copying a launch's packed rows [S, K + 1] to the host; what to collect them by."""
+        host = self._host[self._next_host][: packed.shape[0]]
+        self._next_host = (self._next_host + 1) % HOST_ROWS
         host.copy_(packed, non_blocking=True)
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return _Launched([c.seq for c in ends + decode], host, done)
+        return _Launched(seqs, host, done)
 
     def _kv_slot(self, table: list[int], pos: int) -> int:
         ps = self.cache.allocator.page_size

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 class RefRunner:
     kv_slack = 0  # rows come back in their own step: nothing is scheduled after the end
     busy = False
+    in_flight = 0
+    late_prompts = False  # nothing runs while the host waits: no prompt can come late
     wait_s = 0.0  # no asynchronous device work to wait for (benchmarks read the ModelRunner's)
     last_prefill = 0  # prompt chunks in the last step (benchmarks' and serve --trace-out's traces)
 
@@ -49,8 +51,8 @@ class RefRunner:
     def release(self, seq: Sequence) -> None:
         """Nothing is held per sequence beyond what the engine frees."""
 
-    def run(self, plan: list[Chunk], sync: bool = False) -> list[RowOut]:
-        """This step's rows (always synchronous: `sync` changes nothing)."""
+    def run(self, plan: list[Chunk], sync: bool = False, late=None) -> list[RowOut]:
+        """This step's rows (always synchronous: `sync` and `late` change nothing)."""
         self.last_prefill = sum(1 for c in plan if c.prefill)  # prompt chunks in this step (traces)
         if not plan:
             return []

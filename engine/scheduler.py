@@ -209,6 +209,20 @@ class PrefillScheduler(Scheduler):
             budget -= self._chunk_of(self._admit_head(), plan)
         return plan
 
+    def admit_late(self, limit: int) -> list[Chunk]:
+        """First chunks of up to `limit` waiting sequences, queue head first, for a launch of their own
+        beside the steps in flight (ModelRunner's late prompts), under a budget of their own. Not for
+        folding schedulers: a folded first decode token belongs to a step's decode rows."""
+        if self.fold:
+            raise ConfigError("a folding scheduler cannot admit prompts into a launch of their own")
+        budget, plan = self.config.token_budget, []
+        while self.waiting and len(plan) < limit and len(self.running) < self.config.max_batch:
+            head = self.waiting[0]
+            if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
+                break
+            budget -= self._chunk_of(self._admit_head(), plan)
+        return plan
+
     def _chunk_of(self, s: Sequence, plan: list[Chunk]) -> int:
         n = min(s.prompt_len - s.computed, self.chunk)
         last = s.computed + n == s.prompt_len

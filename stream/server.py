@@ -306,6 +306,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: prefill up to N arriving prompts in one forward (a burst of arrivals reads the "
                              "weights once per N prompts; default %(default)s); 1: one prompt per forward, so a "
                              "stream's codes never depend on what else runs (batch-invariant, slower bursts)")
+    parser.add_argument("--late-prompts", action="store_true",
+                        help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
+                             "its own right behind it instead of riding the next step beside every stream's decode, so "
+                             "its first frame comes one decode step sooner (default off until measured; docs/PERF.md)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="diagnostics: leave start-up's objects in Python's garbage collection (each full "
                              "collection then walks them all while every thread of the server waits)")
@@ -417,6 +421,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
+                              late_prompts=args.late_prompts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     ModelRunnerConfig(prefill_pack=args.prefill_pack)  # a bad --prefill-pack fails here on any device
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,

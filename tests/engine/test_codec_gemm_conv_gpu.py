@@ -25,9 +25,9 @@ def test_dispatch_on_cuda(length, monkeypatch):
     assert bool(calls) == (length - 6 <= gemm_conv.GEMM_ROWS)
 
 
-def test_gemm_paths_equal_cudnn_fp32():
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_gemm_paths_equal_cudnn_fp32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # restored after the test: later tests
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # see the process defaults
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(2, 1536, 10, device="cuda", generator=g)
     w = torch.randn(768, 1536, 7, device="cuda", generator=g) / 100

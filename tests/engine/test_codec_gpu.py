@@ -24,11 +24,12 @@ def test_full_decoder_cuda_matches_cpu_in_strict_fp32():
     codes = torch.randint(0, 1024, (2, 8, 30), generator=torch.Generator().manual_seed(1))
     cpu = codec.decode(codes)
     codec.cuda()
+    global_flag = torch.backends.cudnn.allow_tf32
     assert rel_err(codec.decode(codes.cuda()), cpu) <= 1e-5
     codec.allow_tf32 = True  # cuDNN's default: TF32 where cuDNN picks a TF32 algorithm (H100 run 2026-11-27
     # picked none for these shapes: 1.4e-6), so only its bound is asserted
     assert rel_err(codec.decode(codes.cuda()), cpu) < 1e-2
-    assert torch.backends.cudnn.allow_tf32  # the global flag is restored after each call
+    assert torch.backends.cudnn.allow_tf32 == global_flag  # the global flag is restored after each call
 
 
 def test_tiny_encode_cuda_matches_cpu():

@@ -93,3 +93,17 @@ def test_prefill_pack_is_checked_before_the_model_loads():
     for bad in ("0", "33"):
         with pytest.raises(ConfigError, match="prefill_pack must be in 1..32"):
             build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--prefill-pack", bad]))
+
+
+def test_late_prompts_reach_the_engine_config():
+    """--late-prompts (off by default) is the engine's `late_prompts` (a random tiny model on the
+    CPU: the reference runner, which cannot take late prompts, runs classic steps)."""
+    from higgs_stream.stream.server import build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert not parser.parse_args(["--model", "m"]).late_prompts
+    args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", "--late-prompts",
+                              "--no-warm-up"])
+    engine = build_state(args).pipeline.engine
+    assert engine.config.late_prompts and not engine.runner.late_prompts

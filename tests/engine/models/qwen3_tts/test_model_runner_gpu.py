@@ -268,3 +268,42 @@ def test_batched_greedy_frames_equal_each_stream_alone(model):
         assert together[i].shape == want.shape == (100, 16), (i, together[i].shape, want.shape)
         diff = np.nonzero((together[i] != want).any(axis=1))[0]
         assert diff.size == 0, f"stream {i} differs from frame {diff[0]}"
+
+
+# ---------------------------------------------------------------------- late prompts
+def test_late_prompts_on_cuda_give_the_frames_of_classic_steps(model):
+    """Prompts added while the host waits for a graphed step (EngineConfig.late_prompts: prefilled in a
+    launch of their own behind the step just launched, polled on real CUDA events) give the greedy frames
+    of the same prompts admitted at the next step; one prompt per prefill replay (prefill_pack 1) so a
+    stream's K/V do not depend on what shares its launch. Every page and slot comes back."""
+    arrivals = {0: [0], 3: [1, 2], 5: [3], 9: [4, 5]}
+    requests = [greedy(t, 12 + 5 * i) for i, t in enumerate(TEXTS)]
+
+    def drive(late: bool):
+        talker, tok = model
+        cache = KVCache.create(CFG, num_pages=300, page_size=16, dtype=torch.bfloat16, device="cuda")
+        eng = Engine(talker, CFG, tok, cache, EngineConfig(max_batch=8, kv_pages=300, max_seq_len=1024,
+                                                           late_prompts=late),
+                     ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1))
+        run_, sids, frames, calls = eng.runner.run, {}, {}, [0]
+
+        def hooked(plan, **kw):  # the event loop adds prompts while the engine thread is in the runner
+            for i in arrivals.get(calls[0], []):
+                sids[eng.add(requests[i])] = i
+            return run_(plan, **kw)
+
+        eng.runner.run = hooked
+        while calls[0] < 10 or eng.has_work():
+            for ev in eng.step():
+                if ev.frame is not None:
+                    frames.setdefault(sids[ev.stream_id], []).append(ev.frame)
+            calls[0] += 1
+        assert eng.cache.allocator.num_used == 1 and len(eng.runner._free_slots) == 8
+        return {i: np.stack(f) for i, f in frames.items()}, eng.runner.late_launches
+
+    classic, none = drive(False)
+    late, launches = drive(True)
+    assert none == 0 and launches >= 2
+    assert sorted(late) == sorted(classic) == list(range(len(requests)))
+    for i in classic:
+        assert np.array_equal(late[i], classic[i]), f"stream {i}"
