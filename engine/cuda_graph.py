@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 
 from higgs_stream.engine.errors import HiggsStreamError
-from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.gpu_sampling import DeviceStreamState
 from higgs_stream.engine.graph_capture import capture_buckets
@@ -193,7 +192,7 @@ class PromptEndGraphs:
         index = np.zeros((2, b), np.int64)
         index[0, :n], index[1, :n] = slots, 1
         index[0, n:] = self.state.num_slots + np.arange(b - n)
-        self._index[:, :b].copy_(upload(index, self._index.device))
+        self._index[:, :b].copy_(torch.from_numpy(index), non_blocking=True)  # one call: under load each waits for the GIL
         if logits is not None:
             self._logits[:n].copy_(logits)
         if hidden is not None:
@@ -392,11 +391,11 @@ class PrefillGraphs:
             st[2, j] = r - 1  # the prompt's last row
         st[2, p:self.max_prompts] = r - 1  # unused outputs repeat the last prompt's (dropped)
         st[1, r:b] = self.scratch_page * ps + np.arange(b - r) % ps
-        self._rows[:, :b].copy_(upload(st, self._rows.device))
+        self._rows[:, :b].copy_(torch.from_numpy(st), non_blocking=True)
         self._select[:b].copy_(self._rows[4, :b])
         if self.embeds:
-            self._vector_rows.copy_(upload(rows, self._rows.device))
-            self._vectors.copy_(upload(vecs, self._rows.device, self._vectors.dtype))
+            self._vector_rows.copy_(torch.from_numpy(rows), non_blocking=True)
+            self._vectors.copy_(torch.from_numpy(vecs), non_blocking=True)
 
     def run_many(self, chunks: Sequence[FirstChunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill every chunk (one pack: see `packs`) in one replay -> (audio logits [p, h, V], hidden

@@ -241,7 +241,7 @@ class Engine:
         hold = runner.busy and (sync or runner.in_flight >= 2)  # collect first: at most 2 launches in flight
         plan = [] if hold else self.scheduler.schedule()
         self._reserve(plan)
-        late = self._late_prompts if self.config.late_prompts and runner.late_prompts and not sync else None
+        late = self._late_prompts if self.config.late_prompts and runner.late_prompts else None
         try:
             rows = runner.run(plan, sync=sync, late=late)
         except Exception as exc:

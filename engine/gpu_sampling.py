@@ -31,11 +31,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.family import DeviceRules, Pick
 from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors
 from higgs_stream.kernels import sample_rows, sampling_noise
+
+START_ROWS = 8  # stream starts per staged apply (`DeviceStreamState.start`)
+START_INTS = ("win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "cap_column", "top_k")
+START_FIELDS = 2 + len(START_INTS)  # staged ints per start: slot, START_INTS, greedy; then the start row [K]
+# and the RAS window [W * K]
 
 # status column of the packed output
 RUNNING, STOP, LENGTH, ERROR, IGNORED = 0, 1, 2, 3, 4
@@ -93,12 +97,18 @@ class DeviceStreamState:
         self.greedy = zeros(s, dtype=torch.bool)
         self._codebook = torch.arange(k, device=self.device)[None]  # [1, K]
         self._age = torch.arange(self.w, device=self.device)[None]  # [1, W]
+        self._start_ints = zeros(START_ROWS, START_FIELDS + (self.w + 1) * k)  # `start`'s staged rows
+        self._start_floats = zeros(START_ROWS, 2, dtype=torch.float32)
+        self._start_graph: torch.cuda.CUDAGraph | None = None
         rules.attach(self)
 
     # ------------------------------------------------------------------ host -> device (AUDIO_INIT)
     def start(self, starts: Sequence[StreamStart]) -> None:
         """Reset the slots of streams that reach AUDIO_INIT: their start row (the family's; Higgs:
-        the all-BOS column) is emitted now."""
+        the all-BOS column) is emitted now. Host side: every field of up to START_ROWS streams in
+        two copies into static buffers, then one apply (`_apply_start`, replayed from a CUDA graph
+        once `capture_start` ran: padded with scratch slots): 3 launches from Python instead of
+        ~25, each of which waited for the GIL behind the server's other threads under load."""
         if not starts:
             return
         if not self.rules.uses_ras:  # no window, whatever the request says
@@ -107,38 +117,63 @@ class DeviceStreamState:
             assert 0 <= st.slot < self.num_slots, f"slot {st.slot} outside [0, {self.num_slots})"
             if st.params.ras_window > self.w:
                 raise ValueError(f"ras_window {st.params.ras_window} exceeds the device window {self.w}")
-        n, k, w = len(starts), self.k, self.w
-        window = np.zeros((n, w, k), np.int64)
-        fill = np.zeros(n, np.int64)
+        n, k, w, f = len(starts), self.k, self.w, START_FIELDS + self.k
         start_row = np.array(self.rules.start_row(k, self.bos), np.int64)  # [K], the family's (Higgs: all BOS)
+        ints = np.zeros((n, f + w * k), np.int64)
+        ints[:, START_FIELDS:f] = start_row
+        floats = np.zeros((n, 2), np.float32)
         for i, st in enumerate(starts):  # context audio (last ras_window columns), then the start row
-            r = st.params.ras_window
+            p, r = st.params, st.params.ras_window
             ctx = st.context_audio[:, max(0, st.context_audio.shape[1] - r):].T if r > 0 else np.zeros((0, k), np.int64)
             cols = np.concatenate([ctx, start_row[None]])[-w:]
-            window[i, : len(cols)] = cols
-            fill[i] = len(cols)
-        slots = upload([st.slot for st in starts], self.device, torch.long)
-        ints = upload(np.stack([
-            fill % w, fill, [st.params.ras_window for st in starts], [st.params.ras_max_repeat for st in starts],
-            [st.params.seed for st in starts], [self.rules.cap(st.max_frames) for st in starts],
-            [min(st.params.top_k, self.v) if st.params.top_k else self.v for st in starts],
-        ]), self.device, torch.long)  # [7, n]
-        floats = upload([[st.params.temperature if not st.params.greedy else 1.0 for st in starts],
-                         [1.0 - st.params.top_p if st.params.top_p < 1.0 else -1.0 for st in starts]],
-                        self.device, torch.float32)  # [2, n]
-        self.window[slots] = upload(window, self.device)
-        for row, name in enumerate(("win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "cap_column", "top_k")):
-            getattr(self, name)[slots] = ints[row]
-        self.temperature[slots] = floats[0]
-        self.top_p_cut[slots] = floats[1]
-        self.greedy[slots] = upload([st.params.greedy for st in starts], self.device, torch.bool)
-        self.last_col[slots] = upload(start_row, self.device)
+            ints[i, f:f + cols.size] = cols.reshape(-1)
+            ints[i, :START_FIELDS] = (st.slot, len(cols) % w, len(cols), r, p.ras_max_repeat, p.seed,
+                                      self.rules.cap(st.max_frames), min(p.top_k, self.v) if p.top_k else self.v,
+                                      p.greedy)
+            floats[i] = (p.temperature if not p.greedy else 1.0, 1.0 - p.top_p if p.top_p < 1.0 else -1.0)
+        for i in range(0, n, START_ROWS):
+            m = min(START_ROWS, n - i)
+            b = START_ROWS if self._start_graph is not None else m
+            chunk_i, chunk_f = np.zeros((b, ints.shape[1]), np.int64), np.zeros((b, 2), np.float32)
+            chunk_i[:m], chunk_f[:m] = ints[i:i + m], floats[i:i + m]
+            chunk_i[m:, 0] = self.num_slots + np.arange(b - m)  # padded rows: scratch slots
+            self._start_ints[:b].copy_(torch.from_numpy(chunk_i), non_blocking=True)
+            self._start_floats[:b].copy_(torch.from_numpy(chunk_f), non_blocking=True)
+            if self._start_graph is not None:
+                self._start_graph.replay()
+            else:
+                self._apply_start(b)
+
+    def _apply_start(self, b: int) -> None:
+        """The device half of `start` for the first b staged rows (graph-capturable: no host sync)."""
+        ints, floats, f = self._start_ints[:b], self._start_floats[:b], START_FIELDS + self.k
+        slots = ints[:, 0]
+        self.window[slots] = ints[:, f:].unflatten(1, (self.w, self.k))
+        for j, name in enumerate(START_INTS):
+            getattr(self, name)[slots] = ints[:, 1 + j]
+        self.greedy[slots] = ints[:, START_FIELDS - 1] != 0
+        self.temperature[slots] = floats[:, 0]
+        self.top_p_cut[slots] = floats[:, 1]
+        self.last_col[slots] = ints[:, START_FIELDS:f]
         self.ncols[slots] = 1
         self.num_delay[slots] = 0
         self.num_remaining[slots] = -1
         self.stop_reason[slots] = STOP
         self.done[slots] = False
         self.rules.start(self, slots)
+
+    def capture_start(self) -> None:
+        """CUDA: replay `_apply_start` from a graph (START_ROWS rows, padded with scratch slots)."""
+        from higgs_stream.engine.graph_capture import capture_buckets
+
+        assert self.last_col.shape[0] >= self.num_slots + START_ROWS, "the graph pads starts with scratch slots"
+
+        def dummy(b: int) -> None:
+            self._start_ints.zero_()
+            self._start_ints[:, 0] = torch.arange(self.num_slots, self.num_slots + START_ROWS, device=self.device)
+
+        graphs, _ = capture_buckets((START_ROWS,), dummy, self._apply_start, self.device)
+        self._start_graph = graphs[START_ROWS]
 
     def release(self, slot: int) -> None:
         self.done[slot] = True

@@ -212,6 +212,9 @@ class ModelRunner:
                                        ras_window_max=self.config.ras_window_max,
                                        rules=family.device_rules(cfg), fast_kernels=self.config.kernels == "fast",
                                        vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
+        if self.config.cuda_graphs:
+            with torch.no_grad():
+                self.state.capture_start()
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._attn = self._eager_attention()
         self.graphs: DecodeGraphs | None = None
@@ -288,7 +291,8 @@ class ModelRunner:
         """Launch this step (if anything is planned), then return the rows of what was in flight before it
         (the oldest launch only, when the engine planned nothing because two were in flight); `sync`: every
         launch's rows, this step's too, and nothing stays in flight. `late`: called while the host waits,
-        it returns prompts that arrived meanwhile (admitted and planned), launched at once (`late_prompts`)."""
+        it returns prompts that arrived meanwhile (admitted and planned), launched at once (`late_prompts`;
+        in a synchronous step too: their first rows then come with this call, right after the step's)."""
         launched = self._launch(plan) if plan else None
         if launched is not None:
             self._flight.append(launched)
@@ -298,6 +302,8 @@ class ModelRunner:
             if late is not None and launched is not None and len(self._flight) <= 2:  # never two late in a row
                 out += self._late(late, self._flight[0])
                 late = None
+            out += self._collect(self._flight.popleft())
+        while sync and self._flight:  # a late launch made while a synchronous step ran
             out += self._collect(self._flight.popleft())
         return out
 
@@ -461,16 +467,25 @@ class ModelRunner:
             h = self._eager_chunk(c, table, ids, codes, audio, codec, vec_rows, vecs, kv_slots, sampled)
             if sampled:
                 got[i] = (self.fast.audio_logits(h), h)  # [1, h, V]
-        for pack in pg.packs([fc for _, fc in graphed]) if graphed else []:
+        packs = pg.packs([fc for _, fc in graphed]) if graphed else []
+        whole = None  # one pack holding every sampled chunk, in plan order: its outputs as they are
+        for pack in packs:
             logits, hidden = pg.run_many([graphed[j][1] for j in pack])  # the next replay rewrites them
+            if len(packs) == 1 and not got and all(samples_at(chunks[i], self.policy) for i, _ in graphed):
+                whole = (logits, hidden)
+                break
             for row, j in enumerate(pack):
                 i = graphed[j][0]
                 if samples_at(chunks[i], self.policy):
                     got[i] = (logits[row:row + 1].clone(), hidden[row:row + 1].clone())
-        if not got:
+        if whole is not None:  # the common case: fewer calls, each of which waits for the GIL under load
+            logits_, hidden_ = whole
+            order = [i for i, _ in graphed]
+        elif not got:
             return None
-        order = sorted(got)
-        logits_, hidden_ = torch.cat([got[i][0] for i in order]), torch.cat([got[i][1] for i in order])
+        else:
+            order = sorted(got)
+            logits_, hidden_ = torch.cat([got[i][0] for i in order]), torch.cat([got[i][1] for i in order])
         slots = [chunks[i].seq.slot for i in order]
         if self.prompt_ends is not None:
             return self.prompt_ends.run(logits_, hidden_, slots)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 import numpy as np
 
 
 def breakdown(events: list[list]) -> list[dict]:
     steps = [e for e in events if e[0] == "step"]
-    calls = [e for e in events if e[0] == "codec"]
+    calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
+    frame0 = {e[2]: e[1] for e in events if e[0] == "frame0"}  # first text -> its first frame routed
+    ends = np.array([c[2] for c in calls])
     rows = []
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
     for _, said, first, _end, _samples in streams:
@@ -46,8 +49,21 @@ def breakdown(events: list[list]) -> list[dict]:
             "codec_ms": 1e3 * sum(inside(c[1], c[2]) for c in own_calls),
             "idle_ms": 1e3 * (first - said - covered),
             "before_first_step_ms": 1e3 * ((own_steps[0][1] - said) if own_steps else first - said),
-            "after_last_codec_ms": 1e3 * ((first - own_calls[-1][2]) if own_calls else 0.0)})
+            "after_last_codec_ms": 1e3 * ((first - own_calls[-1][2]) if own_calls else 0.0),
+            # with frame0 events (servers since 2026-11-27): first text -> first frame -> the first chunk's
+            # codec call (the last call that ended before the first audio) starts -> first audio
+            "to_first_frame_ms": 1e3 * (frame0[said] - said) if said in frame0 else float("nan"),
+            "frame_to_call_ms": _frame_to_call(frame0.get(said), calls, ends, first),
+            "late_steps": sum(1 for s in own_steps if len(s) > 7 and s[7] > 0),
+            "sync_steps": sum(1 for s in own_steps if len(s) > 8 and s[8])})
     return rows
+
+
+def _frame_to_call(frame: float | None, calls: list, ends: np.ndarray, first: float) -> float:
+    i = int(np.searchsorted(ends, first, side="right")) - 1
+    if frame is None or i < 0:
+        return float("nan")
+    return 1e3 * (calls[i][1] - frame)
 
 
 def main() -> None:
@@ -62,11 +78,14 @@ def main() -> None:
     if not rows:
         raise SystemExit("no stream with first audio in the trace")
     keys = [k for k in rows[0] if k != "alone"]
-    med = {k: float(np.median([r[k] for r in rows])) for k in keys}
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # all-NaN columns of traces without frame0 events
+    med = {k: float(np.nanmedian([r[k] for r in rows])) for k in keys}
+    p95 = {k: float(np.nanpercentile([r[k] for r in rows], 95)) for k in keys}
     print(f"{len(rows)} streams; medians: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
+    print("p95: " + ", ".join(f"{k} {v:.1f}" for k, v in p95.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"median": med, "streams": rows}, f, indent=1)
+            json.dump({"median": med, "p95": p95, "streams": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

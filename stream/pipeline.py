@@ -124,8 +124,9 @@ class Pipeline:
         self._encodes: dict[str, asyncio.Future] = {}
         self._failures = 0
         self.steps = 0
-        # benchmarks, serve --trace-out: ("step", t0, t_step, t_end, rows, device wait s, prefills) and
-        # ("stream", first text, first audio, end, samples) per released stream
+        # benchmarks, serve --trace-out: ("step", t0, t_step, t_end, rows, device wait s, prefills, late prompt
+        # launches, synchronous), ("frame0", t, first text) per segment's first frame and ("stream", first
+        # text, first audio, end, samples) per released stream
         self.trace: list[tuple] | None = None
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
@@ -342,8 +343,9 @@ class Pipeline:
                 return
             t0 = time.perf_counter()
             wait0 = getattr(self.engine, "wait_s", 0.0)
+            late0, sync = self._late_launches(), self._relaxed
             try:
-                events = self.engine.step(sync=True) if self._relaxed else self.engine.step()
+                events = self.engine.step(sync=sync)
                 self._failures = 0
             except Exception:
                 self._failures += 1
@@ -363,7 +365,11 @@ class Pipeline:
             self.loop_model.observe(len(events), min(t_end - t0, 2 * self.pacing.frame_s))
             if self.trace is not None:
                 self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
-                                   getattr(self.engine, "last_prefill", 0)))
+                                   getattr(self.engine, "last_prefill", 0), self._late_launches() - late0, sync))
+
+    def _late_launches(self) -> int:
+        """Prompt launches the engine made while waiting for a step so far (EngineConfig.late_prompts; traces)."""
+        return getattr(getattr(self.engine, "runner", None), "late_launches", 0)
 
     def _pace(self) -> float | None:
         """Pause streams far ahead of their listener while the GPU is saturated, resume them in
@@ -432,6 +438,10 @@ class Pipeline:
             try:
                 ended = ev.finished and ev.reason in ("stop", "length")  # the stream's audio is complete
                 if ev.frame is not None:
+                    if not seg.framed:
+                        seg.framed = True
+                        if self.trace is not None:  # its first text (event loop clock) -> its first frame here
+                            self.trace.append(("frame0", now, seg.handle.said_at))
                     if seg.keep_frames:
                         seg.frames.append(ev.frame)
                     if refused is None:

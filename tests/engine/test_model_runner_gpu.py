@@ -149,7 +149,7 @@ def test_packed_prefill_tracks_one_prompt_per_forward(model):
     alone (prefill_pack=1, plain causal attention): every prompt's last-row audio logits within bf16
     rounding (max |d| <= 0.05 nat on logits of spread ~1), the same argmax in >= 95 % of codebooks, and
     the replay equals the same packed body run eagerly (same kernels; 1e-3)."""
-    from higgs_stream.engine.cuda_graph import FirstChunk, PrefillGraphs
+    from higgs_stream.engine.cuda_graph import FirstChunk
 
     packed_eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=8))
     single = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1),

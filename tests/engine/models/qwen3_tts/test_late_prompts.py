@@ -41,10 +41,12 @@ def make(model, tokenizer, late: bool) -> Engine:
                   econf, REF)
 
 
-def drive(engine: Engine, arrive_during: dict[int, list[int]]) -> tuple[dict[int, np.ndarray], dict[int, str], list]:
+def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int = 0
+          ) -> tuple[dict[int, np.ndarray], dict[int, str], list]:
     """Step until every request ended; the requests REQUESTS[i] for i in `arrive_during[s]` are added during
     step call s, after its plan was made (as the runner starts). Returns frames [K, F] and end reasons by request index,
-    and a log of ('step' | 'late', call index, launched sequence ids) in launch order."""
+    and a log of ('step' | 'late', call index, launched sequence ids) in launch order. `sync_every` n > 0:
+    runs of n pipelined and n synchronous calls (the server's relaxed mode)."""
     runner, calls, log = engine.runner, [0], []
     run, launch, launch_prompts = runner.run, runner._launch, runner._launch_prompts
     sids: dict[int, int] = {}
@@ -67,13 +69,14 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]]) -> tuple[dict[int
     reasons: dict[int, str] = {}
     want = sum(len(v) for v in arrive_during.values())
     while len(reasons) < want:
-        for ev in engine.step():
+        sync = sync_every > 0 and (calls[0] // sync_every) % 2 == 1
+        for ev in engine.step(sync=sync):
             i = sids[ev.stream_id]
             if ev.frame is not None:
                 cols.setdefault(i, []).append(ev.frame)
             if ev.finished:
                 reasons[i] = ev.reason
-        assert runner.in_flight <= 2
+        assert runner.in_flight <= (0 if sync else 2)
         calls[0] += 1
         assert calls[0] < 600, "engine did not finish"
     while engine.has_work():
@@ -83,11 +86,13 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]]) -> tuple[dict[int
     return frames, reasons, log
 
 
-@pytest.mark.parametrize("arrive_during", [{0: [0], 3: [1, 2], 4: [3], 9: [4]}, {0: [0], 2: [1, 2, 3, 4]}])
-def test_late_prompts_give_the_frames_of_the_next_step_admission(model, tokenizer, arrive_during):
-    classic_frames, classic_reasons, classic_log = drive(make(model, tokenizer, False), arrive_during)
+@pytest.mark.parametrize("arrive_during, sync_every", [({0: [0], 3: [1, 2], 4: [3], 9: [4]}, 0),
+                                                       ({0: [0], 2: [1, 2, 3, 4]}, 0),
+                                                       ({0: [0], 4: [1, 2], 5: [3], 10: [4]}, 3)])
+def test_late_prompts_give_the_frames_of_the_next_step_admission(model, tokenizer, arrive_during, sync_every):
+    classic_frames, classic_reasons, classic_log = drive(make(model, tokenizer, False), arrive_during, sync_every)
     late_engine = make(model, tokenizer, True)
-    frames, reasons, log = drive(late_engine, arrive_during)
+    frames, reasons, log = drive(late_engine, arrive_during, sync_every)
     assert reasons == classic_reasons and list(reasons.values()).count("length") >= 3
     for i, want in classic_frames.items():
         assert frames[i].shape == want.shape and np.array_equal(frames[i], want), f"request {i} differs"
