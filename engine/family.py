@@ -166,7 +166,8 @@ class DeviceRules(Protocol):
 
     def attach(self, state: Any) -> None: ...  # allocate the rules' own per-slot tensors (once)
 
-    def start(self, state: Any, slots: torch.Tensor) -> None: ...  # reset them for streams that start
+    def start(self, state: Any, slots: torch.Tensor) -> None: ...  # reset them for streams that start (captured
+    # in a CUDA graph: device tensors and scalar fills only, no host tensor)
 
     def process(self, state: Any, logits: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """The head's logits [B, h, V] fp32 -> processed (the device form of `policy.process_logits`)."""

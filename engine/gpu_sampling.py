@@ -155,11 +155,8 @@ class DeviceStreamState:
         self.temperature[slots] = floats[:, 0]
         self.top_p_cut[slots] = floats[:, 1]
         self.last_col[slots] = ints[:, START_FIELDS:f]
-        self.ncols[slots] = 1
-        self.num_delay[slots] = 0
-        self.num_remaining[slots] = -1
-        self.stop_reason[slots] = STOP
-        self.done[slots] = False
+        for name, value in (("ncols", 1), ("num_delay", 0), ("num_remaining", -1), ("stop_reason", STOP), ("done", False)):
+            getattr(self, name).index_fill_(0, slots, value)  # a scalar fill: no host tensor (graph capture)
         self.rules.start(self, slots)
 
     def capture_start(self) -> None:

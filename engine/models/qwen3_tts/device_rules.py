@@ -40,7 +40,7 @@ class QwenDeviceRules(RowRules):
         self._is_eos = ids == self.eos  # [V]
 
     def start(self, state: Any, slots: torch.Tensor) -> None:
-        self.seen[slots] = False
+        self.seen.index_fill_(0, slots, False)  # graph-capturable (DeviceStreamState.capture_start)
 
     @staticmethod
     def start_row(num_codebooks: int, codebook_size: int) -> tuple[int, ...]:
