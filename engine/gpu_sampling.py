@@ -134,15 +134,25 @@ class DeviceStreamState:
         for i in range(0, n, START_ROWS):
             m = min(START_ROWS, n - i)
             b = START_ROWS if self._start_graph is not None else m
-            chunk_i, chunk_f = np.zeros((b, ints.shape[1]), np.int64), np.zeros((b, 2), np.float32)
+            chunk_i, chunk_f = self._scratch_starts(b)
             chunk_i[:m], chunk_f[:m] = ints[i:i + m], floats[i:i + m]
-            chunk_i[m:, 0] = self.num_slots + np.arange(b - m)  # padded rows: scratch slots
             self._start_ints[:b].copy_(torch.from_numpy(chunk_i), non_blocking=True)
             self._start_floats[:b].copy_(torch.from_numpy(chunk_f), non_blocking=True)
             if self._start_graph is not None:
                 self._start_graph.replay()
             else:
                 self._apply_start(b)
+
+    def _scratch_starts(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """b staged rows that reset scratch slots to a fresh state's values (padded graph rows read
+        their sampling parameters: a top-k of 0 would index out of range)."""
+        ints = np.zeros((b, self._start_ints.shape[1]), np.int64)
+        ints[:, 0] = self.num_slots + np.arange(b)
+        ints[:, 1 + START_INTS.index("ras_max_repeat")] = 1
+        ints[:, 1 + START_INTS.index("top_k")] = self.v
+        floats = np.zeros((b, 2), np.float32)
+        floats[:, 0], floats[:, 1] = 1.0, -1.0  # temperature, no top-p cut
+        return ints, floats
 
     def _apply_start(self, b: int) -> None:
         """The device half of `start` for the first b staged rows (graph-capturable: no host sync)."""
@@ -155,8 +165,9 @@ class DeviceStreamState:
         self.temperature[slots] = floats[:, 0]
         self.top_p_cut[slots] = floats[:, 1]
         self.last_col[slots] = ints[:, START_FIELDS:f]
-        for name, value in (("ncols", 1), ("num_delay", 0), ("num_remaining", -1), ("stop_reason", STOP), ("done", False)):
+        for name, value in (("ncols", 1), ("num_delay", 0), ("num_remaining", -1), ("stop_reason", STOP)):
             getattr(self, name).index_fill_(0, slots, value)  # a scalar fill: no host tensor (graph capture)
+        self.done.index_copy_(0, slots, slots >= self.num_slots)  # scratch slots (padding) stay done
         self.rules.start(self, slots)
 
     def capture_start(self) -> None:
@@ -166,8 +177,9 @@ class DeviceStreamState:
         assert self.last_col.shape[0] >= self.num_slots + START_ROWS, "the graph pads starts with scratch slots"
 
         def dummy(b: int) -> None:
-            self._start_ints.zero_()
-            self._start_ints[:, 0] = torch.arange(self.num_slots, self.num_slots + START_ROWS, device=self.device)
+            ints, floats = self._scratch_starts(b)
+            self._start_ints[:b].copy_(torch.from_numpy(ints))
+            self._start_floats[:b].copy_(torch.from_numpy(floats))
 
         graphs, _ = capture_buckets((START_ROWS,), dummy, self._apply_start, self.device)
         self._start_graph = graphs[START_ROWS]

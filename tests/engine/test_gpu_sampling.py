@@ -66,10 +66,28 @@ def test_start_writes_every_field_of_every_stream():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graphed_start_leaves_the_eager_state_on_cuda():
     eager, graphed = state("cuda"), state("cuda")
+    fresh = snapshot(graphed)
     graphed.capture_start()
     for n in (1, START_ROWS, START_ROWS + 3):
         eager.start(starts(n))
         graphed.start(starts(n))
         a, b = snapshot(eager), snapshot(graphed)
-        for name in FIELDS:  # real slots only: the graph pads with scratch slots
+        for name in FIELDS:  # real slots equal; the padded rows left the scratch slots as a fresh state's
             assert np.array_equal(a[name][:SLOTS], b[name][:SLOTS]), (n, name)
+            assert np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
+
+
+def test_padded_applies_leave_scratch_slots_fresh():
+    """What the CUDA graph replays (START_ROWS rows, the unused ones on scratch slots), run on the CPU:
+    real slots as an unpadded start; scratch slots keep a fresh state's values (padded decode rows read
+    their sampling parameters: a top-k of 0 indexed out of range on an H100)."""
+    padded, plain = state("cpu"), state("cpu")
+    fresh = snapshot(padded)
+    padded._start_graph = type("Replay", (), {"replay": lambda self: padded._apply_start(START_ROWS)})()
+    for n in (1, START_ROWS + 3):
+        padded.start(starts(n))
+        plain.start(starts(n))
+        a, b = snapshot(plain), snapshot(padded)
+        for name in FIELDS:
+            assert np.array_equal(a[name][:SLOTS], b[name][:SLOTS]), (n, name)
+            assert np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
