@@ -14,6 +14,7 @@ from higgs_stream.engine.models.higgs_v2.device_rules import V2DeviceRules
 from higgs_stream.engine.request import SamplingParams
 
 K, CB, SLOTS = 8, 1024, 16
+PARAMS = ("ras_window", "ras_max_repeat", "seed", "temperature", "top_k", "top_p_cut", "greedy", "done")
 FIELDS = ("last_col", "ncols", "num_delay", "num_remaining", "stop_reason", "done", "cap_column", "window",
           "win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "temperature", "top_k", "top_p_cut", "greedy")
 
@@ -72,14 +73,14 @@ def test_graphed_start_leaves_the_eager_state_on_cuda():
         eager.start(starts(n))
         graphed.start(starts(n))
         a, b = snapshot(eager), snapshot(graphed)
-        for name in FIELDS:  # real slots equal; the padded rows left the scratch slots as a fresh state's
+        for name in FIELDS:  # real slots equal; scratch slots keep a fresh state's parameters
             assert np.array_equal(a[name][:SLOTS], b[name][:SLOTS]), (n, name)
-            assert np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
+            assert name not in PARAMS or np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
 
 
 def test_padded_applies_leave_scratch_slots_fresh():
     """What the CUDA graph replays (START_ROWS rows, the unused ones on scratch slots), run on the CPU:
-    real slots as an unpadded start; scratch slots keep a fresh state's values (padded decode rows read
+    real slots as an unpadded start; scratch slots keep a fresh state's parameters (padded decode rows read
     their sampling parameters: a top-k of 0 indexed out of range on an H100)."""
     padded, plain = state("cpu"), state("cpu")
     fresh = snapshot(padded)
@@ -88,6 +89,6 @@ def test_padded_applies_leave_scratch_slots_fresh():
         padded.start(starts(n))
         plain.start(starts(n))
         a, b = snapshot(plain), snapshot(padded)
-        for name in FIELDS:
+        for name in FIELDS:  # (scratch slots' counters are scratch: padded decode rows write them every step)
             assert np.array_equal(a[name][:SLOTS], b[name][:SLOTS]), (n, name)
-            assert np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
+            assert name not in PARAMS or np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
