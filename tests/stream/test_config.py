@@ -96,14 +96,16 @@ def test_prefill_pack_is_checked_before_the_model_loads():
 
 
 def test_late_prompts_reach_the_engine_config():
-    """--late-prompts (off by default) is the engine's `late_prompts` (a random tiny model on the
-    CPU: the reference runner, which cannot take late prompts, runs classic steps)."""
+    """--late-prompts / --no-late-prompts (on by default, as EngineConfig's) is the engine's `late_prompts`
+    (a random tiny model on the CPU: the reference runner, which cannot take late prompts, runs classic
+    steps)."""
+    from higgs_stream.engine.engine import EngineConfig
     from higgs_stream.stream.server import build_state
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert not parser.parse_args(["--model", "m"]).late_prompts
-    args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", "--late-prompts",
-                              "--no-warm-up"])
-    engine = build_state(args).pipeline.engine
-    assert engine.config.late_prompts and not engine.runner.late_prompts
+    assert parser.parse_args(["--model", "m"]).late_prompts is EngineConfig.late_prompts is True
+    for flag, want in (("--late-prompts", True), ("--no-late-prompts", False)):
+        args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", flag, "--no-warm-up"])
+        engine = build_state(args).pipeline.engine
+        assert engine.config.late_prompts is want and not engine.runner.late_prompts
