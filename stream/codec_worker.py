@@ -116,6 +116,20 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
     return sorted(take, key=lambda p: p.deadline)
 
 
+def within_frames(take: list[Pending], frames: int) -> list[Pending]:
+    """The longest prefix of `take` (deadline order: a segment's jobs keep their order) holding at most
+    `frames` codec frames, and at least its first job. A call costs a fixed ~5 ms plus ~0.5 ms per frame
+    (H100, Qwen3-TTS's 12 Hz decoder: 40-80 frames ~28 ms), and the codec thread runs one at a time."""
+    out, n = [], 0
+    for p in take:
+        f = p.job.codes.shape[1]
+        if out and n + f > frames:
+            break
+        out.append(p)
+        n += f
+    return out
+
+
 def wake_in(pending: list[Pending], now: float, busy: bool = True, flush: set[int] = frozenset()) -> float | None:
     """Seconds until `due` would take something without a new round (None: nothing held; 0 while an
     ended segment in `flush` still holds jobs, which a first chunk's call left for the next one)."""
@@ -138,7 +152,8 @@ class CodecWorker:
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
-                 overdue_first: bool = False):
+                 overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
+                 starting_frames: int | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -157,6 +172,11 @@ class CodecWorker:
             raise ConfigError("codec_overdue_first needs the codec on its own stream (codec_stream='separate', "
                               "no codec_sms)")
         self.overdue_first = overdue_first
+        if starting_frames is not None and starting_frames < 1:
+            raise ConfigError(f"codec_starting_frames must be >= 1 or None, got {starting_frames}")
+        # while `starting()` (a stream waits for its first audio) a call takes at most this many frames (the
+        # most urgent jobs, at least one): a first chunk then never waits behind a long call (None: no cap)
+        self.starting, self.starting_frames = starting, starting_frames
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
@@ -267,6 +287,8 @@ class CodecWorker:
         next call, not after all of them — then hand over the ends whose segments have no held job left."""
         flush, now = {id(e[1]) for e in self._ends}, time.monotonic()
         take = list(self.pending) if everything else due(self.pending, now, flush, self.busy())
+        if not everything and self.starting_frames is not None and take and self.starting():
+            take = within_frames(take, self.starting_frames)
         per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)

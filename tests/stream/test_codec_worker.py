@@ -20,7 +20,9 @@ from higgs_stream.stream.codec_worker import (
     Round,
     due,
     wake_in,
+    within_frames,
 )
+from higgs_stream.engine.errors import ConfigError
 
 
 def held(seg, *deadlines: float) -> list[Pending]:
@@ -232,3 +234,42 @@ def test_a_green_context_needs_the_codec_on_its_own_stream():
     with pytest.raises(ConfigError, match="codec_sms"):
         CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, stream_mode="engine", codec_sms=32)
     assert CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, codec_sms=32).codec_sms == 32
+
+
+def frames_job(n: int) -> SimpleNamespace:
+    return SimpleNamespace(codes=np.zeros((16, n), np.int64))
+
+
+def test_within_frames_takes_the_most_urgent_prefix_and_at_least_one_job():
+    a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
+    take = [Pending(a, frames_job(4), 1.0), Pending(b, frames_job(3), 2.0), Pending(a, frames_job(2), 3.0)]
+    assert within_frames(take, 7) == take[:2] and within_frames(take, 9) == take
+    assert within_frames(take, 6) == take[:1]
+    big = [Pending(a, frames_job(25), 0.0)]
+    assert within_frames(big, 8) == big  # never empty
+
+
+def test_while_a_stream_starts_calls_hold_at_most_starting_frames():
+    """Eager schedule (not busy), three streams' 6-frame jobs held past the hold time: with a stream
+    waiting for its first audio and codec_starting_frames 8, each call takes one of them, so a first
+    chunk that arrives after the first call goes in the second, first; with no stream starting, one
+    call takes everything."""
+    starting = [True]
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False,
+                    starting=lambda: starting[0], starting_frames=8)
+    w.code2wav = stub = StubCode2Wav()
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    now = time.monotonic()
+    segs = [SimpleNamespace(sid=i) for i in range(4)]
+    jobs = {i: frames_job(6 if i < 3 else 1) for i in range(4)}
+    w.pending = [Pending(segs[i], jobs[i], now + 1.0 + i, taken=now - 1.0) for i in range(3)]
+    w._decode_due()
+    assert _last(stub)[0] == [segs[0]]
+    w.pending.append(Pending(segs[3], jobs[3], now, taken=now))  # a first chunk (1 frame, deadline now)
+    w._decode_due()
+    assert _last(stub)[0] == [segs[3]]  # urgent jobs only beside an overdue one: segs 1, 2 are 1.5+ s away
+    starting[0] = False
+    w._decode_due()
+    assert _last(stub)[0] == [segs[1], segs[2]] and w.pending == []
+    with pytest.raises(ConfigError, match="codec_starting_frames"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, starting_frames=0)

@@ -77,6 +77,16 @@ def test_codec_schedule_is_eager_unless_asked():
     with pytest.raises(ConfigError, match="codec_overdue_first"):
         ServerConfig(codec_sms=48, codec_overdue_first=True)
     assert ServerConfig(codec_overdue_first=True).codec_overdue_first and not ServerConfig().codec_overdue_first
+    assert ServerConfig().codec_starting_frames is None and ServerConfig(codec_starting_frames=16).codec_starting_frames == 16
+    for bad in (0, 2.5):
+        with pytest.raises(ConfigError, match="codec_starting_frames"):
+            ServerConfig(codec_starting_frames=bad)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--codec-starting-frames", "24"])
+    from higgs_stream.stream.server import config_from_args
+
+    assert config_from_args(args).codec_starting_frames == 24
 
 
 def test_prefill_pack_is_checked_before_the_model_loads():
@@ -109,3 +119,17 @@ def test_late_prompts_reach_the_engine_config():
         args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", flag, "--no-warm-up"])
         engine = build_state(args).pipeline.engine
         assert engine.config.late_prompts is want and not engine.runner.late_prompts
+
+
+def test_codec_starting_frames_reach_the_codec_worker():
+    """--codec-starting-frames caps the worker's calls while the pipeline has a stream waiting for its first
+    audio (its `starting` is the pipeline's own test)."""
+    from higgs_stream.stream.server import build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-frames", "24",
+                              "--no-warm-up"])
+    pipeline = build_state(args).pipeline
+    assert pipeline.codec_worker.starting_frames == 24 and pipeline.codec_worker.starting() is False
+    assert pipeline.codec_worker.starting.__func__ is type(pipeline)._starting
