@@ -3,6 +3,9 @@
 # alone (stateful vs windowed vs one-shot), the in-process streaming benchmark, and the same
 # benchmark of the previous (windowed) pipeline as the baseline on the same card.
 # Usage (device tool, carry .whl and .baseline):  bash scripts/gpu_realtime.sh
+# This tree runs first; the baseline runs after, through `use_baseline` (device_env.sh: editable install
+# removed, a shim first on PYTHONPATH, from /tmp), so its figures are the baseline's own (before session
+# 10 it ran with the editable install present and could import this tree).
 # .baseline/ (git-ignored) holds the previous pipeline's sources, made once here with
 #   mkdir -p .baseline && git archive 6fb90ea engine kernels stream clients higgs_stream | tar -x -C .baseline
 # Writes $OUT/{gpu.txt,pytest_gpu.log,codec.json,codec.log,bench.json,bench.log,baseline.json,baseline.log}.
@@ -23,23 +26,28 @@ if [ "${CODEC:-1}" = 1 ]; then
   timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec.json" 2>&1 | tee "$OUT/codec.log" | tail -25
 fi
 bdir=${BASELINE_DIR:-.baseline}
-if [ "${CODEC_BASELINE:-0}" = 1 ] && [ -d "$bdir" ]; then  # from /tmp: see below
-  shim_tree "$bdir" /tmp/shim_base  # device_env.sh
-  (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout 120 python3 -m higgs_stream.bench_codec \
-    --out "$OUT/codec_base.json" 2>&1 | tee "$OUT/codec_base.log" | tail -25)
-fi
-[ "${STREAMS:-}" = none ] && { echo "done in $SECONDS s"; exit 0; }
 sections=${SECTIONS:-stream}
 base=${BASELINE_STREAMS-64,128}
-reserve=$([ -n "$base" ] && echo ${BASELINE_RESERVE:-170} || echo 0)
-timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections "$sections" --streams "${STREAMS:-1,16,64,128,256}" \
-  ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
-if [ -n "$base" ] && [ -d "$bdir" ]; then  # the previous pipeline, same card, same call
-  shim_tree "$bdir" /tmp/shim_base
-  # from /tmp: `python -m` puts the working directory first on sys.path, and the repo's higgs_stream/ would win
-  (cd /tmp && PYTHONPATH=/tmp/shim_base:$PYTHONPATH timeout $(( $(left) - 5 )) python3 -c \
-    "import higgs_stream.stream.adapter as a, sys; print('baseline code:', a.__file__); sys.argv[0] = 'bench'; \
-from higgs_stream.bench import main; sys.exit(main(['--sections', '$sections', '--batches', '1,32,64,128,256', '--streams', '$base', '--out', '$OUT/baseline.json']))" \
-    2>&1 | tee "$OUT/baseline.log" | grep -E "baseline code|stream n=|Error" | tail -9)
+if [ "${STREAMS:-}" != none ]; then  # this tree's in-process benchmark first, then the baseline's runs
+  reserve=$([ -n "$base" ] && [ -d "$bdir" ] && echo ${BASELINE_RESERVE:-170} || echo 0)
+  timeout $(( $(left) - reserve )) python3 -m higgs_stream.bench --sections "$sections" --streams "${STREAMS:-1,16,64,128,256}" \
+    ${BENCH_ARGS:-} --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -E "stream n=|ready|error|Error" | tail -30
+fi
+want_base=$([ "${CODEC_BASELINE:-0}" = 1 ] || { [ -n "$base" ] && [ "${STREAMS:-}" != none ]; } && echo 1 || echo 0)
+if [ "$want_base" = 1 ] && [ -d "$bdir" ]; then
+  # the baseline tree from here on, editable install removed (its finder would win over PYTHONPATH: the
+  # "baseline" could import this tree), run from /tmp (the repo root's higgs_stream/ would win too)
+  use_baseline "$bdir"  # device_env.sh
+  (cd /tmp && python3 -c "import higgs_stream.stream.adapter as a; print('baseline code:', a.__file__)")
+  if [ "${CODEC_BASELINE:-0}" = 1 ]; then
+    (cd /tmp && timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/codec_base.json" 2>&1 \
+      | tee "$OUT/codec_base.log" | tail -25)
+  fi
+  if [ -n "$base" ] && [ "${STREAMS:-}" != none ]; then  # the previous pipeline, same card, same call
+    (cd /tmp && timeout $(( $(left) - 5 )) python3 -c \
+      "import sys; sys.argv[0] = 'bench'; from higgs_stream.bench import main; \
+sys.exit(main(['--sections', '$sections', '--batches', '1,32,64,128,256', '--streams', '$base', '--out', '$OUT/baseline.json']))" \
+      2>&1 | tee "$OUT/baseline.log" | grep -E "stream n=|Error" | tail -9)
+  fi
 fi
 echo "done in $SECONDS s"
