@@ -299,7 +299,7 @@ class ModelRunner:
         keep = 0 if sync else (1 if launched is not None or len(self._flight) >= 2 else 0)
         out: list[RowOut] = []
         for _ in range(len(self._flight) - keep):
-            if late is not None and launched is not None and len(self._flight) <= 2:  # never two late in a row
+            if late is not None and launched is not None and len(self._flight) <= 2:  # only beside a regular launch
                 out += self._late(late, self._flight[0])
                 late = None
             out += self._collect(self._flight.popleft())
