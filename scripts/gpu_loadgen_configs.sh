@@ -65,7 +65,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/trace_*.json")):
     times = [e[1] for e in ev if e[0] in ("step", "codec")]
     s = trace.trace_summary(ev, wall_s=max(times) - min(times)) if times else {}
     print(f.split("/")[-1], {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()
-                            if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "steps", "codec_calls"))})
+                            if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "steps", "codec_calls", "late_", "sync_"))})
 PY
 (cd "$OUT" && shopt -s nullglob && f=(lg_*.json server_*.log trace_*.json) && tar czf configs.tgz "${f[@]}" && rm -f "${f[@]}")
 echo "done in $SECONDS s"

@@ -25,7 +25,16 @@ def test_trace_summary_splits_steps_and_finds_those_beside_a_codec_call():
     assert s["step_ms_with_prefill"] == pytest.approx(5.0) and s["share_of_steps_with_prefill"] == pytest.approx(1 / 3)
     assert s["step_ms_without_prefill"] == pytest.approx((5 + 9) / 2)
     assert s["codec_overdue_calls"] == 1 and s["codec_overdue_ms_p50"] == pytest.approx(1.0)
+    assert s["late_launches"] == 0 and s["sync_steps"] == 0  # traces without those fields
     assert trace_summary([], 1.0) == {}
+
+
+def test_late_prompt_launches_and_synchronous_steps_are_counted():
+    """Servers since session 10 add each step's late prompt launches and its synchronous flag."""
+    trace = [("step", 0.0, 0.004, 0.005, 8, 0.001, 0, 1, False), ("step", 0.005, 0.009, 0.01, 8, 0.001, 1, 0, True),
+             ["step", 0.01, 0.014, 0.015, 8, 0.001, 0, 2, False]]
+    s = trace_summary(trace, wall_s=0.05)
+    assert s["late_launches"] == 3 and s["sync_steps"] == 1
 
 
 def test_replay_device_time_beside_and_apart_from_codec_calls():

@@ -32,6 +32,8 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "route_ms": float(route.mean()),
             "step_ms_with_prefill": _mean(wall[prefill]), "step_ms_without_prefill": _mean(wall[~prefill]),
             "share_of_steps_with_prefill": float(prefill.mean()),
+            "late_launches": int(sum(t[7] for t in steps if len(t) > 7)),  # prompt launches beside a step in flight
+            "sync_steps": int(sum(1 for t in steps if len(t) > 8 and t[8])),
             "step_ms_with_codec": float(wall[overlapped].mean()) if overlapped.any() else None,
             "step_ms_without_codec": float(wall[~overlapped].mean()) if (~overlapped).any() else None,
             "share_of_steps_with_codec": float(overlapped.mean()),
