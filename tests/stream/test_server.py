@@ -510,3 +510,7 @@ async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_
     assert row["ttfa_ms"] > 0 and row["steps"] >= 1 and row["prefill_steps"] == 1 and row["codec_calls"] >= 1
     parts = row["idle_ms"] + row["step_ms"] + row["codec_ms"]  # steps and codec calls may overlap
     assert row["ttfa_ms"] - 1e-6 <= parts and row["idle_ms"] >= 0
+    # the segment's first frame (frame0 events): first text -> first frame -> its codec call -> first audio
+    assert "frame0" in kinds and 0 < row["to_first_frame_ms"] < row["ttfa_ms"] and row["frame_to_call_ms"] >= 0
+    steps = [e for e in events if e[0] == "step"]
+    assert all(len(e) == 9 and e[7] == 0 for e in steps)  # + late prompt launches (none on the CPU runner), sync
