@@ -136,8 +136,7 @@ class DeviceStreamState:
             b = START_ROWS if self._start_graph is not None else m
             chunk_i, chunk_f = self._scratch_starts(b)
             chunk_i[:m], chunk_f[:m] = ints[i:i + m], floats[i:i + m]
-            self._start_ints[:b].copy_(torch.from_numpy(chunk_i), non_blocking=True)
-            self._start_floats[:b].copy_(torch.from_numpy(chunk_f), non_blocking=True)
+            self._stage_starts(chunk_i, chunk_f)
             if self._start_graph is not None:
                 self._start_graph.replay()
             else:
@@ -153,6 +152,11 @@ class DeviceStreamState:
         floats = np.zeros((b, 2), np.float32)
         floats[:, 0], floats[:, 1] = 1.0, -1.0  # temperature, no top-p cut
         return ints, floats
+
+    def _stage_starts(self, ints: np.ndarray, floats: np.ndarray) -> None:
+        """Staged rows into the static buffers `_apply_start` reads: two copies."""
+        self._start_ints[:len(ints)].copy_(torch.from_numpy(ints), non_blocking=True)
+        self._start_floats[:len(floats)].copy_(torch.from_numpy(floats), non_blocking=True)
 
     def _apply_start(self, b: int) -> None:
         """The device half of `start` for the first b staged rows (graph-capturable: no host sync)."""
@@ -176,12 +180,8 @@ class DeviceStreamState:
 
         assert self.last_col.shape[0] >= self.num_slots + START_ROWS, "the graph pads starts with scratch slots"
 
-        def dummy(b: int) -> None:
-            ints, floats = self._scratch_starts(b)
-            self._start_ints[:b].copy_(torch.from_numpy(ints))
-            self._start_floats[:b].copy_(torch.from_numpy(floats))
-
-        graphs, _ = capture_buckets((START_ROWS,), dummy, self._apply_start, self.device)
+        graphs, _ = capture_buckets((START_ROWS,), lambda b: self._stage_starts(*self._scratch_starts(b)),
+                                    self._apply_start, self.device)
         self._start_graph = graphs[START_ROWS]
 
     def release(self, slot: int) -> None:

@@ -468,22 +468,20 @@ class ModelRunner:
             if sampled:
                 got[i] = (self.fast.audio_logits(h), h)  # [1, h, V]
         packs = pg.packs([fc for _, fc in graphed]) if graphed else []
-        whole = None  # one pack holding every sampled chunk, in plan order: its outputs as they are
-        for pack in packs:
-            logits, hidden = pg.run_many([graphed[j][1] for j in pack])  # the next replay rewrites them
-            if len(packs) == 1 and not got and all(samples_at(chunks[i], self.policy) for i, _ in graphed):
-                whole = (logits, hidden)
-                break
-            for row, j in enumerate(pack):
-                i = graphed[j][0]
-                if samples_at(chunks[i], self.policy):
-                    got[i] = (logits[row:row + 1].clone(), hidden[row:row + 1].clone())
-        if whole is not None:  # the common case: fewer calls, each of which waits for the GIL under load
-            logits_, hidden_ = whole
+        if len(packs) == 1 and not got and all(samples_at(chunks[i], self.policy) for i, _ in graphed):
+            # the common case, one pack holding every sampled chunk in plan order: its outputs as they are
+            # (no per-row clones and concatenation: fewer calls, each of which waits for the GIL under load)
+            logits_, hidden_ = pg.run_many([fc for _, fc in graphed])
             order = [i for i, _ in graphed]
-        elif not got:
-            return None
         else:
+            for pack in packs:
+                logits, hidden = pg.run_many([graphed[j][1] for j in pack])  # the next replay rewrites them
+                for row, j in enumerate(pack):
+                    i = graphed[j][0]
+                    if samples_at(chunks[i], self.policy):
+                        got[i] = (logits[row:row + 1].clone(), hidden[row:row + 1].clone())
+            if not got:
+                return None
             order = sorted(got)
             logits_, hidden_ = torch.cat([got[i][0] for i in order]), torch.cat([got[i][1] for i in order])
         slots = [chunks[i].seq.slot for i in order]

@@ -202,11 +202,7 @@ class PrefillScheduler(Scheduler):
                 if min(s.prompt_len - s.computed, self.chunk) > budget:
                     break
                 budget -= self._chunk_of(s, plan)
-        while self.waiting and len(self.running) < self.config.max_batch:  # 3. admit, queue head first
-            head = self.waiting[0]
-            if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
-                break
-            budget -= self._chunk_of(self._admit_head(), plan)
+        self._admit_waiting(budget, plan)  # 3. admit, queue head first
         return plan
 
     def admit_late(self, limit: int) -> list[Chunk]:
@@ -215,13 +211,20 @@ class PrefillScheduler(Scheduler):
         folding schedulers: a folded first decode token belongs to a step's decode rows."""
         if self.fold:
             raise ConfigError("a folding scheduler cannot admit prompts into a launch of their own")
-        budget, plan = self.config.token_budget, []
-        while self.waiting and len(plan) < limit and len(self.running) < self.config.max_batch:
+        plan: list[Chunk] = []
+        self._admit_waiting(self.config.token_budget, plan, limit)
+        return plan
+
+    def _admit_waiting(self, budget: int, plan: list[Chunk], limit: int | None = None) -> None:
+        """Admit waiting sequences, queue head first, appending their first chunks to `plan`, while a batch
+        slot, KV room and `budget` tokens remain (and fewer than `limit` sequences were admitted here)."""
+        admitted = 0
+        while self.waiting and len(self.running) < self.config.max_batch and (limit is None or admitted < limit):
             head = self.waiting[0]
             if self.committed_pages + head.pages > self.config.num_pages or min(head.prompt_len, self.chunk) > budget:
                 break
             budget -= self._chunk_of(self._admit_head(), plan)
-        return plan
+            admitted += 1
 
     def _chunk_of(self, s: Sequence, plan: list[Chunk]) -> int:
         n = min(s.prompt_len - s.computed, self.chunk)

@@ -62,7 +62,7 @@ class _Segment:
     sid: int = -1
     frames: list[np.ndarray] = field(default_factory=list)
     started: bool = False
-    framed: bool = False  # engine thread: its first frame came (traces)
+    framed: bool = False  # engine thread, while tracing: its first frame came
     meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
 

@@ -439,10 +439,9 @@ class Pipeline:
             try:
                 ended = ev.finished and ev.reason in ("stop", "length")  # the stream's audio is complete
                 if ev.frame is not None:
-                    if not seg.framed:
+                    if self.trace is not None and not seg.framed:  # first text (event loop clock) -> first frame
                         seg.framed = True
-                        if self.trace is not None:  # its first text (event loop clock) -> its first frame here
-                            self.trace.append(("frame0", now, seg.handle.said_at))
+                        self.trace.append(("frame0", now, seg.handle.said_at))
                     if seg.keep_frames:
                         seg.frames.append(ev.frame)
                     if refused is None:
