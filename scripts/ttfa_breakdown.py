@@ -18,7 +18,10 @@ import numpy as np
 def breakdown(events: list[list]) -> list[dict]:
     steps = [e for e in events if e[0] == "step"]
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
-    frame0 = {e[2]: e[1] for e in events if e[0] == "frame0"}  # first text -> its first frame routed
+    frame0: dict[float, float] = {}  # a context's first text -> its first segment's first frame routed
+    for e in events:
+        if e[0] == "frame0":
+            frame0.setdefault(e[2], e[1])  # later segments of the context share its first text
     ends = np.array([c[2] for c in calls])
     rows = []
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])

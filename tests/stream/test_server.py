@@ -514,3 +514,18 @@ async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_
     assert "frame0" in kinds and 0 < row["to_first_frame_ms"] < row["ttfa_ms"] and row["frame_to_call_ms"] >= 0
     steps = [e for e in events if e[0] == "step"]
     assert all(len(e) == 9 and e[7] == 0 for e in steps)  # + late prompt launches (none on the CPU runner), sync
+
+
+def test_ttfa_breakdown_takes_a_context_s_first_segment_frame():
+    """Later segments of a context share its first text: their frame0 events must not replace the first's."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ttfa_breakdown", Path(__file__).parents[2] / "scripts" / "ttfa_breakdown.py")
+    ttfa_breakdown = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ttfa_breakdown)
+    events = [["step", 1.000, 1.008, 1.009, 1, 0.0, 1], ["frame0", 1.010, 1.0], ["codec", 1.012, 1.018, 1, 1, 1],
+              ["frame0", 2.500, 1.0], ["stream", 1.0, 1.019, 3.0, 48000]]
+    (row,) = ttfa_breakdown.breakdown(events)
+    assert row["to_first_frame_ms"] == pytest.approx(10.0) and row["frame_to_call_ms"] == pytest.approx(2.0)
