@@ -274,9 +274,15 @@ class Engine:
         """The runner waits for a step: the prompts added meanwhile (waiting up to `timeout_s` for one),
         admitted and planned for a launch of their own; [] when none came (or none fits now)."""
         self._arrived.clear()
-        if not self._pending and timeout_s > 0:
+        chunks = self._admit_late()
+        if not chunks and timeout_s > 0:
             self._arrived.wait(timeout_s)
-        if not self._pending:
+            chunks = self._admit_late()
+        return chunks
+
+    def _admit_late(self) -> list[Chunk]:
+        """Added and waiting prompts admitted for a late launch, as many as fit now."""
+        if not self._pending and not self.scheduler.waiting:
             return []
         self._carry += self._admit()
         chunks = self.scheduler.admit_late(self.runner.config.prefill_pack)

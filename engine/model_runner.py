@@ -43,9 +43,11 @@ step ahead, so a prompt that arrives while the device runs step t would wait for
 queued) and then ride in step t + 2 behind every stream's decode. Instead, while the host waits for
 step t, a prompt that arrives is prefilled (and its first row sampled and completed) in a launch of
 its own queued right behind step t + 1: its first frame comes one decode step sooner, and the device
-does the same work in the same order otherwise. Only a call that launched a regular step makes one (so
-arrivals cannot hold decode steps back), and a regular step is launched only while at most one launch is
-in flight, so a sequence is still scheduled at most once after its end (`LAG_SLACK`).
+does the same work in the same order otherwise. Every wait takes them (a prompt arriving after another's
+late launch, or while the engine holds, gets a launch of its own too), but at most `LATE_PER_STEP`
+between two regular launches (so arrivals cannot hold decode steps back for long), and a regular step is
+launched only while at most one launch is in flight, so a sequence is still scheduled at most once after
+its end (`LAG_SLACK`).
 
 A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) has each
 sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code
@@ -87,7 +89,8 @@ MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefil
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
 LATE_POLL_S = 5e-4  # while waiting for a step: how often the host looks at its event when no prompt arrives
-HOST_ROWS = 4  # pinned row buffers: a regular step and a late launch in flight, the next ones staging
+LATE_PER_STEP = 2  # late launches between two regular launches: what arrivals may put before the next decode
+HOST_ROWS = 4  # pinned row buffers: launches in flight (a regular launch is made with <= 1 in flight, then <= 2 late)
 LateCall = Callable[[float], list[Chunk]]  # late(timeout_s): prompts arrived meanwhile, admitted and planned
 
 log = logging.getLogger(__name__)
@@ -245,6 +248,7 @@ class ModelRunner:
         self._next_host = 0
         self._flight: deque[_Launched] = deque()  # launched, rows not collected, oldest first
         self.late_launches = 0  # prompt-only launches made while waiting (late_prompts)
+        self._lates = 0  # late launches since the last regular launch (<= LATE_PER_STEP)
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
         self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
         self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
@@ -296,34 +300,38 @@ class ModelRunner:
         launched = self._launch(plan) if plan else None
         if launched is not None:
             self._flight.append(launched)
+            self._lates = 0
         keep = 0 if sync else (1 if launched is not None or len(self._flight) >= 2 else 0)
         out: list[RowOut] = []
         for _ in range(len(self._flight) - keep):
-            if late is not None and launched is not None and len(self._flight) <= 2:  # only beside a regular launch
+            if late is not None:
                 out += self._late(late, self._flight[0])
-                late = None
             out += self._collect(self._flight.popleft())
-        while sync and self._flight:  # a late launch made while a synchronous step ran
+        while sync and self._flight:  # late launches made while a synchronous step ran
             out += self._collect(self._flight.popleft())
         return out
 
     def _late(self, late: LateCall, oldest: _Launched) -> list[RowOut]:
-        """Until `oldest` is done: prompts that arrive are launched at once (one launch); their error rows
-        if that launch failed."""
-        t0 = time.perf_counter()
-        try:
-            while True:
-                finished = oldest.done is None or oldest.done.query()
-                chunks = late(0.0 if finished else LATE_POLL_S)
-                if chunks:
-                    break
-                if finished:
-                    return []
-        finally:
+        """Until `oldest` is done: prompts that arrive are launched at once, each group in a launch of its
+        own (at most LATE_PER_STEP since the last regular launch); error rows of launches that failed."""
+        out: list[RowOut] = []
+        while self._lates < LATE_PER_STEP and len(self._flight) < HOST_ROWS:
+            t0 = time.perf_counter()
+            finished = oldest.done is None or oldest.done.query()
+            chunks = late(0.0 if finished else LATE_POLL_S)
             self.wait_s += time.perf_counter() - t0
+            if chunks:
+                out += self._launch_late(chunks)
+            elif finished:
+                break
+        return out
+
+    def _launch_late(self, chunks: list[Chunk]) -> list[RowOut]:
+        """One late launch of `chunks`; its streams' error rows if it failed (the steps in flight go on)."""
+        self._lates += 1
         try:
             launched = self._launch_prompts(chunks)
-        except Exception as exc:  # these prompts fail alone; the steps in flight go on
+        except Exception as exc:
             log.exception("late prompt launch failed")
             return [RowOut(s, [], "error", f"prompt launch failed: {exc!r}") for s in _distinct_seqs(chunks)]
         if launched is not None:

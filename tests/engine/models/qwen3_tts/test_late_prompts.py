@@ -20,7 +20,7 @@ import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import ModelRunnerConfig
+from higgs_stream.engine.model_runner import LATE_PER_STEP, ModelRunnerConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 REF = ModelRunnerConfig(kernels="ref", cuda_graphs=False)
@@ -41,19 +41,27 @@ def make(model, tokenizer, late: bool) -> Engine:
                   econf, REF)
 
 
-def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int = 0
-          ) -> tuple[dict[int, np.ndarray], dict[int, str], list]:
+def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int = 0,
+          arrive_after_late: dict[int, list[int]] | None = None) -> tuple[dict[int, np.ndarray], dict[int, str], list]:
     """Step until every request ended; the requests REQUESTS[i] for i in `arrive_during[s]` are added during
-    step call s, after its plan was made (as the runner starts). Returns frames [K, F] and end reasons by request index,
-    and a log of ('step' | 'late', call index, launched sequence ids) in launch order. `sync_every` n > 0:
-    runs of n pipelined and n synchronous calls (the server's relaxed mode)."""
+    step call s, after its plan was made (as the runner starts); those in `arrive_after_late[n]` right after the
+    n-th late launch (0-based) was made, while the host still waits. Returns frames [K, F] and end reasons by
+    request index, and a log of ('step' | 'late', call index, launched sequence ids) in launch order, with
+    ('add', call index, sequence id, whether more streams than batch slots were active then) at each arrival.
+    `sync_every` n > 0: runs of n pipelined and n synchronous calls (the server's relaxed mode)."""
     runner, calls, log = engine.runner, [0], []
     run, launch, launch_prompts = runner.run, runner._launch, runner._launch_prompts
     sids: dict[int, int] = {}
+    after_late = dict(arrive_after_late or {})
+
+    def add(i: int) -> None:
+        sid = engine.add(REQUESTS[i])
+        sids[sid] = i
+        log.append(("add", calls[0], sid, engine.num_active > engine.config.max_batch))
 
     def hooked_run(plan, **kw):
         for i in arrive_during.get(calls[0], []):
-            sids[engine.add(REQUESTS[i])] = i
+            add(i)
         return run(plan, **kw)
 
     def hooked_launch(plan):
@@ -62,12 +70,15 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int =
 
     def hooked_prompts(chunks):
         log.append(("late", calls[0], sorted({c.sid for c in chunks})))
-        return launch_prompts(chunks)
+        launched = launch_prompts(chunks)
+        for i in after_late.pop(sum(e[0] == "late" for e in log) - 1, []):
+            add(i)
+        return launched
 
     runner.run, runner._launch, runner._launch_prompts = hooked_run, hooked_launch, hooked_prompts
     cols: dict[int, list] = {}
     reasons: dict[int, str] = {}
-    want = sum(len(v) for v in arrive_during.values())
+    want = sum(len(v) for v in arrive_during.values()) + sum(len(v) for v in after_late.values())
     while len(reasons) < want:
         sync = sync_every > 0 and (calls[0] // sync_every) % 2 == 1
         for ev in engine.step(sync=sync):
@@ -76,7 +87,7 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int =
                 cols.setdefault(i, []).append(ev.frame)
             if ev.finished:
                 reasons[i] = ev.reason
-        assert runner.in_flight <= (0 if sync else 2)
+        assert runner.in_flight <= (0 if sync else 1 + LATE_PER_STEP)
         calls[0] += 1
         assert calls[0] < 600, "engine did not finish"
     while engine.has_work():
@@ -96,14 +107,35 @@ def test_late_prompts_give_the_frames_of_the_next_step_admission(model, tokenize
     assert reasons == classic_reasons and list(reasons.values()).count("length") >= 3
     for i, want in classic_frames.items():
         assert frames[i].shape == want.shape and np.array_equal(frames[i], want), f"request {i} differs"
-    assert not any(kind == "late" for kind, _, _ in classic_log)
+    assert not any(e[0] == "late" for e in classic_log)
     lates = [entry for entry in log if entry[0] == "late"]
     assert lates and late_engine.runner.late_launches == len(lates)
-    for kind, call, sids in lates:  # right behind the step launched by the call in which they arrived
-        before = log[log.index((kind, call, sids)) - 1]
-        assert before[0] == "step" and before[1] == call
+    arrived = {e[2]: (e[1], e[3]) for e in log if e[0] == "add"}
+    for _, call, sids in lates:  # launched during the call they arrived in, or later if the batch was full then
+        assert all(arrived[sid][0] == call or (arrived[sid][0] < call and arrived[sid][1]) for sid in sids)
+    assert sum(arrived[sid][0] == call for _, call, sids in lates for sid in sids) >= 2
     assert late_engine.cache.allocator.num_used == 1  # every stream's pages back; the graph rows' scratch page
     assert len(late_engine.runner._free_slots) == late_engine.config.max_batch
+
+
+def test_a_prompt_arriving_after_a_late_launch_gets_one_of_its_own(model, tokenizer):
+    """Request 1 arrives in call 2 and is launched late; request 3 comes right after that launch, while the
+    host still waits for the same step, and request 4 right after request 3's launch: request 3 gets a late launch
+    of its own in the same call, request 4 (the third since the last regular launch: LATE_PER_STEP = 2) rides
+    the next regular step instead. Greedy frames equal those of classic admission of the same arrivals."""
+    assert LATE_PER_STEP == 2
+    arrivals, after = {0: [2], 2: [1]}, {0: [3], 1: [4]}
+    _, _, log = drive(make(model, tokenizer, True), arrivals, arrive_after_late=after)
+    lates = [e for e in log if e[0] == "late"]
+    assert lates[:2] == [("late", 2, [1]), ("late", 2, [2])]  # sids: request 2 -> 0, 1 -> 1, 3 -> 2, 4 -> 3
+    first_of_4 = next(e for e in log if e[0] != "add" and 3 in e[2])
+    assert first_of_4[0] == "step" and first_of_4[1] > 2 and log.index(first_of_4) > log.index(lates[1])
+    late_frames, late_reasons, _ = drive(make(model, tokenizer, True), arrivals, arrive_after_late=after)
+    classic = make(model, tokenizer, False)  # the same prompts admitted by regular steps, one call later
+    classic_frames, classic_reasons, _ = drive(classic, {0: [2], 2: [1], 3: [3, 4]})
+    assert late_reasons == classic_reasons
+    for i, want in classic_frames.items():
+        assert np.array_equal(late_frames[i], want), f"request {i} differs"
 
 
 def test_a_late_prompt_is_launched_before_the_next_decode_step(model, tokenizer):
@@ -112,8 +144,8 @@ def test_a_late_prompt_is_launched_before_the_next_decode_step(model, tokenizer)
     _, _, classic = drive(make(model, tokenizer, False), {0: [2], 2: [1]})
     _, _, late = drive(make(model, tokenizer, True), {0: [2], 2: [1]})
     newcomer = 1  # engine sequence ids count from 0 per engine: request 2 is sid 0, request 1 sid 1
-    first_classic = next(e for e in classic if newcomer in e[2])
-    first_late = next(e for e in late if newcomer in e[2])
+    first_classic = next(e for e in classic if e[0] != "add" and newcomer in e[2])
+    first_late = next(e for e in late if e[0] != "add" and newcomer in e[2])
     assert first_classic[0] == "step" and first_classic[2] == [0, 1]  # shares the next step with sid 0
     assert first_late == ("late", 2, [newcomer])  # alone, during the call it arrived in
 
