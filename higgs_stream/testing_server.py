@@ -25,6 +25,15 @@ from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
 TRANSPORTS = ("aiohttp", "asgi")
+WS_ERROR_CODES = frozenset({"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
+                            "unauthorized", "slow_client", "idle_timeout", "internal"})  # PROTOCOL.md §3, WebSocket side
+
+
+async def wait_until(pred: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Wait for a condition the server reaches on its own (pages freed, a gauge)."""
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.01)
 
 
 async def serve_on(transport: str, state: ServerState):
@@ -140,3 +149,8 @@ class Peer:
         await self.ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
         if end:
             await self.ws.send(json.dumps({"type": "end", "context_id": cid}))
+
+
+def protocol_peer(ws: Any) -> Peer:
+    """A `Peer` whose every error must carry a code of PROTOCOL.md §3 (WebSocket side) and a message."""
+    return Peer(ws, WS_ERROR_CODES)

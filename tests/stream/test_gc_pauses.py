@@ -12,7 +12,8 @@ def test_freeze_moves_live_objects_out_of_collections():
     keep = [[i] for i in range(10_000)]  # tracked containers alive "at start-up"
     try:
         frozen = freeze_startup()
-        assert frozen >= len(keep) and gc.get_freeze_count() == frozen
+        # frozen objects can die (other threads free theirs), none joins without a freeze: the count only falls
+        assert frozen >= len(keep) and len(keep) <= gc.get_freeze_count() <= frozen
         tracked = {id(o) for o in gc.get_objects()}
         assert not any(id(x) in tracked for x in keep[:100])  # frozen objects are not scanned any more
     finally:

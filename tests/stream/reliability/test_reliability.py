@@ -4,18 +4,15 @@ Rule 1 of PROTOCOL.md holds whatever a client sends: every accepted context ends
 (after an `error` when it failed), a server-side failure closes the socket with 1011, and no
 client can hold streams forever. One test per finding of the issue, then the fuzzers (Hypothesis
 over the message schema on the sans-I/O session; seeded mutations of valid messages, HTTP bodies
-and SDP offers against a live server) and a soak (short form here; `HIGGS_SOAK_S=300 python -m
-pytest -m soak tests/stream/test_reliability.py` for the long one).
+and SDP offers against a live server); the soak is test_soak.py beside it, the live server conftest.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import io
 import json
-import logging
 import os
 import random
 import threading
@@ -24,66 +21,19 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError
 from higgs_stream.stream import http_speech
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.session import Open, Session
 from higgs_stream.stream.voices import Voice, VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
-from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
-from higgs_stream.testing_server import Peer as WsPeer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-
-MAX_FRAMES = 30
-
-
-ERROR_CODES = {"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
-               "unauthorized", "slow_client", "idle_timeout", "internal"}  # PROTOCOL.md §3, WebSocket side
-
-
-@pytest.fixture(scope="module")
-def codec(tiny_ckpt):
-    return load_codec(tiny_ckpt / "audio_tokenizer")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=1024))
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_ckpt, codec):
-    """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
-    return synth_reference(tiny_ckpt, codec, MAX_FRAMES)
-
-
-@pytest.fixture(params=TRANSPORTS)
-async def start_server(request, engine, codec, caplog):
-    """start(**ServerConfig fields) -> ("127.0.0.1:PORT", state), on the aiohttp server or the ASGI
-    app (uvicorn). On teardown: no stream, no KV page and no logged traceback is left behind."""
-    start = ServerStarter(request.param, engine, codec, MAX_FRAMES)
-    yield start
-    await start.close()
-    assert engine.num_active == 0 and engine.cache.allocator.num_used == 0, "KV pages leaked"
-    tracebacks = [r for r in caplog.get_records("call") if r.exc_info and r.levelno >= logging.ERROR]
-    assert not tracebacks, f"server logged a traceback: {tracebacks[0].getMessage()}"
-
-
-async def until(pred, timeout: float = 10.0) -> None:
-    """Wait for a condition the server reaches on its own (pages freed, a gauge)."""
-    async with asyncio.timeout(timeout):
-        while not pred():
-            await asyncio.sleep(0.01)
-
-
-# One WebSocket connection (higgs_stream/testing_server.py) whose every error must carry a code of
-# PROTOCOL.md §3 and a message.
-Peer = functools.partial(WsPeer, error_codes=ERROR_CODES)
+from higgs_stream.testing_server import WS_ERROR_CODES as ERROR_CODES
+from higgs_stream.testing_server import protocol_peer as Peer
+from higgs_stream.testing_server import wait_until as until
 
 
 def tone_wav(seconds: float = 0.2, sr: int = 24000) -> bytes:
@@ -506,131 +456,3 @@ async def test_live_server_fuzz(start_server, reference):
                 assert r.status in (400, 413, 503) and err["code"] in ERROR_CODES, (r.status, err)
         async with http.post(url, json={"input": "Hello there.", "seed": 3, "response_format": "pcm"}) as r:
             assert_pcm_close(await r.read(), reference("Hello there.", 3, 8), what="http after the fuzz")
-
-
-# ---------------------------------------------------------------- soak
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-PHRASES = [("Hello there.", 3), ("Hi.", 5), ("How are you?", 7)]
-
-
-async def soak(host: str, state, reference, seconds: float, workers: int = 6) -> dict:
-    """`workers` clients for `seconds`, each looping over behaviours: normal WebSocket and HTTP
-    clients (audio checked against offline synthesis), abrupt disconnects, cancels, slow readers,
-    contexts left open. Returns counts per behaviour."""
-    loop = asyncio.get_running_loop()
-    stop_at = loop.time() + seconds
-    counts: dict[str, int] = {}
-    url = f"ws://{host}/v1/tts/stream"
-
-    def settled(peer: WsPeer, cid: str) -> bool:  # done, or refused at admission (busy: never created)
-        return peer.ended(cid) or any(e.get("context_id") == cid and e["code"] == "busy" for e in peer.errors)
-
-    async def normal_ws(rnd):
-        async with connect(url) as ws:
-            peer = Peer(ws)
-            chosen = rnd.sample(PHRASES, 2)
-            for i, (text, seed) in enumerate(chosen):
-                await peer.say(f"c{i}", text, seed)
-            await peer.until(lambda: settled(peer, "c0") and settled(peer, "c1"))
-            assert {e["code"] for e in peer.errors} <= {"busy"}, peer.errors
-            for i, (text, seed) in enumerate(chosen):
-                if peer.ended(f"c{i}"):
-                    (done,) = peer.dones[f"c{i}"]
-                    assert done["reason"] == "completed", done
-                    assert_pcm_close(bytes(peer.pcm[f"c{i}"]), reference(text, seed), what=f"soak ws {text!r}")
-
-    async def normal_http(rnd):
-        text, seed = rnd.choice(PHRASES)
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://{host}/v1/audio/speech", json={"input": text, "seed": seed,
-                                                                           "response_format": "pcm"}) as r:
-                if r.status == 503:
-                    return
-                assert r.status == 200
-                assert_pcm_close(await r.read(), reference(text, seed), what=f"soak http {text!r}")
-
-    async def disconnect(rnd):
-        async with connect(url) as ws:
-            peer = Peer(ws)
-            await peer.say("d", "A long sentence that keeps going.", 4)
-            if rnd.random() < 0.5:
-                await peer.until(lambda: peer.pcm.get("d") or peer.ended("d"))
-            ws.transport.abort()
-
-    async def cancel(rnd):
-        async with connect(url) as ws:
-            peer = Peer(ws)
-            await peer.say("x", "A long sentence that keeps going.", 4, end=rnd.random() < 0.5)
-            await peer.until(lambda: peer.pcm.get("x") or settled(peer, "x"))
-            await ws.send(json.dumps({"type": "cancel", "context_id": "x"}))
-            await peer.until(lambda: settled(peer, "x"))
-            assert len(peer.dones.get("x", [])) <= 1
-
-    async def slow_reader(rnd):
-        async with connect(url, max_queue=1) as ws:
-            peer = Peer(ws)
-            await peer.say("s", "A long sentence that keeps going.", 4)
-            async with asyncio.timeout(60):
-                while not settled(peer, "s"):
-                    peer.handle(await ws.recv())
-                    await asyncio.sleep(0.05)  # reads far slower than the server sends
-
-    async def left_open(rnd):
-        async with connect(url) as ws:
-            peer = Peer(ws)
-            await peer.say("o", "Hi.", 5, end=False, flush=True)
-            await peer.until(lambda: settled(peer, "o"))
-            if peer.ended("o"):
-                assert peer.dones["o"][0]["reason"] == "error" and peer.errors[-1]["code"] == "idle_timeout"
-
-    behaviours = [normal_ws, normal_http, disconnect, cancel, slow_reader, left_open]
-
-    async def worker(i):
-        rnd = random.Random(i)
-        while loop.time() < stop_at:
-            b = behaviours[rnd.randrange(len(behaviours))]
-            await b(rnd)
-            counts[b.__name__] = counts.get(b.__name__, 0) + 1
-
-    await asyncio.gather(*(worker(i) for i in range(workers)))
-    return counts
-
-
-async def drained(host, state, engine) -> None:
-    await until(lambda: state.pipeline.active == 0 and engine.num_active == 0
-                and engine.cache.allocator.num_used == 0, timeout=30)
-    async with aiohttp.ClientSession() as http, http.get(f"http://{host}/metrics") as r:
-        lines = (await r.text()).splitlines()
-    assert "higgs_active_streams 0" in lines and "higgs_kv_pages_used 0" in lines
-
-
-async def run_soak(start_server, reference, engine, seconds: float, rss_limit: int) -> dict:
-    host, state = await start_server(max_streams=16, max_contexts=4, context_idle_s=0.5)
-    for text, seed in PHRASES:
-        reference(text, seed)
-    await soak(host, state, reference, min(3.0, seconds / 3))  # warm-up: allocator pools, caches
-    await drained(host, state, engine)
-    before = rss_bytes()
-    counts = await soak(host, state, reference, seconds)
-    await drained(host, state, engine)
-    grown = rss_bytes() - before
-    assert grown < rss_limit, f"RSS grew {grown / 2**20:.0f} MiB over the soak"
-    assert set(counts) == {"normal_ws", "normal_http", "disconnect", "cancel", "slow_reader", "left_open"}, counts
-    return counts
-
-
-async def test_soak_short(start_server, reference, engine):
-    """The CI form: ~9 s of mixed clients, then drained to zero streams and zero KV pages."""
-    await run_soak(start_server, reference, engine, seconds=6.0, rss_limit=96 << 20)
-
-
-@pytest.mark.soak
-@pytest.mark.skipif("HIGGS_SOAK_S" not in os.environ, reason="opt-in: HIGGS_SOAK_S=300 python -m pytest -m soak")
-async def test_soak(start_server, reference, engine):
-    await run_soak(start_server, reference, engine, seconds=float(os.environ["HIGGS_SOAK_S"]), rss_limit=128 << 20)
