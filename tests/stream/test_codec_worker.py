@@ -242,11 +242,25 @@ def frames_job(n: int) -> SimpleNamespace:
 
 def test_within_frames_takes_the_most_urgent_prefix_and_at_least_one_job():
     a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
+    now = 0.0  # every deadline beyond CODEC_URGENT_S: the cap alone decides
     take = [Pending(a, frames_job(4), 1.0), Pending(b, frames_job(3), 2.0), Pending(a, frames_job(2), 3.0)]
-    assert within_frames(take, 7) == take[:2] and within_frames(take, 9) == take
-    assert within_frames(take, 6) == take[:1]
-    big = [Pending(a, frames_job(25), 0.0)]
-    assert within_frames(big, 8) == big  # never empty
+    assert within_frames(take, 7, now) == take[:2] and within_frames(take, 9, now) == take
+    assert within_frames(take, 6, now) == take[:1]
+    big = [Pending(a, frames_job(25), 1.0)]
+    assert within_frames(big, 8, now) == big  # never empty
+
+
+def test_within_frames_never_leaves_an_urgent_job_behind():
+    """A burst of arrivals keeps some stream starting: urgent jobs (listeners about to run dry) all go,
+    however many frames they hold; only the jobs after them are cut at the cap."""
+    a, b, c = (SimpleNamespace(sid=i) for i in range(3))
+    now = 50.0
+    soon = now + CODEC_URGENT_S / 2
+    take = [Pending(a, frames_job(10), now - 0.1), Pending(b, frames_job(10), soon),
+            Pending(c, frames_job(2), now + 1.0), Pending(a, frames_job(2), now + 2.0)]
+    assert within_frames(take, 8, now) == take[:2]  # 20 urgent frames past the cap of 8; nothing more
+    assert within_frames(take, 22, now) == take[:3]  # room for one more after them
+    assert within_frames(take, 100, now) == take
 
 
 def test_while_a_stream_starts_calls_hold_at_most_starting_frames():
