@@ -233,21 +233,22 @@ class Pipeline:
         frames, the larger of two needs, the loop time being the larger of the recent one and the one
         predicted at the current number of streams (a burst is loaded from its first arrival):
         - ceil(JITTER_FACTOR x (engine loop + mean codec call) / frame);
-        - chunk 1 (twice chunk 0's frames) may wait for the longest codec call in flight while chunk 0
-          waited for none: f frames of audio must cover 2f engine steps plus that call, so
-          f >= peak call / (frame - 2 x loop) (MAX_FIRST_CHUNK when a frame cannot cover two loops).
-        1 when idle, then doubling to DEFAULT_SCHEDULE's last size; never above MAX_FIRST_CHUNK.
-        Sizes are fixed per segment: a schedule never shrinks."""
+        - chunk 1 (`ramp_repeat` 1: twice chunk 0's frames; 2 or more: as many) may wait for the longest
+          codec call in flight while chunk 0 waited for none: f frames of audio must cover chunk 1's
+          engine steps (2f or f) plus that call, so f >= peak call / (frame - (2 or 1) x loop)
+          (MAX_FIRST_CHUNK when a frame cannot cover them).
+        1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size;
+        never above MAX_FIRST_CHUNK. Sizes are fixed per segment: a schedule never shrinks."""
         if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
             return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        frame_s, worker = self.geometry.frame_seconds, self.codec_worker
+        frame_s, worker, repeat = self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
         if worker.call_peak_s > 0:
-            spare = frame_s - 2 * loop_s  # what each frame of chunk 0 leaves after chunk 1's two steps
+            spare = frame_s - (1 if repeat > 1 else 2) * loop_s  # what each frame of chunk 0 leaves after chunk 1's steps
             first = max(first, MAX_FIRST_CHUNK if spare <= 0 else math.ceil(worker.call_peak_s / spare))
         first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], first))
-        last, schedule = DEFAULT_SCHEDULE[-1], [first]  # from 1: DEFAULT_SCHEDULE itself
+        last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat
         while schedule[-1] < last:
             schedule.append(min(last, 2 * schedule[-1]))
         return AdapterConfig(mode=mode, schedule=tuple(schedule))

@@ -306,6 +306,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: prefill up to N arriving prompts in one forward (a burst of arrivals reads the "
                              "weights once per N prompts; default %(default)s); 1: one prompt per forward, so a "
                              "stream's codes never depend on what else runs (batch-invariant, slower bursts)")
+    parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
+                        help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
+                             "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
+                             "so it leaves one first-chunk's worth of steps sooner; the first chunk is sized for it)")
     parser.add_argument("--codec-starting-frames", type=int, default=None, metavar="N",
                         help="while a stream waits for its first audio, a codec call takes at most N frames (the most "
                              "urgent jobs), so its first chunk never waits behind a long call (default: no cap; opt-in, "
@@ -411,7 +415,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
-                        codec_starting_frames=args.codec_starting_frames,
+                        codec_starting_frames=args.codec_starting_frames, ramp_repeat=args.ramp_repeat,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

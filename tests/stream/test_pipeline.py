@@ -98,6 +98,20 @@ async def test_stream_equals_offline_synthesis(make_pipeline, ref_engine, codec,
     await pages_freed(engine)
 
 
+async def test_a_repeated_ramp_start_streams_the_same_audio(make_pipeline, ref_engine, codec, engine):
+    """ramp_repeat 2 (chunk 1 as large as chunk 0): another chunk schedule, the same exact audio."""
+    expected = reference_pcm(ref_engine, codec, "Hello world.", seed=11)
+    p = await make_pipeline(ramp_repeat=2)
+    assert p.adapter_config("exact").schedule[:3] == (1, 1, 2)
+    h = p.open(ContextOptions(voice=default_voice(), seed=11, mode="exact"))
+    h.say("Hello world.")
+    h.close()
+    pcm, end = await collect(h)
+    assert end == End("completed")
+    assert_pcm_close(pcm, expected)  # s16le, equal length, within 1 LSB
+    await pages_freed(engine)
+
+
 async def test_segments_chain_history_and_seeds(make_pipeline, ref_engine, codec, engine, monkeypatch):
     requests = []
     add = engine.add

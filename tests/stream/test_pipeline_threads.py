@@ -15,7 +15,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from higgs_stream.engine.errors import CapacityError
+from higgs_stream.engine.errors import CapacityError, ConfigError
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.handle import End, StreamHandle
@@ -277,6 +277,24 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     p.loop_model.observe(64, 0.030)  # a loop of ~20 ms or more: a frame cannot cover two loops
     p.loop_model.last_s = 0.025
     assert p.adapter_config("exact").schedule[0] == 8
+
+
+async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_steps():
+    """ramp_repeat 2: chunk 1 has chunk 0's frames, so chunk 0's audio must cover f engine steps plus the
+    longest call (not 2f): a smaller first chunk under the same load, then chunk 0's size again, then doubling."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=2))
+    assert p.adapter_config("exact").schedule == (1, 1, 2, 4, 8, 16, 25)  # idle
+    assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp
+    p.loop_model.observe(64, 0.010)
+    p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
+    assert p.adapter_config("exact").schedule == (3, 3, 6, 12, 24, 25)  # 80 ms / (40 - 10 ms) -> 3 (doubling: 4)
+    p.loop_model.observe(64, 0.030)
+    p.loop_model.last_s = 0.045  # a loop longer than a frame: chunk 1's steps cannot be covered
+    assert p.adapter_config("exact").schedule[:2] == (8, 8)
+    with pytest.raises(ConfigError, match="ramp_repeat"):
+        ServerConfig(ramp_repeat=0)
 
 
 def test_the_codec_worker_remembers_its_longest_recent_call():
