@@ -311,9 +311,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
                              "so it leaves one first-chunk's worth of steps sooner; the first chunk is sized for it)")
     parser.add_argument("--codec-starting-frames", type=int, default=None, metavar="N",
-                        help="while a stream waits for its first audio, a codec call takes at most N frames (the most "
-                             "urgent jobs), so its first chunk never waits behind a long call (default: no cap; opt-in, "
-                             "not yet measured on a GPU: docs/PERF.md)")
+                        help="while a stream waits for its first audio, a codec call takes its urgent jobs (due within "
+                             "0.3 s) and at most N frames more, so a first chunk rarely waits behind a long call (default: no "
+                             "cap; opt-in: docs/PERF.md has its H100 measurements, the urgent jobs' exemption not yet measured)")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=True,  # EngineConfig's
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
