@@ -18,7 +18,7 @@ def test_a_short_run_with_gil_dropping_calls_and_its_own_switch_interval(monkeyp
 
     monkeypatch.setattr(bench_pipeline, "FakeEngine", engine)
     before = sys.getswitchinterval()
-    res, _ = asyncio.run(bench_pipeline.run(streams=4, frames=20, releases=5, switch_ms=0.5))
+    res, _ = asyncio.run(bench_pipeline.run(streams=4, frames=20, releases=5, switch_ms=0.5, ramp_repeat=2))
     assert res.streams == 4 and res.audio_s == pytest.approx(4 * 20 * 960 / 24000)
     assert made[0]._scratch[0].item() == 5 * made[0].steps  # five tiny torch calls per step
     assert sys.getswitchinterval() == pytest.approx(before, abs=2e-6)  # restored (CPython keeps whole microseconds)
