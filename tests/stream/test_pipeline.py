@@ -74,22 +74,24 @@ def reference_pcm(ref_engine, codec, text, seed, **kw) -> bytes:
     return to_s16le(wav)
 
 
+async def say_once(p: Pipeline, text: str, seed: int, mode: str) -> tuple[bytes, End]:
+    """One context saying `text` then closing: its PCM and its end."""
+    h = p.open(ContextOptions(voice=default_voice(), seed=seed, mode=mode))
+    h.say(text)
+    h.close()
+    return await collect(h)
+
+
 async def test_stream_equals_offline_synthesis(make_pipeline, ref_engine, codec, engine):
     expected = reference_pcm(ref_engine, codec, "Hello world.", seed=11)
     assert len(expected) > 0
     p = await make_pipeline()
-    h = p.open(ContextOptions(voice=default_voice(), seed=11, mode="exact"))
-    h.say("Hello world.")
-    h.close()
-    pcm, end = await collect(h)
+    pcm, end = await say_once(p, "Hello world.", 11, "exact")
     assert end == End("completed")
     assert_pcm_close(pcm, expected)  # s16le, equal length, within 1 LSB
     assert p.metrics.ttfa.count == 1 and p.metrics.requests.value(transport="ws", outcome="completed") == 1
     # low-latency mode: same tokens, same length, approximate samples
-    h = p.open(ContextOptions(voice=default_voice(), seed=11, mode="low_latency"))
-    h.say("Hello world.")
-    h.close()
-    pcm_ll, _ = await collect(h)
+    pcm_ll, _ = await say_once(p, "Hello world.", 11, "low_latency")
     assert len(pcm_ll) == len(expected)
     a = np.frombuffer(pcm_ll, "<i2").astype(np.float64)
     b = np.frombuffer(expected, "<i2").astype(np.float64)
@@ -103,10 +105,7 @@ async def test_a_repeated_ramp_start_streams_the_same_audio(make_pipeline, ref_e
     expected = reference_pcm(ref_engine, codec, "Hello world.", seed=11)
     p = await make_pipeline(ramp_repeat=2)
     assert p.adapter_config("exact").schedule[:3] == (1, 1, 2)
-    h = p.open(ContextOptions(voice=default_voice(), seed=11, mode="exact"))
-    h.say("Hello world.")
-    h.close()
-    pcm, end = await collect(h)
+    pcm, end = await say_once(p, "Hello world.", 11, "exact")
     assert end == End("completed")
     assert_pcm_close(pcm, expected)  # s16le, equal length, within 1 LSB
     await pages_freed(engine)
