@@ -18,6 +18,7 @@ import logging
 import os
 
 from aiohttp import WSMsgType, web
+from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.stream import routes
@@ -310,11 +311,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
                              "so it leaves one first-chunk's worth of steps sooner; the first chunk is sized for it)")
-    parser.add_argument("--codec-starting-frames", type=int, default=None, metavar="N",
+    parser.add_argument("--codec-starting-frames", type=int, default=d.codec_starting_frames, metavar="N",
                         help="while a stream waits for its first audio, a codec call takes its urgent jobs (due within "
                              "0.3 s) and at most N frames more, so a first chunk rarely waits behind a long call (default: no "
                              "cap; opt-in: docs/PERF.md has its H100 measurements, the urgent jobs' exemption not yet measured)")
-    parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=True,  # EngineConfig's
+    parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
                              "its first frame comes one decode step sooner (default on: H100, 20 req/s, TTFA p95 73 vs "
@@ -424,7 +425,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint_files import resolve_model_dir
-    from higgs_stream.engine.engine import EngineConfig, load_engine
+    from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
 
     cfg = config_from_args(args)
