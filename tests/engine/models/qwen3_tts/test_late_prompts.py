@@ -125,12 +125,11 @@ def test_a_prompt_arriving_after_a_late_launch_gets_one_of_its_own(model, tokeni
     the next regular step instead. Greedy frames equal those of classic admission of the same arrivals."""
     assert LATE_PER_STEP == 2
     arrivals, after = {0: [2], 2: [1]}, {0: [3], 1: [4]}
-    _, _, log = drive(make(model, tokenizer, True), arrivals, arrive_after_late=after)
+    late_frames, late_reasons, log = drive(make(model, tokenizer, True), arrivals, arrive_after_late=after)
     lates = [e for e in log if e[0] == "late"]
     assert lates[:2] == [("late", 2, [1]), ("late", 2, [2])]  # sids: request 2 -> 0, 1 -> 1, 3 -> 2, 4 -> 3
     first_of_4 = next(e for e in log if e[0] != "add" and 3 in e[2])
     assert first_of_4[0] == "step" and first_of_4[1] > 2 and log.index(first_of_4) > log.index(lates[1])
-    late_frames, late_reasons, _ = drive(make(model, tokenizer, True), arrivals, arrive_after_late=after)
     classic = make(model, tokenizer, False)  # the same prompts admitted by regular steps, one call later
     classic_frames, classic_reasons, _ = drive(classic, {0: [2], 2: [1], 3: [3, 4]})
     assert late_reasons == classic_reasons
