@@ -83,10 +83,15 @@ def test_codec_schedule_is_eager_unless_asked():
             ServerConfig(codec_starting_frames=bad)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--model", "m", "--codec-starting-frames", "24"])
+    args = parser.parse_args(["--model", "m", "--codec-starting-frames", "24", "--ramp-repeat", "2"])
     from higgs_stream.stream.server import config_from_args
 
-    assert config_from_args(args).codec_starting_frames == 24
+    cfg = config_from_args(args)
+    assert cfg.codec_starting_frames == 24 and cfg.ramp_repeat == 2
+    assert config_from_args(parser.parse_args(["--model", "m"])).ramp_repeat == ServerConfig().ramp_repeat == 1
+    for bad in (0, 5, 1.5):
+        with pytest.raises(ConfigError, match="ramp_repeat"):
+            ServerConfig(ramp_repeat=bad)
 
 
 def test_prefill_pack_is_checked_before_the_model_loads():
