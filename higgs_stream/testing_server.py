@@ -12,6 +12,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import pytest
+from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
@@ -43,6 +45,33 @@ async def serve_on(transport: str, state: ServerState):
         return runner, bound_port(runner)
     server = await serve_asgi(state, "127.0.0.1", 0)
     return server, server.port
+
+
+def tiny_codec_engine(kv_pages: int):
+    """Module-scoped `codec` and `engine` fixtures on the tiny checkpoint (`tiny_ckpt`): bind them in a test
+    module as `codec, engine = tiny_codec_engine(kv_pages=...)`; the name `codec` overrides tests/stream's
+    session-wide reference codec in that module."""
+
+    @pytest.fixture(scope="module")
+    def codec(tiny_ckpt):
+        return load_codec(tiny_ckpt / "audio_tokenizer")
+
+    @pytest.fixture(scope="module")
+    def engine(tiny_ckpt):
+        return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=kv_pages))
+
+    return codec, engine
+
+
+def tiny_reference(max_frames: int):
+    """A module-scoped `reference` fixture: `synth_reference` on the tiny checkpoint and the module's codec."""
+
+    @pytest.fixture(scope="module")
+    def reference(tiny_ckpt, codec):
+        """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
+        return synth_reference(tiny_ckpt, codec, max_frames)
+
+    return reference
 
 
 def synth_reference(ckpt: Path, codec, max_frames: int) -> Callable[..., bytes]:

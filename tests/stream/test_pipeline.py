@@ -13,7 +13,6 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
-from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import CapacityError, HiggsStreamError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -25,18 +24,12 @@ from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close, collect, default_voice
+from higgs_stream.testing_server import tiny_codec_engine
 
 MAX_FRAMES = 30
 
 
-@pytest.fixture(scope="module")
-def codec(tiny_ckpt):
-    return load_codec(tiny_ckpt / "audio_tokenizer")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=512))
+codec, engine = tiny_codec_engine(kv_pages=512)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
-from higgs_stream.engine.codec import load_codec
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
@@ -30,7 +29,7 @@ from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
-from higgs_stream.testing_server import TRANSPORTS, Peer, ServerStarter, synth_reference
+from higgs_stream.testing_server import TRANSPORTS, Peer, ServerStarter, tiny_codec_engine, tiny_reference
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -40,20 +39,8 @@ LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on t
 
 
 
-@pytest.fixture(scope="module")
-def codec(tiny_ckpt):
-    return load_codec(tiny_ckpt / "audio_tokenizer")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=1024))
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_ckpt, codec):
-    """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
-    return synth_reference(tiny_ckpt, codec, MAX_FRAMES)
+codec, engine = tiny_codec_engine(kv_pages=1024)
+reference = tiny_reference(MAX_FRAMES)
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -7,27 +7,13 @@ from __future__ import annotations
 import logging
 
 import pytest
-from higgs_stream.engine.codec import load_codec
-from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.testing_server import TRANSPORTS, ServerStarter, synth_reference
+from higgs_stream.testing_server import TRANSPORTS, ServerStarter, tiny_codec_engine, tiny_reference
 
 MAX_FRAMES = 30
 
 
-@pytest.fixture(scope="module")
-def codec(tiny_ckpt):
-    return load_codec(tiny_ckpt / "audio_tokenizer")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    return Engine.from_pretrained(str(tiny_ckpt), config=EngineConfig(kv_pages=1024))
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_ckpt, codec):
-    """s16le of engine.synth.synthesize for (text, seed) on a separate engine, cached."""
-    return synth_reference(tiny_ckpt, codec, MAX_FRAMES)
+codec, engine = tiny_codec_engine(kv_pages=1024)
+reference = tiny_reference(MAX_FRAMES)
 
 
 @pytest.fixture(params=TRANSPORTS)
