@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.bench.decode import copy_bandwidth, decode_sweep, record_floor
+from higgs_stream.bench.decode import copy_bandwidth, decode_profiles, decode_sweep, record_floor
 from higgs_stream.bench.measure import device_seconds, log
 from higgs_stream.bench.stream import stream_bench
 from higgs_stream.bench_model import end_of_speech_guard, logprob_parity
@@ -210,6 +210,8 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
         return out
     batches = [int(b) for b in args.batches.split(",")]
     out["decode"] = decode_sweep(engine, batches, args.context, wb, bw)
+    if args.profile_batches:
+        out["profile"] = decode_profiles(engine, tuple(int(b) for b in args.profile_batches.split(",")), args.context)
     ns = [int(x) for x in args.streams.split(",") if x]
     if ns and time.perf_counter() + STREAMS_S + MODE_S * modes_after < deadline:
         runs = [(1, "exact", 1)] + [(x, "exact", 1) for x in ns if x > 1]
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-batches", default="1,8,16,64,256")
     ap.add_argument("--streams", default="64", help="N of the streaming runs per mode (N=1 always runs)")
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
+    ap.add_argument("--profile-batches", default="", help="batch sizes whose eager decode step is profiled per kernel "
+                    "and kernel group (e.g. 1,256; empty: none)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,

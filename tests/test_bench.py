@@ -84,3 +84,17 @@ def test_another_arch_runs_the_decode_and_profile_sections_only(tmp_path, capsys
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "b.json"), "--arch", "qwen3-tts", "--sections", "decode,stream"])
     assert exc.value.code == 2 and "decode and profile sections only" in capsys.readouterr().err
+
+
+def test_kernel_groups_name_the_decode_steps_kernels():
+    from higgs_stream.bench.decode import kernel_group
+
+    assert kernel_group("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>") == "attention"
+    assert kernel_group("rope_kv_store_kernel") == "rope/kv store"
+    assert kernel_group("fused_add_rms_norm_kernel") == "norm"
+    assert kernel_group("quantize_per_token_kernel") == "act quant"
+    assert kernel_group("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kernel_group("nvjet_tst_64x8_64x16_4x1_v_bz_TNN") == "gemm"
+    assert kernel_group("sample_rows_kernel") == "sampling"
+    assert kernel_group("silu_and_mul_kernel") == "activation"
+    assert kernel_group("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"

@@ -126,14 +126,39 @@ def profile_decode(engine: Engine, batch: int, context: int = 300, top: int = 12
     kernels = [r for r in rows if not r[2].startswith(("cudaLaunch", "Memcpy", "Memset", "cuda"))]
     total = sum(t for t, _, _ in kernels)
     kernels.sort(reverse=True)
+    groups: dict[str, list[float]] = {}
+    for t, c, k in kernels:
+        g_ = groups.setdefault(kernel_group(k), [0.0, 0])
+        g_[0] += t
+        g_[1] += c
     return {"batch": batch, "bucket": b, "kernel_us_total": total, "kernels": sum(c for _, c, _ in kernels),
+            "groups": {k: {"us": v[0], "count": v[1]} for k, v in sorted(groups.items(), key=lambda kv: -kv[1][0])},
             "top": [{"us": t, "count": c, "name": k[:90]} for t, c, k in kernels[:top]]}
 
 
-def decode_profiles(engine: Engine, batches: tuple[int, ...] = (1, 64)) -> list[dict]:
+KERNEL_GROUPS = (  # (group, substrings of a kernel's name, lower case), first match wins
+    ("attention", ("flashinfer", "batchdecode", "batchprefill", "attention", "flash_fwd", "sdpa")),
+    ("rope/kv store", ("rope", "kv_store", "append_paged")),
+    ("norm", ("norm",)),
+    ("act quant", ("quantize_per_token",)),
+    ("gemm", ("gemm", "gemv", "cutlass", "sm90_", "sm80_", "cublas", "matmul", "_mm_", "linear", "nvjet", "xmma")),
+    ("sampling", ("sample", "draw", "topk", "top_k", "softmax", "argmax", "gumbel", "noise", "philox")),
+    ("activation", ("silu", "gelu", "act_and_mul", "swiglu")),
+)
+
+
+def kernel_group(name: str) -> str:
+    """The group of a CUDA kernel by its name (KERNEL_GROUPS), "other" when none matches."""
+    low = name.lower()
+    return next((g for g, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+
+
+def decode_profiles(engine: Engine, batches: tuple[int, ...] = (1, 64), context: int = 300) -> list[dict]:
     """profile_decode at each batch size, each logged with its top kernels."""
-    out = [profile_decode(engine, b) for b in batches]
+    out = [profile_decode(engine, b, context) for b in batches]
     for p in out:
         log(f"profile b={p['batch']}: {p['kernels']} kernels, {p['kernel_us_total']:.0f} us; top: "
             + "; ".join(f"{k['us']:.0f}us x{k['count']} {k['name'][:40]}" for k in p["top"][:8]))
+        log(f"profile b={p['batch']} by group: "
+            + "; ".join(f"{g} {v['us']:.0f}us x{v['count']}" for g, v in p["groups"].items()))
     return out
