@@ -336,6 +336,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                         help="K/V pages in the model dtype (auto) or fp8 e4m3: --kv-pages then take half of "
                              "bf16's memory")
+    parser.add_argument("--profile-out", default=None, metavar="PREFIX",
+                        help="diagnostics: profile the engine and codec threads with cProfile (it slows them) and write "
+                             "PREFIX.engine.pstats and PREFIX.codec.pstats at shutdown")
     parser.add_argument("--trace-out", default=None, metavar="FILE",
                         help="diagnostics: record every engine step, codec call and stream's first audio, written as "
                              "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it); held in memory until "
@@ -459,7 +462,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
-    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows), voices, metrics_)
+    pipeline = Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows)
+    if getattr(args, "profile_out", None):
+        pipeline.profile_out = args.profile_out
+        pipeline.codec_worker.profile_out = f"{args.profile_out}.codec.pstats"
+    return ServerState(cfg, pipeline, voices, metrics_)
 
 
 def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:
