@@ -39,6 +39,7 @@ from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
 from higgs_stream.stream.server_state import STATE, ServerState, start_pipeline
+from higgs_stream.stream.thread_profile import thread_profile
 from higgs_stream.stream.voices import VoiceLibrary
 
 __all__ = ["SessionRunner", "make_app", "serve", "bound_port", "add_arguments", "build_state", "run"]
@@ -210,6 +211,12 @@ def make_app(state: ServerState, trace_out: str | None = None) -> web.Applicatio
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
+    if state.pipeline.profile_out:  # serve --profile-out: the event loop's thread too, from start-up to clean-up
+        async def profiled(app: web.Application):
+            with thread_profile(f"{state.pipeline.profile_out}.loop.pstats"):
+                yield
+
+        app.cleanup_ctx.append(profiled)
     if trace_out:
         _record_trace(app, state.pipeline, trace_out)
     return app
@@ -337,8 +344,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="K/V pages in the model dtype (auto) or fp8 e4m3: --kv-pages then take half of "
                              "bf16's memory")
     parser.add_argument("--profile-out", default=None, metavar="PREFIX",
-                        help="diagnostics: profile the engine and codec threads with cProfile (it slows them) and write "
-                             "PREFIX.engine.pstats and PREFIX.codec.pstats at shutdown")
+                        help="diagnostics: profile the engine thread, the codec thread and the event loop with cProfile "
+                             "(it slows them) and write PREFIX.engine.pstats, PREFIX.codec.pstats, PREFIX.loop.pstats at shutdown")
     parser.add_argument("--trace-out", default=None, metavar="FILE",
                         help="diagnostics: record every engine step, codec call and stream's first audio, written as "
                              "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it); held in memory until "
