@@ -13,8 +13,8 @@
 # Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, ARCH=v2, OPEN_RATES="" (req/s),
 #   CLOSED=128, DURATION=10, RAMP=1 (s over which closed-loop workers start; issue #10's burst: 2), MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
 #   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections),
-#   PROFILE="LABEL ..." or "all" (those servers write `--profile-out`: cProfile of their engine and codec threads,
-#   which it slows: profile a copy of a config, e.g. CONFIGS="now=;prof=" PROFILE=prof);
+#   PROFILE="LABEL ..." or "all" (those servers write `--profile-out`: every thread's stack sampled every 2 ms;
+#   the sampler takes a little GIL time: profile a copy of a config, e.g. CONFIGS="now=;prof=" PROFILE=prof);
 #   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU; CHECKPOINT="ARCH PRESET" (e.g. "qwen3-tts 1.7b")
 #   serves a random checkpoint that `make-checkpoint` writes first in the real on-disk layout (MODEL and ARCH unused).
 # Writes $OUT/configs.tgz (lg_<label>.json, server_<label>.log, trace_<label>.json); prints one line per
@@ -34,7 +34,7 @@ fi
 run() {  # label flags: one fresh server, the scenarios against it (from $rundir)
   local label=$1 flags=$2 left=$(( ${BUDGET_S:-570} - SECONDS ))
   [ -n "${TRACE:-}" ] && flags+=" --trace-out $OUT/trace_$label.json"
-  case " ${PROFILE:-} " in *" $label "*|*" all "*) flags+=" --profile-out $OUT/prof_$label";; esac
+  case " ${PROFILE:-} " in *" $label "*|*" all "*) flags+=" --profile-out $OUT/prof_$label.json";; esac
   if [ "$left" -lt 80 ]; then echo "$label: skipped ($left s left)"; return; fi
   (cd "$rundir" && python3 -c "import higgs_stream.stream.pipeline as p; print('$label code:', p.__file__)" && \
    timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
@@ -70,6 +70,6 @@ for f in sorted(glob.glob(sys.argv[1] + "/trace_*.json")):
     print(f.split("/")[-1], {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()
                             if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "steps", "codec_calls", "late_", "sync_"))})
 PY
-for p in "$OUT"/prof_*.pstats; do [ -e "$p" ] && python3 "$repo/scripts/top_pstats.py" "$p" --top 15 | cut -c1-150; done
-(cd "$OUT" && shopt -s nullglob && f=(lg_*.json server_*.log trace_*.json prof_*.pstats) && tar czf configs.tgz "${f[@]}" && rm -f "${f[@]}")
+for p in "$OUT"/prof_*.json; do [ -e "$p" ] && python3 "$repo/scripts/top_samples.py" "$p" --top 12 | cut -c1-150; done
+(cd "$OUT" && shopt -s nullglob && f=(lg_*.json server_*.log trace_*.json prof_*.json) && tar czf configs.tgz "${f[@]}" && rm -f "${f[@]}")
 echo "done in $SECONDS s"

@@ -47,7 +47,6 @@ from typing import Any
 import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
-from higgs_stream.stream.thread_profile import thread_profile
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +190,6 @@ class CodecWorker:
         self.call_peak_s = 0.0  # the longest recent call (halves each CALL_PEAK_HALF_LIFE_S without a longer one)
         self._peak_at = 0.0
         self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue)
-        self.profile_out: str | None = None  # serve --profile-out: cProfile this thread into this file
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -256,7 +254,7 @@ class CodecWorker:
     # ---- codec thread ----
 
     def _run(self) -> None:
-        with on_stream(self._stream), thread_profile(self.profile_out):
+        with on_stream(self._stream):
             if self.device is not None:
                 _prime_blas(self.device)
                 if self._first is not None:  # the overdue calls' stream gets its workspaces now too

@@ -65,7 +65,6 @@ from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, relaxed
-from higgs_stream.stream.thread_profile import thread_profile
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,6 @@ class Pipeline:
         # launches, synchronous), ("frame0", t, first text) per segment's first frame and ("stream", first
         # text, first audio, end, samples) per released stream
         self.trace: list[tuple] | None = None
-        self.profile_out: str | None = None  # serve --profile-out: cProfile the engine thread (and the codec's)
         self._engine_stream = None
         self.engine_device = cuda_device(getattr(engine, "device", None))
 
@@ -330,7 +328,7 @@ class Pipeline:
     # ---- engine thread ----
 
     def _run(self) -> None:
-        with on_stream(self._engine_stream), thread_profile(self.profile_out and f"{self.profile_out}.engine.pstats"):
+        with on_stream(self._engine_stream):
             self._engine_loop()
 
     def _engine_loop(self) -> None:

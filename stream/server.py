@@ -39,7 +39,7 @@ from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
 from higgs_stream.stream.server_state import STATE, ServerState, start_pipeline
-from higgs_stream.stream.thread_profile import thread_profile
+from higgs_stream.stream.thread_profile import StackSampler, write_profile
 from higgs_stream.stream.voices import VoiceLibrary
 
 __all__ = ["SessionRunner", "make_app", "serve", "bound_port", "add_arguments", "build_state", "run"]
@@ -179,9 +179,10 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # ---------------------------------------------------------------- app
 
-def make_app(state: ServerState, trace_out: str | None = None) -> web.Application:
+def make_app(state: ServerState, trace_out: str | None = None, profile_out: str | None = None) -> web.Application:
     """The app on one port. Run it with `handler_cancellation=True` (see `serve`). `trace_out`: record
-    the pipeline's trace and write it there at shutdown (`serve --trace-out`)."""
+    the pipeline's trace and write it there at shutdown (`serve --trace-out`); `profile_out`: sample every
+    thread's stack from start-up to clean-up and write the profile there (`serve --profile-out`)."""
     app = web.Application(client_max_size=state.config.hard_message_bytes, middlewares=[json_errors])
     app[STATE] = state
     app.router.add_get("/v1/tts/stream", ws_stream)
@@ -211,10 +212,12 @@ def make_app(state: ServerState, trace_out: str | None = None) -> web.Applicatio
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
-    if state.pipeline.profile_out:  # serve --profile-out: the event loop's thread too, from start-up to clean-up
+    if profile_out:
         async def profiled(app: web.Application):
-            with thread_profile(f"{state.pipeline.profile_out}.loop.pstats"):
-                yield
+            sampler = StackSampler()
+            sampler.start()
+            yield
+            await asyncio.to_thread(write_profile, sampler.stop(), profile_out)
 
         app.cleanup_ctx.append(profiled)
     if trace_out:
@@ -235,9 +238,10 @@ def _mount_webrtc(app: web.Application, state: ServerState) -> None:
     add_routes(app, state)
 
 
-async def serve(state: ServerState, host: str, port: int, trace_out: str | None = None) -> web.AppRunner:
+async def serve(state: ServerState, host: str, port: int, trace_out: str | None = None,
+                profile_out: str | None = None) -> web.AppRunner:
     """Start the app (returns the runner; `await runner.cleanup()` stops it). Port 0 = any free port."""
-    runner = web.AppRunner(make_app(state, trace_out), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(make_app(state, trace_out, profile_out), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -343,9 +347,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                         help="K/V pages in the model dtype (auto) or fp8 e4m3: --kv-pages then take half of "
                              "bf16's memory")
-    parser.add_argument("--profile-out", default=None, metavar="PREFIX",
-                        help="diagnostics: profile the engine thread, the codec thread and the event loop with cProfile "
-                             "(it slows them) and write PREFIX.engine.pstats, PREFIX.codec.pstats, PREFIX.loop.pstats at shutdown")
+    parser.add_argument("--profile-out", default=None, metavar="FILE",
+                        help="diagnostics: sample every thread's Python stack (event loop, engine, codec) every 2 ms "
+                             "and write the profile there as JSON at shutdown (scripts/top_samples.py reads it)")
     parser.add_argument("--trace-out", default=None, metavar="FILE",
                         help="diagnostics: record every engine step, codec call and stream's first audio, written as "
                              "JSON to FILE at shutdown (scripts/ttfa_breakdown.py reads it); held in memory until "
@@ -469,11 +473,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
-    pipeline = Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows)
-    if getattr(args, "profile_out", None):
-        pipeline.profile_out = args.profile_out
-        pipeline.codec_worker.profile_out = f"{args.profile_out}.codec.pstats"
-    return ServerState(cfg, pipeline, voices, metrics_)
+    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows), voices, metrics_)
 
 
 def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:
@@ -507,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
         return ray_app.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = build_state(args)
-    app = make_app(state, args.trace_out)
+    app = make_app(state, args.trace_out, args.profile_out)
     log.info("%s", startup_line(app, args.host, args.port))
     web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
     return 0

@@ -139,16 +139,3 @@ def test_codec_starting_frames_reach_the_codec_worker():
     assert pipeline.codec_worker.starting_frames == 24 and pipeline.codec_worker.starting() is False
     assert pipeline.codec_worker.starting.__func__ is type(pipeline)._starting
 
-
-def test_profile_out_reaches_the_engine_and_codec_threads():
-    """--profile-out PREFIX: the pipeline profiles its engine thread into PREFIX.engine.pstats and the codec
-    worker its thread into PREFIX.codec.pstats (off by default)."""
-    from higgs_stream.stream.server import build_state
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    base = ["--model", "random:tiny", "--device", "cpu", "--no-warm-up"]
-    pipeline = build_state(parser.parse_args(base + ["--profile-out", "/tmp/x"])).pipeline
-    assert pipeline.profile_out == "/tmp/x" and pipeline.codec_worker.profile_out == "/tmp/x.codec.pstats"
-    pipeline = build_state(parser.parse_args(base)).pipeline
-    assert pipeline.profile_out is None and pipeline.codec_worker.profile_out is None

@@ -93,26 +93,6 @@ async def test_stream_equals_offline_synthesis(make_pipeline, ref_engine, codec,
     await pages_freed(engine)
 
 
-async def test_profile_out_profiles_the_engine_and_codec_threads(engine, codec, tmp_path):
-    """serve --profile-out: the engine thread's profile holds its steps, the codec thread's its decode calls,
-    both written when the pipeline stops."""
-    import pstats
-
-    p = Pipeline(engine, codec, ServerConfig(max_frames=MAX_FRAMES, admit_step_ratio=None))
-    p.profile_out = str(tmp_path / "run")
-    p.codec_worker.profile_out = str(tmp_path / "run.codec.pstats")
-    await p.start()
-    try:
-        _, end = await say_once(p, "Hello world.", 11, "exact")
-    finally:
-        await p.stop()
-    assert end == End("completed")
-    names = {f: {name for (_, _, name) in pstats.Stats(str(tmp_path / f)).stats}
-             for f in ("run.engine.pstats", "run.codec.pstats")}
-    assert "step" in names["run.engine.pstats"] and "_engine_loop" in names["run.engine.pstats"]
-    assert "_decode_call" in names["run.codec.pstats"]
-
-
 async def test_a_repeated_ramp_start_streams_the_same_audio(make_pipeline, ref_engine, codec, engine):
     """ramp_repeat 2 (chunk 1 as large as chunk 0): another chunk schedule, the same exact audio."""
     expected = reference_pcm(ref_engine, codec, "Hello world.", seed=11)

@@ -518,26 +518,27 @@ def test_ttfa_breakdown_takes_a_context_s_first_segment_frame():
     assert row["to_first_frame_ms"] == pytest.approx(10.0) and row["frame_to_call_ms"] == pytest.approx(2.0)
 
 
-async def test_profile_out_profiles_the_event_loop_too(engine, codec, tmp_path):
-    """serve --profile-out PREFIX on the aiohttp server: PREFIX.loop.pstats holds the event loop's request
-    handling, beside the engine and codec threads' profiles, all written when the server stops."""
-    import pstats
 
+async def test_profile_out_samples_the_loop_engine_and_codec_threads(engine, codec, tmp_path):
+    """serve --profile-out FILE: the server samples every thread's stack from start-up to clean-up and writes
+    the profile there; the event loop, the engine thread and the codec thread are in it, each at its own work."""
     config = ServerConfig(port=0, max_frames=MAX_FRAMES, admit_step_ratio=None)
     metrics = Metrics()
-    pipeline = Pipeline(engine, codec, config, metrics)
-    pipeline.profile_out = str(tmp_path / "srv")
-    pipeline.codec_worker.profile_out = str(tmp_path / "srv.codec.pstats")
-    state = ServerState(config, pipeline, VoiceLibrary.from_config(config), metrics)
-    runner = await serve(state, "127.0.0.1", 0)
+    state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
+    path = tmp_path / "profile.json"
+    runner = await serve(state, "127.0.0.1", 0, profile_out=str(path))
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://127.0.0.1:{bound_port(runner)}/v1/audio/speech",
-                                 json={"input": "Hello there.", "seed": 3}) as r:
-                assert r.status == 200 and len(await r.read()) > 0
+            for seed in (3, 4):
+                async with http.post(f"http://127.0.0.1:{bound_port(runner)}/v1/audio/speech",
+                                     json={"input": "Hello there, this is a longer sentence.", "seed": seed}) as r:
+                    assert r.status == 200 and len(await r.read()) > 0
     finally:
         await runner.cleanup()
-    names = {f: {name for (_, _, name) in pstats.Stats(str(tmp_path / f)).stats}
-             for f in ("srv.loop.pstats", "srv.engine.pstats", "srv.codec.pstats")}
-    assert "speech" in names["srv.loop.pstats"]
-    assert "step" in names["srv.engine.pstats"] and "_decode_call" in names["srv.codec.pstats"]
+    prof = json.loads(path.read_text())
+    threads = prof["threads"]
+    assert prof["samples"] > 0 and {"MainThread", "higgs-engine", "higgs-codec"} <= set(threads)
+    assert "higgs-stack-sampler" not in threads
+    engine_fns = {k.split(" ")[0] for k, _ in threads["higgs-engine"]["cum"]}
+    assert "_engine_loop" in engine_fns
+    assert any(k.startswith("_run ") for k, _ in threads["higgs-codec"]["cum"])
