@@ -158,9 +158,12 @@ class GraphDecodeAttention:
 
     def __init__(self, batch_size: int, max_pages: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, device: torch.device, workspace: torch.Tensor,
-                 dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None,
+                 tensor_cores: bool = False) -> None:
+        """`tensor_cores`: FlashInfer's tensor-core decode (its prefill kernel with every qo_len 1) instead of
+        its CUDA-core decode kernel."""
         fi = flashinfer_module()
-        self.batch_size, self.max_pages = batch_size, max_pages
+        self.batch_size, self.max_pages, self.tensor_cores = batch_size, max_pages, tensor_cores
         check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.page_size, self.dtype, self.kv_dtype = page_size, dtype, kv_dtype or dtype
@@ -169,7 +172,7 @@ class GraphDecodeAttention:
         self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices, uploaded
         self._last = torch.ones(batch_size, dtype=torch.int32, device=device)
         self._wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=self._indptr,
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=self._indptr,
             paged_kv_indices_buffer=self._indices, paged_kv_last_page_len_buffer=self._last)
 
     def plan(self, csr: HostCSR) -> None:

@@ -42,11 +42,13 @@ def test_matches_ref(decode):
     assert rel(attn.run(q, k, v), want) < 1e-2
 
 
-def test_graph_decode_replay_matches_ref():
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_graph_decode_replay_matches_ref(tensor_cores):
+    """Both of FlashInfer's decode kernels (CUDA cores; tensor cores: its prefill kernel at qo_len 1)."""
     kv_lens = [40, 7, 250]
     q, k, v, layout = setup(kv_lens, [1, 1, 1], seed=3)
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    attn = GraphDecodeAttention(4, 64, HQ, HKV, D, PS, torch.device("cuda"), ws)
+    attn = GraphDecodeAttention(4, 64, HQ, HKV, D, PS, torch.device("cuda"), ws, tensor_cores=tensor_cores)
     q4 = torch.cat([q, torch.zeros(1, HQ, D, dtype=q.dtype, device="cuda")])
     pad = layout.page_tables + [[0]]
     attn.plan(HostCSR.build(pad, kv_lens + [1], [1] * 4, PS))

@@ -1,0 +1,116 @@
+"""Device script (one GPU): FlashInfer's paged decode attention as the engine's CUDA graphs run it
+(`GraphDecodeAttention`), CUDA-core decode kernel vs tensor-core decode (`use_tensor_cores`), bf16 and
+fp8 (e4m3) K/V pages, at several batch sizes; v2's shapes by default (24 query heads, 8 K/V heads, head
+128, pages of 16, 28 layers, 300 tokens of context per sequence).
+
+    python scripts/bench_attention.py [--batches 1,64,256] [--context 300] [--out attn.json]
+
+Each timing is one CUDA graph of `layers` calls, one per layer's own K/V pool (as a decode step reads
+them: from HBM, not L2), replayed; the floor is the K/V bytes read at the copy bandwidth measured in the
+same run. Each tensor-core output is compared with the CUDA-core one on the same pages (max |d| relative
+to the output's peak)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from higgs_stream.bench.decode import copy_bandwidth
+from higgs_stream.bench.measure import device_seconds, log
+from higgs_stream.kernels.flashinfer_attention import WORKSPACE_BYTES, GraphDecodeAttention, HostCSR
+
+FP8 = torch.float8_e4m3fn
+
+
+def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dtype) -> list[tuple]:
+    out = []
+    for _ in range(layers):
+        k = torch.randn(pages, page, hkv, d, device="cuda")
+        v = torch.randn(pages, page, hkv, d, device="cuda")
+        out.append((k.to(dtype), v.to(dtype)))
+    return out
+
+
+def one(batch: int, context: int, kv_dtype: torch.dtype, tc: bool, kv: list[tuple], q: torch.Tensor,
+        args, workspace: torch.Tensor) -> tuple[float, torch.Tensor]:
+    ps = args.page_size
+    per = -(-context // ps)
+    tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]  # disjoint pages per sequence
+    csr = HostCSR.build(tables, [context] * batch, [1] * batch, ps)
+    attn = GraphDecodeAttention(batch, batch * per + batch, args.q_heads, args.kv_heads, args.head_dim, ps,
+                                torch.device("cuda"), workspace, torch.bfloat16, kv_dtype, tensor_cores=tc)
+    attn.plan(csr)
+    outs = [attn.run(q, k, v) for k, v in kv]  # warm-up (JIT compile on first use)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for k, v in kv:
+            attn.run(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for k, v in kv:
+            attn.run(q, k, v)
+    graph.replay()
+    torch.cuda.synchronize()
+    seconds = device_seconds(graph.replay, 10)
+    del graph
+    return seconds, outs[0].float()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--q-heads", type=int, default=24)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    batches = [int(b) for b in args.batches.split(",")]
+    per = -(-args.context // args.page_size)
+    pages = max(batches) * per + max(batches)
+    workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    rows = []
+    for kv_name, kv_dtype in (("bf16", torch.bfloat16), ("fp8", FP8)):
+        kv = pools(args.layers, pages, args.page_size, args.kv_heads, args.head_dim, kv_dtype)
+        esize = torch.empty((), dtype=kv_dtype).element_size()
+        for b in batches:
+            q = torch.randn(b, args.q_heads, args.head_dim, device="cuda").bfloat16()
+            kv_bytes = args.layers * 2 * b * args.context * args.kv_heads * args.head_dim * esize
+            ref = None
+            for tc in (False, True):
+                row = {"kv": kv_name, "batch": b, "context": args.context, "tensor_cores": tc,
+                       "floor_us_per_layer": kv_bytes / bw / args.layers * 1e6}
+                try:
+                    s, out = one(b, args.context, kv_dtype, tc, kv, q, args, workspace)
+                    row["us_per_layer"] = s / args.layers * 1e6
+                    row["bandwidth_share"] = row["floor_us_per_layer"] / row["us_per_layer"]
+                    if ref is None:
+                        ref = out
+                    else:
+                        row["max_rel_diff_vs_cuda_cores"] = float((out - ref).abs().max() / ref.abs().max())
+                except Exception as exc:  # a combination FlashInfer does not build: say so, go on
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows.append(row)
+                log(f"attn kv={kv_name} b={b} tc={tc}: " + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                    if k not in ("kv", "batch", "tensor_cores", "context")))
+        del kv
+        torch.cuda.empty_cache()
+    result = {"card": torch.cuda.get_device_name(), "copy_bandwidth_gbs": bw / 1e9, "shapes": vars(args), "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
