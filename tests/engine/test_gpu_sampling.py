@@ -92,3 +92,27 @@ def test_padded_applies_leave_scratch_slots_fresh():
         for name in FIELDS:  # (scratch slots' counters are scratch: padded decode rows write them every step)
             assert np.array_equal(a[name][:SLOTS], b[name][:SLOTS]), (n, name)
             assert name not in PARAMS or np.array_equal(b[name][SLOTS:], fresh[name][SLOTS:]), (n, name)
+
+
+def test_release_marks_only_its_slot_done():
+    st = state("cpu")
+    st.start(starts(3))
+    st.release(SLOTS - 2)
+    done = st.done.cpu().numpy()
+    assert done[SLOTS - 2] and not done[SLOTS - 1] and not done[SLOTS - 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_release_does_not_wait_for_the_device():
+    """A finished stream's release is a fill launched on the stream, not a host copy that waits for the
+    steps in flight (torch's sync debug mode raises on a synchronizing call)."""
+    st = state("cuda")
+    st.start(starts(3))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        st.release(SLOTS - 2)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert bool(st.done[SLOTS - 2]) and not bool(st.done[SLOTS - 1])
