@@ -157,6 +157,10 @@ class ModelRunnerConfig:
     ras_window_max: int = 16  # longest RAS window a request may ask for
     prefill_chunk: int = 512  # prompt tokens per prefill forward (capped by token_budget - max_batch)
     prefill_pack: int = 8  # first chunks per prefill replay (1: one prompt per forward, batch-invariant prefill)
+    # decode graphs of at least this many rows over bf16/fp16 K/V pages run FlashInfer's tensor-core decode (None:
+    # never). H100, v2's heads, 300 tokens (scripts/bench_attention.py): 130 vs 145 us per layer at 256 rows, 43 vs
+    # 39 at 64; over fp8 pages slower at every batch (152 vs 120 at 256)
+    tensor_core_decode_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -171,6 +175,8 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
+        if self.tensor_core_decode_from is not None and self.tensor_core_decode_from < 1:
+            raise ConfigError(f"tensor_core_decode_from must be >= 1 or None, got {self.tensor_core_decode_from}")
 
 
 @dataclass
@@ -224,7 +230,8 @@ class ModelRunner:
         if self.config.cuda_graphs:
             max_pages = max_batch * -(-max_seq_len // alloc.page_size) + 1
             self.graphs = DecodeGraphs(self.fast, self.state, cache.pool.k, cache.pool.v, self.scratch_page,
-                                       alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets)
+                                       alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets,
+                                       tensor_core_from=self.config.tensor_core_decode_from)
             with torch.no_grad():
                 self.graphs.capture()
         self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends

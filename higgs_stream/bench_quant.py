@@ -186,8 +186,10 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=FP8 if kv else talker.dtype,
                            device=talker.audio_head_weight.device)
     t0 = time.perf_counter()
+    tc = None if args.tensor_core_decode_from in (None, "none") else int(args.tensor_core_decode_from)
     engine = Engine(talker, cfg, tok, cache, config,
-                    ModelRunnerConfig() if gpu else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
+                    ModelRunnerConfig(tensor_core_decode_from=tc) if gpu else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
+    out["tensor_core_decode_from"] = tc
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -260,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
     ap.add_argument("--profile-batches", default="", help="batch sizes whose eager decode step is profiled per kernel "
                     "and kernel group (e.g. 1,256; empty: none)")
+    ap.add_argument("--tensor-core-decode-from", default=str(ModelRunnerConfig.tensor_core_decode_from).lower(),
+                    help="decode graphs of at least this many rows use FlashInfer's tensor-core decode ('none': never)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,

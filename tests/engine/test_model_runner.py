@@ -135,6 +135,9 @@ def test_cancel_frees_pages_and_slot(tiny_ckpt):
 def test_config_and_input_errors(tiny_ckpt):
     with pytest.raises(ConfigError):
         ModelRunnerConfig(kernels="ref", cuda_graphs=True)
+    with pytest.raises(ConfigError, match="tensor_core_decode_from"):
+        ModelRunnerConfig(tensor_core_decode_from=0)
+    assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):
         Engine(base.talker, base.cfg, base.tokenizer, base.cache, None, ModelRunnerConfig(kernels="fast", cuda_graphs=False))

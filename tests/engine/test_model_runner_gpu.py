@@ -48,6 +48,15 @@ def test_bf16_fast_path_tracks_fp32_reference(model):
     assert res["mean_abs_delta_nat"] < 0.03 and res["p99_abs_delta_nat"] < 0.15, res
 
 
+def test_tensor_core_decode_tracks_fp32_reference(model):
+    """Decode graphs on FlashInfer's tensor-core decode (ModelRunnerConfig.tensor_core_decode_from) track the
+    fp32 reference as the CUDA-core kernel does."""
+    eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), tensor_core_decode_from=2))
+    assert eng.runner.graphs.tensor_core_buckets == (2, 4, 8)
+    res = logprob_parity(model[2], eng, steps=12)
+    assert res["mean_abs_delta_nat"] < 0.03 and res["p99_abs_delta_nat"] < 0.15, res
+
+
 def reqs(ras_window: int) -> list[GenerationRequest]:
     return [GenerationRequest(text="Hello world. " * (1 + 3 * i), max_frames=60,
                               sampling=SamplingParams(temperature=0.0, seed=10 + i, ras_window=ras_window))
