@@ -160,8 +160,10 @@ class ModelRunnerConfig:
     # decode graphs of at least this many rows over bf16/fp16 K/V pages run FlashInfer's tensor-core decode (None:
     # never). H100, v2's heads, 300 tokens (scripts/bench_attention.py): 130 vs 145 us per layer at 256 rows, 43 vs
     # 39 at 64; over fp8 pages slower at every batch (152 vs 120 at 256). Whole v2 decode step (bench_quant, same
-    # call): 256 rows 8.04 vs 8.39 ms replayed, but 192 rows 6.97 vs 6.39 and 128 rows 5.59 vs 5.25: the 256 bucket only
-    tensor_core_decode_from: int | None = 256
+    # call): 256 rows 8.04 vs 8.39 ms replayed, but 192 rows 6.97 vs 6.39 and 128 rows 5.59 vs 5.25. Off by default:
+    # FlashInfer compiles the tensor-core kernel at start-up on a machine without its JIT cache (a v2 server took 72 s
+    # to be ready with it at 256, 36 s without, H100s), for 4 % of a step in the largest bucket only; 256 to use it
+    tensor_core_decode_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
