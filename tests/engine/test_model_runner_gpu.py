@@ -98,6 +98,21 @@ def test_graphs_equal_eager(model, ras_window):
     assert np.array_equal(s[0], run(one_eager, sampled)[0])
 
 
+def test_steps_make_no_synchronizing_call(model):
+    """Whole requests (admission, packed prefill, decode graphs, ends, releases) under torch's sync debug mode:
+    no call makes the host wait for the device except the engine's own event waits, which the mode does not
+    flag (a release once copied a host scalar into a 0-dim view and waited for every step in flight)."""
+    eng = engine(model)
+    run(eng, reqs(0))  # warm-up: compilation, allocator
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        frames = run(eng, reqs(3))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(frames) == 4 and not eng.has_work() and eng.cache.allocator.num_used == 0  # every stream ended, released
+
+
 def test_synchronous_steps_give_the_pipelined_codes(model):
     """Engine.step(sync=True) on the graphed CUDA path (the server's relaxed mode), alternating with
     pipelined steps: each sync call leaves nothing in flight, and every stream's frames equal those of
