@@ -163,7 +163,7 @@ class GraphDecodeAttention:
         """`tensor_cores`: FlashInfer's tensor-core decode (its prefill kernel with every qo_len 1) instead of
         its CUDA-core decode kernel."""
         fi = flashinfer_module()
-        self.batch_size, self.max_pages, self.tensor_cores = batch_size, max_pages, tensor_cores
+        self.batch_size, self.max_pages = batch_size, max_pages
         check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.page_size, self.dtype, self.kv_dtype = page_size, dtype, kv_dtype or dtype

@@ -19,6 +19,7 @@ import torch
 
 from higgs_stream.bench.decode import copy_bandwidth
 from higgs_stream.bench.measure import device_seconds, log
+from higgs_stream.engine.graph_capture import capture_buckets
 from higgs_stream.kernels.flashinfer_attention import WORKSPACE_BYTES, GraphDecodeAttention, HostCSR
 
 FP8 = torch.float8_e4m3fn
@@ -42,24 +43,15 @@ def one(batch: int, context: int, kv_dtype: torch.dtype, tc: bool, kv: list[tupl
     attn = GraphDecodeAttention(batch, batch * per + batch, args.q_heads, args.kv_heads, args.head_dim, ps,
                                 torch.device("cuda"), workspace, torch.bfloat16, kv_dtype, tensor_cores=tc)
     attn.plan(csr)
-    outs = [attn.run(q, k, v) for k, v in kv]  # warm-up (JIT compile on first use)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for k, v in kv:
-            attn.run(q, k, v)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        for k, v in kv:
-            attn.run(q, k, v)
+    # the engine's capture helper: two warm-up runs on a side stream (FlashInfer's JIT compile), then the graph
+    graphs, outputs = capture_buckets((batch,), lambda b: None, lambda b: [attn.run(q, k, v) for k, v in kv])
+    graph = graphs[batch]
     graph.replay()
     torch.cuda.synchronize()
     seconds = device_seconds(graph.replay, 10)
-    del graph
-    return seconds, outs[0].float()
+    out = outputs[batch][0].float()  # layer 0's output of the last replay
+    del graph, graphs
+    return seconds, out
 
 
 def main() -> None:
