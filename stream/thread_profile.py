@@ -10,6 +10,7 @@ watches. The sampler costs one stack walk per thread per sample (tens of microse
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -23,8 +24,10 @@ DEFAULT_INTERVAL_S = 0.002
 TOP = 60  # functions kept per thread and kind in the written profile
 
 
+@functools.lru_cache(maxsize=4096)
 def frame_key(code) -> str:
-    """'function (folder/file.py:first line)' of a code object."""
+    """'function (folder/file.py:first line)' of a code object (cached: the sampler names the same few
+    hundred code objects at every sample, holding the GIL while it does)."""
     return f"{code.co_name} ({'/'.join(code.co_filename.rsplit('/', 2)[-2:])}:{code.co_firstlineno})"
 
 
