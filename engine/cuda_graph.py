@@ -58,12 +58,23 @@ def decode_step(fast: FastTalker, state: DeviceStreamState, attn: Any, k_pool: t
     return state.sample_and_advance(logits, slots, valid.bool(), hidden), logits
 
 
+def decode_kernel(rows: int, kv_bytes: int, tensor_core_from: int | None, triton_from: int | None) -> str:
+    """The decode attention kernel of a graph of `rows` rows over K/V pages of `kv_bytes` per element."""
+    if triton_from is not None and rows >= triton_from:
+        return "triton"
+    if tensor_core_from is not None and rows >= tensor_core_from and kv_bytes == 2:
+        return "tensor_cores"
+    return "cuda_cores"
+
+
 class DecodeGraphs:
     def __init__(self, fast: FastTalker, state: DeviceStreamState, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  scratch_page: int, page_size: int, max_pages: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 enabled: bool = True, workspace_bytes: int = 256 << 20, tensor_core_from: int | None = None) -> None:
+                 enabled: bool = True, workspace_bytes: int = 256 << 20, tensor_core_from: int | None = None,
+                 triton_from: int | None = None) -> None:
         """`tensor_core_from`: buckets of at least this many rows over 16-bit K/V pages attend with FlashInfer's
-        tensor-core decode (ModelRunnerConfig.tensor_core_decode_from)."""
+        tensor-core decode (ModelRunnerConfig.tensor_core_decode_from); `triton_from`: buckets of at least this
+        many rows with our Triton decode kernel (ModelRunnerConfig.triton_decode_from; it wins over the former)."""
         self.fast, self.state, self.k_pool, self.v_pool = fast, state, k_pool, v_pool
         self.buckets = tuple(sorted(set(buckets)))
         assert self.buckets[0] >= 1, "buckets must be positive"
@@ -77,11 +88,9 @@ class DecodeGraphs:
         self._staging = torch.zeros((5, self.max_batch), dtype=torch.long).pin_memory()
         self._out_rows = torch.arange(self.max_batch, device=dev)
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
-        self.tensor_core_buckets = tuple(b for b in self.buckets if tensor_core_from is not None and b >= tensor_core_from
-                                         and k_pool.element_size() == 2)
+        self.kernels = {b: decode_kernel(b, k_pool.element_size(), tensor_core_from, triton_from) for b in self.buckets}
         self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype,
-                                              kv_dtype=k_pool.dtype, tensor_cores=b in self.tensor_core_buckets)
-                      for b in self.buckets}
+                                              kv_dtype=k_pool.dtype, kernel=self.kernels[b]) for b in self.buckets}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (packed, logits)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None

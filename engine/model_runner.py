@@ -164,6 +164,11 @@ class ModelRunnerConfig:
     # FlashInfer compiles the tensor-core kernel at start-up on a machine without its JIT cache (a v2 server took 72 s
     # to be ready with it at 256, 36 s without, H100s), for 4 % of a step in the largest bucket only; 256 to use it
     tensor_core_decode_from: int | None = None
+    # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never;
+    # wins over tensor_core_decode_from). H100, v2's heads, per layer at 64 / 256 rows and 300 tokens: bf16 pages
+    # 31 / 112 us vs FlashInfer's 39 / 145, e4m3 pages 26 / 88 vs 45 / 115 (1,000 tokens: 92 / 352 vs 101 / 467, 75 /
+    # 265 vs 124 / 363); below 64 rows it loses at long contexts (one program per sequence and K/V head, no split)
+    triton_decode_from: int | None = 64
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -178,8 +183,9 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
-        if self.tensor_core_decode_from is not None and self.tensor_core_decode_from < 1:
-            raise ConfigError(f"tensor_core_decode_from must be >= 1 or None, got {self.tensor_core_decode_from}")
+        for name in ("tensor_core_decode_from", "triton_decode_from"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
 
 
 @dataclass
@@ -234,7 +240,8 @@ class ModelRunner:
             max_pages = max_batch * -(-max_seq_len // alloc.page_size) + 1
             self.graphs = DecodeGraphs(self.fast, self.state, cache.pool.k, cache.pool.v, self.scratch_page,
                                        alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets,
-                                       tensor_core_from=self.config.tensor_core_decode_from)
+                                       tensor_core_from=self.config.tensor_core_decode_from,
+                                       triton_from=self.config.triton_decode_from)
             with torch.no_grad():
                 self.graphs.capture()
         self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends

@@ -186,10 +186,11 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=FP8 if kv else talker.dtype,
                            device=talker.audio_head_weight.device)
     t0 = time.perf_counter()
-    tc = None if args.tensor_core_decode_from in (None, "none") else int(args.tensor_core_decode_from)
+    tc, tr = (None if v in (None, "none") else int(v) for v in (args.tensor_core_decode_from, args.triton_decode_from))
     engine = Engine(talker, cfg, tok, cache, config,
-                    ModelRunnerConfig(tensor_core_decode_from=tc) if gpu else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
-    out["tensor_core_decode_from"] = tc
+                    ModelRunnerConfig(tensor_core_decode_from=tc, triton_decode_from=tr) if gpu
+                    else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
+    out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                     "and kernel group (e.g. 1,256; empty: none)")
     ap.add_argument("--tensor-core-decode-from", default=str(ModelRunnerConfig.tensor_core_decode_from).lower(),
                     help="decode graphs of at least this many rows use FlashInfer's tensor-core decode ('none': never)")
+    ap.add_argument("--triton-decode-from", default=str(ModelRunnerConfig.triton_decode_from).lower(),
+                    help="decode graphs of at least this many rows use our Triton decode kernel ('none': never)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,

@@ -27,6 +27,7 @@ import torch
 
 from higgs_stream.kernels._triton import KernelUnavailableError, require_cuda
 from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref
+from higgs_stream.kernels.paged_decode import paged_decode
 
 WORKSPACE_BYTES = 256 << 20
 
@@ -149,41 +150,59 @@ class FlashInferAttention:
         return self._active.run(q, (k_cache, v_cache))
 
 
+DECODE_KERNELS = ("cuda_cores", "tensor_cores", "triton")
+
+
 class GraphDecodeAttention:
-    """FlashInfer decode for one fixed (padded) batch size, capturable in a CUDA graph.
+    """Decode attention for one fixed (padded) batch size, capturable in a CUDA graph.
 
     Index buffers are allocated once for `max_pages` page indices; `plan()` (host, before each
-    replay) copies the step's CSR into them and refreshes FlashInfer's split schedule.
+    replay) copies the step's CSR into them and, for FlashInfer's kernels, refreshes their split schedule.
+    `kernel`: FlashInfer's CUDA-core decode ("cuda_cores"), its tensor-core decode (its prefill kernel
+    with every qo_len 1, "tensor_cores"), or our Triton kernel (`kernels.paged_decode`, "triton": no
+    host planning, one upload of the whole CSR; `triton_params`: keyword arguments of `paged_decode`, e.g. its
+    block_n / num_warps / num_stages, for benchmarks; default its own).
     """
 
     def __init__(self, batch_size: int, max_pages: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, device: torch.device, workspace: torch.Tensor,
                  dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None,
-                 tensor_cores: bool = False) -> None:
-        """`tensor_cores`: FlashInfer's tensor-core decode (its prefill kernel with every qo_len 1) instead of
-        its CUDA-core decode kernel."""
-        fi = flashinfer_module()
-        self.batch_size, self.max_pages = batch_size, max_pages
+                 kernel: str = "cuda_cores", triton_params: dict | None = None) -> None:
+        if kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
+        self.batch_size, self.max_pages, self.kernel = batch_size, max_pages, kernel
+        self.triton_params = dict(triton_params or {})
         check_head_dim(head_dim)
         self.heads = (num_q_heads, num_kv_heads, head_dim)
         self.page_size, self.dtype, self.kv_dtype = page_size, dtype, kv_dtype or dtype
-        self._indptr = torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
-        self._indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
-        self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices, uploaded
-        self._last = torch.ones(batch_size, dtype=torch.int32, device=device)
-        self._wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=self._indptr,
-            paged_kv_indices_buffer=self._indices, paged_kv_last_page_len_buffer=self._last)
+        # one buffer: indptr [B+1] | last page lengths [B] | page indices [max_pages] (the Triton kernel's CSR
+        # arrives in one copy); FlashInfer's wrapper gets the three views
+        self._csr = torch.zeros(2 * batch_size + 1 + max_pages, dtype=torch.int32, device=device)
+        self._indptr = self._csr[: batch_size + 1]
+        self._last = self._csr[batch_size + 1: 2 * batch_size + 1]
+        self._indices = self._csr[2 * batch_size + 1:]
+        self._last.fill_(1)
+        self._wrapper = None
+        if kernel != "triton":
+            self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices
+            self._wrapper = flashinfer_module().BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=True, use_tensor_cores=kernel == "tensor_cores",
+                paged_kv_indptr_buffer=self._indptr, paged_kv_indices_buffer=self._indices,
+                paged_kv_last_page_len_buffer=self._last)
 
     def plan(self, csr: HostCSR) -> None:
         if csr.batch_size != self.batch_size:
             raise ValueError(f"graph decode attention is fixed at batch {self.batch_size}, got {csr.batch_size}")
         if csr.kv_indices.shape[0] > self.max_pages:
             raise ValueError(f"{csr.kv_indices.shape[0]} pages exceed the graph buffer of {self.max_pages}")
+        n = csr.kv_indices.shape[0]
+        if self._wrapper is None:  # the Triton kernel reads the CSR from the device: one async upload, no plan
+            host = torch.cat((csr.kv_indptr, csr.kv_last_page_len, csr.kv_indices)).pin_memory()
+            self._csr[: host.shape[0]].copy_(host, non_blocking=True)
+            return
         hq, hkv, d = self.heads
         # FlashInfer copies host indices synchronously (the host would wait for the previous replay); upload
         # them asynchronously from pinned memory and hand it a device tensor (a device-to-device copy in order)
-        n = csr.kv_indices.shape[0]
         indices = self._indices_in[:n]
         indices.copy_(csr.kv_indices.pin_memory(), non_blocking=True)
         self._wrapper.plan(csr.kv_indptr, indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
@@ -191,4 +210,7 @@ class GraphDecodeAttention:
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"
+        if self._wrapper is None:
+            return paged_decode(q, k_cache, v_cache, self._indptr, self._indices, self._last, self.heads[2] ** -0.5,
+                                **self.triton_params)
         return self._wrapper.run(q, (k_cache, v_cache))

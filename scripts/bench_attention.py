@@ -1,13 +1,14 @@
-"""Device script (one GPU): FlashInfer's paged decode attention as the engine's CUDA graphs run it
-(`GraphDecodeAttention`), CUDA-core decode kernel vs tensor-core decode (`use_tensor_cores`), bf16 and
-fp8 (e4m3) K/V pages, at several batch sizes; v2's shapes by default (24 query heads, 8 K/V heads, head
-128, pages of 16, 28 layers, 300 tokens of context per sequence).
+"""Device script (one GPU): paged decode attention as the engine's CUDA graphs run it (`GraphDecodeAttention`):
+FlashInfer's CUDA-core decode kernel, its tensor-core decode (`use_tensor_cores`) and our Triton kernel
+(kernels/paged_decode.py) at each (block_n, warps, stages) of `--triton`, over bf16 and fp8 (e4m3) K/V pages, at
+several batch sizes and contexts; v2's shapes by default (24 query heads, 8 K/V heads, head 128, pages of 16, 28
+layers).
 
-    python scripts/bench_attention.py [--batches 1,64,256] [--context 300] [--out attn.json]
+    python scripts/bench_attention.py [--batches 1,64,256] [--contexts 300] [--triton 64x4x2,...] [--out attn.json]
 
 Each timing is one CUDA graph of `layers` calls, one per layer's own K/V pool (as a decode step reads
 them: from HBM, not L2), replayed; the floor is the K/V bytes read at the copy bandwidth measured in the
-same run. Each tensor-core output is compared with the CUDA-core one on the same pages (max |d| relative
+same run. Each other kernel's output is compared with the CUDA-core one on the same pages (max |d| relative
 to the output's peak)."""
 
 from __future__ import annotations
@@ -34,16 +35,24 @@ def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dty
     return out
 
 
-def one(batch: int, context: int, kv_dtype: torch.dtype, tc: bool, kv: list[tuple], q: torch.Tensor,
-        args, workspace: torch.Tensor) -> tuple[float, torch.Tensor]:
+def triton_params(spec: str) -> dict:
+    """'64x4x1' -> paged_decode's block_n, num_warps, num_stages; a trailing 'b' ('64x4x1b'): bf16 operands over
+    e4m3 pages instead of fp16."""
+    block_n, warps, stages = (int(x) for x in spec.rstrip("b").split("x"))
+    return {"block_n": block_n, "num_warps": warps, "num_stages": stages, "fp8_as_fp16": not spec.endswith("b")}
+
+
+def one(batch: int, context: int, kv_dtype: torch.dtype, kernel: str, params: str | None,
+        kv: list[tuple], q: torch.Tensor, args, workspace: torch.Tensor) -> tuple[float, torch.Tensor]:
     ps = args.page_size
     per = -(-context // ps)
     tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]  # disjoint pages per sequence
     csr = HostCSR.build(tables, [context] * batch, [1] * batch, ps)
+    extra = {"triton_params": triton_params(params)} if params else {}
     attn = GraphDecodeAttention(batch, batch * per + batch, args.q_heads, args.kv_heads, args.head_dim, ps,
-                                torch.device("cuda"), workspace, torch.bfloat16, kv_dtype, tensor_cores=tc)
+                                torch.device("cuda"), workspace, torch.bfloat16, kv_dtype, kernel=kernel, **extra)
     attn.plan(csr)
-    # the engine's capture helper: two warm-up runs on a side stream (FlashInfer's JIT compile), then the graph
+    # the engine's capture helper: two warm-up runs on a side stream (JIT compiles), then the graph
     graphs, outputs = capture_buckets((batch,), lambda b: None, lambda b: [attn.run(q, k, v) for k, v in kv])
     graph = graphs[batch]
     graph.replay()
@@ -57,7 +66,8 @@ def one(batch: int, context: int, kv_dtype: torch.dtype, tc: bool, kv: list[tupl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,64,256")
-    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--contexts", default="300")
+    ap.add_argument("--triton", default="64x4x2", help="the Triton kernel's block_n x warps x stages (+ 'b': bf16 operands over fp8 pages), comma-separated")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--q-heads", type=int, default=24)
     ap.add_argument("--kv-heads", type=int, default=8)
@@ -68,34 +78,39 @@ def main() -> None:
     torch.manual_seed(0)
     bw = copy_bandwidth()
     batches = [int(b) for b in args.batches.split(",")]
-    per = -(-args.context // args.page_size)
-    pages = max(batches) * per + max(batches)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    triton = [t for t in args.triton.split(",") if t]
+    kernels = [("cuda_cores", None), ("tensor_cores", None)] + [("triton", t) for t in triton]
+    pages = max(b * -(-c // args.page_size) + b for b in batches for c in contexts)
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     rows = []
     for kv_name, kv_dtype in (("bf16", torch.bfloat16), ("fp8", FP8)):
         kv = pools(args.layers, pages, args.page_size, args.kv_heads, args.head_dim, kv_dtype)
         esize = torch.empty((), dtype=kv_dtype).element_size()
-        for b in batches:
-            q = torch.randn(b, args.q_heads, args.head_dim, device="cuda").bfloat16()
-            kv_bytes = args.layers * 2 * b * args.context * args.kv_heads * args.head_dim * esize
-            ref = None
-            for tc in (False, True):
-                row = {"kv": kv_name, "batch": b, "context": args.context, "tensor_cores": tc,
-                       "floor_us_per_layer": kv_bytes / bw / args.layers * 1e6}
-                try:
-                    s, out = one(b, args.context, kv_dtype, tc, kv, q, args, workspace)
-                    row["us_per_layer"] = s / args.layers * 1e6
-                    row["bandwidth_share"] = row["floor_us_per_layer"] / row["us_per_layer"]
-                    if ref is None:
-                        ref = out
-                    else:
-                        row["max_rel_diff_vs_cuda_cores"] = float((out - ref).abs().max() / ref.abs().max())
-                except Exception as exc:  # a combination FlashInfer does not build: say so, go on
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                rows.append(row)
-                log(f"attn kv={kv_name} b={b} tc={tc}: " + ", ".join(
-                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                    if k not in ("kv", "batch", "tensor_cores", "context")))
+        for context in contexts:
+            for b in batches:
+                if b * -(-context // args.page_size) + b > pages:
+                    continue
+                q = torch.randn(b, args.q_heads, args.head_dim, device="cuda").bfloat16()
+                kv_bytes = args.layers * 2 * b * context * args.kv_heads * args.head_dim * esize
+                ref = None
+                for kernel, params in kernels:
+                    row = {"kv": kv_name, "batch": b, "context": context, "kernel": kernel, "params": params,
+                           "floor_us_per_layer": kv_bytes / bw / args.layers * 1e6}
+                    try:
+                        s, out = one(b, context, kv_dtype, kernel, params, kv, q, args, workspace)
+                        row["us_per_layer"] = s / args.layers * 1e6
+                        row["bandwidth_share"] = row["floor_us_per_layer"] / row["us_per_layer"]
+                        if ref is None:
+                            ref = out
+                        else:
+                            row["max_rel_diff_vs_cuda_cores"] = float((out - ref).abs().max() / ref.abs().max())
+                    except Exception as exc:  # a combination a library does not build: say so, go on
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    rows.append(row)
+                    log(f"attn kv={kv_name} ctx={context} b={b} {kernel}{params or ''}: " + ", ".join(
+                        f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                        if k not in ("kv", "batch", "kernel", "context", "params")))
         del kv
         torch.cuda.empty_cache()
     result = {"card": torch.cuda.get_device_name(), "copy_bandwidth_gbs": bw / 1e9, "shapes": vars(args), "rows": rows}

@@ -137,7 +137,7 @@ def profile_decode(engine: Engine, batch: int, context: int = 300, top: int = 12
 
 
 KERNEL_GROUPS = (  # (group, substrings of a kernel's name, lower case), first match wins
-    ("attention", ("flashinfer", "batchdecode", "batchprefill", "attention", "flash_fwd", "sdpa")),
+    ("attention", ("flashinfer", "batchdecode", "batchprefill", "attention", "flash_fwd", "sdpa", "paged_decode")),
     ("rope/kv store", ("rope", "kv_store", "append_paged")),
     ("norm", ("norm",)),
     ("act quant", ("quantize_per_token",)),

@@ -252,3 +252,14 @@ def test_chunk_attention_with_prompts_packed_is_block_diagonal():
     for lo, hi in ((0, 3), (3, 5), (5, 8)):  # each prompt alone: plain causal attention
         want = ChunkAttention(slots[lo:hi], hq, hkv, d).run(q[lo:hi], pool_k, pool_v)
         torch.testing.assert_close(got[lo:hi], want, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_kernel_per_bucket():
+    """Which attention kernel a decode graph of n rows runs: Triton from its threshold (over any pages), else
+    FlashInfer's tensor cores from theirs (16-bit pages only: over fp8 they were slower), else its CUDA cores."""
+    from higgs_stream.engine.cuda_graph import decode_kernel
+    assert [decode_kernel(n, 2, None, None) for n in (1, 256)] == ["cuda_cores"] * 2
+    assert [decode_kernel(n, 2, 128, None) for n in (64, 128, 256)] == ["cuda_cores", "tensor_cores", "tensor_cores"]
+    assert decode_kernel(256, 1, 128, None) == "cuda_cores"  # fp8 pages: no tensor-core decode
+    assert [decode_kernel(n, 1, 64, 192) for n in (16, 128, 192)] == ["cuda_cores", "cuda_cores", "triton"]
+    assert [decode_kernel(n, 2, 64, 192) for n in (16, 128, 192)] == ["cuda_cores", "tensor_cores", "triton"]

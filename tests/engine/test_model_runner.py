@@ -137,6 +137,8 @@ def test_config_and_input_errors(tiny_ckpt):
         ModelRunnerConfig(kernels="ref", cuda_graphs=True)
     with pytest.raises(ConfigError, match="tensor_core_decode_from"):
         ModelRunnerConfig(tensor_core_decode_from=0)
+    with pytest.raises(ConfigError, match="triton_decode_from"):
+        ModelRunnerConfig(triton_decode_from=0)
     assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):

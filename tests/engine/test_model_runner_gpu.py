@@ -48,11 +48,14 @@ def test_bf16_fast_path_tracks_fp32_reference(model):
     assert res["mean_abs_delta_nat"] < 0.03 and res["p99_abs_delta_nat"] < 0.15, res
 
 
-def test_tensor_core_decode_tracks_fp32_reference(model):
-    """Decode graphs on FlashInfer's tensor-core decode (ModelRunnerConfig.tensor_core_decode_from) track the
-    fp32 reference as the CUDA-core kernel does."""
-    eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), tensor_core_decode_from=2))
-    assert eng.runner.graphs.tensor_core_buckets == (2, 4, 8)
+@pytest.mark.parametrize("kernel", ["tensor_cores", "triton"])
+def test_other_decode_kernels_track_fp32_reference(model, kernel):
+    """Decode graphs on FlashInfer's tensor-core decode (ModelRunnerConfig.tensor_core_decode_from) or our Triton
+    kernel (triton_decode_from) track the fp32 reference as the CUDA-core kernel does (from 1 row: the
+    harness decodes one stream, bucket 1)."""
+    opt = {"tensor_cores": {"tensor_core_decode_from": 1}, "triton": {"triton_decode_from": 1}}[kernel]
+    eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), **opt))
+    assert set(eng.runner.graphs.kernels.values()) == {kernel}
     res = logprob_parity(model[2], eng, steps=12)
     assert res["mean_abs_delta_nat"] < 0.03 and res["p99_abs_delta_nat"] < 0.15, res
 
@@ -103,6 +106,7 @@ def test_steps_make_no_synchronizing_call(model):
     no call makes the host wait for the device except the engine's own event waits, which the mode does not
     flag (a release once copied a host scalar into a 0-dim view and waited for every step in flight)."""
     eng = engine(model)
+    idle_pages = eng.cache.allocator.num_used  # the runner's scratch page
     run(eng, reqs(0))  # warm-up: compilation, allocator
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -110,7 +114,8 @@ def test_steps_make_no_synchronizing_call(model):
         frames = run(eng, reqs(3))
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(frames) == 4 and not eng.has_work() and eng.cache.allocator.num_used == 0  # every stream ended, released
+    assert len(frames) == 4 and all(f.shape[1] > 0 for f in frames) and not eng.has_work()
+    assert eng.cache.allocator.num_used == idle_pages == 1  # every stream ended and released its pages
 
 
 def test_synchronous_steps_give_the_pipelined_codes(model):

@@ -42,13 +42,14 @@ def test_matches_ref(decode):
     assert rel(attn.run(q, k, v), want) < 1e-2
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True])
-def test_graph_decode_replay_matches_ref(tensor_cores):
-    """Both of FlashInfer's decode kernels (CUDA cores; tensor cores: its prefill kernel at qo_len 1)."""
+@pytest.mark.parametrize("kernel", ["cuda_cores", "tensor_cores", "triton"])
+def test_graph_decode_replay_matches_ref(kernel):
+    """Both of FlashInfer's decode kernels (CUDA cores; tensor cores: its prefill kernel at qo_len 1) and our
+    Triton kernel, each captured once and replayed over a new plan."""
     kv_lens = [40, 7, 250]
     q, k, v, layout = setup(kv_lens, [1, 1, 1], seed=3)
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    attn = GraphDecodeAttention(4, 64, HQ, HKV, D, PS, torch.device("cuda"), ws, tensor_cores=tensor_cores)
+    attn = GraphDecodeAttention(4, 64, HQ, HKV, D, PS, torch.device("cuda"), ws, kernel=kernel)
     q4 = torch.cat([q, torch.zeros(1, HQ, D, dtype=q.dtype, device="cuda")])
     pad = layout.page_tables + [[0]]
     attn.plan(HostCSR.build(pad, kv_lens + [1], [1] * 4, PS))

@@ -1,0 +1,146 @@
+"""Paged decode attention (one new query token per sequence) as one Triton kernel, for 16-bit and fp8 pages.
+
+For sequence b and K/V head h, the GROUP = Hq / Hkv query heads that share h attend to the kv_len(b)
+cached tokens of b (every token: the new one is the last, already stored):
+
+    out[b, h*G + g] = softmax(q[b, h*G + g] . K[b, :, h]^T * sm_scale) @ V[b, :, h]
+
+Pools are [P, page_size, Hkv, D] (NHD, as `attention.paged_attention_ref` and FlashInfer read them);
+the layout is FlashInfer's CSR on the device: kv_indptr [B+1], kv_indices [sum pages],
+kv_last_page_len [B] (so kv_len(b) = (pages(b) - 1) * page_size + last(b)). Nothing is planned on the
+host: the kernel reads the layout from device memory, so a CUDA graph replays it with new tables.
+
+Why a kernel of our own: FlashInfer 0.5.3's decode over e4m3 pages reads them at 44 % of the H100's
+copy bandwidth at 256 rows (docs/PERF.md, session 12): half the bytes of bf16 pages gave a fifth less
+time. Here one program owns (sequence, K/V head): it loads its group's queries once, then walks the
+sequence's pages BLOCK_N tokens at a time (one gather of page ids, one gather of K and of V rows, each
+row D contiguous elements), widens K and V to the queries' dtype in registers (fp16 over e4m3 pages:
+`fp8_as_fp16`), and keeps an online softmax in fp32 (scores and the running max/sum in fp32,
+probabilities rounded to that dtype for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dot.
+
+`paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
+No split over the sequence: one program per (sequence, head), so small batches with long contexts
+leave SMs idle; the engine uses it from a batch size up (ModelRunnerConfig.triton_decode_from).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from higgs_stream.kernels._triton import require_cuda, triton_modules
+
+LOG2E = 1.4426950408889634
+# (block_n, warps, stages): the fastest on an H100 at 64-256 rows over both page types (scripts/bench_attention.py,
+# v2's heads, 300 and 1,000 tokens; docs/PERF.md session 13)
+TRITON_DECODE_PARAMS = (64, 4, 1)
+
+
+def kv_lens_of(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+    return (kv_indptr[1:] - kv_indptr[:-1] - 1).long() * page_size + kv_last_page_len.long()
+
+
+def paged_decode_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
+                     kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """q [B, Hq, D], pools [P, page, Hkv, D] -> [B, Hq, D] in q's dtype (math in >= fp32)."""
+    _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
+    b, hq, d = q.shape
+    page, hkv = k_pool.shape[1], k_pool.shape[2]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    out = torch.empty_like(q)
+    lens = kv_lens_of(kv_indptr, kv_last_page_len, page).tolist()
+    ptr = kv_indptr.tolist()
+    for i in range(b):
+        pages = kv_indices[ptr[i]:ptr[i + 1]].long()
+        k = k_pool[pages].reshape(-1, hkv, d)[: lens[i]].to(acc).repeat_interleave(hq // hkv, dim=1)  # [T, Hq, D]
+        v = v_pool[pages].reshape(-1, hkv, d)[: lens[i]].to(acc).repeat_interleave(hq // hkv, dim=1)
+        probs = (torch.einsum("hd,thd->ht", q[i].to(acc), k) * sm_scale).softmax(dim=-1)
+        out[i] = torch.einsum("ht,thd->hd", probs, v).to(q.dtype)
+    return out
+
+
+def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
+                 kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
+                 out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
+                 num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
+                 fp8_as_fp16: bool = True) -> torch.Tensor:
+    """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
+    `block_n` tokens per iteration (a multiple of the page size, >= 16). `fp8_as_fp16`: over e4m3 pages with
+    bf16 queries, multiply in fp16 (queries clamped to +-65504; K/V widen exactly, probabilities keep 3 more
+    bits than in bf16) instead of bf16. CUDA-graph safe."""
+    _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
+    require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
+    return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
+                  num_stages, fp8_as_fp16)
+
+
+def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
+           block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
+           fp8_as_fp16=True):
+    """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
+    b, hq, d = q.shape
+    page, hkv = k_pool.shape[1], k_pool.shape[2]
+    assert block_n % page == 0 and block_n >= 16, f"block_n {block_n} must be a multiple of the page ({page}), >= 16"
+    assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
+    group = hq // hkv
+    fp16 = fp8_as_fp16 and k_pool.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+    out = torch.empty_like(q) if out is None else out
+    if b:
+        _kernel()[(b, hkv)](q, k_pool, v_pool, out, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E,
+                            HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page,
+                            BLOCK_N=block_n, FP16=fp16, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len) -> None:
+    assert q.dim() == 3 and k_pool.dim() == 4, f"q [B, Hq, D], pools [P, page, Hkv, D]; got {q.shape}, {k_pool.shape}"
+    assert k_pool.shape == v_pool.shape and k_pool.shape[3] == q.shape[2], f"pools {k_pool.shape} vs q {q.shape}"
+    assert q.shape[1] % k_pool.shape[2] == 0, f"{q.shape[1]} query heads over {k_pool.shape[2]} K/V heads"
+    assert kv_indptr.shape == (q.shape[0] + 1,) and kv_last_page_len.shape == (q.shape[0],), "CSR of B sequences"
+
+
+@functools.cache
+def _kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, indptr_ptr, indices_ptr, last_ptr, scale_log2,
+                            HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, FP16: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        first = tl.load(indptr_ptr + b)
+        num_pages = tl.load(indptr_ptr + b + 1) - first
+        kv_len = (num_pages - 1) * PAGE + tl.load(last_ptr + b)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, D)
+        n = tl.arange(0, BLOCK_N)
+        heads = h * GROUP + g
+        q_rows = b.to(tl.int64) * (HKV * GROUP * D) + heads[:, None] * D + d[None, :]
+        q = tl.load(q_ptr + q_rows, mask=g[:, None] < GROUP, other=0.0)  # [GROUP_PAD, D]
+        if FP16:  # e4m3 pages: fp16 operands (one conversion instruction per two e4m3 values; bf16 takes more)
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+        acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+        for start in range(0, kv_len, BLOCK_N):
+            tok = start + n
+            live = tok < kv_len
+            page = tl.load(indices_ptr + first + tok // PAGE, mask=live, other=0)
+            rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
+            kv_off = rows[:, None] + d[None, :]
+            k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
+            s = tl.where(live[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+
+    return paged_decode_kernel

@@ -1,0 +1,71 @@
+"""The Triton paged decode attention (kernels/paged_decode.py) run by Triton's interpreter on the CPU in fp32:
+equal to its plain-torch definition, which equals the ragged reference `paged_attention_ref` at qo_len 1, on
+fragmented page tables with partly filled last pages, GQA groups of 1, 2 and 3, and blocks of one to four pages
+(16-bit and e4m3 pages on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from higgs_stream.kernels import paged_decode as pd
+from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref
+
+SCRIPT = r"""
+import json, torch
+import triton.runtime.interpreter as ti
+# Triton 3.6's interpreter holds scalars as 1-element arrays, and NumPy >= 2.3 refuses int() of one: a loop
+# bounded by a loaded value (the sequence length) fails there, not on the GPU. Read the element instead.
+_patch = ti._patch_lang_tensor
+def _index_from_one_element(tensor, scope):
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+ti._patch_lang_tensor = _index_from_one_element
+from higgs_stream.kernels import paged_decode as pd
+from higgs_stream.kernels.attention import PagedLayout
+g = torch.Generator().manual_seed(0)
+out = []
+for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64)):
+    k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
+    lens = [1, page, page + 1, 3 * page + 2, 7 * page]
+    perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
+    for n in lens:
+        tables.append(perm[at:at + -(-n // page)])
+        at += len(tables[-1])
+    lay = PagedLayout.build(tables, lens, [1] * len(lens), page)
+    q = torch.randn(len(lens), hq, d, generator=g) * 2
+    csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
+    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n)
+    want = pd.paged_decode_ref(q, k, v, *csr, d ** -0.5)
+    out.append([(got - want).abs().max().item(), want.abs().max().item()])
+print(json.dumps(out))
+"""
+
+
+def test_kernel_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for err, peak in json.loads(run.stdout.strip().splitlines()[-1]):
+        assert err < 1e-5 * max(peak, 1.0) and peak > 0.5, (err, peak)  # fp32 rounding of O(1) outputs
+
+
+def test_definition_equals_the_ragged_reference():
+    """`paged_decode_ref` is `paged_attention_ref` with every qo_len 1 (fp32, GQA group 3, fragmented pages)."""
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(30, 8, 2, 16, generator=g), torch.randn(30, 8, 2, 16, generator=g)
+    lens = [3, 8, 9, 40]
+    perm = torch.randperm(30, generator=g).tolist()
+    tables = [perm[0:1], perm[1:2], perm[2:4], perm[4:9]]
+    lay = PagedLayout.build(tables, lens, [1] * 4, 8)
+    q = torch.randn(4, 6, 16, generator=g)
+    got = pd.paged_decode_ref(q, k, v, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, 0.25)
+    want = paged_attention_ref(q, k, v, lay, 0.25)
+    assert (got - want).abs().max().item() < 1e-6
+    assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
