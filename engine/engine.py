@@ -27,8 +27,9 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -406,10 +407,10 @@ def _distinct(seqs: Iterable[Sequence]) -> list[Sequence]:
 
 def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 config: EngineConfig | None = None, cuda_graphs: bool = True, kernels: str = "fast",
-                quantize: str = "none", prefill_pack: int = ModelRunnerConfig.prefill_pack) -> Engine:
+                quantize: str = "none", runner_options: Mapping[str, Any] | None = None) -> Engine:
     """The engine `serve` and `synth` run: on CUDA the fast path (`ModelRunner`: Triton + FlashInfer
-    kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`, up to `prefill_pack`
-    prompts' first chunks per prefill replay), bf16 unless
+    kernels, decode steps replayed from CUDA graphs unless `cuda_graphs=False`; `runner_options`: the other
+    fields of its ModelRunnerConfig, e.g. prefill_pack), bf16 unless
     `dtype` says otherwise; elsewhere the plain-torch `RefRunner` in fp32 (or `dtype`). `quantize`
     (none | int8 | fp8, engine/quantize.py) is checked against the device before the checkpoint is read."""
     dev = torch.device(device)
@@ -420,7 +421,7 @@ def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dty
             check_fp8_device(dev, "--kv-cache-dtype fp8")
         return Engine.from_pretrained(model, device=device, dtype=dtype, config=config,
                                       runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
-                                                               kernels=kernels, prefill_pack=prefill_pack),
+                                                               kernels=kernels, **(runner_options or {})),
                                       quantize=quantize)
     if not cuda_graphs:
         log.info("--no-cuda-graphs has no effect on %s", device)

@@ -24,6 +24,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def random_preset(model: str) -> str | None:
 def build_random(model: str, arch: str | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, config: EngineConfig | None = None, cuda_graphs: bool = True,
                  kernels: str = "fast", seed: int = 0, quantize: str = "none",
-                 prefill_pack: int = ModelRunnerConfig.prefill_pack) -> tuple[Engine, Any]:
+                 runner_options: Mapping[str, Any] | None = None) -> tuple[Engine, Any]:
     """(engine, codec) for `random:tiny` or `random:full` of the family `arch` (the registry's
     default when None), EOS suppressed. `config`: the engine's EngineConfig (KV pages, max batch);
     the rest as `engine.load_engine`."""
@@ -72,13 +73,13 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
     log.warning(WARNING, model, arch)
     t0 = time.perf_counter()
     if preset == "tiny":
-        engine, codec = _tiny(arch, device, dtype, config, cuda_graphs, kernels, seed, quantize, prefill_pack)
+        engine, codec = _tiny(arch, device, dtype, config, cuda_graphs, kernels, seed, quantize, runner_options)
     else:
         if torch.device(device).type != "cuda":
             raise ConfigError(f"{model} runs on CUDA only (ModelRunner, ~8 GB of bf16 weights); "
                               f"use {PREFIX}tiny on {device}")
         engine, codec = _full(arch, device, dtype or torch.bfloat16, config, cuda_graphs, kernels, seed, quantize,
-                              prefill_pack)
+                              runner_options)
     log.warning("random %s %s model ready in %.1f s (%s on %s); its output is noise, never speech",
                 preset, arch, time.perf_counter() - t0, type(engine).__name__, engine.device)
     return engine, codec
@@ -86,7 +87,7 @@ def build_random(model: str, arch: str | None = None, device: str | torch.device
 
 # ---------------------------------------------------------------------------------- builders
 def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfig, cuda_graphs: bool,
-          kernels: str, seed: int, quantize: str, prefill_pack: int) -> tuple[Engine, Any]:
+          kernels: str, seed: int, quantize: str, runner_options: Mapping[str, Any] | None) -> tuple[Engine, Any]:
     from higgs_stream.engine.checkpoint_writer import write_checkpoint
     from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
@@ -95,7 +96,7 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
     try:  # everything is read into memory; the directory goes once loaded
         root = write_checkpoint(tmp / arch, arch=arch, preset="tiny", seed=seed)
         engine = load_engine(str(root), device=device, dtype=dtype, config=config, cuda_graphs=cuda_graphs,
-                             kernels=kernels, quantize=quantize, prefill_pack=prefill_pack)
+                             kernels=kernels, quantize=quantize, runner_options=runner_options)
         codec = load_codec_for(root, device=device)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,9 +105,9 @@ def _tiny(arch: str, device: Any, dtype: torch.dtype | None, config: EngineConfi
 
 
 def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda_graphs: bool, kernels: str,
-          seed: int, quantize: str, prefill_pack: int) -> tuple[Engine, Any]:
+          seed: int, quantize: str, runner_options: Mapping[str, Any] | None) -> tuple[Engine, Any]:
     engine = in_memory_engine(arch, "full", device, dtype, config, cuda_graphs, kernels, seed, quantize=quantize,
-                              prefill_pack=prefill_pack)
+                              runner_options=runner_options)
     codec = random_full_codec(seed)
     if codec.geometry.num_codebooks != engine.cfg.num_codebooks:  # random:full builds the Higgs codec only
         raise ConfigError(f"random:full has the Higgs codec ({codec.geometry.num_codebooks} codebooks); --arch {arch} "
@@ -117,7 +118,7 @@ def _full(arch: str, device: Any, dtype: torch.dtype, config: EngineConfig, cuda
 
 def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, config: EngineConfig,
                      cuda_graphs: bool = True, kernels: str = "fast", seed: int = 0, eos: bool = False,
-                     quantize: str = "none", prefill_pack: int = ModelRunnerConfig.prefill_pack) -> Engine:
+                     quantize: str = "none", runner_options: Mapping[str, Any] | None = None) -> Engine:
     """An engine with the ModelRunner over a random talker drawn in memory (no files), EOS suppressed unless `eos`.
     `random:full` uses it with preset "full" on CUDA; tests run it with "tiny" on the CPU (kernels="ref").
     `quantize`: none | int8 | fp8 (engine/quantize.py), applied before the runner packs the weights."""
@@ -132,7 +133,7 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
                            dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype), device=device)
-    runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, prefill_pack=prefill_pack)
+    runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, **(runner_options or {}))
     engine = Engine(talker, cfg, tokenizer, cache, config, runner)
     if not eos:
         suppress_eos(engine)

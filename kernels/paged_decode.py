@@ -14,9 +14,10 @@ Why a kernel of our own: FlashInfer 0.5.3's decode over e4m3 pages reads them at
 copy bandwidth at 256 rows (docs/PERF.md, session 12): half the bytes of bf16 pages gave a fifth less
 time. Here one program owns (sequence, K/V head): it loads its group's queries once, then walks the
 sequence's pages BLOCK_N tokens at a time (one gather of page ids, one gather of K and of V rows, each
-row D contiguous elements), widens K and V to the queries' dtype in registers (fp16 over e4m3 pages:
-`fp8_as_fp16`), and keeps an online softmax in fp32 (scores and the running max/sum in fp32,
-probabilities rounded to that dtype for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dot.
+row D contiguous elements), widens K and V to the queries' dtype in registers, and keeps an online
+softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded to the queries' dtype
+for the P @ V product, as FlashInfer does). Over e4m3 pages, fp16 operands instead of bf16 (one
+conversion instruction per two values) measured slower on the H100 (94.6 vs 88.4 us a layer at 256 rows). The group is padded to 16 rows for the tensor-core dot.
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
 No split over the sequence: one program per (sequence, head), so small batches with long contexts
@@ -64,32 +65,30 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 fp8_as_fp16: bool = True) -> torch.Tensor:
+                 v_first: bool = False) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
-    `block_n` tokens per iteration (a multiple of the page size, >= 16). `fp8_as_fp16`: over e4m3 pages with
-    bf16 queries, multiply in fp16 (queries clamped to +-65504; K/V widen exactly, probabilities keep 3 more
-    bits than in bf16) instead of bf16. CUDA-graph safe."""
+    `block_n` tokens per iteration (a multiple of the page size, >= 16); `v_first`: load V beside K at the top of
+    each iteration (more bytes in flight, more registers). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, fp8_as_fp16)
+                  num_stages, v_first)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           fp8_as_fp16=True):
+           v_first=False):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n % page == 0 and block_n >= 16, f"block_n {block_n} must be a multiple of the page ({page}), >= 16"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     group = hq // hkv
-    fp16 = fp8_as_fp16 and k_pool.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
     out = torch.empty_like(q) if out is None else out
     if b:
         _kernel()[(b, hkv)](q, k_pool, v_pool, out, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E,
                             HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page,
-                            BLOCK_N=block_n, FP16=fp16, num_warps=num_warps, num_stages=num_stages)
+                            BLOCK_N=block_n, V_FIRST=v_first, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -107,7 +106,7 @@ def _kernel():
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, indptr_ptr, indices_ptr, last_ptr, scale_log2,
                             HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, FP16: tl.constexpr):
+                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, V_FIRST: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -119,8 +118,6 @@ def _kernel():
         heads = h * GROUP + g
         q_rows = b.to(tl.int64) * (HKV * GROUP * D) + heads[:, None] * D + d[None, :]
         q = tl.load(q_ptr + q_rows, mask=g[:, None] < GROUP, other=0.0)  # [GROUP_PAD, D]
-        if FP16:  # e4m3 pages: fp16 operands (one conversion instruction per two e4m3 values; bf16 takes more)
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
@@ -131,13 +128,16 @@ def _kernel():
             rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
             kv_off = rows[:, None] + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
+            if V_FIRST:  # V's load issued beside K's, before the softmax needs neither
+                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
+            if not V_FIRST:
+                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
         out = acc / l_i[:, None]

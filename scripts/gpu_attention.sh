@@ -26,4 +26,15 @@ if [ "${STEP:-0}" = 1 ]; then
       2>&1 | tee -a "$OUT/step.log" | grep -E "engine ready|decode b=|profile b=.* by group|parity|Error|error" | cut -c1-200
   done
 fi
+[ -s "$OUT/install.log" ] || rm -f "$OUT/install.log"  # the device tool returns at most 8 files
+if [ "${STEP:-0}" = 1 ]; then  # one file for every step run
+  python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+files = sorted(glob.glob(os.path.join(sys.argv[1], "step_*.json")))
+json.dump({os.path.basename(f)[5:-5]: json.load(open(f)) for f in files}, open(os.path.join(sys.argv[1], "steps.json"), "w"))
+for f in files:
+    os.remove(f)
+PY
+fi
+[ -f "$OUT/tests.log" ] && tail -3 "$OUT/tests.log"
 echo "done in $SECONDS s"

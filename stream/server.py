@@ -254,6 +254,16 @@ def bound_port(runner: web.AppRunner) -> int:
 
 # ---------------------------------------------------------------- CLI: higgs-stream serve
 
+def rows_or_none(text: str) -> int | None:
+    """An argparse type: a row count, or 'none'."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rows or 'none', got {text!r}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     parser.add_argument("--model", required=True,
@@ -318,6 +328,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: prefill up to N arriving prompts in one forward (a burst of arrivals reads the "
                              "weights once per N prompts; default %(default)s); 1: one prompt per forward, so a "
                              "stream's codes never depend on what else runs (batch-invariant, slower bursts)")
+    parser.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
+                        metavar="N|none",
+                        help="CUDA: decode steps of N or more rows attend with our Triton kernel, fewer with "
+                             "FlashInfer's (default %(default)s; 'none': FlashInfer's always). H100, v2, 256 rows: "
+                             "112 vs 145 us a layer over bf16 pages, 88 vs 115 over fp8 (docs/PERF.md)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
@@ -450,10 +465,11 @@ def build_state(args: argparse.Namespace) -> ServerState:
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
                               late_prompts=args.late_prompts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
-    ModelRunnerConfig(prefill_pack=args.prefill_pack)  # a bad --prefill-pack fails here on any device
+    runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from}
+    ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from fails here on any device
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,
-                   "prefill_pack": args.prefill_pack}
+                   "runner_options": runner_options}
     if args.model.startswith("random:"):  # benchmarking only: random weights, every utterance --max-frames long
         from higgs_stream.engine.random_weights import build_random
 

@@ -110,6 +110,25 @@ def test_prefill_pack_is_checked_before_the_model_loads():
             build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--prefill-pack", bad]))
 
 
+def test_triton_decode_from_is_parsed_and_checked_before_the_model_loads():
+    """--triton-decode-from N|none (CUDA decode graphs of N rows and more on the Triton attention kernel): default
+    the runner's, 'none' turns it off, a bad value is refused by argparse or, below 1, a ConfigError before the
+    checkpoint is read."""
+    from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.engine.model_runner import ModelRunnerConfig
+    from higgs_stream.stream.server import build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--model", "m"]).triton_decode_from == ModelRunnerConfig().triton_decode_from == 64
+    assert parser.parse_args(["--model", "m", "--triton-decode-from", "None"]).triton_decode_from is None
+    assert parser.parse_args(["--model", "m", "--triton-decode-from", "128"]).triton_decode_from == 128
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "m", "--triton-decode-from", "many"])
+    with pytest.raises(ConfigError, match="triton_decode_from must be >= 1"):
+        build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--triton-decode-from", "0"]))
+
+
 def test_late_prompts_reach_the_engine_config():
     """--late-prompts / --no-late-prompts (on by default, as EngineConfig's) is the engine's `late_prompts`
     (a random tiny model on the CPU: the reference runner, which cannot take late prompts, runs classic
