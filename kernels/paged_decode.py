@@ -17,7 +17,8 @@ sequence's pages BLOCK_N tokens at a time (one gather of page ids, one gather of
 row D contiguous elements), widens K and V to the queries' dtype in registers, and keeps an online
 softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded to the queries' dtype
 for the P @ V product, as FlashInfer does). Over e4m3 pages, fp16 operands instead of bf16 (one
-conversion instruction per two values) measured slower on the H100 (94.6 vs 88.4 us a layer at 256 rows). The group is padded to 16 rows for the tensor-core dot.
+conversion instruction per two values) measured slower on the H100 (94.6 vs 88.4 us a layer at 256 rows);
+V's tile is loaded beside K's at the top of each iteration (85 vs 89 us over e4m3 pages, the same over bf16). The group is padded to 16 rows for the tensor-core dot.
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
 No split over the sequence: one program per (sequence, head), so small batches with long contexts
@@ -64,20 +65,17 @@ def paged_decode_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
-                 num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 v_first: bool = False) -> torch.Tensor:
+                 num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2]) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
-    `block_n` tokens per iteration (a multiple of the page size, >= 16); `v_first`: load V beside K at the top of
-    each iteration (more bytes in flight, more registers). CUDA-graph safe."""
+    `block_n` tokens per iteration (a multiple of the page size, >= 16). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, v_first)
+                  num_stages)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
-           block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           v_first=False):
+           block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2]):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -88,7 +86,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     if b:
         _kernel()[(b, hkv)](q, k_pool, v_pool, out, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E,
                             HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page,
-                            BLOCK_N=block_n, V_FIRST=v_first, num_warps=num_warps, num_stages=num_stages)
+                            BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -106,7 +104,7 @@ def _kernel():
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, indptr_ptr, indices_ptr, last_ptr, scale_log2,
                             HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, V_FIRST: tl.constexpr):
+                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -128,16 +126,13 @@ def _kernel():
             rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
             kv_off = rows[:, None] + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
-            if V_FIRST:  # V's load issued beside K's, before the softmax needs neither
-                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
             s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
             s = tl.where(live[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            if not V_FIRST:
-                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
         out = acc / l_i[:, None]

@@ -30,7 +30,7 @@ from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout
 g = torch.Generator().manual_seed(0)
 out = []
-for hq, hkv, d, page, block_n, v_first in ((6, 2, 16, 4, 16, False), (4, 2, 32, 16, 32, True), (8, 8, 16, 16, 64, False)):
+for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64)):
     k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
     lens = [1, page, page + 1, 3 * page + 2, 7 * page]
     perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
@@ -40,7 +40,7 @@ for hq, hkv, d, page, block_n, v_first in ((6, 2, 16, 4, 16, False), (4, 2, 32, 
     lay = PagedLayout.build(tables, lens, [1] * len(lens), page)
     q = torch.randn(len(lens), hq, d, generator=g) * 2
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
-    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, v_first=v_first)
+    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n)
     want = pd.paged_decode_ref(q, k, v, *csr, d ** -0.5)
     out.append([(got - want).abs().max().item(), want.abs().max().item()])
 print(json.dumps(out))
