@@ -4,10 +4,6 @@ CUDA quantization kernel's logic through Triton's interpreter."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -87,15 +83,11 @@ print(json.dumps(out))
 """
 
 
-def test_triton_quantization_in_the_interpreter():
+def test_triton_quantization_in_the_interpreter(interpret):
     """The CUDA per-token quantization kernel's two passes over K (tails, zero rows) run by Triton's
     interpreter on the CPU, writing fp32: scales and scaled values bit-for-bit torch's (the e4m3 cast
     itself is checked on the GPU; the interpreter's fp8 rounding is not the hardware's)."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True, True]] * 4
+    assert interpret(SCRIPT) == [[True, True]] * 4
 
 
 GEMV_SCRIPT = r"""
@@ -114,15 +106,11 @@ print(json.dumps(errs))
 """
 
 
-def test_fp8_small_batch_kernel_in_the_interpreter():
+def test_fp8_small_batch_kernel_in_the_interpreter(interpret):
     """fp8's small-batch multiply (the int8 kernel at fp8's blocks, weight-only) run by Triton's
     interpreter on the CPU with the e4m3 values held in fp32: the definition's product and scale to
     fp32 summation order, every output written (M, N and K tails)."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", GEMV_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    errs = json.loads(out.stdout.strip().splitlines()[-1])
+    errs = interpret(GEMV_SCRIPT)
     assert len(errs) == 3 and max(errs) < 1e-6, errs
 
 

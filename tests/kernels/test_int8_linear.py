@@ -5,10 +5,6 @@ the definition, and the CUDA Triton kernel's indexing run through Triton's inter
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -83,12 +79,8 @@ print(json.dumps(errs))
 """
 
 
-def test_triton_kernel_in_the_interpreter():
+def test_triton_kernel_in_the_interpreter(interpret):
     """The CUDA kernel's tiling, masks (M, N and K tails) and scale epilogue, run by Triton's
     interpreter on the CPU in fp32 (a subprocess: TRITON_INTERPRET must be set before Triton loads)."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    errs = json.loads(out.stdout.strip().splitlines()[-1])
+    errs = interpret(SCRIPT)
     assert len(errs) == 5 and max(errs) < 1e-6, errs  # every output written (no NaN left), fp32 rounding only

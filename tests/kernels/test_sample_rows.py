@@ -4,10 +4,7 @@ test_sample_rows_gpu.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -62,15 +59,10 @@ print(json.dumps(out))
 """
 
 
-def test_the_kernel_in_the_interpreter_draws_what_the_reference_draws():
+def test_the_kernel_in_the_interpreter_draws_what_the_reference_draws(interpret):
     """Every row the reference does not leave to rounding (see `ambiguous`) gets the reference's token,
     with and without cleaning; non-finite rows are reported as the reference reports them."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    here = os.path.dirname(__file__)
-    run = subprocess.run([sys.executable, "-c", SCRIPT, here], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    for case in json.loads(run.stdout.strip().splitlines()[-1]):
+    for case in interpret(SCRIPT, os.path.dirname(__file__), timeout=600):
         assert case["finite_equal"] and case["not_finite"] == 2 and case["none"], case
         assert case["compared"] >= 0.9 * (case["rows"] - case["not_finite"]), case
         assert case["differ"] == 0 and case["differ_clean"] == 0 and case["suppressed_drawn"] == 0, case
