@@ -67,7 +67,8 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2]) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
-    `block_n` tokens per iteration (a multiple of the page size, >= 16). CUDA-graph safe."""
+    `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
+    CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
@@ -79,7 +80,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
-    assert block_n % page == 0 and block_n >= 16, f"block_n {block_n} must be a multiple of the page ({page}), >= 16"
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out

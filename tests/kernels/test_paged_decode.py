@@ -1,10 +1,12 @@
 """The Triton paged decode attention (kernels/paged_decode.py) run by Triton's interpreter on the CPU in fp32:
 equal to its plain-torch definition, which equals the ragged reference `paged_attention_ref` at qo_len 1, on
-fragmented page tables with partly filled last pages, GQA groups of 1, 2 and 3, and blocks of one to four pages
+fragmented page tables with partly filled last pages, GQA groups of 1 to 4, and blocks of part of a page (pages of 24)
+to four pages
 (16-bit and e4m3 pages on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from higgs_stream.kernels import paged_decode as pd
@@ -16,7 +18,7 @@ from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout
 g = torch.Generator().manual_seed(0)
 out = []
-for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64)):
+for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)):
     k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
     lens = [1, page, page + 1, 3 * page + 2, 7 * page]
     perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
@@ -51,3 +53,15 @@ def test_definition_equals_the_ragged_reference():
     want = paged_attention_ref(q, k, v, lay, 0.25)
     assert (got - want).abs().max().item() < 1e-6
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
+
+
+@pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
+def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
+    """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
+    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, no GPU needed."""
+    sig = {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "indptr_ptr": "*i32", "indices_ptr": "*i32",
+           "last_ptr": "*i32", "scale_log2": "fp32", "HKV": "constexpr", "GROUP": "constexpr", "GROUP_PAD": "constexpr",
+           "D": "constexpr", "PAGE": "constexpr", "BLOCK_N": "constexpr"}
+    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64}
+    compiled = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1)
+    assert "mma" in compiled.asm["ptx"]  # the scores and P @ V on tensor cores
