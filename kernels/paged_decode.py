@@ -65,18 +65,23 @@ def paged_decode_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
 def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
-                 num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2]) -> torch.Tensor:
+                 num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
+                 transposed: bool = False) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
-    CUDA-graph safe."""
+    `transposed`: the K/V tile as the left operand of both products (scores^T = K q^T, out^T = V^T p^T), so on
+    Hopper both become warpgroup MMAs reading the tile from registers, where the default form stages the e4m3
+    tile in shared memory and reads it back byte by byte to transpose V (compiled PTX, docs/PERF.md session 13);
+    not yet timed on a GPU. CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages)
+                  num_stages, transposed)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
-           block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2]):
+           block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
+           transposed=False):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -87,7 +92,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     if b:
         _kernel()[(b, hkv)](q, k_pool, v_pool, out, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E,
                             HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page,
-                            BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+                            BLOCK_N=block_n, TRANSPOSED=transposed, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -105,7 +110,7 @@ def _kernel():
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, indptr_ptr, indices_ptr, last_ptr, scale_log2,
                             HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -115,11 +120,20 @@ def _kernel():
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_N)
         heads = h * GROUP + g
-        q_rows = b.to(tl.int64) * (HKV * GROUP * D) + heads[:, None] * D + d[None, :]
-        q = tl.load(q_ptr + q_rows, mask=g[:, None] < GROUP, other=0.0)  # [GROUP_PAD, D]
+        base = b.to(tl.int64) * (HKV * GROUP * D)
+        if TRANSPOSED:  # every product with the K/V tile as its left operand: scores^T = K q^T, out^T = V^T p^T
+            q_rows = base + heads[None, :] * D + d[:, None]  # [D, GROUP_PAD]
+            q_ok = g[None, :] < GROUP
+        else:
+            q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
+            q_ok = g[:, None] < GROUP
+        q = tl.load(q_ptr + q_rows, mask=q_ok, other=0.0)
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-        acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+        if TRANSPOSED:
+            acc = tl.zeros((D, GROUP_PAD), dtype=tl.float32)
+        else:
+            acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
         for start in range(0, kv_len, BLOCK_N):
             tok = start + n
             live = tok < kv_len
@@ -128,15 +142,27 @@ def _kernel():
             kv_off = rows[:, None] + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
             v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
-            s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
-            s = tl.where(live[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            if TRANSPOSED:
+                s = tl.dot(k, q) * scale_log2  # [BLOCK_N, GROUP_PAD] fp32, log2 units
+                s = tl.where(live[:, None], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=0))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[None, :])
+                l_i = l_i * alpha + tl.sum(p, axis=0)
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(q.dtype))  # [D, GROUP_PAD]
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
+                s = tl.where(live[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=g[:, None] < GROUP)
+        if TRANSPOSED:
+            out = acc / l_i[None, :]
+        else:
+            out = acc / l_i[:, None]
+        tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=q_ok)
 
     return paged_decode_kernel

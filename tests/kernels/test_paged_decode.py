@@ -1,8 +1,8 @@
 """The Triton paged decode attention (kernels/paged_decode.py) run by Triton's interpreter on the CPU in fp32:
 equal to its plain-torch definition, which equals the ragged reference `paged_attention_ref` at qo_len 1, on
 fragmented page tables with partly filled last pages, GQA groups of 1 to 4, and blocks of part of a page (pages of 24)
-to four pages
-(16-bit and e4m3 pages on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
+to four pages, in both forms of the products (16-bit and e4m3 pages on the GPU:
+tests/kernels/test_paged_decode_gpu.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout, paged_attention_ref
 
 SCRIPT = r"""
-import json, torch
+import itertools, json, torch
 from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout
 g = torch.Generator().manual_seed(0)
 out = []
-for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)):
+for (hq, hkv, d, page, block_n), transposed in itertools.product(
+        ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)), (False, True)):
     k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
     lens = [1, page, page + 1, 3 * page + 2, 7 * page]
     perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
@@ -28,7 +29,7 @@ for hq, hkv, d, page, block_n in ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 
     lay = PagedLayout.build(tables, lens, [1] * len(lens), page)
     q = torch.randn(len(lens), hq, d, generator=g) * 2
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
-    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n)
+    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, transposed=transposed)
     want = pd.paged_decode_ref(q, k, v, *csr, d ** -0.5)
     out.append([(got - want).abs().max().item(), want.abs().max().item()])
 print(json.dumps(out))
@@ -56,12 +57,20 @@ def test_definition_equals_the_ragged_reference():
 
 
 @pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
-def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_kernel_compiles_for_hopper(pool, transposed, compile_for_hopper):
     """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
-    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, no GPU needed."""
+    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, no GPU needed. The transposed form puts both
+    products on warpgroup MMAs and reads no e4m3 byte back from shared memory; the default form transposes V's e4m3
+    tile through shared memory one byte at a time (what the transposed form is for)."""
     sig = {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "indptr_ptr": "*i32", "indices_ptr": "*i32",
            "last_ptr": "*i32", "scale_log2": "fp32", "HKV": "constexpr", "GROUP": "constexpr", "GROUP_PAD": "constexpr",
-           "D": "constexpr", "PAGE": "constexpr", "BLOCK_N": "constexpr"}
-    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64}
-    compiled = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1)
-    assert "mma" in compiled.asm["ptx"]  # the scores and P @ V on tensor cores
+           "D": "constexpr", "PAGE": "constexpr", "BLOCK_N": "constexpr", "TRANSPOSED": "constexpr"}
+    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "TRANSPOSED": transposed}
+    ptx = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1).asm["ptx"]
+    assert "mma" in ptx  # the scores and P @ V on tensor cores
+    byte_reads = ptx.count("ld.shared.b8")
+    if transposed:
+        assert ptx.count("wgmma.mma_async") >= 2 and byte_reads == 0
+    elif pool == "*fp8e4nv":
+        assert byte_reads > 0
