@@ -166,8 +166,8 @@ class ModelRunnerConfig:
     tensor_core_decode_from: int | None = None
     # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never;
     # wins over tensor_core_decode_from). H100, v2's heads, per layer at 64 / 256 rows and 300 tokens: bf16 pages
-    # 31 / 112 us vs FlashInfer's 39 / 145, e4m3 pages 26 / 88 vs 45 / 115 (1,000 tokens: 92 / 352 vs 101 / 467, 75 /
-    # 265 vs 124 / 363); below 64 rows it loses at long contexts (one program per sequence and K/V head, no split)
+    # 32 / 112 us vs FlashInfer's 39 / 143, e4m3 pages 26 / 85 vs 45 / 119 (1,000 tokens: 93 / 352 vs 101 / 462, 72 /
+    # 252 vs 123 / 371); below 64 rows it can lose at long contexts (one program per sequence and K/V head, no split)
     triton_decode_from: int | None = 64
 
     def __post_init__(self) -> None:

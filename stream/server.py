@@ -332,7 +332,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="N|none",
                         help="CUDA: decode steps of N or more rows attend with our Triton kernel, fewer with "
                              "FlashInfer's (default %(default)s; 'none': FlashInfer's always). H100, v2, 256 rows: "
-                             "112 vs 145 us a layer over bf16 pages, 88 vs 115 over fp8 (docs/PERF.md)")
+                             "112 vs 143 us a layer over bf16 pages, 85 vs 119 over fp8 (docs/PERF.md)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
