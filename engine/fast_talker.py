@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from higgs_stream.engine import quantize
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.quantize import Weight
-from higgs_stream.kernels import activation, fused_norm, rope_kv
+from higgs_stream.kernels import activation, fp8_linear, fused_norm, rope_kv
 from higgs_stream.kernels._triton import KernelUnavailableError, triton_modules
 from higgs_stream.kernels.rope import llama3_inv_freq
 
@@ -74,6 +74,9 @@ class Kernels:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_store_kv: Callable[..., torch.Tensor]
     linear: Callable[[torch.Tensor, Weight], torch.Tensor]  # x [N, K] @ W^T, W plain or quantized
+    # the norm and SiLU writing fp8 activations for the next linear (fp8_linear.Fp8Rows); fast kernels only
+    add_rms_norm_fp8: Callable[..., fp8_linear.Fp8Rows] | None = None
+    silu_and_mul_fp8: Callable[[torch.Tensor], fp8_linear.Fp8Rows] | None = None
 
     @classmethod
     def named(cls, name: str, device: torch.device) -> Kernels:
@@ -90,7 +93,8 @@ class Kernels:
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
         return cls("fast", fused_norm.add_rms_norm, activation.silu_and_mul, rope_kv.rope_store_kv,
-                   functools.partial(quantize.linear, kernels="fast"))
+                   functools.partial(quantize.linear, kernels="fast"), fused_norm.add_rms_norm_fp8,
+                   activation.silu_and_mul_fp8)
 
 
 @dataclass
@@ -116,13 +120,18 @@ class FastInputs:
 
 
 class FastTalker:
-    def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192) -> None:
-        """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights."""
+    def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192,
+                 fuse_fp8_quant: bool = False) -> None:
+        """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights. `fuse_fp8_quant`
+        (fast kernels): the norms before the QKV and gate/up projections and the SiLU before the down projection
+        write their fp8 linear's per-token e4m3 activations themselves (above the weight-only GEMV's rows), in
+        place of a quantization launch per linear; the same values."""
         cfg = talker.cfg
         self.cfg = cfg
         w = talker.fast_weights()
         self.device, self.dtype = w.audio_head.device, talker.dtype
         self.k = Kernels.named(kernels, self.device)
+        self.fuse_fp8 = fuse_fp8_quant and self.k.add_rms_norm_fp8 is not None
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.layers = w.layers
@@ -153,16 +162,31 @@ class FastTalker:
         x[inp.text_rows] = self.embed_text[inp.text_ids[inp.text_rows]].float()
         return x
 
-    def _norm(self, delta: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, inp: FastInputs) -> torch.Tensor:
-        """weight [W, H]: W = 1 (v3), or the DualFFN pair (text, audio) chosen per row."""
-        if weight.shape[0] == 1 or inp.all_audio:  # one norm for every row: the only one, or the audio one
-            return self.k.add_rms_norm(delta, x, weight[-1:], self.eps, None, self.dtype)
-        return self.k.add_rms_norm(delta, x, weight, self.eps, inp.select, self.dtype)
+    def _fp8_rows(self, then: Weight | None, rows: int) -> bool:
+        """Whether the kernel before the linear of `then` over `rows` rows quantizes for it (fuse_fp8_quant)."""
+        return self.fuse_fp8 and then is not None and quantize.takes_fp8_rows(then, rows)
 
-    def _mlp(self, h: torch.Tensor, layer: FastLayer, inp: FastInputs) -> torch.Tensor:
+    def _norm(self, delta: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor, inp: FastInputs,
+              then: Weight | None = None) -> torch.Tensor | fp8_linear.Fp8Rows:
+        """weight [W, H]: W = 1 (v3), or the DualFFN pair (text, audio) chosen per row. `then`: the weight of the
+        one linear that reads every output row (it may take them quantized)."""
+        one = weight.shape[0] == 1 or inp.all_audio  # one norm for every row: the only one, or the audio one
+        weight, select = (weight[-1:], None) if one else (weight, inp.select)
+        if self._fp8_rows(then, x.shape[0]):
+            return self.k.add_rms_norm_fp8(delta, x, weight, self.eps, select)
+        return self.k.add_rms_norm(delta, x, weight, self.eps, select, self.dtype)
+
+    @staticmethod
+    def _one_mlp(layer: FastLayer, inp: FastInputs) -> bool:
+        return len(layer.gate_up) == 1 or inp.all_audio  # one MLP for every row: the only one, or the audio one
+
+    def _mlp(self, h: torch.Tensor | fp8_linear.Fp8Rows, layer: FastLayer, inp: FastInputs) -> torch.Tensor:
         lin = self.k.linear
-        if len(layer.gate_up) == 1 or inp.all_audio:  # one MLP for every row: the only one, or the audio one
-            return lin(self.k.silu_and_mul(lin(h, layer.gate_up[-1])), layer.down[-1])
+        if self._one_mlp(layer, inp):
+            gate_up = lin(h, layer.gate_up[-1])
+            down = layer.down[-1]
+            act = self.k.silu_and_mul_fp8 if self._fp8_rows(down, gate_up.shape[0]) else self.k.silu_and_mul
+            return lin(act(gate_up), down)
         out = torch.empty_like(h)
         for branch, rows in ((TEXT, inp.text_rows), (AUDIO, inp.audio_rows)):
             if rows.numel():
@@ -179,12 +203,13 @@ class FastTalker:
         x = self.embed(inp) if x is None else x  # [N, H] fp32
         delta = None
         for i, layer in enumerate(self.layers):
-            h = self._norm(delta, x, layer.input_norm, inp)
+            h = self._norm(delta, x, layer.input_norm, inp, then=layer.qkv)
             qkv = self.k.linear(h, layer.qkv)  # [N, (Hq + 2 Hkv) D]
             q = self.k.rope_store_kv(qkv, inp.positions, self.cos_sin, inp.kv_slots, k_pool[i], v_pool[i], hq, hkv, d,
                                      layer.qk_norm, self.eps)  # Qwen3's QK-norm (if any) fused in
             o = attn.run(q, k_pool[i], v_pool[i])  # [N, Hq, D]
-            h = self._norm(self.k.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp)
+            h = self._norm(self.k.linear(o.reshape(o.shape[0], hq * d), layer.o), x, layer.post_norm, inp,
+                           then=layer.gate_up[-1] if self._one_mlp(layer, inp) else None)
             delta = self._mlp(h, layer, inp)  # [N, H]
         # the last MLP's output added and every row normed in one kernel, then the output rows taken
         return self.k.add_rms_norm(delta, x, self.final_norm, self.eps, None, self.dtype)[inp.out_rows]  # [R, H]

@@ -116,8 +116,15 @@ def quantize_weight(weight: torch.Tensor, mode: str) -> QuantizedWeight:
     raise ConfigError(f"cannot quantize a weight to {mode!r}; expected int8 or fp8")
 
 
-def linear(x: torch.Tensor, w: Weight, kernels: str = "ref") -> torch.Tensor:
-    """x [..., K] @ w^T -> [..., N] in x's dtype, for a plain or a quantized weight."""
+def takes_fp8_rows(w: Weight, rows: int) -> bool:
+    """Whether the fast linear of `w` over `rows` rows quantizes its activations per token (fp8 above the
+    weight-only GEMV's rows), so a fused kernel before it may hand it `fp8_linear.Fp8Rows` instead."""
+    return isinstance(w, QuantizedWeight) and w.mode == "fp8" and rows > fp8_linear.GEMV_MAX_M
+
+
+def linear(x: torch.Tensor | fp8_linear.Fp8Rows, w: Weight, kernels: str = "ref") -> torch.Tensor:
+    """x [..., K] @ w^T -> [..., N] in x's dtype, for a plain or a quantized weight (`Fp8Rows`: an fp8 weight's
+    activations already quantized, fast kernels)."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w)
     if w.mode == "int8":

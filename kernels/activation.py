@@ -1,7 +1,10 @@
 """SwiGLU activation on a fused gate/up projection: [N, 2I] -> silu(gate) * up [N, I].
 
 `silu_and_mul_ref` is the plain-torch definition (fp32 math, one cast); `silu_and_mul` the Triton
-kernel (CUDA only).
+kernel (CUDA only). `silu_and_mul_fp8` writes the bf16 result already quantized per token for an fp8
+linear (`fp8_linear.Fp8Rows`): one program per row, two passes (the row's amax, then the values), each
+computing silu(gate) * up as `silu_and_mul` does and rounding it to bf16 before `quantize_per_token`'s
+operations, so the values equal the unfused pair's.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, INV_FP8_MAX, Fp8Rows
 
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
@@ -49,3 +53,52 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         block = 1024
         kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, num_warps=4)
     return out
+
+
+@functools.cache
+def _quant_kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def silu_and_mul_fp8_kernel(x_ptr, q_ptr, s_ptr, inter, q_eps, inv_fp8_max, fp8_max, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, inter, BLOCK):
+            cols = start + offs
+            mask = cols < inter
+            gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(y))
+        scale = tl.maximum(tl.max(amax, axis=0), q_eps) * inv_fp8_max
+        tl.store(s_ptr + row, scale)
+        for start in range(0, inter, BLOCK):
+            cols = start + offs
+            mask = cols < inter
+            gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.float32)
+            y = tl.clamp(tl.math.div_rn(y, scale), -fp8_max, fp8_max)
+            tl.store(q_ptr + row * inter + cols, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+    return silu_and_mul_fp8_kernel
+
+
+def silu_and_mul_fp8(gate_up: torch.Tensor) -> Fp8Rows:
+    """`silu_and_mul` to bf16, then `fp8_linear.quantize_per_token`, in one kernel (CUDA; gate_up bf16)."""
+    assert gate_up.dim() == 2 and gate_up.shape[1] % 2 == 0, f"gate_up must be [N, 2I], got {tuple(gate_up.shape)}"
+    require_cuda(gate_up, what="silu_and_mul_fp8")
+    assert gate_up.is_contiguous() and gate_up.dtype == torch.bfloat16, "gate_up must be contiguous bf16"
+    n, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = Fp8Rows(torch.empty((n, inter), dtype=FP8, device=gate_up.device),
+                  torch.empty((n,), dtype=torch.float32, device=gate_up.device))
+    launch_fp8(_quant_kernel(), gate_up, out.q, out.scale)
+    return out
+
+
+def launch_fp8(kernel, gate_up: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
+    n, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    if n:
+        kernel[(n,)](gate_up, q, scale, inter, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=1024, num_warps=4)

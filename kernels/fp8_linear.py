@@ -35,6 +35,7 @@ every device and by the Triton kernel (the per-token scales are equal bit for bi
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -47,6 +48,21 @@ INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp3
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
 GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies weight-only (the w8a8 scaled GEMM above)
+
+
+@dataclass(frozen=True)
+class Fp8Rows:
+    """Activations already quantized per token, as `quantize_per_token` would from their bf16 values: e4m3
+    [M, K] and fp32 scales [M] (the fused norm and SiLU of kernels/fused_norm.py and kernels/activation.py
+    write them, so the linear after them skips its quantization launch). Only for M > GEMV_MAX_M rows, where
+    `fp8_linear` quantizes activations."""
+
+    q: torch.Tensor  # [M, K] float8_e4m3fn
+    scale: torch.Tensor  # [M] fp32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
 
 
 def gemv_blocks(k: int) -> tuple[int, int, int, int, int]:
@@ -82,12 +98,16 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv
     return y.to(x.dtype).view(*lead, q.shape[0])
 
 
-def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
+def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
                gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
     """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` rows the Triton
     kernel (weight-only), above them the per-token quantization and the scaled GEMM (`gemv_max_m=0`:
     always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast accumulation (Hopper's
-    reduced-precision fp8 accumulator) in the scaled GEMM; off by default."""
+    reduced-precision fp8 accumulator) in the scaled GEMM; off by default. `x` may be `Fp8Rows` (more than
+    `gemv_max_m` rows, quantized by a fused kernel before): the GEMM alone then, bf16 out."""
+    if isinstance(x, Fp8Rows):
+        assert x.q.dim() == 2 and x.q.shape[0] > gemv_max_m, "Fp8Rows are for the scaled GEMM's row counts"
+        return _scaled_gemm(x.q, x.scale, q, w_scale, torch.bfloat16, fast_accum)
     _check(x, q, w_scale)
     require_cuda(x, q, w_scale, what="fp8_linear")
     assert x.dtype == torch.bfloat16, f"fp8_linear's row-wise scaled GEMM writes bf16; x is {x.dtype}"
@@ -98,12 +118,17 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, fast_acc
     if x2.shape[0] <= gemv_max_m:
         return triton_linear(x2.contiguous(), q, w_scale, blocks=gemv_blocks(k)).view(*lead, q.shape[0])
     xq, x_scale = quantize_per_token(x2)
-    if q.shape[0] % GEMM_ALIGN or k % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
-        y = ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(x.dtype)
-        return y.view(*lead, q.shape[0])
-    y = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=x.dtype,
-                         use_fast_accum=fast_accum)  # [M, N]; q.t() is the column-major operand
-    return y.view(*lead, q.shape[0])
+    return _scaled_gemm(xq, x_scale, q, w_scale, x.dtype, fast_accum).view(*lead, q.shape[0])
+
+
+def _scaled_gemm(xq: torch.Tensor, x_scale: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor,
+                 out_dtype: torch.dtype, fast_accum: bool) -> torch.Tensor:
+    """(xq @ q^T) * x_scale[:, None] * w_scale[None, :] -> [M, N] out_dtype."""
+    assert xq.dtype == FP8 and xq.shape[1] == q.shape[1], f"xq {xq.dtype} {tuple(xq.shape)} vs q {tuple(q.shape)}"
+    if q.shape[0] % GEMM_ALIGN or q.shape[1] % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
+        return ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(out_dtype)
+    return torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=out_dtype,
+                            use_fast_accum=fast_accum)  # [M, N]; q.t() is the column-major operand
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,10 @@ the bf16 fast path stays close to an fp32 reference. `weight` is [W, H]: W = 1 f
 W = 2 for a DualFFN pair (row 0 text, row 1 audio) chosen per row by `select` [N] (0/1).
 
 `add_rms_norm_ref` is the plain-torch definition (any device); `add_rms_norm` is the Triton kernel
-(CUDA only, one program per row).
+(CUDA only, one program per row). `add_rms_norm_fp8` is the same kernel writing the normalized bf16 row
+already quantized per token for an fp8 linear (`fp8_linear.Fp8Rows`): the row rounded to bf16 as
+`add_rms_norm` writes it, then quantized as `fp8_linear.quantize_per_token` quantizes it, so the linear's
+own quantization launch and a bf16 round trip through memory go.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, INV_FP8_MAX, Fp8Rows
 
 
 def _check(delta: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
@@ -51,8 +55,9 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def add_rms_norm_kernel(delta_ptr, res_ptr, w_ptr, sel_ptr, out_ptr, H, eps,
-                            HAS_DELTA: tl.constexpr, HAS_SELECT: tl.constexpr, BLOCK: tl.constexpr):
+    def add_rms_norm_kernel(delta_ptr, res_ptr, w_ptr, sel_ptr, out_ptr, scale_ptr, H, eps, q_eps, inv_fp8_max,
+                            fp8_max, HAS_DELTA: tl.constexpr, HAS_SELECT: tl.constexpr, QUANT: tl.constexpr,
+                            BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < H
@@ -65,7 +70,15 @@ def _kernel():
         if HAS_SELECT:
             w_row = tl.load(sel_ptr + row).to(tl.int64)
         w = tl.load(w_ptr + w_row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * H + cols, (r * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+        y = r * inv_rms * w
+        if QUANT:  # the bf16 row, quantized per token (fp8_linear's quantize_per_token_kernel, same operations)
+            y = y.to(tl.bfloat16).to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(y), axis=0), q_eps) * inv_fp8_max
+            tl.store(scale_ptr + row, scale)
+            y = tl.clamp(tl.math.div_rn(y, scale), -fp8_max, fp8_max)
+            tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        else:
+            tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     return triton, add_rms_norm_kernel
 
@@ -79,17 +92,36 @@ def add_rms_norm(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Triton version of `add_rms_norm_ref` (CUDA tensors, contiguous rows)."""
+    out = torch.empty(residual.shape, dtype=out_dtype, device=residual.device)
+    _launch(delta, residual, weight, eps, select, out, None)
+    return out
+
+
+def add_rms_norm_fp8(delta: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     select: torch.Tensor | None = None) -> Fp8Rows:
+    """`add_rms_norm` to bf16, then `fp8_linear.quantize_per_token`, in one kernel (CUDA): the same values."""
+    out = torch.empty(residual.shape, dtype=FP8, device=residual.device)
+    scale = torch.empty(residual.shape[:1], dtype=torch.float32, device=residual.device)
+    _launch(delta, residual, weight, eps, select, out, scale)
+    return Fp8Rows(out, scale)
+
+
+def _launch(delta, residual, weight, eps, select, out, scale) -> None:
     _check(delta, residual, weight, select)
     require_cuda(delta, residual, weight, select, what="add_rms_norm")
     assert residual.is_contiguous() and (delta is None or delta.is_contiguous()) and weight.is_contiguous()
-    triton, kernel = _kernel()
+    launch(_kernel(), delta, residual, weight, eps, select, out, scale)
+
+
+def launch(compiled, delta, residual, weight, eps, select, out, scale) -> None:
+    """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests); `scale`
+    None: a plain norm into `out`, else quantized per token into `out` and `scale`."""
+    triton, kernel = compiled
     n, h = residual.shape
-    out = torch.empty((n, h), dtype=out_dtype, device=residual.device)
     if n == 0:
-        return out
+        return
     block = triton.next_power_of_2(h)
     kernel[(n,)](delta if delta is not None else residual, residual, weight,
-                 select if select is not None else residual, out, h, eps,
-                 HAS_DELTA=delta is not None, HAS_SELECT=select is not None, BLOCK=block,
-                 num_warps=8 if block >= 2048 else 4)
-    return out
+                 select if select is not None else residual, out, scale if scale is not None else residual, h, eps,
+                 EPS, INV_FP8_MAX, FP8_MAX, HAS_DELTA=delta is not None, HAS_SELECT=select is not None,
+                 QUANT=scale is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4)

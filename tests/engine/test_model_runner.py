@@ -335,3 +335,15 @@ def test_packed_prompts_keep_plan_order_beside_eager_chunks(arch, monkeypatch):
     assert packed.shape[0] == 3
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
     assert (packed[0] - packed[1]).abs().max() > 1e-3 and (packed[1] - packed[2]).abs().max() > 1e-3
+
+
+def test_fused_fp8_quantization_is_for_the_fast_kernels_only(tiny_ckpt):
+    """fuse_fp8_quant asks the fast kernels' fused norm and SiLU; the plain-torch kernels have none, so a reference
+    runner ignores it (the fused path's values: tests/kernels/test_fp8_rows.py, and on the GPU
+    tests/engine/test_quantize_gpu.py)."""
+    base = Engine.from_pretrained(str(tiny_ckpt))
+    ref = Engine(base.talker, base.cfg, base.tokenizer, base.cache, None,
+                 ModelRunnerConfig(kernels="ref", cuda_graphs=False, fuse_fp8_quant=True))
+    assert ref.runner.fast.fuse_fp8 is False and ref.runner.fast.k.add_rms_norm_fp8 is None
+    plain = FastTalker(base.talker, "ref", max_positions=4096)
+    assert plain.fuse_fp8 is False

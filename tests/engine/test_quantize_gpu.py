@@ -148,3 +148,20 @@ def test_fp8_kv_pages(model):
 def test_sampled_streams_end_by_eos_or_the_cap(model, mode):
     res = end_of_speech_guard(engine(model, mode), n=8, max_frames=120, temperature=1.0)
     assert res["all_ended_by_eos_or_cap"] and res["runaway"] == 0, res
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 needs compute capability >= 8.9")
+def test_fused_fp8_quantization_gives_the_same_logits(model):
+    """ModelRunnerConfig.fuse_fp8_quant: the norms and SiLU write the e4m3 activations of the fp8 linears after them
+    (prefill chunks here: more rows than the weight-only GEMV takes). The same bytes as the unfused launches, so the
+    same logits, bit for bit, at the prompt's end and after each teacher-forced decode step."""
+    plain = engine(model, "fp8")
+    fused = engine(model, "fp8", gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), fuse_fp8_quant=True),
+                   talker=plain.talker)
+    assert fused.runner.fast.fuse_fp8 and not plain.runner.fast.fuse_fp8
+    prompt = plain.policy.build_prompt(parity_request())
+    assert len(prompt) // 2 > 16  # both prefill chunks on the scaled GEMM's row counts
+    want, cols = fast_logits(plain, prompt, 4)
+    got, _ = fast_logits(fused, prompt, 4, cols)
+    assert torch.equal(got, want)
