@@ -16,9 +16,12 @@ time. Here one program owns (sequence, K/V head): it loads its group's queries o
 sequence's pages BLOCK_N tokens at a time (one gather of page ids, one gather of K and of V rows, each
 row D contiguous elements), widens K and V to the queries' dtype in registers, and keeps an online
 softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded to the queries' dtype
-for the P @ V product, as FlashInfer does). Over e4m3 pages, fp16 operands instead of bf16 (one
-conversion instruction per two values) measured slower on the H100 (94.6 vs 88.4 us a layer at 256 rows);
-V's tile is loaded beside K's at the top of each iteration (85 vs 89 us over e4m3 pages, the same over bf16). The group is padded to 16 rows for the tensor-core dot.
+for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dots.
+Measured on the H100: fp16 operands over e4m3 pages (one conversion instruction per two values) were
+slower than bf16 (94.6 vs 88.4 us a layer at 256 rows); V's tile loaded beside K's at the top of each
+iteration, 85 vs 89 us over e4m3 pages (the same over bf16). The default form still stages V's e4m3
+tile in shared memory and reads it back byte by byte to transpose it (its PTX); `transposed=True` is
+the form meant to avoid that (below), not yet timed.
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
 No split over the sequence: one program per (sequence, head), so small batches with long contexts
