@@ -69,33 +69,46 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 transposed: bool = False) -> torch.Tensor:
+                 transposed: bool = False, splits: int = 1) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
     `transposed`: the K/V tile as the left operand of both products (scores^T = K q^T, out^T = V^T p^T), so on
     Hopper both become warpgroup MMAs reading the tile from registers, where the default form stages the e4m3
     tile in shared memory and reads it back byte by byte to transpose V (compiled PTX, docs/PERF.md session 13);
-    not yet timed on a GPU. CUDA-graph safe."""
+    not yet timed on a GPU. `splits` > 1: each sequence's tokens cut into that many ranges of whole blocks, one
+    program each, their partial softmax sums (running max, sum, unnormalised output, fp32) merged by a second
+    launch; for small batches, where (sequence, head) programs alone leave SMs idle (not yet timed). CUDA-graph
+    safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, transposed)
+                  num_stages, transposed, splits)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           transposed=False):
+           transposed=False, splits=1):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
+    assert splits >= 1, f"splits must be >= 1, got {splits}"
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
-    if b:
-        _kernel()[(b, hkv)](q, k_pool, v_pool, out, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E,
-                            HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page,
-                            BLOCK_N=block_n, TRANSPOSED=transposed, num_warps=num_warps, num_stages=num_stages)
+    if not b:
+        return out
+    part = ml = out
+    if splits > 1:  # per (sequence, query head, range): the unnormalised output and (running max, sum), fp32
+        part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
+        ml = torch.empty((b, hq, splits, 2), dtype=torch.float32, device=q.device)
+    _kernel()[(b, hkv, splits)](q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len,
+                                sm_scale * LOG2E, HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()),
+                                D=d, PAGE=page, BLOCK_N=block_n, TRANSPOSED=transposed, SPLITS=splits,
+                                num_warps=num_warps, num_stages=num_stages)
+    if splits > 1:
+        _merge_kernel()[(b, hq)](part, ml, out, D=d, SPLITS=splits, SPLITS_PAD=1 << (splits - 1).bit_length(),
+                                 num_warps=4)
     return out
 
 
@@ -111,14 +124,20 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, indptr_ptr, indices_ptr, last_ptr, scale_log2,
-                            HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr):
+    def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
+                            scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                            D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr,
+                            SPLITS: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
         num_pages = tl.load(indptr_ptr + b + 1) - first
         kv_len = (num_pages - 1) * PAGE + tl.load(last_ptr + b)
+        lo, hi = 0, kv_len
+        if SPLITS > 1:  # this program's range of whole blocks (the last ranges may be empty)
+            per = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
+            lo = tl.program_id(2) * per
+            hi = tl.minimum(kv_len, lo + per)
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_N)
@@ -137,9 +156,9 @@ def _kernel():
             acc = tl.zeros((D, GROUP_PAD), dtype=tl.float32)
         else:
             acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
-        for start in range(0, kv_len, BLOCK_N):
+        for start in range(lo, hi, BLOCK_N):
             tok = start + n
-            live = tok < kv_len
+            live = tok < hi
             page = tl.load(indices_ptr + first + tok // PAGE, mask=live, other=0)
             rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
             kv_off = rows[:, None] + d[None, :]
@@ -162,10 +181,43 @@ def _kernel():
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
-        if TRANSPOSED:
-            out = acc / l_i[None, :]
+        if SPLITS > 1:  # the range's partial sums; the merge kernel normalises
+            s_idx = tl.program_id(2)
+            row = b.to(tl.int64) * (HKV * GROUP) + heads  # [GROUP_PAD] query-head rows
+            ok = g < GROUP
+            tl.store(ml_ptr + (row * SPLITS + s_idx) * 2, m_i, mask=ok)
+            tl.store(ml_ptr + (row * SPLITS + s_idx) * 2 + 1, l_i, mask=ok)
+            if TRANSPOSED:
+                tl.store(part_ptr + (row[None, :] * SPLITS + s_idx) * D + d[:, None], acc, mask=q_ok)
+            else:
+                tl.store(part_ptr + (row[:, None] * SPLITS + s_idx) * D + d[None, :], acc, mask=q_ok)
         else:
-            out = acc / l_i[:, None]
-        tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=q_ok)
+            if TRANSPOSED:
+                out = acc / l_i[None, :]
+            else:
+                out = acc / l_i[:, None]
+            tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=q_ok)
 
     return paged_decode_kernel
+
+
+@functools.cache
+def _merge_kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def merge_splits_kernel(part_ptr, ml_ptr, o_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
+                            SPLITS_PAD: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
+        s = tl.arange(0, SPLITS_PAD)
+        ok = s < SPLITS
+        m = tl.load(ml_ptr + (row * SPLITS + s) * 2, mask=ok, other=float("-inf"))  # empty ranges: -inf too
+        l_s = tl.load(ml_ptr + (row * SPLITS + s) * 2 + 1, mask=ok, other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))  # range 0 is never empty: a finite max
+        w = tl.where(m == float("-inf"), 0.0, w)
+        d = tl.arange(0, D)
+        acc = tl.load(part_ptr + (row * SPLITS + s[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+        tl.store(o_ptr + row * D + d, out.to(o_ptr.dtype.element_ty))
+
+    return merge_splits_kernel
