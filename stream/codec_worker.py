@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
+from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +117,11 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
     return sorted(take, key=lambda p: p.deadline)
 
 
-def within_frames(take: list[Pending], frames: int, now: float) -> list[Pending]:
+def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float) -> list[Pending]:
     """`take` (deadline order: a segment's jobs keep their order) cut for a call made while a stream waits
     for its first audio: every urgent job (due within CODEC_URGENT_S: a listener about to run dry never
-    waits for it), then the next jobs while the call holds at most `frames` codec frames; at least one job.
+    waits for it), then the next jobs while `fits(frames)` holds for the call's codec frames; at least one job
+    (`CodecWorker._fits`: a frame count, `codec_starting_frames`, or a predicted call time, `codec_starting_ms`).
     A call costs a fixed ~5 ms plus ~0.5 ms per frame (H100, Qwen3-TTS's 12 Hz decoder: 40-80 frames
     ~28 ms), and the codec thread runs one at a time. Without the urgent jobs' exemption a burst of
     arrivals (someone always starting) held every call to `frames` and the codec fell behind (H100, v2,
@@ -127,7 +129,7 @@ def within_frames(take: list[Pending], frames: int, now: float) -> list[Pending]
     out, n = [], 0
     for p in take:
         f = p.job.codes.shape[1]
-        if out and n + f > frames and p.deadline - now > CODEC_URGENT_S:
+        if out and not fits(n + f) and p.deadline - now > CODEC_URGENT_S:
             break
         out.append(p)
         n += f
@@ -157,7 +159,7 @@ class CodecWorker:
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
-                 starting_frames: int | None = None):
+                 starting_frames: int | None = None, starting_s: float | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -181,6 +183,11 @@ class CodecWorker:
         # while `starting()` (a stream waits for its first audio) a call takes at most this many frames (the
         # most urgent jobs, at least one): a first chunk then never waits behind a long call (None: no cap)
         self.starting, self.starting_frames = starting, starting_frames
+        if starting_s is not None and starting_s <= 0:
+            raise ConfigError(f"codec_starting_ms must be > 0 or None, got {starting_s * 1e3}")
+        # the same, as a time: a call's frames while its predicted time (call_model) stays within this many seconds
+        self.starting_s = starting_s
+        self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
         self._ends: list[tuple] = []  # segment ends waiting for their segment's held jobs
@@ -285,14 +292,22 @@ class CodecWorker:
             except queue.Empty:
                 return False
 
+    def _fits(self, frames: int) -> bool:
+        """Whether a call of `frames` codec frames fits the caps that hold while a stream starts."""
+        if self.starting_frames is not None and frames > self.starting_frames:
+            return False
+        t = None if self.starting_s is None else self.call_model.predict(frames)
+        return t is None or t <= self.starting_s
+
     def _decode_due(self, everything: bool = False) -> None:
         """Decode the due jobs of the `max_windows` most urgent streams (everything with `everything`:
         at stop) in one call — the rest stay held, so a first chunk that comes meanwhile goes in the
         next call, not after all of them — then hand over the ends whose segments have no held job left."""
         flush, now = {id(e[1]) for e in self._ends}, time.monotonic()
         take = list(self.pending) if everything else due(self.pending, now, flush, self.busy())
-        if not everything and self.starting_frames is not None and take and self.starting():
-            take = within_frames(take, self.starting_frames, now)
+        capped = self.starting_frames is not None or self.starting_s is not None
+        if not everything and capped and take and self.starting():
+            take = within_cap(take, self._fits, now)
         per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)
@@ -331,6 +346,8 @@ class CodecWorker:
                 self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
                                    self.code2wav.steps, overdue))
             self.busy_s += took
+            if self.starting_s is not None and jobs:  # the time cap's model of a call
+                self.call_model.observe(sum(j.codes.shape[1] for j in jobs), took)
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
             fade = 0.5 ** ((t1 - self._peak_at) / CALL_PEAK_HALF_LIFE_S)
             self.call_peak_s, self._peak_at = max(took, self.call_peak_s * fade), t1  # one float store: read anywhere

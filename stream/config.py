@@ -85,6 +85,7 @@ class ServerConfig:
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     codec_starting_frames: int | None = None  # while a stream waits for its first audio, codec calls take at most this many frames (None: no cap)
+    codec_starting_ms: float | None = None  # the same cap as a predicted call time (per codec: fixed cost + per frame; None: none)
     ramp_repeat: int = 1  # exact mode: chunks of the first chunk's size before the schedule doubles (2: chunk 1 = chunk 0)
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
@@ -135,6 +136,7 @@ class ServerConfig:
         need(self.codec_starting_frames is None or (isinstance(self.codec_starting_frames, int)
                                                     and self.codec_starting_frames >= 1),
              "codec_starting_frames must be a positive int or None")
+        need(self.codec_starting_ms is None or self.codec_starting_ms > 0, "codec_starting_ms must be > 0 or None")
         need(isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4, "ramp_repeat must be an int in 1..4")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")

@@ -99,7 +99,8 @@ SLOPE_PRIOR_ROWS2 = 1.0  # LoopModel.predict: ridge on the rows' variance (rows^
 
 
 class LoopModel:
-    """Engine loop seconds per step vs decode rows, as an exponentially weighted linear fit."""
+    """Engine loop seconds per step vs decode rows, as an exponentially weighted linear fit (the codec worker fits
+    its calls' seconds vs codec frames with it too)."""
 
     def __init__(self, decay: float = 0.02) -> None:
         self.decay = decay

@@ -342,6 +342,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "0.3 s) and at most N frames more, so a first chunk rarely waits behind a long call (default: no "
                              "cap; opt-in: H100, Qwen3-TTS p95 73 vs 77 ms at 20 req/s, but v2's 128-stream burst p95 432 "
                              "vs 233 ms; docs/PERF.md)")
+    parser.add_argument("--codec-starting-ms", type=float, default=d.codec_starting_ms, metavar="MS",
+                        help="the same cap as a time: a codec call taken while a stream waits for its first audio holds "
+                             "its urgent jobs and then as many frames as the codec's measured call time (a fixed cost "
+                             "plus a cost per frame, fitted on its recent calls) keeps within MS; one cap for codecs of "
+                             "any frame cost (H100: Qwen3-TTS's 12 Hz decoder ~0.4-0.6 ms a frame in calls of 40-200 frames, the "
+                             "Higgs codec ~0.03 ms a frame at 128 streams). "
+                             "Default: none; not yet timed on a GPU")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
@@ -446,7 +453,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
-                        codec_starting_frames=args.codec_starting_frames, ramp_repeat=args.ramp_repeat,
+                        codec_starting_frames=args.codec_starting_frames, codec_starting_ms=args.codec_starting_ms,
+                        ramp_repeat=args.ramp_repeat,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

@@ -20,7 +20,7 @@ from higgs_stream.stream.codec_worker import (
     Round,
     due,
     wake_in,
-    within_frames,
+    within_cap,
 )
 from higgs_stream.engine.errors import ConfigError
 
@@ -240,17 +240,21 @@ def frames_job(n: int) -> SimpleNamespace:
     return SimpleNamespace(codes=np.zeros((16, n), np.int64))
 
 
-def test_within_frames_takes_the_most_urgent_prefix_and_at_least_one_job():
+def at_most(frames: int):
+    return lambda n: n <= frames
+
+
+def test_within_cap_takes_the_most_urgent_prefix_and_at_least_one_job():
     a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
     now = 0.0  # every deadline beyond CODEC_URGENT_S: the cap alone decides
     take = [Pending(a, frames_job(4), 1.0), Pending(b, frames_job(3), 2.0), Pending(a, frames_job(2), 3.0)]
-    assert within_frames(take, 7, now) == take[:2] and within_frames(take, 9, now) == take
-    assert within_frames(take, 6, now) == take[:1]
+    assert within_cap(take, at_most(7), now) == take[:2] and within_cap(take, at_most(9), now) == take
+    assert within_cap(take, at_most(6), now) == take[:1]
     big = [Pending(a, frames_job(25), 1.0)]
-    assert within_frames(big, 8, now) == big  # never empty
+    assert within_cap(big, at_most(8), now) == big  # never empty
 
 
-def test_within_frames_never_leaves_an_urgent_job_behind():
+def test_within_cap_never_leaves_an_urgent_job_behind():
     """A burst of arrivals keeps some stream starting: urgent jobs (listeners about to run dry) all go,
     however many frames they hold; only the jobs after them are cut at the cap."""
     a, b, c = (SimpleNamespace(sid=i) for i in range(3))
@@ -258,9 +262,9 @@ def test_within_frames_never_leaves_an_urgent_job_behind():
     soon = now + CODEC_URGENT_S / 2
     take = [Pending(a, frames_job(10), now - 0.1), Pending(b, frames_job(10), soon),
             Pending(c, frames_job(2), now + 1.0), Pending(a, frames_job(2), now + 2.0)]
-    assert within_frames(take, 8, now) == take[:2]  # 20 urgent frames past the cap of 8; nothing more
-    assert within_frames(take, 22, now) == take[:3]  # room for one more after them
-    assert within_frames(take, 100, now) == take
+    assert within_cap(take, at_most(8), now) == take[:2]  # 20 urgent frames past the cap of 8; nothing more
+    assert within_cap(take, at_most(22), now) == take[:3]  # room for one more after them
+    assert within_cap(take, at_most(100), now) == take
 
 
 def test_while_a_stream_starts_calls_hold_at_most_starting_frames():
@@ -287,3 +291,41 @@ def test_while_a_stream_starts_calls_hold_at_most_starting_frames():
     assert _last(stub)[0] == [segs[1], segs[2]] and w.pending == []
     with pytest.raises(ConfigError, match="codec_starting_frames"):
         CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, starting_frames=0)
+
+
+def test_a_time_cap_holds_calls_to_the_frames_their_fitted_time_allows():
+    """codec_starting_ms: the worker fits its calls' seconds against their frames (a fixed cost + a cost per frame,
+    here 5 ms + 0.5 ms a frame, Qwen3-TTS's decoder on an H100) and, while a stream starts, a call takes the frames
+    that fit the budget; before any call, and with no cap, everything fits. A frame cap and a time cap together:
+    both must hold."""
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, starting_s=0.02)
+    assert w._fits(10_000)  # no call measured yet: no prediction, no cap
+    for frames in (4, 40, 10, 80, 20, 160) * 5:
+        w.call_model.observe(frames, 0.005 + 0.0005 * frames)
+    assert w._fits(29) and not w._fits(32)  # 19.5 ms; 21 ms (the fit's ridge: a hair above the line below its mean)
+    a = SimpleNamespace(sid=0)
+    take = [Pending(a, frames_job(20), 1.0), Pending(a, frames_job(8), 2.0), Pending(a, frames_job(8), 3.0)]
+    assert within_cap(take, w._fits, 0.0) == take[:2]
+    both = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, starting_s=0.02,
+                       starting_frames=12)
+    both.call_model = w.call_model
+    assert both._fits(12) and not both._fits(13)
+    from higgs_stream.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="codec_starting_ms"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, starting_s=0.0)
+
+
+def test_with_a_time_cap_the_worker_measures_its_calls():
+    """Each decode call feeds the time cap's model (frames, seconds): two calls, two observations."""
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False,
+                    starting=lambda: True, starting_s=1.0)
+    w.code2wav = StubCode2Wav()
+    w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    now = time.monotonic()
+    segs = [SimpleNamespace(sid=i) for i in range(2)]
+    for i in range(2):
+        w.pending = [Pending(segs[i], frames_job(3 + i), now - 1.0, taken=now - 1.0)]
+        w._decode_due()
+    assert w.pending == [] and w.call_model._w > 1.9 and w.call_model._x > 6.9  # 2 calls, 3 + 4 frames
+    assert w.call_model.predict(5) is not None

@@ -157,4 +157,22 @@ def test_codec_starting_frames_reach_the_codec_worker():
     pipeline = build_state(args).pipeline
     assert pipeline.codec_worker.starting_frames == 24 and pipeline.codec_worker.starting() is False
     assert pipeline.codec_worker.starting.__func__ is type(pipeline)._starting
+    assert pipeline.codec_worker.starting_s is None
+
+
+def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
+    """--codec-starting-ms (the cap as a predicted call time) is checked by ServerConfig and reaches the worker."""
+    from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.stream.server import build_state
+
+    assert ServerConfig().codec_starting_ms is None and ServerConfig(codec_starting_ms=12.5).codec_starting_ms == 12.5
+    for bad in (0, -3.0):
+        with pytest.raises(ConfigError, match="codec_starting_ms"):
+            ServerConfig(codec_starting_ms=bad)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-ms", "12",
+                              "--no-warm-up"])
+    worker = build_state(args).pipeline.codec_worker
+    assert worker.starting_s == pytest.approx(0.012) and worker.starting_frames is None
 
