@@ -51,6 +51,7 @@ from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, fp8_linear
 from higgs_stream.kernels.int8_linear import int8_linear
+from higgs_stream.stream.config import rows_or_none
 
 V2_LINEARS = {"qkv": (5120, 3072), "o": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192)}  # (N, K)
 
@@ -186,7 +187,7 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=FP8 if kv else talker.dtype,
                            device=talker.audio_head_weight.device)
     t0 = time.perf_counter()
-    tc, tr = (None if v in (None, "none") else int(v) for v in (args.tensor_core_decode_from, args.triton_decode_from))
+    tc, tr = args.tensor_core_decode_from, args.triton_decode_from
     engine = Engine(talker, cfg, tok, cache, config,
                     ModelRunnerConfig(tensor_core_decode_from=tc, triton_decode_from=tr,
                                       fuse_fp8_quant=args.fuse_fp8_quant) if gpu
@@ -265,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=300, help="tokens of K/V per stream in the decode sweep")
     ap.add_argument("--profile-batches", default="", help="batch sizes whose eager decode step is profiled per kernel "
                     "and kernel group (e.g. 1,256; empty: none)")
-    ap.add_argument("--tensor-core-decode-from", default=str(ModelRunnerConfig.tensor_core_decode_from).lower(),
+    ap.add_argument("--tensor-core-decode-from", type=rows_or_none, default=ModelRunnerConfig.tensor_core_decode_from,
                     help="decode graphs of at least this many rows use FlashInfer's tensor-core decode ('none': never)")
-    ap.add_argument("--triton-decode-from", default=str(ModelRunnerConfig.triton_decode_from).lower(),
+    ap.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
                     help="decode graphs of at least this many rows use our Triton decode kernel ('none': never)")
     ap.add_argument("--fuse-fp8-quant", action="store_true",
                     help="fp8: the norms and SiLU write their linear's e4m3 activations (ModelRunnerConfig.fuse_fp8_quant)")

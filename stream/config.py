@@ -25,6 +25,16 @@ ICE_SERVER = re.compile(r"(?P<scheme>stuns?|turns?):(?:(?P<username>[^:@]+):(?P<
                         r"(?P<host>[^:@?/\s]+)(?::(?P<port>\d{1,5}))?(?:\?transport=(?P<transport>udp|tcp))?")
 
 
+def rows_or_none(text: str) -> int | None:
+    """A command-line row count, or 'none' (argparse `type=`: its ValueError reads as an invalid value)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of rows or 'none', got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"

@@ -23,7 +23,7 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.stream import routes
 from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS
-from higgs_stream.stream.config import ServerConfig
+from higgs_stream.stream.config import ServerConfig, rows_or_none
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
     SessionRunner,
@@ -253,16 +253,6 @@ def bound_port(runner: web.AppRunner) -> int:
 
 
 # ---------------------------------------------------------------- CLI: higgs-stream serve
-
-def rows_or_none(text: str) -> int | None:
-    """An argparse type: a row count, or 'none'."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of rows or 'none', got {text!r}") from None
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
