@@ -94,6 +94,9 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     assert splits >= 1, f"splits must be >= 1, got {splits}"
+    if transposed and k_pool.element_size() == 2:
+        raise ValueError("the transposed form is not for 16-bit pages: over bf16 pages Triton 3.6 compiled it to a kernel "
+                         "that wrote garbage or faulted (illegal address) on an H100 at block 64, 4 warps")
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
     if not b:

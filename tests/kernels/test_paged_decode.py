@@ -56,8 +56,18 @@ def test_definition_equals_the_ragged_reference():
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
 
 
-@pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
-@pytest.mark.parametrize("transposed", [False, True])
+def test_the_transposed_form_refuses_16_bit_pages():
+    """Over bf16 pages Triton 3.6 compiled the transposed form to a kernel that wrote garbage (1e35 of peak) or
+    faulted on an illegal address on an H100 (session 14): refused before launch, so a fault cannot poison the
+    CUDA context. It serves e4m3 pages (and fp32 ones in the interpreter)."""
+    q = torch.randn(1, 2, 16)
+    k = torch.randn(2, 4, 1, 16, dtype=torch.bfloat16)
+    lay = PagedLayout.build([[0]], [3], [1], 4)
+    with pytest.raises(ValueError, match="16-bit pages"):
+        pd.launch(q.bfloat16(), k, k, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, 0.25, transposed=True)
+
+
+@pytest.mark.parametrize("pool, transposed", [("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)])
 def test_the_kernel_compiles_for_hopper(pool, transposed, compile_for_hopper):
     """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
     warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, no GPU needed. The transposed form puts both

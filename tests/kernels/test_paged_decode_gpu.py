@@ -30,6 +30,8 @@ def setup(pool_dtype, hq=24, hkv=8, d=128, ps=16, seed=0):
                                     (128, 8, 3, False, 1), (64, 4, 1, True, 1), (32, 8, 2, True, 1),
                                     (64, 4, 1, False, 4), (64, 4, 1, True, 8)])
 def test_matches_definition(pool, params):
+    if params[3] and pool != FP8_KV:
+        pytest.skip("the transposed form refuses 16-bit pages (test_paged_decode.py)")
     q, k, v, lay = setup(pool)
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
     want = paged_decode_ref(q.float(), k, v, *csr, 128 ** -0.5)  # fp32 math over the same pages
