@@ -165,10 +165,10 @@ class ModelRunnerConfig:
     # to be ready with it at 256, 36 s without, H100s), for 4 % of a step in the largest bucket only; 256 to use it
     tensor_core_decode_from: int | None = None
     # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never;
-    # wins over tensor_core_decode_from). H100, v2's heads, per layer at 64 / 256 rows and 300 tokens: bf16 pages
-    # 32 / 112 us vs FlashInfer's 39 / 143, e4m3 pages 26 / 85 vs 45 / 119 (1,000 tokens: 93 / 352 vs 101 / 462, 72 /
-    # 252 vs 123 / 371); below 64 rows it can lose at long contexts (one program per sequence and K/V head, no split)
-    triton_decode_from: int | None = 64
+    # wins over tensor_core_decode_from). H100, v2's heads, per layer, 300 tokens, ours vs FlashInfer's best: bf16
+    # pages 5.9 vs 9.6 us at 1 row (split in 16 ranges), 14.0 vs 17.8 at 16 (4 ranges), 32 / 112 vs 39 / 130 at 64 /
+    # 256; e4m3 pages 6.0 vs 10.3, 12.8 vs 18.1, 25 / 85 vs 45 / 114 (1,000 tokens: faster at every batch too)
+    triton_decode_from: int | None = 1
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
     # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step (112 quantization launches took 0.37 ms
     # of a 256-row step, H100). The same values (bitwise in the interpreter); off until timed on a GPU

@@ -19,13 +19,18 @@ softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded t
 for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dots.
 Measured on the H100: fp16 operands over e4m3 pages (one conversion instruction per two values) were
 slower than bf16 (94.6 vs 88.4 us a layer at 256 rows); V's tile loaded beside K's at the top of each
-iteration, 85 vs 89 us over e4m3 pages (the same over bf16). The default form still stages V's e4m3
-tile in shared memory and reads it back byte by byte to transpose it (its PTX); `transposed=True` is
-the form meant to avoid that (below), not yet timed.
+iteration, 85 vs 89 us over e4m3 pages (the same over bf16). V's e4m3 tile is staged in shared memory and
+read back byte by byte to transpose it (its PTX); a form with both products on K/V-left warpgroup MMAs
+read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a layer at 300 tokens, 317 vs 251 at
+1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed.
+
+Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so
+each sequence's tokens are cut into `splits` ranges of whole blocks, one program each, whose partial
+softmax sums (running max, sum, unnormalised output; fp32) a second launch merges. `decode_splits`
+picks the count per batch (H100, v2's heads, per layer: 1 row 5.9 us at 16 ranges vs 12.7 whole and
+9.6 for FlashInfer's best; 16 rows 14.0 at 4 ranges vs 16.1 and 17.8; from 64 rows whole is fastest).
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
-No split over the sequence: one program per (sequence, head), so small batches with long contexts
-leave SMs idle; the engine uses it from a batch size up (ModelRunnerConfig.triton_decode_from).
 """
 
 from __future__ import annotations
@@ -40,6 +45,18 @@ LOG2E = 1.4426950408889634
 # (block_n, warps, stages): the fastest on an H100 at 64-256 rows over both page types (scripts/bench_attention.py,
 # v2's heads, 300 and 1,000 tokens; docs/PERF.md session 13)
 TRITON_DECODE_PARAMS = (64, 4, 1)
+SPLIT_PROGRAMS = 512  # decode_splits: ranges while (sequences x K/V heads x ranges) stays within this many programs
+MAX_SPLITS = 16
+
+
+def decode_splits(rows: int, kv_heads: int) -> int:
+    """Ranges per sequence for a decode batch of `rows` sequences: the largest power of two <= MAX_SPLITS that keeps
+    rows x kv_heads x ranges <= SPLIT_PROGRAMS (v2's 8 K/V heads: 16 at 1-4 rows, 4 at 16, 1 from 64; the fastest
+    of 1, 4 and 16 at 1, 16, 64-256 rows on an H100, 300 and 1,000 tokens, bf16 and e4m3 pages)."""
+    splits = 1
+    while splits < MAX_SPLITS and rows * kv_heads * splits * 2 <= SPLIT_PROGRAMS:
+        splits *= 2
+    return splits
 
 
 def kv_lens_of(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -69,34 +86,25 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 transposed: bool = False, splits: int = 1) -> torch.Tensor:
+                 splits: int | None = None) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
-    `transposed`: the K/V tile as the left operand of both products (scores^T = K q^T, out^T = V^T p^T), so on
-    Hopper both become warpgroup MMAs reading the tile from registers, where the default form stages the e4m3
-    tile in shared memory and reads it back byte by byte to transpose V (compiled PTX, docs/PERF.md session 13);
-    not yet timed on a GPU. `splits` > 1: each sequence's tokens cut into that many ranges of whole blocks, one
-    program each, their partial softmax sums (running max, sum, unnormalised output, fp32) merged by a second
-    launch; for small batches, where (sequence, head) programs alone leave SMs idle (not yet timed). CUDA-graph
-    safe."""
+    `splits`: ranges per sequence (the module docstring; None: `decode_splits` for this batch). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, transposed, splits)
+                  num_stages, decode_splits(q.shape[0], k_pool.shape[2]) if splits is None else splits)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           transposed=False, splits=1):
+           splits=1):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     assert splits >= 1, f"splits must be >= 1, got {splits}"
-    if transposed and k_pool.element_size() == 2:
-        raise ValueError("the transposed form is not for 16-bit pages: over bf16 pages Triton 3.6 compiled it to a kernel "
-                         "that wrote garbage or faulted (illegal address) on an H100 at block 64, 4 warps")
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
     if not b:
@@ -107,7 +115,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
         ml = torch.empty((b, hq, splits, 2), dtype=torch.float32, device=q.device)
     _kernel()[(b, hkv, splits)](q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len,
                                 sm_scale * LOG2E, HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()),
-                                D=d, PAGE=page, BLOCK_N=block_n, TRANSPOSED=transposed, SPLITS=splits,
+                                D=d, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                                 num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _merge_kernel()[(b, hq)](part, ml, out, D=d, SPLITS=splits, SPLITS_PAD=1 << (splits - 1).bit_length(),
@@ -129,8 +137,7 @@ def _kernel():
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
                             scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                            D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr,
-                            SPLITS: tl.constexpr):
+                            D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -146,19 +153,12 @@ def _kernel():
         n = tl.arange(0, BLOCK_N)
         heads = h * GROUP + g
         base = b.to(tl.int64) * (HKV * GROUP * D)
-        if TRANSPOSED:  # every product with the K/V tile as its left operand: scores^T = K q^T, out^T = V^T p^T
-            q_rows = base + heads[None, :] * D + d[:, None]  # [D, GROUP_PAD]
-            q_ok = g[None, :] < GROUP
-        else:
-            q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
-            q_ok = g[:, None] < GROUP
+        q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
+        q_ok = g[:, None] < GROUP
         q = tl.load(q_ptr + q_rows, mask=q_ok, other=0.0)
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-        if TRANSPOSED:
-            acc = tl.zeros((D, GROUP_PAD), dtype=tl.float32)
-        else:
-            acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+        acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
         for start in range(lo, hi, BLOCK_N):
             tok = start + n
             live = tok < hi
@@ -167,22 +167,13 @@ def _kernel():
             kv_off = rows[:, None] + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
             v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
-            if TRANSPOSED:
-                s = tl.dot(k, q) * scale_log2  # [BLOCK_N, GROUP_PAD] fp32, log2 units
-                s = tl.where(live[:, None], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=0))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[None, :])
-                l_i = l_i * alpha + tl.sum(p, axis=0)
-                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), p.to(q.dtype))  # [D, GROUP_PAD]
-            else:
-                s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
-                s = tl.where(live[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+            s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
+            s = tl.where(live[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
             m_i = m_new
         if SPLITS > 1:  # the range's partial sums; the merge kernel normalises
             s_idx = tl.program_id(2)
@@ -190,16 +181,9 @@ def _kernel():
             ok = g < GROUP
             tl.store(ml_ptr + (row * SPLITS + s_idx) * 2, m_i, mask=ok)
             tl.store(ml_ptr + (row * SPLITS + s_idx) * 2 + 1, l_i, mask=ok)
-            if TRANSPOSED:
-                tl.store(part_ptr + (row[None, :] * SPLITS + s_idx) * D + d[:, None], acc, mask=q_ok)
-            else:
-                tl.store(part_ptr + (row[:, None] * SPLITS + s_idx) * D + d[None, :], acc, mask=q_ok)
+            tl.store(part_ptr + (row[:, None] * SPLITS + s_idx) * D + d[None, :], acc, mask=q_ok)
         else:
-            if TRANSPOSED:
-                out = acc / l_i[None, :]
-            else:
-                out = acc / l_i[:, None]
-            tl.store(o_ptr + q_rows, out.to(o_ptr.dtype.element_ty), mask=q_ok)
+            tl.store(o_ptr + q_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok)
 
     return paged_decode_kernel
 

@@ -37,14 +37,14 @@ def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dty
 
 
 def triton_params(spec: str) -> dict:
-    """'64x4x1' -> paged_decode's block_n, num_warps, num_stages; then 't': its transposed form, 'sN': split each
-    sequence into N ranges (e.g. '64x4x1ts4')."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(t?)(?:s(\d+))?", spec)
+    """'64x4x1' -> paged_decode's block_n, num_warps, num_stages with its ranges per sequence for the batch
+    (`decode_splits`); then 'sN': N ranges (e.g. '64x4x1s4')."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?", spec)
     if m is None:
-        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[t][sN]")
-    block_n, warps, stages, t, splits = m.groups()
-    return {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages), "transposed": t == "t",
-            "splits": int(splits or 1)}
+        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[sN]")
+    block_n, warps, stages, splits = m.groups()
+    return {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages),
+            **({"splits": int(splits)} if splits else {})}
 
 
 def one(batch: int, context: int, kv_dtype: torch.dtype, kernel: str, params: str | None,
@@ -72,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--contexts", default="300")
-    ap.add_argument("--triton", default="64x4x2", help="the Triton kernel's block_n x warps x stages (+ 't': its transposed form, 'sN': N ranges a sequence), comma-separated")
+    ap.add_argument("--triton", default="64x4x2", help="the Triton kernel's block_n x warps x stages (+ 'sN': N ranges a sequence; else decode_splits), comma-separated")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--q-heads", type=int, default=24)
     ap.add_argument("--kv-heads", type=int, default=8)

@@ -48,12 +48,14 @@ def test_bf16_fast_path_tracks_fp32_reference(model):
     assert res["mean_abs_delta_nat"] < 0.03 and res["p99_abs_delta_nat"] < 0.15, res
 
 
-@pytest.mark.parametrize("kernel", ["tensor_cores", "triton"])
-def test_other_decode_kernels_track_fp32_reference(model, kernel):
-    """Decode graphs on FlashInfer's tensor-core decode (ModelRunnerConfig.tensor_core_decode_from) or our Triton
-    kernel (triton_decode_from) track the fp32 reference as the CUDA-core kernel does (from 1 row: the
-    harness decodes one stream, bucket 1)."""
-    opt = {"tensor_cores": {"tensor_core_decode_from": 1}, "triton": {"triton_decode_from": 1}}[kernel]
+@pytest.mark.parametrize("kernel", ["cuda_cores", "tensor_cores", "triton"])
+def test_every_decode_kernel_tracks_fp32_reference(model, kernel):
+    """Decode graphs on FlashInfer's CUDA-core or tensor-core decode (ModelRunnerConfig.triton_decode_from None,
+    tensor_core_decode_from) or our Triton kernel (split in ranges at these small buckets: the default) track the
+    fp32 reference alike (from 1 row: the harness decodes one stream, bucket 1)."""
+    opt = {"cuda_cores": {"triton_decode_from": None},
+           "tensor_cores": {"tensor_core_decode_from": 1, "triton_decode_from": None},
+           "triton": {"triton_decode_from": 1}}[kernel]
     eng = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), **opt))
     assert set(eng.runner.graphs.kernels.values()) == {kernel}
     res = logprob_parity(model[2], eng, steps=12)

@@ -1,8 +1,8 @@
 """The Triton paged decode attention (kernels/paged_decode.py) run by Triton's interpreter on the CPU in fp32:
 equal to its plain-torch definition, which equals the ragged reference `paged_attention_ref` at qo_len 1, on
 fragmented page tables with partly filled last pages, GQA groups of 1 to 4, and blocks of part of a page (pages of 24)
-to four pages, in both forms of the products, whole or split over the sequence (3 ranges: some sequences leave
-ranges empty) (16-bit and e4m3 pages on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
+to four pages, whole or split over the sequence (3 ranges: some sequences leave ranges empty) (16-bit and e4m3 pages
+on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout
 g = torch.Generator().manual_seed(0)
 out = []
-for (hq, hkv, d, page, block_n), transposed, splits in itertools.product(
-        ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)), (False, True), (1, 3)):
+for (hq, hkv, d, page, block_n), splits in itertools.product(
+        ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)), (1, 3)):
     k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
     lens = [1, page, page + 1, 3 * page + 2, 7 * page]
     perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
@@ -29,7 +29,7 @@ for (hq, hkv, d, page, block_n), transposed, splits in itertools.product(
     lay = PagedLayout.build(tables, lens, [1] * len(lens), page)
     q = torch.randn(len(lens), hq, d, generator=g) * 2
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
-    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, transposed=transposed, splits=splits)
+    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, splits=splits)
     want = pd.paged_decode_ref(q, k, v, *csr, d ** -0.5)
     out.append([(got - want).abs().max().item(), want.abs().max().item()])
 print(json.dumps(out))
@@ -56,28 +56,15 @@ def test_definition_equals_the_ragged_reference():
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
 
 
-def test_the_transposed_form_refuses_16_bit_pages():
-    """Over bf16 pages Triton 3.6 compiled the transposed form to a kernel that wrote garbage (1e35 of peak) or
-    faulted on an illegal address on an H100 (session 14): refused before launch, so a fault cannot poison the
-    CUDA context. It serves e4m3 pages (and fp32 ones in the interpreter)."""
-    q = torch.randn(1, 2, 16)
-    k = torch.randn(2, 4, 1, 16, dtype=torch.bfloat16)
-    lay = PagedLayout.build([[0]], [3], [1], 4)
-    with pytest.raises(ValueError, match="16-bit pages"):
-        pd.launch(q.bfloat16(), k, k, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, 0.25, transposed=True)
-
-
-@pytest.mark.parametrize("pool, transposed", [("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)])
-def test_the_kernel_compiles_for_hopper(pool, transposed, compile_for_hopper):
+@pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
+def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
     """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
-    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, no GPU needed. The transposed form puts both
-    products on warpgroup MMAs and reads no e4m3 byte back from shared memory; the default form transposes V's e4m3
-    tile through shared memory one byte at a time (what the transposed form is for)."""
+    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, whole and split in 4 ranges with their merge, no
+    GPU needed."""
     sig = {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
            "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
-           **dict.fromkeys(("HKV", "GROUP", "GROUP_PAD", "D", "PAGE", "BLOCK_N", "TRANSPOSED", "SPLITS"), "constexpr")}
-    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "TRANSPOSED": transposed,
-              "SPLITS": 1}
+           **dict.fromkeys(("HKV", "GROUP", "GROUP_PAD", "D", "PAGE", "BLOCK_N", "SPLITS"), "constexpr")}
+    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "SPLITS": 1}
     ptx = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1).asm["ptx"]
     split = compile_for_hopper(pd._kernel(), sig, {**consts, "SPLITS": 4}, num_warps=4, num_stages=1)
     merge = compile_for_hopper(pd._merge_kernel(), {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16",
@@ -85,8 +72,10 @@ def test_the_kernel_compiles_for_hopper(pool, transposed, compile_for_hopper):
                                {"D": 128, "SPLITS": 4, "SPLITS_PAD": 4}, num_warps=4)
     assert split.asm["cubin"] and merge.asm["cubin"]  # split over the sequence: its partial sums and their merge
     assert "mma" in ptx  # the scores and P @ V on tensor cores
-    byte_reads = ptx.count("ld.shared.b8")
-    if transposed:
-        assert ptx.count("wgmma.mma_async") >= 2 and byte_reads == 0
-    elif pool == "*fp8e4nv":
-        assert byte_reads > 0
+
+
+def test_splits_per_batch():
+    """16 ranges at 1-4 rows of v2's 8 K/V heads, 4 at 16, whole from 64 (the fastest measured, module docstring);
+    never more than 16, never fewer than 1."""
+    assert [pd.decode_splits(b, 8) for b in (1, 2, 4, 8, 16, 32, 64, 256)] == [16, 16, 16, 8, 4, 2, 1, 1]
+    assert pd.decode_splits(1, 1) == 16 and pd.decode_splits(1000, 64) == 1
