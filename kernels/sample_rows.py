@@ -12,11 +12,18 @@
 that order), `sample_rows_ref` the draw built on it; `sample_rows` is the kernel. The plain form
 launches ~30 kernels per draw (two sorts over the vocabulary among them); the Qwen3-TTS code predictor
 draws 15 codebooks per frame one after another, so a batch-1 frame step spent ~450 launches on its
-draws. The kernel sorts each row once in registers: the top-k threshold is the k-th sorted score, and
-the top-p cut is a reverse cumulative sum over the same sorted scores (the suffix sums of descending
-scores are the ascending prefix sums the warper thresholds).
+draws. The kernel sorts nothing: it maps each score to an int key in the same order (the float's bits,
+the negative ones' magnitude bits flipped) and bisects over keys, 33 halvings of the key range each: the
+top-k threshold is the largest key with at least k scores at or above it, the top-p threshold the
+smallest key whose probability mass at or below it exceeds 1 - top_p (the warper's dropped ascending
+prefix lies below it). Each halving is one count or masked sum over the row held in registers. A
+bitonic sort of the row in registers before (tl.sort, then a reverse cumulative sum) was 2-6.7x slower
+at the served shapes (H100, scripts/bench_sampling.py, top-p 0.95: v2's 8 heads of 1,026 ids at 256
+rows 448 vs 67 us, 1 row 39 vs 14; the Qwen3-TTS predictor's 2,048 ids 29 vs 13, its talker's 3,072
+68 vs 15), for the same tokens (none differed from the reference outside rounding-ambiguous rows).
+A row whose warper is off (top-k = V, top-p cut -1) skips that bisection.
 
-Rounding: the kernel's softmax sums and scan differ from torch's in summation order, so a draw can
+Rounding: the kernel's softmax sums differ from torch's in summation order, so a draw can
 differ from `sample_rows_ref` only where a cumulative mass lies within rounding of the top-p cut or
 two race ratios lie within rounding of each other; tokens tied in score at the top-p boundary are
 all kept (the warper's unstable sort keeps an arbitrary subset of them). The noise is an input, so
@@ -31,8 +38,6 @@ import functools
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
-
-BISECT = False  # thresholds by bisection (True) or from one sort of the row (False)
 
 
 def warp_scores_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p_cut: torch.Tensor,
@@ -79,8 +84,7 @@ def _kernel():
 
     @triton.jit
     def sample_kernel(x_ptr, noise_ptr, temp_ptr, topk_ptr, cut_ptr, greedy_ptr, tok_ptr, finite_ptr,
-                      x_sb, x_sh, n_sb, n_sh, heads, vocab, BLOCK: tl.constexpr, CLEAN: tl.constexpr,
-                      BISECT: tl.constexpr):
+                      x_sb, x_sh, n_sb, n_sh, heads, vocab, BLOCK: tl.constexpr, CLEAN: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -94,45 +98,38 @@ def _kernel():
         greedy_tok = tl.argmax(x, axis=0)
         s = x / tl.load(temp_ptr + b)
         top = tl.max(s, axis=0)
-        if BISECT:  # thresholds by bisection over the scores' order-preserving int32 keys: no sort
-            s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal floats, one key
-            bits = s.to(tl.int32, bitcast=True)
-            key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # float order == int order (no NaN here)
-            key = tl.where(inside, key, -(1 << 40))  # padding below every score
-            k = tl.load(topk_ptr + b)
-            # top-k: the largest key with at least k scores at or above it (the k-th largest score)
-            kth_key = tl.min(tl.where(inside, key, 1 << 40), axis=0)  # k = vocab (off): the smallest
-            if k < vocab:
-                lo = kth_key  # k <= vocab scores at or above it
-                hi = tl.max(key, axis=0) + 1  # none at or above it
-                for _ in range(33):  # keys span < 2^33
-                    mid = lo + (hi - lo) // 2
-                    enough = tl.sum((key >= mid).to(tl.int32), axis=0) >= k
-                    lo = tl.where(enough, mid, lo)
-                    hi = tl.where(enough, hi, mid)
-                kth_key = lo
-            # top-p over the top-k distribution: the smallest key whose mass at or below it exceeds the cut
+        # thresholds by bisection over the scores' order-preserving int32 keys (no sort)
+        s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: equal floats, one key
+        bits = s.to(tl.int32, bitcast=True)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # float order == int order (no NaN here)
+        key = tl.where(inside, key, -(1 << 40))  # padding below every score
+        k = tl.load(topk_ptr + b)
+        # top-k: the largest key with at least k scores at or above it (the k-th largest score)
+        kth_key = tl.min(tl.where(inside, key, 1 << 40), axis=0)  # k = vocab (off): the smallest
+        if k < vocab:
+            lo = kth_key  # k <= vocab scores at or above it
+            hi = tl.max(key, axis=0) + 1  # none at or above it
+            for _ in range(33):  # keys span < 2^33
+                mid = lo + (hi - lo) // 2
+                enough = tl.sum((key >= mid).to(tl.int32), axis=0) >= k
+                lo = tl.where(enough, mid, lo)
+                hi = tl.where(enough, hi, mid)
+            kth_key = lo
+        # top-p over the top-k distribution: the smallest key whose mass at or below it exceeds the cut
+        cut = tl.load(cut_ptr + b)
+        p_key = kth_key  # top-p off (cut -1): keep the top-k
+        if cut >= 0.0:
             e = tl.where(key >= kth_key, tl.exp(s - top), 0.0)
             prob = e / tl.sum(e, axis=0)
-            cut = tl.load(cut_ptr + b)
-            lo = kth_key - 1  # mass 0 at or below it (the cut is >= 0 when top-p is on)
-            hi = tl.max(key, axis=0)  # every kept score's mass (~1 > cut)
+            lo = kth_key - 1  # mass 0 at or below it
+            hi = tl.max(key, axis=0)  # every kept score's mass (~1 > cut; the largest score always kept)
             for _ in range(33):
                 mid = lo + (hi - lo) // 2
                 over = tl.sum(tl.where(key <= mid, prob, 0.0), axis=0) > cut
                 lo = tl.where(over, lo, mid)
                 hi = tl.where(over, mid, hi)
-            p_key = tl.where(cut < 0.0, kth_key, hi)  # top-p off (cut -1): keep the top-k
-            keep = (key >= kth_key) & (key >= p_key)
-        else:
-            desc = tl.sort(s, descending=True)  # padding (-inf) last
-            kth = tl.max(tl.where(offs == tl.load(topk_ptr + b) - 1, desc, float("-inf")), axis=0)
-            desc = tl.where(desc >= kth, desc, float("-inf"))
-            e = tl.exp(desc - top)
-            mass = tl.cumsum(e / tl.sum(e, axis=0), axis=0, reverse=True)  # mass at or below each sorted score
-            kept = (mass > tl.load(cut_ptr + b)) | (offs == 0)  # the largest score always kept
-            p_thr = tl.min(tl.where(kept, desc, float("inf")), axis=0)
-            keep = (s >= kth) & (s >= p_thr)
+            p_key = hi
+        keep = (key >= kth_key) & (key >= p_key)
         w = tl.where(keep, tl.exp(s - top), 0.0)
         ratio = tl.where(inside, (w / tl.sum(w, axis=0)) / tl.load(noise_ptr + b * n_sb + h * n_sh + offs,
                                                                      mask=inside, other=1.0), -1.0)
@@ -143,17 +140,16 @@ def _kernel():
 
 
 def sample_rows(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p_cut: torch.Tensor, greedy: torch.Tensor, clean: bool = True, bisect: bool | None = None
+                top_p_cut: torch.Tensor, greedy: torch.Tensor, clean: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Triton version of `sample_rows_ref` (CUDA; rows of `logits` / `noise` contiguous in V, any
     stride over B and H). Graph-capturable: no host synchronisation."""
     require_cuda(logits, noise, temperature, top_k, top_p_cut, greedy, what="sample_rows")
-    return _launch(logits, noise, temperature, top_k, top_p_cut, greedy, clean, BISECT if bisect is None else bisect)
+    return _launch(logits, noise, temperature, top_k, top_p_cut, greedy, clean)
 
 
 def _launch(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-            top_p_cut: torch.Tensor, greedy: torch.Tensor, clean: bool, bisect: bool = BISECT
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            top_p_cut: torch.Tensor, greedy: torch.Tensor, clean: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, h, v = logits.shape
     assert noise.shape == logits.shape and logits.stride(2) == 1 and noise.stride(2) == 1, "rows must be contiguous"
     assert logits.dtype == torch.float32 and noise.dtype == torch.float32, "fp32 logits and noise"
@@ -165,5 +161,5 @@ def _launch(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor
         block = triton.next_power_of_2(v)
         kernel[(b, h)](logits, noise, temperature, top_k, top_p_cut, greedy.view(torch.int8), tokens, finite,
                        logits.stride(0), logits.stride(1), noise.stride(0), noise.stride(1), h, v,
-                       BLOCK=block, CLEAN=clean, BISECT=bisect, num_warps=4 if block <= 2048 else 8)
+                       BLOCK=block, CLEAN=clean, num_warps=4 if block <= 2048 else 8)
     return tokens, finite.view(torch.bool) if clean else None

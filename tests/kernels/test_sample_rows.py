@@ -72,7 +72,7 @@ def test_the_kernel_in_the_interpreter_draws_what_the_reference_draws(interpret)
 def test_the_kernel_compiles_for_hopper(block, clean, warps, compile_for_hopper):
     """No GPU needed: Triton lowers the kernel to PTX and its bundled ptxas assembles it for sm_90, at
     the block sizes the engine launches (vocabularies up to 2048 and up to 4096), with no local-memory
-    traffic in the PTX (the sorted row stays in registers and shared memory)."""
+    traffic in the PTX (the row and its keys stay in registers)."""
     from higgs_stream.kernels import sample_rows
 
     _, kernel = sample_rows._kernel()
