@@ -121,7 +121,7 @@ def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float) -> 
     """`take` (deadline order: a segment's jobs keep their order) cut for a call made while a stream waits
     for its first audio: every urgent job (due within CODEC_URGENT_S: a listener about to run dry never
     waits for it), then the next jobs while `fits(frames)` holds for the call's codec frames; at least one job
-    (`CodecWorker._fits`: a frame count, `codec_starting_frames`, or a predicted call time, `codec_starting_ms`).
+    (`CodecWorker._fits`: the call's predicted time within `codec_starting_ms`).
     A call costs a fixed ~5 ms plus ~0.5 ms per frame (H100, Qwen3-TTS's 12 Hz decoder: 40-80 frames
     ~28 ms), and the codec thread runs one at a time. Without the urgent jobs' exemption a burst of
     arrivals (someone always starting) held every call to `frames` and the codec fell behind (H100, v2,
@@ -159,7 +159,7 @@ class CodecWorker:
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
-                 starting_frames: int | None = None, starting_s: float | None = None):
+                 starting_s: float | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -178,15 +178,12 @@ class CodecWorker:
             raise ConfigError("codec_overdue_first needs the codec on its own stream (codec_stream='separate', "
                               "no codec_sms)")
         self.overdue_first = overdue_first
-        if starting_frames is not None and starting_frames < 1:
-            raise ConfigError(f"codec_starting_frames must be >= 1 or None, got {starting_frames}")
-        # while `starting()` (a stream waits for its first audio) a call takes at most this many frames (the
-        # most urgent jobs, at least one): a first chunk then never waits behind a long call (None: no cap)
-        self.starting, self.starting_frames = starting, starting_frames
         if starting_s is not None and starting_s <= 0:
             raise ConfigError(f"codec_starting_ms must be > 0 or None, got {starting_s * 1e3}")
-        # the same, as a time: a call's frames while its predicted time (call_model) stays within this many seconds
-        self.starting_s = starting_s
+        # while `starting()` (a stream waits for its first audio) a call takes its urgent jobs, then frames while
+        # its predicted time (call_model) stays within this many seconds: a first chunk rarely waits behind a long
+        # call (None: no cap)
+        self.starting, self.starting_s = starting, starting_s
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
@@ -293,9 +290,7 @@ class CodecWorker:
                 return False
 
     def _fits(self, frames: int) -> bool:
-        """Whether a call of `frames` codec frames fits the caps that hold while a stream starts."""
-        if self.starting_frames is not None and frames > self.starting_frames:
-            return False
+        """Whether a call of `frames` codec frames fits the cap that holds while a stream starts."""
         t = None if self.starting_s is None else self.call_model.predict(frames)
         return t is None or t <= self.starting_s
 
@@ -305,8 +300,7 @@ class CodecWorker:
         next call, not after all of them — then hand over the ends whose segments have no held job left."""
         flush, now = {id(e[1]) for e in self._ends}, time.monotonic()
         take = list(self.pending) if everything else due(self.pending, now, flush, self.busy())
-        capped = self.starting_frames is not None or self.starting_s is not None
-        if not everything and capped and take and self.starting():
+        if not everything and self.starting_s is not None and take and self.starting():
             take = within_cap(take, self._fits, now)
         per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
         for p in take:

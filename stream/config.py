@@ -94,8 +94,7 @@ class ServerConfig:
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
-    codec_starting_frames: int | None = None  # while a stream waits for its first audio, codec calls take at most this many frames (None: no cap)
-    codec_starting_ms: float | None = None  # the same cap as a predicted call time (per codec: fixed cost + per frame; None: none)
+    codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; None: no cap)
     ramp_repeat: int = 1  # exact mode: chunks of the first chunk's size before the schedule doubles (2: chunk 1 = chunk 0)
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
@@ -143,9 +142,6 @@ class ServerConfig:
              "codec_sms must be a positive int or None")
         need(not (self.codec_overdue_first and self.codec_sms is not None),
              "codec_overdue_first needs the codec on its own stream: it cannot run with codec_sms")
-        need(self.codec_starting_frames is None or (isinstance(self.codec_starting_frames, int)
-                                                    and self.codec_starting_frames >= 1),
-             "codec_starting_frames must be a positive int or None")
         need(self.codec_starting_ms is None or self.codec_starting_ms > 0, "codec_starting_ms must be > 0 or None")
         need(isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4, "ramp_repeat must be an int in 1..4")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")

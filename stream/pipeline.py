@@ -99,7 +99,7 @@ class Pipeline:
                                         max_windows=codec_max_windows, max_streams=cfg.max_streams,
                                         busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
                                         codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first,
-                                        starting=self._starting, starting_frames=cfg.codec_starting_frames,
+                                        starting=self._starting,
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry

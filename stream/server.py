@@ -327,18 +327,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
                              "so it leaves one first-chunk's worth of steps sooner; the first chunk is sized for it)")
-    parser.add_argument("--codec-starting-frames", type=int, default=d.codec_starting_frames, metavar="N",
-                        help="while a stream waits for its first audio, a codec call takes its urgent jobs (due within "
-                             "0.3 s) and at most N frames more, so a first chunk rarely waits behind a long call (default: no "
-                             "cap; opt-in: H100, Qwen3-TTS p95 73 vs 77 ms at 20 req/s, but v2's 128-stream burst p95 432 "
-                             "vs 233 ms; docs/PERF.md)")
     parser.add_argument("--codec-starting-ms", type=float, default=d.codec_starting_ms, metavar="MS",
-                        help="the same cap as a time: a codec call taken while a stream waits for its first audio holds "
-                             "its urgent jobs and then as many frames as the codec's measured call time (a fixed cost "
-                             "plus a cost per frame, fitted on its recent calls) keeps within MS; one cap for codecs of "
-                             "any frame cost (H100: Qwen3-TTS's 12 Hz decoder ~0.4-0.6 ms a frame in calls of 40-200 frames, the "
-                             "Higgs codec ~0.03 ms a frame at 128 streams). "
-                             "Default: none; not yet timed on a GPU")
+                        help="a codec call taken while a stream waits for its first audio holds its urgent jobs (due "
+                             "within 0.3 s) and then as many frames as the codec's measured call time (a fixed cost plus "
+                             "a cost per frame, fitted on its recent calls) keeps within MS, so a first chunk rarely "
+                             "queues behind a long call; one cap for codecs of any frame cost (default: none; opt-in: "
+                             "H100, one run each, Qwen3-TTS 1.7B 20 req/s p95 65 ms at 12 vs 71-82 without, v2 256 "
+                             "streams at 25 no change beyond noise; docs/PERF.md)")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
@@ -443,7 +438,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
-                        codec_starting_frames=args.codec_starting_frames, codec_starting_ms=args.codec_starting_ms,
+                        codec_starting_ms=args.codec_starting_ms,
                         ramp_repeat=args.ramp_repeat,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,

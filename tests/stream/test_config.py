@@ -77,17 +77,13 @@ def test_codec_schedule_is_eager_unless_asked():
     with pytest.raises(ConfigError, match="codec_overdue_first"):
         ServerConfig(codec_sms=48, codec_overdue_first=True)
     assert ServerConfig(codec_overdue_first=True).codec_overdue_first and not ServerConfig().codec_overdue_first
-    assert ServerConfig().codec_starting_frames is None and ServerConfig(codec_starting_frames=16).codec_starting_frames == 16
-    for bad in (0, 2.5):
-        with pytest.raises(ConfigError, match="codec_starting_frames"):
-            ServerConfig(codec_starting_frames=bad)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--model", "m", "--codec-starting-frames", "24", "--ramp-repeat", "2"])
+    args = parser.parse_args(["--model", "m", "--ramp-repeat", "2"])
     from higgs_stream.stream.server import config_from_args
 
     cfg = config_from_args(args)
-    assert cfg.codec_starting_frames == 24 and cfg.ramp_repeat == 2
+    assert cfg.ramp_repeat == 2
     assert config_from_args(parser.parse_args(["--model", "m"])).ramp_repeat == ServerConfig().ramp_repeat == 1
     for bad in (0, 5, 1.5):
         with pytest.raises(ConfigError, match="ramp_repeat"):
@@ -145,23 +141,9 @@ def test_late_prompts_reach_the_engine_config():
         assert engine.config.late_prompts is want and not engine.runner.late_prompts
 
 
-def test_codec_starting_frames_reach_the_codec_worker():
-    """--codec-starting-frames caps the worker's calls while the pipeline has a stream waiting for its first
-    audio (its `starting` is the pipeline's own test)."""
-    from higgs_stream.stream.server import build_state
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-frames", "24",
-                              "--no-warm-up"])
-    pipeline = build_state(args).pipeline
-    assert pipeline.codec_worker.starting_frames == 24 and pipeline.codec_worker.starting() is False
-    assert pipeline.codec_worker.starting.__func__ is type(pipeline)._starting
-    assert pipeline.codec_worker.starting_s is None
-
-
 def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
-    """--codec-starting-ms (the cap as a predicted call time) is checked by ServerConfig and reaches the worker."""
+    """--codec-starting-ms (the cap as a predicted call time) is checked by ServerConfig and reaches the worker, whose
+    `starting` is the pipeline's own test (a stream waits for its first audio)."""
     from higgs_stream.engine.errors import ConfigError
     from higgs_stream.stream.server import build_state
 
@@ -174,5 +156,6 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
     args = parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-ms", "12",
                               "--no-warm-up"])
     worker = build_state(args).pipeline.codec_worker
-    assert worker.starting_s == pytest.approx(0.012) and worker.starting_frames is None
+    assert worker.starting_s == pytest.approx(0.012) and worker.starting() is False
+    assert worker.starting.__func__ is type(build_state(args).pipeline)._starting
 
