@@ -166,9 +166,12 @@ class ModelRunnerConfig:
     tensor_core_decode_from: int | None = None
     # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never;
     # wins over tensor_core_decode_from). H100, v2's heads, per layer, 300 tokens, ours vs FlashInfer's best: bf16
-    # pages 5.9 vs 9.6 us at 1 row (split in 16 ranges), 14.0 vs 17.8 at 16 (4 ranges), 32 / 112 vs 39 / 130 at 64 /
-    # 256; e4m3 pages 6.0 vs 10.3, 12.8 vs 18.1, 25 / 85 vs 45 / 114 (1,000 tokens: faster at every batch too)
-    triton_decode_from: int | None = 1
+    # pages 32 / 112 us vs 39 / 130 at 64 / 256 rows, e4m3 pages 25 / 85 vs 45 / 114. Below 64 rows it splits each
+    # sequence in ranges (decode_splits: 5.9 vs 9.6 us at 1 row, 14.0 vs 17.8 at 16; whole v2 steps 3.10 vs 3.30 ms
+    # at 1 row, 3.44 vs 3.58 at 16), but the split count follows the graph's bucket, so a stream's codes would then
+    # depend on how many streams share its step, and eager steps (FlashInfer) would differ from replays: the small
+    # buckets keep FlashInfer's CUDA-core decode, equal across them and to an eager batch of one (GPU-tested)
+    triton_decode_from: int | None = 64
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
     # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step (112 quantization launches took 0.37 ms
     # of a 256-row step, H100). The same values (bitwise in the interpreter); off until timed on a GPU

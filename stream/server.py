@@ -321,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
                         metavar="N|none",
                         help="CUDA: decode steps of N or more rows attend with our Triton kernel, fewer with "
-                             "FlashInfer's (default %(default)s: every step; 'none': FlashInfer's always). H100, v2, "
-                             "per layer: 1 row 5.9 vs 9.6 us, 256 rows 112 vs 130 over bf16 pages (docs/PERF.md)")
+                             "FlashInfer's (default %(default)s; 'none': FlashInfer's always; 1: every step, 4-6 %% "
+                             "faster small steps but a stream's codes then depend on its batch). H100, v2, per layer: "
+                             "256 rows 112 vs 130 us over bf16 pages, 1 row 5.9 vs 9.6 (docs/PERF.md)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "

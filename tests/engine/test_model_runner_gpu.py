@@ -51,7 +51,7 @@ def test_bf16_fast_path_tracks_fp32_reference(model):
 @pytest.mark.parametrize("kernel", ["cuda_cores", "tensor_cores", "triton"])
 def test_every_decode_kernel_tracks_fp32_reference(model, kernel):
     """Decode graphs on FlashInfer's CUDA-core or tensor-core decode (ModelRunnerConfig.triton_decode_from None,
-    tensor_core_decode_from) or our Triton kernel (split in ranges at these small buckets: the default) track the
+    tensor_core_decode_from) or our Triton kernel (split in ranges at these small buckets: decode_splits) track the
     fp32 reference alike (from 1 row: the harness decodes one stream, bucket 1)."""
     opt = {"cuda_cores": {"triton_decode_from": None},
            "tensor_cores": {"tensor_core_decode_from": 1, "triton_decode_from": None},

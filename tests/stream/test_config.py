@@ -116,7 +116,7 @@ def test_triton_decode_from_is_parsed_and_checked_before_the_model_loads():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    assert parser.parse_args(["--model", "m"]).triton_decode_from == ModelRunnerConfig().triton_decode_from == 1
+    assert parser.parse_args(["--model", "m"]).triton_decode_from == ModelRunnerConfig().triton_decode_from == 64
     assert parser.parse_args(["--model", "m", "--triton-decode-from", "None"]).triton_decode_from is None
     assert parser.parse_args(["--model", "m", "--triton-decode-from", "128"]).triton_decode_from == 128
     with pytest.raises(SystemExit):
