@@ -52,7 +52,9 @@ MAX_SPLITS = 16
 def decode_splits(rows: int, kv_heads: int) -> int:
     """Ranges per sequence for a decode batch of `rows` sequences: the largest power of two <= MAX_SPLITS that keeps
     rows x kv_heads x ranges <= SPLIT_PROGRAMS (v2's 8 K/V heads: 16 at 1-4 rows, 4 at 16, 1 from 64; the fastest
-    of 1, 4 and 16 at 1, 16, 64-256 rows on an H100, 300 and 1,000 tokens, bf16 and e4m3 pages)."""
+    of 1, 4 and 16 at 1, 16, 64-256 rows on an H100, 300 and 1,000 tokens, bf16 and e4m3 pages). The ranges change a
+    sequence's summation order, so with this count a sequence's output depends on the batch it is decoded in (the
+    engine therefore uses the kernel only from 64 rows by default: ModelRunnerConfig.triton_decode_from)."""
     splits = 1
     while splits < MAX_SPLITS and rows * kv_heads * splits * 2 <= SPLIT_PROGRAMS:
         splits *= 2

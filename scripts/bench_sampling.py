@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from higgs_stream.bench.measure import device_seconds, log
+from higgs_stream.bench.measure import log
+from higgs_stream.bench_quant import graph_time
 from higgs_stream.kernels.sample_rows import sample_rows, sample_rows_ref
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "kernels"))
@@ -25,18 +26,6 @@ from conftest import ambiguous  # noqa: E402
 
 CALLS = 20
 SHAPES = (("v2 heads", 8, 1026), ("qwen predictor", 1, 2048), ("qwen talker", 1, 3072))
-
-
-def timed(fn) -> float:
-    """Microseconds per call: CALLS calls in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    return device_seconds(graph.replay, 7) / CALLS * 1e6
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
                      "top_p_cut": torch.full((b,), 0.05, device="cuda"),
                      "greedy": torch.zeros(b, dtype=torch.bool, device="cuda")}
                 row = {"shape": name, "heads": heads, "vocab": vocab, "rows": b, "top_k": top_k}
-                row["kernel_us"] = timed(lambda: sample_rows(logits, noise, **p, clean=False))
+                row["kernel_us"] = graph_time(lambda: sample_rows(logits, noise, **p, clean=False), CALLS, 7) * 1e6
                 got = sample_rows(logits, noise, **p, clean=False)[0]
                 want, _ = sample_rows_ref(logits, noise, **p, clean=False)
                 skip = ambiguous(logits, noise, p)
