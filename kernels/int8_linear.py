@@ -17,6 +17,13 @@ channel (scale [N]); activations stay in their float dtype.
 
 The Triton tile sizes depend only on the batch-size class (M <= 16 or not) and never split K, so a
 row's result does not depend on the other rows of a small batch (batch-invariant decode steps).
+
+`triton_gemv` (not served yet; scripts/sweep_gemv.py times it): the same product for 1-4 rows on CUDA cores, each
+weight tile widened to fp32 and reduced along wide K tiles (512-2048), so a program keeps more of its weight rows in
+flight and walks K in few steps. Why: at M = 1 the tensor-core kernel pads M to 16 and walks K in 256/512-wide steps
+with 3 in flight, one program per 32 output channels; v2's o and down projections then run 96 programs on 132 SMs,
+each a chain of 12-16 dependent steps, and take 9.4 / 18.6 us against 3.1 / 8.4 us of weight reading (H100, fp8;
+docs/PERF.md session 14).
 """
 
 from __future__ import annotations
@@ -143,3 +150,68 @@ def build_kernel():
 @functools.cache
 def _kernel():
     return build_kernel()
+
+
+GEMV_ROWS_MAX = 4  # rows triton_gemv serves (one reduction per row, unrolled)
+GEMV_BLOCKS = (16, 1024, 4, 3)  # (BLOCK_N, BLOCK_K, warps, stages): a first guess; the sweep decides
+
+
+def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                blocks: tuple[int, int, int, int] = GEMV_BLOCKS) -> torch.Tensor:
+    """x2 [M <= GEMV_ROWS_MAX, K] @ q^T * scale[None, :] -> [M, N] in x2's dtype (CUDA, contiguous; int8 or e4m3
+    weights) on CUDA cores: fp32 products and sums, one reduction over each BLOCK_K-wide tile per row. Each row's
+    sums run in the same order whatever M is (the rows are separate reductions of the same tile)."""
+    m, k = x2.shape
+    assert m <= GEMV_ROWS_MAX, f"triton_gemv serves up to {GEMV_ROWS_MAX} rows, got {m}"
+    assert x2.is_contiguous() and q.is_contiguous(), "operands must be contiguous"
+    out = torch.empty((m, q.shape[0]), dtype=x2.dtype, device=x2.device)
+    if m:
+        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks)
+    return out
+
+
+def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                blocks: tuple[int, int, int, int] = GEMV_BLOCKS) -> None:
+    """Launch the (compiled or interpreted) GEMV kernel over out [M, N]."""
+    m, k = x.shape
+    n = q.shape[0]
+    bn, bk, warps, stages = blocks
+    kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point,
+                           num_warps=warps, num_stages=stages)
+
+
+def build_gemv_kernel():
+    """The GEMV kernel (uncached: the interpreter test builds it under TRITON_INTERPRET=1)."""
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def quantized_gemv_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, ROWS: tl.constexpr,
+                              ROWS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FLOAT: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        col_ok = cols < N
+        ks = tl.arange(0, BLOCK_K)
+        r = tl.arange(0, ROWS_PAD)
+        acc = tl.zeros((ROWS_PAD, BLOCK_N), dtype=tl.float32)
+        for i in range(tl.cdiv(K, BLOCK_K)):
+            kk = i * BLOCK_K + ks
+            k_ok = kk < K
+            w_ptrs = q_ptr + cols[:, None].to(tl.int64) * K + kk[None, :]
+            if W_FLOAT:  # e4m3 (a float fill)
+                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            else:
+                w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+            wf = w.to(tl.float32)  # [BN, BK], exact
+            for row in tl.static_range(ROWS):
+                xr = tl.load(x_ptr + row * K + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+                part = tl.sum(wf * xr[None, :], axis=1)  # [BN]
+                acc = tl.where(r[:, None] == row, acc + part[None, :], acc)
+        y = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        tl.store(out_ptr + r[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=(r[:, None] < M) & col_ok[None, :])
+
+    return quantized_gemv_kernel
+
+
+@functools.cache
+def _gemv_kernel():
+    return build_gemv_kernel()

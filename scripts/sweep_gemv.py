@@ -6,7 +6,8 @@ Triton kernel's block sizes for them.
 For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; what `--quantize` serves now (`fp8_linear`:
 weight-only in the Triton kernel at its `gemv_blocks`; `int8_linear`: the Triton kernel at
 `block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's scaled GEMM, what fp8
-runs above 16 rows); then the Triton kernel at every block configuration of a grid. Each timing is 24
+runs above 16 rows); then the Triton kernel at every block configuration of a grid, and up to 4 rows the CUDA-core
+GEMV (`triton_gemv`, not served yet) at every configuration of its own grid. Each timing is 24
 calls in one CUDA graph over enough weight copies to exceed the L2 cache (every call reads its weight
 from HBM, as a decode step does). Also each way's max error against the fp32 product, relative to its
 peak. Writes DIR/gemv_sweep.json and prints the table and, per M, the one configuration best summed
@@ -28,11 +29,12 @@ from higgs_stream.bench.measure import device_seconds
 from higgs_stream.bench_quant import V2_LINEARS
 from higgs_stream.engine.quantize import quantize_weight
 from higgs_stream.kernels.fp8_linear import fp8_linear
-from higgs_stream.kernels.int8_linear import int8_linear, triton_linear
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, int8_linear, triton_gemv, triton_linear
 
 L2_BYTES = 64 << 20
 CALLS = 24
 GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 5)))  # BN, BK, warps, stages
+GEMV_GRID = list(itertools.product((8, 16, 32), (512, 1024, 2048), (4, 8), (2, 3)))  # triton_gemv: BN, BK, warps, stages
 
 
 def timed(fns: list) -> float:
@@ -83,6 +85,14 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int]) -> list[
                                                for q in qs])
             except Exception as exc:  # e.g. shared memory exceeded: say so, go on
                 row["grid"][str(cfg)] = repr(exc)[:120]
+        if m <= GEMV_ROWS_MAX:  # the CUDA-core GEMV (not served yet), keyed "gemv (BN, BK, warps, stages)"
+            for cfg in GEMV_GRID:
+                try:
+                    row["grid"][f"gemv {cfg}"] = timed([lambda q=q, c=cfg: triton_gemv(x, q.qweight, q.scale, blocks=c)
+                                                        for q in qs])
+                except Exception as exc:
+                    row["grid"][f"gemv {cfg}"] = repr(exc)[:120]
+            row["err_gemv"] = err(triton_gemv(x, qs[0].qweight, qs[0].scale))
         ok = {c: t for c, t in row["grid"].items() if isinstance(t, float)}
         best = sorted(ok, key=ok.get)[:2]
         row["best"] = [(c, ok[c]) for c in best]

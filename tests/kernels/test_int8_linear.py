@@ -84,3 +84,54 @@ def test_triton_kernel_in_the_interpreter(interpret):
     interpreter on the CPU in fp32 (a subprocess: TRITON_INTERPRET must be set before Triton loads)."""
     errs = interpret(SCRIPT)
     assert len(errs) == 5 and max(errs) < 1e-6, errs  # every output written (no NaN left), fp32 rounding only
+
+
+GEMV_SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import int8_linear as m
+from higgs_stream.kernels.fp8_linear import FP8, fp8_linear_ref
+from higgs_stream.engine.quantize import quantize_weight
+kernel = m.build_gemv_kernel()
+out_rows = []
+for rows, n, k, bn, bk in [(1, 40, 300, 16, 128), (2, 64, 128, 16, 64), (3, 33, 129, 32, 64), (4, 70, 1030, 16, 512)]:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=g)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    s = torch.rand(n, generator=g)
+    out = torch.full((rows, n), float("nan"))
+    m.launch_gemv(kernel, x, q, s, out, (bn, bk, 4, 1))
+    want = m.int8_linear_ref(x, q, s)
+    err_int8 = ((out - want).abs().max() / (x.abs() @ q.float().abs().t() * s).max()).item()
+    fq = quantize_weight(torch.randn(n, k, generator=g) * 0.02, "fp8")
+    out8 = torch.full((rows, n), float("nan"))
+    m.launch_gemv(kernel, x, fq.qweight, fq.scale, out8, (bn, bk, 4, 1))
+    want8 = fp8_linear_ref(x, fq.qweight, fq.scale)
+    err_fp8 = ((out8 - want8).abs().max() / want8.abs().max()).item()
+    one = torch.full((1, n), float("nan"))  # row 0 alone: the same sums as in the batch
+    m.launch_gemv(kernel, x[:1].contiguous(), q, s, one, (bn, bk, 4, 1))
+    out_rows.append([err_int8, err_fp8, bool(torch.equal(one[0], out[0]))])
+print(json.dumps(out_rows))
+"""
+
+
+def test_gemv_kernel_in_the_interpreter(interpret):
+    """The CUDA-core GEMV (`triton_gemv`, 1-4 rows; not served until timed) over int8 and e4m3 weights: its N and K
+    tails, the padded row count (3 rows in a block of 4), the scale epilogue, against the definitions in fp32; and row
+    0 computed alone equals row 0 in a batch, bit for bit (each row its own reduction of the same tile)."""
+    for err_int8, err_fp8, alone_equal in interpret(GEMV_SCRIPT):
+        assert err_int8 < 1e-6 and err_fp8 < 1e-5 and alone_equal, (err_int8, err_fp8, alone_equal)
+
+
+@pytest.mark.parametrize("weights, rows, blocks", [("*fp8e4nv", 1, (16, 1024, 4, 3)), ("*i8", 4, (16, 512, 4, 3)),
+                                                   ("*fp8e4nv", 1, (32, 2048, 8, 2))])
+def test_gemv_kernel_compiles_for_hopper(weights, rows, blocks, compile_for_hopper):
+    """The GEMV compiles for sm_90 (no GPU needed) at the tile sizes scripts/sweep_gemv.py starts from, over v2's
+    K = 3072, with no register spills to local memory."""
+    from higgs_stream.kernels import int8_linear as m
+
+    bn, bk, warps, stages = blocks
+    sig = {"x_ptr": "*bf16", "q_ptr": weights, "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+           **dict.fromkeys(("K", "ROWS", "ROWS_PAD", "BLOCK_N", "BLOCK_K", "W_FLOAT"), "constexpr")}
+    consts = {"K": 3072, "ROWS": rows, "ROWS_PAD": rows, "BLOCK_N": bn, "BLOCK_K": bk, "W_FLOAT": weights != "*i8"}
+    compiled = compile_for_hopper(m.build_gemv_kernel(), sig, consts, num_warps=warps, num_stages=stages)
+    assert compiled.asm["cubin"] and "ld.local" not in compiled.asm["ptx"]
