@@ -155,7 +155,8 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
     add_arguments(parser)
     args = parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-ms", "12",
                               "--no-warm-up"])
-    worker = build_state(args).pipeline.codec_worker
+    pipeline = build_state(args).pipeline
+    worker = pipeline.codec_worker
     assert worker.starting_s == pytest.approx(0.012) and worker.starting() is False
-    assert worker.starting.__func__ is type(build_state(args).pipeline)._starting
+    assert worker.starting.__func__ is type(pipeline)._starting
 
