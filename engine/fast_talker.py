@@ -79,7 +79,8 @@ class Kernels:
     silu_and_mul_fp8: Callable[[torch.Tensor], fp8_linear.Fp8Rows] | None = None
 
     @classmethod
-    def named(cls, name: str, device: torch.device) -> Kernels:
+    def named(cls, name: str, device: torch.device, cuda_core_gemv_rows: int = 0) -> Kernels:
+        """`cuda_core_gemv_rows`: quantized linears over at most this many rows on the CUDA-core GEMV (fast)."""
         if name == "ref":
             return cls("ref", fused_norm.add_rms_norm_ref, activation.silu_and_mul_ref, rope_kv.rope_store_kv_ref,
                        functools.partial(quantize.linear, kernels="ref"))
@@ -93,7 +94,8 @@ class Kernels:
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
         return cls("fast", fused_norm.add_rms_norm, activation.silu_and_mul, rope_kv.rope_store_kv,
-                   functools.partial(quantize.linear, kernels="fast"), fused_norm.add_rms_norm_fp8,
+                   functools.partial(quantize.linear, kernels="fast", cuda_core_rows=cuda_core_gemv_rows),
+                   fused_norm.add_rms_norm_fp8,
                    activation.silu_and_mul_fp8)
 
 
@@ -121,16 +123,18 @@ class FastInputs:
 
 class FastTalker:
     def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192,
-                 fuse_fp8_quant: bool = False) -> None:
+                 fuse_fp8_quant: bool = False, cuda_core_gemv_rows: int = 0) -> None:
         """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights. `fuse_fp8_quant`
         (fast kernels): the norms before the QKV and gate/up projections and the SiLU before the down projection
         write their fp8 linear's per-token e4m3 activations themselves (above the weight-only GEMV's rows), in
-        place of a quantization launch per linear; the same values."""
+        place of a quantization launch per linear; the same values. `cuda_core_gemv_rows`: quantized linears over
+        at most this many rows (<= 4) run on the CUDA-core GEMV (ModelRunnerConfig.cuda_core_gemv_rows)."""
         cfg = talker.cfg
         self.cfg = cfg
         w = talker.fast_weights()
         self.device, self.dtype = w.audio_head.device, talker.dtype
-        self.k = Kernels.named(kernels, self.device)
+        self.k = Kernels.named(kernels, self.device, cuda_core_gemv_rows)
+        self.cuda_core_gemv_rows = cuda_core_gemv_rows if kernels == "fast" else 0
         self.fuse_fp8 = fuse_fp8_quant and self.k.add_rms_norm_fp8 is not None
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)

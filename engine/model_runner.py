@@ -82,6 +82,7 @@ from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, Scheduler, Sc
 from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
@@ -177,6 +178,11 @@ class ModelRunnerConfig:
     # of a 256-row step, H100). The same logits (GPU test); timed (H100, same call): 6.36 vs 6.39 ms at 256 rows,
     # 4.50 vs 4.53 at 128 (the fused norms and SiLU cost about what the launches they save did): within noise, off
     fuse_fp8_quant: bool = False
+    # quantized talkers (fp8, int8), decode steps of at most this many rows (<= 4): the linears on a CUDA-core GEMV
+    # (kernels/int8_linear.py triton_gemv: wide K tiles, fp32 sums on CUDA cores) instead of the tensor-core kernel,
+    # whose o / down projections at batch 1 take 9.4 / 18.6 us against 3.1 / 8.4 of reading (H100). 0: never. Not
+    # timed yet (scripts/sweep_gemv.py and bench_quant --cuda-core-gemv-rows time it); off
+    cuda_core_gemv_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -191,6 +197,8 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
+        if not 0 <= self.cuda_core_gemv_rows <= GEMV_ROWS_MAX:
+            raise ConfigError(f"cuda_core_gemv_rows must be in 0..{GEMV_ROWS_MAX}, got {self.cuda_core_gemv_rows}")
         for name in ("tensor_core_decode_from", "triton_decode_from"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
@@ -220,13 +228,16 @@ class ModelRunner:
             raise KernelUnavailable(f"the model runner with kernels='fast' needs the model on CUDA, it is on {dev}")
         positions = max_seq_len + LAG_SLACK + 1
         if fast is not None and (fast.k.name != self.config.kernels or fast.max_positions < positions
-                                 or fast.fuse_fp8 != (self.config.fuse_fp8_quant and self.config.kernels == "fast")):
-            raise ConfigError("the shared FastTalker was built for other kernels, fewer positions or another "
-                              "fuse_fp8_quant")
+                                 or fast.fuse_fp8 != (self.config.fuse_fp8_quant and self.config.kernels == "fast")
+                                 or fast.cuda_core_gemv_rows != (self.config.cuda_core_gemv_rows
+                                                                 if self.config.kernels == "fast" else 0)):
+            raise ConfigError("the shared FastTalker was built for other kernels, fewer positions, another "
+                              "fuse_fp8_quant or cuda_core_gemv_rows")
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions,
-                                       fuse_fp8_quant=self.config.fuse_fp8_quant)
+                                       fuse_fp8_quant=self.config.fuse_fp8_quant,
+                                       cuda_core_gemv_rows=self.config.cuda_core_gemv_rows)
         if completes and self.fast.complete_rows is None:
             raise ConfigError(f"{family.name} samples {policy.head_codebooks} of {cfg.num_codebooks} codebooks per row "
                               f"but its talker has no complete_rows for the fast path (FastWeights.complete_rows)")

@@ -122,16 +122,18 @@ def takes_fp8_rows(w: Weight, rows: int) -> bool:
     return isinstance(w, QuantizedWeight) and w.mode == "fp8" and rows > fp8_linear.GEMV_MAX_M
 
 
-def linear(x: torch.Tensor | fp8_linear.Fp8Rows, w: Weight, kernels: str = "ref") -> torch.Tensor:
+def linear(x: torch.Tensor | fp8_linear.Fp8Rows, w: Weight, kernels: str = "ref", cuda_core_rows: int = 0
+           ) -> torch.Tensor:
     """x [..., K] @ w^T -> [..., N] in x's dtype, for a plain or a quantized weight (`Fp8Rows`: an fp8 weight's
-    activations already quantized, fast kernels)."""
+    activations already quantized, fast kernels). `cuda_core_rows` (fast kernels, CUDA): quantized weights over at
+    most this many rows go through the CUDA-core GEMV (kernels/int8_linear.py `triton_gemv`; 0: never)."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w)
-    if w.mode == "int8":
-        fn = int8_linear.int8_linear if kernels == "fast" else int8_linear.int8_linear_ref
-    else:
-        fn = fp8_linear.fp8_linear if kernels == "fast" else fp8_linear.fp8_linear_ref
-    return fn(x, w.qweight, w.scale)
+    if kernels != "fast":
+        fn = int8_linear.int8_linear_ref if w.mode == "int8" else fp8_linear.fp8_linear_ref
+        return fn(x, w.qweight, w.scale)
+    fn = int8_linear.int8_linear if w.mode == "int8" else fp8_linear.fp8_linear
+    return fn(x, w.qweight, w.scale, cuda_core_rows=cuda_core_rows)
 
 
 class QuantLinear(nn.Module):

@@ -190,10 +190,11 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     tc, tr = args.tensor_core_decode_from, args.triton_decode_from
     engine = Engine(talker, cfg, tok, cache, config,
                     ModelRunnerConfig(tensor_core_decode_from=tc, triton_decode_from=tr,
-                                      fuse_fp8_quant=args.fuse_fp8_quant) if gpu
+                                      fuse_fp8_quant=args.fuse_fp8_quant,
+                                      cuda_core_gemv_rows=args.cuda_core_gemv_rows) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
-    out["fuse_fp8_quant"] = args.fuse_fp8_quant
+    out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -272,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode graphs of at least this many rows use our Triton decode kernel ('none': never)")
     ap.add_argument("--fuse-fp8-quant", action="store_true",
                     help="fp8: the norms and SiLU write their linear's e4m3 activations (ModelRunnerConfig.fuse_fp8_quant)")
+    ap.add_argument("--cuda-core-gemv-rows", type=int, default=0, metavar="N",
+                    help="quantized modes: decode steps of at most N (<= 4) rows run their linears on the CUDA-core "
+                         "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default 0: never)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,

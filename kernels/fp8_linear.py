@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
-from higgs_stream.kernels.int8_linear import triton_linear
+from higgs_stream.kernels.int8_linear import triton_gemv, triton_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -99,10 +99,11 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv
 
 
 def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
-               gemv_max_m: int = GEMV_MAX_M) -> torch.Tensor:
+               gemv_max_m: int = GEMV_MAX_M, cuda_core_rows: int = 0) -> torch.Tensor:
     """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` rows the Triton
-    kernel (weight-only), above them the per-token quantization and the scaled GEMM (`gemv_max_m=0`:
-    always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast accumulation (Hopper's
+    kernel (weight-only; up to `cuda_core_rows` rows, at most int8_linear.GEMV_ROWS_MAX, the CUDA-core
+    `triton_gemv` instead, the same weight-only product), above them the per-token quantization and the scaled
+    GEMM (`gemv_max_m=0`: always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast accumulation (Hopper's
     reduced-precision fp8 accumulator) in the scaled GEMM; off by default. `x` may be `Fp8Rows` (more than
     `gemv_max_m` rows, quantized by a fused kernel before): the GEMM alone then, bf16 out."""
     if isinstance(x, Fp8Rows):
@@ -115,6 +116,8 @@ def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])
+    if x2.shape[0] <= min(cuda_core_rows, gemv_max_m):
+        return triton_gemv(x2.contiguous(), q, w_scale).view(*lead, q.shape[0])
     if x2.shape[0] <= gemv_max_m:
         return triton_linear(x2.contiguous(), q, w_scale, blocks=gemv_blocks(k)).view(*lead, q.shape[0])
     xq, x_scale = quantize_per_token(x2)

@@ -48,8 +48,9 @@ def int8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> to
     return (F.linear(x.float(), q.float()) * scale).to(x.dtype)
 
 
-def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The fast version of `int8_linear_ref` (CPU: ATen's int8 kernel; CUDA: Triton)."""
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, cuda_core_rows: int = 0) -> torch.Tensor:
+    """The fast version of `int8_linear_ref` (CPU: ATen's int8 kernel; CUDA: Triton; up to `cuda_core_rows` rows,
+    at most GEMV_ROWS_MAX, the CUDA-core `triton_gemv`)."""
     _check(x, q, scale)
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()  # [M, K]
@@ -57,7 +58,7 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
         out = _cpu(x2, q, scale).to(x.dtype)
     else:
         require_cuda(x2, q, scale, what="int8_linear")
-        out = triton_linear(x2, q, scale)
+        out = triton_gemv(x2, q, scale) if x2.shape[0] <= cuda_core_rows else triton_linear(x2, q, scale)
     return out.view(*lead, q.shape[0])
 
 

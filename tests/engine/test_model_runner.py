@@ -139,6 +139,10 @@ def test_config_and_input_errors(tiny_ckpt):
         ModelRunnerConfig(tensor_core_decode_from=0)
     with pytest.raises(ConfigError, match="triton_decode_from"):
         ModelRunnerConfig(triton_decode_from=0)
+    for bad in (-1, 5):  # the CUDA-core GEMV serves 1-4 rows
+        with pytest.raises(ConfigError, match="cuda_core_gemv_rows"):
+            ModelRunnerConfig(cuda_core_gemv_rows=bad)
+    assert ModelRunnerConfig().cuda_core_gemv_rows == 0 and ModelRunnerConfig(cuda_core_gemv_rows=4).cuda_core_gemv_rows == 4
     assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):
@@ -347,3 +351,18 @@ def test_fused_fp8_quantization_is_for_the_fast_kernels_only(tiny_ckpt):
     assert ref.runner.fast.fuse_fp8 is False and ref.runner.fast.k.add_rms_norm_fp8 is None
     plain = FastTalker(base.talker, "ref", max_positions=4096)
     assert plain.fuse_fp8 is False
+
+
+def test_cuda_core_gemv_is_for_the_fast_kernels_only(tiny_ckpt):
+    """cuda_core_gemv_rows picks a fast-path kernel (kernels/int8_linear.py triton_gemv); a reference runner ignores
+    it, and on the CPU the quantized linear (ATen's int8 kernel) is the same with or without it (its GPU test:
+    tests/engine/test_quantize_gpu.py)."""
+    from higgs_stream.engine import quantize
+
+    base = Engine.from_pretrained(str(tiny_ckpt))
+    ref = Engine(base.talker, base.cfg, base.tokenizer, base.cache, None,
+                 ModelRunnerConfig(kernels="ref", cuda_graphs=False, cuda_core_gemv_rows=4))
+    assert ref.runner.fast.cuda_core_gemv_rows == 0
+    w = quantize.quantize_weight(torch.randn(24, 32, generator=torch.Generator().manual_seed(0)), "int8")
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(quantize.linear(x, w, "fast", cuda_core_rows=4), quantize.linear(x, w, "fast"))  # CPU: ATen's

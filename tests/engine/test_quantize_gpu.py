@@ -165,3 +165,21 @@ def test_fused_fp8_quantization_gives_the_same_logits(model):
     want, cols = fast_logits(plain, prompt, 4)
     got, _ = fast_logits(fused, prompt, 4, cols)
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="fp8 needs compute capability >= 8.9")
+@pytest.mark.parametrize("mode", ["fp8", "int8"])
+def test_cuda_core_gemv_tracks_the_tensor_core_kernel(model, mode):
+    """ModelRunnerConfig.cuda_core_gemv_rows: the decode steps of one row run the quantized linears on the CUDA-core
+    GEMV. The same weight-only product summed in another order: the teacher-forced logits after each decode step
+    within fp32/bf16 rounding of the tensor-core kernel's (prefill chunks are above its rows: the same kernels)."""
+    plain = engine(model, mode)
+    gemv = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), cuda_core_gemv_rows=4),
+                  talker=plain.talker)
+    assert gemv.runner.fast.cuda_core_gemv_rows == 4 and plain.runner.fast.cuda_core_gemv_rows == 0
+    prompt = plain.policy.build_prompt(parity_request())
+    want, cols = fast_logits(plain, prompt, 4)
+    got, _ = fast_logits(gemv, prompt, 4, cols)
+    rel = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    assert rel < 2e-2, rel  # bf16 activations between layers: a few bf16 ulps of the logits' peak
