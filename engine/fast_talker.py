@@ -145,7 +145,8 @@ class FastTalker:
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
         self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
         self.extra_step_bytes = w.extra_step_bytes
-        self.complete_rows = w.complete_rows(kernels) if w.complete_rows is not None else None
+        self.complete_rows = (w.complete_rows(kernels, cuda_core_gemv_rows) if w.complete_rows is not None
+                              else None)
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
@@ -273,9 +274,10 @@ class FastWeights:
     # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
     embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
     extra_step_bytes: int = 0  # weights a decode step reads beyond these (Qwen3-TTS: code predictor, text projection)
-    # A family whose head samples fewer codebooks than a row holds: kernels name -> its row completion on
-    # the fast path (family.RowCompleter.complete_rows' signature; Qwen3-TTS: its code predictor on this stack)
-    complete_rows: Callable[[str], Callable[..., torch.Tensor]] | None = None
+    # A family whose head samples fewer codebooks than a row holds: (kernels name, cuda_core_gemv_rows) -> its row
+    # completion on the fast path (family.RowCompleter.complete_rows' signature; Qwen3-TTS: its code predictor on
+    # this stack)
+    complete_rows: Callable[[str, int], Callable[..., torch.Tensor]] | None = None
 
 
 def fuse_linears(*linears: Any) -> Weight:

@@ -178,7 +178,8 @@ class ModelRunnerConfig:
     # of a 256-row step, H100). The same logits (GPU test); timed (H100, same call): 6.36 vs 6.39 ms at 256 rows,
     # 4.50 vs 4.53 at 128 (the fused norms and SiLU cost about what the launches they save did): within noise, off
     fuse_fp8_quant: bool = False
-    # quantized talkers (fp8, int8), decode steps of at most this many rows (<= 4): the linears on a CUDA-core GEMV
+    # quantized talkers (fp8, int8), decode steps of at most this many rows (<= 4): the linears (Qwen3-TTS's code
+    # predictor's too) on a CUDA-core GEMV
     # (kernels/int8_linear.py triton_gemv: wide K tiles, fp32 sums on CUDA cores) instead of the tensor-core kernel,
     # whose o / down projections at batch 1 take 9.4 / 18.6 us against 3.1 / 8.4 of reading (H100). 0: never. Not
     # timed yet (scripts/sweep_gemv.py and bench_quant --cuda-core-gemv-rows time it); off

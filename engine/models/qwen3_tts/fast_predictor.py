@@ -82,8 +82,9 @@ class FrameAttention:
 class FastCodePredictor:
     """family.RowCompleter on the fast path (`FastWeights.complete_rows` of the Qwen3-TTS talker)."""
 
-    def __init__(self, model: Any, kernels: str) -> None:
-        self.fast = FastTalker(_PredictorView(model), kernels, max_positions=model.cfg.num_codebooks)
+    def __init__(self, model: Any, kernels: str, cuda_core_gemv_rows: int = 0) -> None:
+        self.fast = FastTalker(_PredictorView(model), kernels, max_positions=model.cfg.num_codebooks,
+                               cuda_core_gemv_rows=cuda_core_gemv_rows)
         self.groups, self.vc = model.cfg.num_codebooks - 1, model.cfg.codebook_size
         self.codec_embed = model.codec_embed  # the talker's group-0 table
         self.proj = model.talker.code_predictor.small_to_mtp_projection
