@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
-from higgs_stream.kernels.int8_linear import triton_gemv, triton_linear
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, triton_gemv, triton_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -116,7 +116,7 @@ def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor
     x2 = x.reshape(-1, k)
     if x2.shape[0] == 0:
         return x.new_empty(*lead, q.shape[0])
-    if x2.shape[0] <= min(cuda_core_rows, gemv_max_m):
+    if x2.shape[0] <= min(cuda_core_rows, gemv_max_m, GEMV_ROWS_MAX):
         return triton_gemv(x2.contiguous(), q, w_scale).view(*lead, q.shape[0])
     if x2.shape[0] <= gemv_max_m:
         return triton_linear(x2.contiguous(), q, w_scale, blocks=gemv_blocks(k)).view(*lead, q.shape[0])

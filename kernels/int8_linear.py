@@ -18,9 +18,9 @@ channel (scale [N]); activations stay in their float dtype.
 The Triton tile sizes depend only on the batch-size class (M <= 16 or not) and never split K, so a
 row's result does not depend on the other rows of a small batch (batch-invariant decode steps).
 
-`triton_gemv` (not served yet; scripts/sweep_gemv.py times it): the same product for 1-4 rows on CUDA cores, each
-weight tile widened to fp32 and reduced along wide K tiles (512-2048), so a program keeps more of its weight rows in
-flight and walks K in few steps. Why: at M = 1 the tensor-core kernel pads M to 16 and walks K in 256/512-wide steps
+`triton_gemv` (off by default, ModelRunnerConfig.cuda_core_gemv_rows; not timed yet: scripts/sweep_gemv.py): the
+same product for 1-4 rows on CUDA cores, each weight tile widened to fp32 and reduced along wide K tiles (512-2048),
+so a program keeps more of its weight rows in flight and walks K in few steps. Why: at M = 1 the tensor-core kernel pads M to 16 and walks K in 256/512-wide steps
 with 3 in flight, one program per 32 output channels; v2's o and down projections then run 96 programs on 132 SMs,
 each a chain of 12-16 dependent steps, and take 9.4 / 18.6 us against 3.1 / 8.4 us of weight reading (H100, fp8;
 docs/PERF.md session 14).
@@ -58,7 +58,8 @@ def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, cuda_core
         out = _cpu(x2, q, scale).to(x.dtype)
     else:
         require_cuda(x2, q, scale, what="int8_linear")
-        out = triton_gemv(x2, q, scale) if x2.shape[0] <= cuda_core_rows else triton_linear(x2, q, scale)
+        out = (triton_gemv(x2, q, scale) if x2.shape[0] <= min(cuda_core_rows, GEMV_ROWS_MAX)
+               else triton_linear(x2, q, scale))
     return out.view(*lead, q.shape[0])
 
 
