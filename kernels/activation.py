@@ -2,9 +2,9 @@
 
 `silu_and_mul_ref` is the plain-torch definition (fp32 math, one cast); `silu_and_mul` the Triton
 kernel (CUDA only). `silu_and_mul_fp8` writes the bf16 result already quantized per token for an fp8
-linear (`fp8_linear.Fp8Rows`): one program per row, two passes (the row's amax, then the values), each
-computing silu(gate) * up as `silu_and_mul` does and rounding it to bf16 before `quantize_per_token`'s
-operations, so the values equal the unfused pair's.
+linear (`fp8_linear.Fp8Rows`): one program per row holding the whole row (as `fused_norm`'s quantizing norm
+does), computing silu(gate) * up as `silu_and_mul` does and rounding it to bf16 before `quantize_per_token`'s
+operations (the row's amax, then the values), so the values equal the unfused pair's.
 """
 
 from __future__ import annotations
@@ -62,25 +62,15 @@ def _quant_kernel():
     @triton.jit
     def silu_and_mul_fp8_kernel(x_ptr, q_ptr, s_ptr, inter, q_eps, inv_fp8_max, fp8_max, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK)
-        amax = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, inter, BLOCK):
-            cols = start + offs
-            mask = cols < inter
-            gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(y))
-        scale = tl.maximum(tl.max(amax, axis=0), q_eps) * inv_fp8_max
+        cols = tl.arange(0, BLOCK)  # BLOCK >= inter: the whole row, read once
+        mask = cols < inter
+        gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.float32)  # 0 in the padding
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0), q_eps) * inv_fp8_max
         tl.store(s_ptr + row, scale)
-        for start in range(0, inter, BLOCK):
-            cols = start + offs
-            mask = cols < inter
-            gate = tl.load(x_ptr + row * 2 * inter + cols, mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + row * 2 * inter + inter + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (gate / (1.0 + tl.exp(-gate)) * up).to(tl.bfloat16).to(tl.float32)
-            y = tl.clamp(tl.math.div_rn(y, scale), -fp8_max, fp8_max)
-            tl.store(q_ptr + row * inter + cols, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        y = tl.clamp(tl.math.div_rn(y, scale), -fp8_max, fp8_max)
+        tl.store(q_ptr + row * inter + cols, y.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     return silu_and_mul_fp8_kernel
 
@@ -101,4 +91,6 @@ def launch_fp8(kernel, gate_up: torch.Tensor, q: torch.Tensor, scale: torch.Tens
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     n, inter = gate_up.shape[0], gate_up.shape[1] // 2
     if n:
-        kernel[(n,)](gate_up, q, scale, inter, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=1024, num_warps=4)
+        block = 1 << max(0, inter - 1).bit_length()  # the row's width, to a power of two
+        kernel[(n,)](gate_up, q, scale, inter, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=block,
+                     num_warps=16 if block >= 16384 else 8 if block >= 2048 else 4)
