@@ -290,8 +290,9 @@ class CodecWorker:
                 return False
 
     def _fits(self, frames: int) -> bool:
-        """Whether a call of `frames` codec frames fits the cap that holds while a stream starts."""
-        t = None if self.starting_s is None else self.call_model.predict(frames)
+        """Whether a call of `frames` codec frames fits the time cap that holds while a stream starts (`starting_s`
+        set; before any call is measured everything fits)."""
+        t = self.call_model.predict(frames)
         return t is None or t <= self.starting_s
 
     def _decode_due(self, everything: bool = False) -> None:
