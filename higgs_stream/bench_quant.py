@@ -50,6 +50,7 @@ from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, fp8_linear
+from higgs_stream.kernels import int8_linear as int8_linear_module
 from higgs_stream.kernels.int8_linear import int8_linear
 from higgs_stream.stream.config import rows_or_none
 
@@ -195,6 +196,7 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
+    out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -276,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-core-gemv-rows", type=int, default=0, metavar="N",
                     help="quantized modes: decode steps of at most N (<= 4) rows run their linears on the CUDA-core "
                          "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default 0: never)")
+    ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
+                    metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
+                    "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,
@@ -288,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         return merge(args.merge, Path(args.out))
     start = time.perf_counter()
     sections, modes = set(args.sections.split(",")), args.modes.split(",")
+    if args.gemv_blocks:
+        assert len(args.gemv_blocks) == 4, "--gemv-blocks takes BN,BK,WARPS,STAGES"
+        int8_linear_module.GEMV_BLOCKS = args.gemv_blocks
     if args.dry_run:
         sections, args.kv_pages, args.greedy_steps = sections - {"gemm"}, 256, 8
     else:

@@ -159,7 +159,7 @@ GEMV_BLOCKS = (16, 1024, 4, 3)  # (BLOCK_N, BLOCK_K, warps, stages): a first gue
 
 
 def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                blocks: tuple[int, int, int, int] = GEMV_BLOCKS) -> torch.Tensor:
+                blocks: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x2 [M <= GEMV_ROWS_MAX, K] @ q^T * scale[None, :] -> [M, N] in x2's dtype (CUDA, contiguous; int8 or e4m3
     weights) on CUDA cores: fp32 products and sums, one reduction over each BLOCK_K-wide tile per row. Each row's
     sums run in the same order whatever M is (the rows are separate reductions of the same tile)."""
@@ -168,7 +168,7 @@ def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     assert x2.is_contiguous() and q.is_contiguous(), "operands must be contiguous"
     out = torch.empty((m, q.shape[0]), dtype=x2.dtype, device=x2.device)
     if m:
-        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks)
+        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks or GEMV_BLOCKS)  # the module's value at call time
     return out
 
 

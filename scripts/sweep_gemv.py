@@ -115,8 +115,14 @@ def layer_summary(rows: list[dict]) -> dict:
         key = f"{mode} m={m}"
         out[key] = {"best_cfg": b, "best_layer_us": tot[b], "served_layer_us": sum(r["served"] for r in per),
                     "bf16_layer_us": sum(r["bf16_cublas"] for r in per)}
+        gemv = {c: t for c, t in tot.items() if c.startswith("gemv ")}
+        if gemv:  # the CUDA-core GEMV's best, as `bench_quant --gemv-blocks` takes it
+            g = min(gemv, key=gemv.get)
+            out[key].update(best_gemv_cfg=g, best_gemv_layer_us=gemv[g],
+                            best_gemv_blocks=",".join(c.strip() for c in g[len("gemv ("):-1].split(",")))
         print(f"{key}: one layer's 4 linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
-              f"{out[key]['served_layer_us']:.1f}, best single configuration {b} {tot[b]:.1f}")
+              f"{out[key]['served_layer_us']:.1f}, best single configuration {b} {tot[b]:.1f}"
+              + (f", best GEMV {out[key]['best_gemv_cfg']} {out[key]['best_gemv_layer_us']:.1f}" if gemv else ""))
     return out
 
 
