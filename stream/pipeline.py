@@ -74,7 +74,6 @@ access_log = logging.getLogger("higgs_stream.access")
 WARM_UP_TIMEOUT_S = 600.0  # Pipeline.warm_up: first-use kernel compilation can take minutes
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
 JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
-MAX_FIRST_CHUNK = 8  # frames (TTFA grows by one engine step per frame)
 DOWNLOADS = ("http",)  # transports whose client may not play in real time: never stepped synchronously for others
 PACE_EVERY_S = 0.01  # engine thread: how often the playback clocks are checked (pause/resume)
 IDLE_WAIT_S = 0.5  # engine thread: longest sleep without work (it is woken on every add/cancel)
@@ -237,18 +236,19 @@ class Pipeline:
         - chunk 1 (`ramp_repeat` 1: twice chunk 0's frames; 2 or more: as many) may wait for the longest
           codec call in flight while chunk 0 waited for none: f frames of audio must cover chunk 1's
           engine steps (2f or f) plus that call, so f >= peak call / (frame - (2 or 1) x loop)
-          (MAX_FIRST_CHUNK when a frame cannot cover them).
+          (`max_first_chunk` when a frame cannot cover them).
         1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size;
-        never above MAX_FIRST_CHUNK. Sizes are fixed per segment: a schedule never shrinks."""
+        never above the config's `max_first_chunk`. Sizes are fixed per segment: a schedule never shrinks."""
         if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
             return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        frame_s, worker, repeat = self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat
+        frame_s, worker, repeat, cap = (self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat,
+                                        self.cfg.max_first_chunk)
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
         if worker.call_peak_s > 0:
             spare = frame_s - (1 if repeat > 1 else 2) * loop_s  # what each frame of chunk 0 leaves after chunk 1's steps
-            first = max(first, MAX_FIRST_CHUNK if spare <= 0 else math.ceil(worker.call_peak_s / spare))
-        first = min(MAX_FIRST_CHUNK, max(DEFAULT_SCHEDULE[0], first))
+            first = max(first, cap if spare <= 0 else math.ceil(worker.call_peak_s / spare))
+        first = min(cap, max(DEFAULT_SCHEDULE[0], first))
         last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat
         while schedule[-1] < last:
             schedule.append(min(last, 2 * schedule[-1]))

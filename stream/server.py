@@ -324,6 +324,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "FlashInfer's (default %(default)s; 'none': FlashInfer's always; 1: every step, 4-6 %% "
                              "faster small steps but a stream's codes then depend on its batch). H100, v2, per layer: "
                              "256 rows 112 vs 130 us over bf16 pages, 1 row 5.9 vs 9.6 (docs/PERF.md)")
+    parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
+                        help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
+                             "longest codec call before chunk 1), up to this many frames (default %(default)s; each "
+                             "frame adds one engine step of TTFA)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
@@ -440,7 +444,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
                         codec_starting_ms=args.codec_starting_ms,
-                        ramp_repeat=args.ramp_repeat,
+                        ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

@@ -79,11 +79,11 @@ def test_codec_schedule_is_eager_unless_asked():
     assert ServerConfig(codec_overdue_first=True).codec_overdue_first and not ServerConfig().codec_overdue_first
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--model", "m", "--ramp-repeat", "2"])
+    args = parser.parse_args(["--model", "m", "--ramp-repeat", "2", "--max-first-chunk", "12"])
     from higgs_stream.stream.server import config_from_args
 
     cfg = config_from_args(args)
-    assert cfg.ramp_repeat == 2
+    assert cfg.ramp_repeat == 2 and cfg.max_first_chunk == 12
     assert config_from_args(parser.parse_args(["--model", "m"])).ramp_repeat == ServerConfig().ramp_repeat == 1
     for bad in (0, 5, 1.5):
         with pytest.raises(ConfigError, match="ramp_repeat"):

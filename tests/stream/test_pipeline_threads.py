@@ -297,6 +297,20 @@ async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_step
         ServerConfig(ramp_repeat=0)
 
 
+async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
+    """A loop longer than half a frame leaves chunk 0's frames nothing to cover chunk 1's two-chunk-0s of steps: the
+    first chunk takes the cap, the configured one (8 by default, 16 here), then doubles from there."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    for cap, want in ((ServerConfig().max_first_chunk, (8, 16, 25)), (16, (16, 25))):
+        p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(max_first_chunk=cap))
+        p.loop_model.observe(64, 0.025)
+        p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
+        assert p.adapter_config("exact").schedule == want
+    with pytest.raises(ConfigError, match="max_first_chunk"):
+        ServerConfig(max_first_chunk=0)
+
+
 def test_the_codec_worker_remembers_its_longest_recent_call():
     """call_peak_s: the longest call, halving every CALL_PEAK_HALF_LIFE_S unless a longer one comes."""
     from higgs_stream.bench_pipeline import FakeCodec
