@@ -99,28 +99,31 @@ def block_sizes(m: int) -> tuple[int, int, int, int, int]:
 
 
 def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-           blocks: tuple[int, int, int, int, int] | None = None) -> None:
+           blocks: tuple[int, int, int, int, int] | None = None, x_scale: torch.Tensor | None = None) -> None:
     """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands). The weight
-    (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers.
+    (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers; e4m3 x (with its fp32
+    per-row `x_scale` [M]) over e4m3 weights multiplies on fp8 tensor cores.
     `blocks`: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), default `block_sizes(M)`."""
     assert x.is_contiguous() and q.is_contiguous() and out.is_contiguous(), "operands must be contiguous"
     m, k = x.shape
     n = q.shape[0]
     bm, bn, bk, warps, stages = blocks or block_sizes(m)
     grid = (-(-m // bm), -(-n // bn))
-    kernel[grid](x, q, scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, IEEE=x.dtype == torch.float32,
-                 W_FLOAT=q.dtype.is_floating_point, num_warps=warps, num_stages=stages)
+    kernel[grid](x, q, scale, scale if x_scale is None else x_scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn,
+                 BLOCK_K=bk, IEEE=x.dtype == torch.float32, W_FLOAT=q.dtype.is_floating_point,
+                 X_SCALED=x_scale is not None, num_warps=warps, num_stages=stages)
 
 
 def build_kernel():
     """The Triton kernel (uncached: a test builds it under TRITON_INTERPRET=1 to run it on the CPU).
-    W_FLOAT: the weight is a float type (e4m3), which needs a float fill."""
+    W_FLOAT: the weight is a float type (e4m3), which needs a float fill. X_SCALED: x carries per-row scales
+    (`xs_ptr`, fp32 [M]; unread otherwise)."""
     triton, tl = triton_modules()
 
     @triton.jit
-    def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr,
+    def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                IEEE: tl.constexpr, W_FLOAT: tl.constexpr):
+                                IEEE: tl.constexpr, W_FLOAT: tl.constexpr, X_SCALED: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         ks = tl.arange(0, BLOCK_K)
@@ -143,10 +146,23 @@ def build_kernel():
                 acc = tl.dot(x, wt, acc)
         s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
         y = acc * s[None, :]
+        if X_SCALED:  # per-row activation scales (x quantized per token)
+            y = y * tl.load(xs_ptr + rows, mask=row_ok, other=0.0)[:, None]
         tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
 
     return quantized_linear_kernel
+
+
+def triton_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor,
+                         out_dtype: torch.dtype = torch.bfloat16,
+                         blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """(xq [M, K] e4m3 @ q [N, K]^T e4m3) * x_scale[:, None] * w_scale[None, :] -> [M, N] out_dtype (CUDA): the same
+    kernel on fp8 tensor cores (fp32 accumulation); what `torch._scaled_mm` computes, with the tiles chosen here."""
+    out = torch.empty((xq.shape[0], q.shape[0]), dtype=out_dtype, device=xq.device)
+    if xq.shape[0]:
+        launch(_kernel(), xq, q, w_scale, out, blocks=blocks or block_sizes(xq.shape[0]), x_scale=x_scale)
+    return out
 
 
 @functools.cache

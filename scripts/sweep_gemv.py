@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from higgs_stream.bench.measure import device_seconds
 from higgs_stream.bench_quant import V2_LINEARS
 from higgs_stream.engine.quantize import quantize_weight
-from higgs_stream.kernels.fp8_linear import fp8_linear
-from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, int8_linear, triton_gemv, triton_linear
+from higgs_stream.kernels.fp8_linear import _scaled_gemm, fp8_linear, quantize_per_token
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, int8_linear, triton_gemv, triton_linear, triton_scaled_linear
 
 L2_BYTES = 64 << 20
 CALLS = 24
 GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 5)))  # BN, BK, warps, stages
-GEMV_GRID = list(itertools.product((8, 16, 32), (512, 1024, 2048), (4, 8), (2, 3)))  # triton_gemv: BN, BK, warps, stages
+GEMV_GRID = list(itertools.product((8, 16, 32), (512, 1024, 2048), (4,), (3,)))  # triton_gemv: BN, BK, warps, stages
 
 
 def timed(fns: list) -> float:
@@ -51,13 +51,15 @@ def timed(fns: list) -> float:
     del graph
     return us
 
+W8A8_GRID = list(itertools.product((64, 128), (64, 128, 256), (128,), (4, 8), (3, 4)))  # BM, BN, BK, warps, stages
+
 
 def served(mode: str):
     """The linear `--quantize mode` runs."""
     return fp8_linear if mode == "fp8" else int8_linear
 
 
-def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int]) -> list[dict]:
+def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_core_grid: bool = True) -> list[dict]:
     copies = max(2, -(-2 * L2_BYTES // (n * k)))  # 8-bit bytes per copy: n * k
     ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(min(copies, 3))]
     qs = [quantize_weight(ws[i % len(ws)], mode) for i in range(copies)]
@@ -78,7 +80,7 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int]) -> list[
         if mode == "fp8":
             row["w8a8_scaled_gemm"] = timed([lambda q=q: fp8_linear(x, q.qweight, q.scale, gemv_max_m=0) for q in qs])
             row["err_w8a8"] = err(fp8_linear(x, qs[0].qweight, qs[0].scale, gemv_max_m=0))
-        for bn, bk, warps, stages in GRID:
+        for bn, bk, warps, stages in GRID if tensor_core_grid else ():
             cfg = (16, bn, bk, warps, stages)
             try:
                 row["grid"][str(cfg)] = timed([lambda q=q, c=cfg: triton_linear(x, q.qweight, q.scale, blocks=c)
@@ -94,13 +96,45 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int]) -> list[
                     row["grid"][f"gemv {cfg}"] = repr(exc)[:120]
             row["err_gemv"] = err(triton_gemv(x, qs[0].qweight, qs[0].scale))
         ok = {c: t for c, t in row["grid"].items() if isinstance(t, float)}
-        best = sorted(ok, key=ok.get)[:2]
-        row["best"] = [(c, ok[c]) for c in best]
+        row["best"] = [(c, ok[c]) for c in sorted(ok, key=ok.get)[:2]]
         rows.append(row)
         extra = f"w8a8 {row['w8a8_scaled_gemm']:5.1f} | " if mode == "fp8" else ""
+        best = " ".join(f"{c} {t:5.1f}" for c, t in row["best"]) or "-"
         print(f"{mode} {name:8s} m={m:3d} floor {row['floor_us']:5.1f} us | bf16 {row['bf16_cublas']:5.1f} | "
-              f"served {row['served']:5.1f} | {extra}best {best[0]} {ok[best[0]]:5.1f} ({best[1]} {ok[best[1]]:5.1f}) | "
+              f"served {row['served']:5.1f} | {extra}best {best} | "
               f"err served {row['err_served']:.1e} bf16 {row['err_bf16']:.1e}", flush=True)
+    return rows
+
+
+def sweep_w8a8(name: str, n: int, k: int, batches: list[int]) -> list[dict]:
+    """fp8 above the small batches: the GEMM of e4m3 activations (quantized per token) and weights, torch's scaled
+    GEMM (cuBLASLt's choice of tiles) vs our Triton kernel's w8a8 form over W8A8_GRID."""
+    copies = max(2, -(-2 * L2_BYTES // (n * k)))
+    ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(min(copies, 3))]
+    qs = [quantize_weight(ws[i % len(ws)], "fp8") for i in range(copies)]
+    rows = []
+    for m in batches:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        xq, xs = quantize_per_token(x)
+        want = _scaled_gemm(xq, xs, qs[0].qweight, qs[0].scale, torch.bfloat16, False).float()
+        row = {"linear": name, "n": n, "k": k, "m": m, "floor_us": n * k / 3.0e6,
+               "scaled_mm": timed([lambda q=q: _scaled_gemm(xq, xs, q.qweight, q.scale, torch.bfloat16, False)
+                                   for q in qs]), "grid": {}}
+        for cfg in W8A8_GRID:
+            try:
+                got = triton_scaled_linear(xq, xs, qs[0].qweight, qs[0].scale, blocks=cfg).float()
+                row.setdefault("max_rel_diff", 0.0)
+                row["max_rel_diff"] = max(row["max_rel_diff"], float((got - want).abs().max() / want.abs().max()))
+                row["grid"][str(cfg)] = timed([lambda q=q, c=cfg: triton_scaled_linear(xq, xs, q.qweight, q.scale, blocks=c)
+                                               for q in qs])
+            except Exception as exc:
+                row["grid"][str(cfg)] = repr(exc)[:120]
+        ok = {c: t for c, t in row["grid"].items() if isinstance(t, float)}
+        row["best"] = [(c, ok[c]) for c in sorted(ok, key=ok.get)[:2]]
+        rows.append(row)
+        best = " ".join(f"{c} {t:5.1f}" for c, t in row["best"]) or "-"
+        print(f"w8a8 {name:8s} m={m:3d} floor {row['floor_us']:5.1f} us | scaled_mm {row['scaled_mm']:5.1f} | "
+              f"best {best} | max rel diff {row.get('max_rel_diff', float('nan')):.1e}", flush=True)
     return rows
 
 
@@ -111,9 +145,9 @@ def layer_summary(rows: list[dict]) -> dict:
         per = [r for r in rows if r["weights"] == mode and r["m"] == m]
         cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
         tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
-        b = min(tot, key=tot.get)
+        b = min(tot, key=tot.get) if tot else None
         key = f"{mode} m={m}"
-        out[key] = {"best_cfg": b, "best_layer_us": tot[b], "served_layer_us": sum(r["served"] for r in per),
+        out[key] = {"best_cfg": b, "best_layer_us": tot.get(b), "served_layer_us": sum(r["served"] for r in per),
                     "bf16_layer_us": sum(r["bf16_cublas"] for r in per)}
         gemv = {c: t for c, t in tot.items() if c.startswith("gemv ")}
         if gemv:  # the CUDA-core GEMV's best, as `bench_quant --gemv-blocks` takes it
@@ -121,7 +155,7 @@ def layer_summary(rows: list[dict]) -> dict:
             out[key].update(best_gemv_cfg=g, best_gemv_layer_us=gemv[g],
                             best_gemv_blocks=",".join(c.strip() for c in g[len("gemv ("):-1].split(",")))
         print(f"{key}: one layer's 4 linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
-              f"{out[key]['served_layer_us']:.1f}, best single configuration {b} {tot[b]:.1f}"
+              f"{out[key]['served_layer_us']:.1f}" + (f", best single configuration {b} {tot[b]:.1f}" if tot else "")
               + (f", best GEMV {out[key]['best_gemv_cfg']} {out[key]['best_gemv_layer_us']:.1f}" if gemv else ""))
     return out
 
@@ -132,17 +166,35 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--weights", default="fp8,int8")
     ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--w8a8-batches", default="", help="also the w8a8 GEMM sweep (sweep_w8a8) at these M (e.g. 64,256)")
+    ap.add_argument("--gemv-only", action="store_true",
+                    help="skip the tensor-core kernel's grid (the served ways and the CUDA-core GEMV's grid only)")
     args = ap.parse_args()
     torch.manual_seed(0)
     t_start, rows = time.time(), []
-    batches = [int(b) for b in args.batches.split(",")]
-    for mode in args.weights.split(","):
+    batches = [int(b) for b in args.batches.split(",") if b]
+    for mode in filter(None, args.weights.split(",")):
         for name, (n, k) in V2_LINEARS.items():
-            rows += sweep_one(mode, name, n, k, batches)
-    summary = layer_summary(rows)
+            rows += sweep_one(mode, name, n, k, batches, tensor_core_grid=not args.gemv_only)
+    summary = layer_summary(rows) if rows else {}
+    w8a8 = []
+    for m in [int(b) for b in args.w8a8_batches.split(",") if b]:
+        for name, (n, k) in V2_LINEARS.items():
+            w8a8 += sweep_w8a8(name, n, k, [m])
+    for m in sorted({r["m"] for r in w8a8}):  # a decode layer's four GEMMs: torch's vs the best single Triton tiles
+        per = [r for r in w8a8 if r["m"] == m]
+        cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
+        tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
+        best_each = sum(r["best"][0][1] for r in per if r["best"])
+        b = min(tot, key=tot.get) if tot else None
+        summary[f"w8a8 m={m}"] = {"scaled_mm_layer_us": sum(r["scaled_mm"] for r in per), "best_cfg": b,
+                                  "best_layer_us": tot.get(b), "best_each_layer_us": best_each}
+        print(f"w8a8 m={m}: one layer's 4 GEMMs: scaled_mm {summary[f'w8a8 m={m}']['scaled_mm_layer_us']:.1f} us, "
+              f"best single tiles {b} {tot.get(b, float('nan')):.1f}, best per linear {best_each:.1f}")
     dev = torch.cuda.get_device_name()
     with open(os.path.join(args.out, "gemv_sweep.json"), "w") as f:
-        json.dump({"device": dev, "rows": rows, "summary": summary, "seconds": time.time() - t_start}, f, indent=1)
+        json.dump({"device": dev, "rows": rows, "w8a8": w8a8, "summary": summary, "seconds": time.time() - t_start},
+                  f, indent=1)
     print(f"{dev}: done in {time.time() - t_start:.0f} s")
 
 

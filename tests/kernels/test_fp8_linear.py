@@ -122,11 +122,49 @@ def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, compile_for_
     from higgs_stream.kernels import int8_linear
     from higgs_stream.kernels.fp8_linear import gemv_blocks
 
-    sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT"), "constexpr")}
+    sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32",
+           "N": "i32", **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED"), "constexpr")}
     fp8 = q_type == "*fp8e4nv"
     bm, bn, bk, warps, stages = gemv_blocks(3072) if fp8 else int8_linear.block_sizes(1)
-    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "W_FLOAT": fp8}
+    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "W_FLOAT": fp8, "X_SCALED": False}
     compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"] and "cp.async.cg.shared.global" in ptx and "ld.global.b8" not in ptx
+
+
+SCALED_SCRIPT = r"""
+import json, torch
+from higgs_stream.kernels import fp8_linear as f, int8_linear as i8
+kernel, errs = i8.build_kernel(), []
+for m, n, k, blocks in [(3, 40, 300, None), (70, 64, 128, (64, 32, 64, 4, 1)), (130, 33, 529, (128, 64, 128, 4, 1))]:
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g) * 3
+    qw, ws = f.quantize_rows_ref(torch.randn(n, k, generator=g) * 0.02)
+    xq, xs = f.quantize_per_token_ref(x)
+    out = torch.full((m, n), float("nan"))
+    i8.launch(kernel, xq.float(), qw.float(), ws, out, blocks=blocks, x_scale=xs)  # e4m3 values held in fp32
+    want = f.fp8_linear_ref(x, qw, ws, gemv_max_m=0)  # per-token activations, as the scaled GEMM
+    errs.append(((out - want).abs().max() / ((xq.float().abs() @ qw.float().abs().t()) * xs[:, None] * ws).max()).item())
+print(json.dumps(errs))
+"""
+
+
+def test_the_scaled_kernel_in_the_interpreter(interpret):
+    """The kernel's w8a8 form (e4m3 activations with per-row scales over e4m3 weights, `triton_scaled_linear`) run
+    by Triton's interpreter with the e4m3 values held in fp32: the definition's per-token product to fp32 summation
+    order, every row scaled by its own scale, M / N / K tails written."""
+    errs = interpret(SCALED_SCRIPT)
+    assert len(errs) == 3 and max(errs) < 1e-6, errs
+
+
+def test_the_scaled_kernel_compiles_to_fp8_tensor_cores(compile_for_hopper):
+    """No GPU needed: e4m3 x e4m3 lowers to Hopper's fp8 warpgroup MMA (no widening of either operand)."""
+    from higgs_stream.kernels import int8_linear
+
+    sig = {"x_ptr": "*fp8e4nv", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16",
+           "M": "i32", "N": "i32",
+           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED"), "constexpr")}
+    consts = {"K": 3072, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "IEEE": False, "W_FLOAT": True, "X_SCALED": True}
+    compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=4, num_stages=3)
+    ptx = compiled.asm["ptx"]
+    assert compiled.asm["cubin"] and "wgmma" in ptx and "e4m3.e4m3" in ptx
