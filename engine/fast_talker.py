@@ -121,9 +121,14 @@ class FastInputs:
         return self.audio_rows is None
 
 
+# Defaults of the two quantized-path options (ModelRunnerConfig documents the measurements behind them)
+FUSE_FP8_QUANT = True
+CUDA_CORE_GEMV_ROWS = 2
+
+
 class FastTalker:
     def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192,
-                 fuse_fp8_quant: bool = False, cuda_core_gemv_rows: int = 0) -> None:
+                 fuse_fp8_quant: bool = FUSE_FP8_QUANT, cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS) -> None:
         """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights. `fuse_fp8_quant`
         (fast kernels): the norms before the QKV and gate/up projections and the SiLU before the down projection
         write their fp8 linear's per-token e4m3 activations themselves (above the weight-only GEMV's rows), in

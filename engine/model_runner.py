@@ -73,7 +73,7 @@ from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS,
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
-from higgs_stream.engine.fast_talker import FastInputs, FastTalker, KernelUnavailable
+from higgs_stream.engine.fast_talker import CUDA_CORE_GEMV_ROWS, FUSE_FP8_QUANT, FastInputs, FastTalker, KernelUnavailable
 from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.quantize import check_fp8_device
@@ -174,16 +174,18 @@ class ModelRunnerConfig:
     # buckets keep FlashInfer's CUDA-core decode, equal across them and to an eager batch of one (GPU-tested)
     triton_decode_from: int | None = 64
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
-    # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step (112 quantization launches took 0.37 ms
-    # of a 256-row step, H100). The same logits (GPU test); timed (H100, same call): 6.36 vs 6.39 ms at 256 rows,
-    # 4.50 vs 4.53 at 128 (the fused norms and SiLU cost about what the launches they save did): within noise, off
-    fuse_fp8_quant: bool = False
+    # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step. The same logits (GPU test). Timed on
+    # H100s, fp8 + e4m3 pages, replayed, three A/B pairs in two calls (session 15, the SiLU reading its row once):
+    # 256 rows 5.78 vs 5.97, 5.84 vs 5.97, 5.85 vs 5.98 ms; 64 rows 3.55 vs 3.62, 3.53 vs 3.62, 3.54 vs 3.61: on
+    fuse_fp8_quant: bool = FUSE_FP8_QUANT
     # quantized talkers (fp8, int8), decode steps of at most this many rows (<= 4): the linears (Qwen3-TTS's code
-    # predictor's too) on a CUDA-core GEMV
-    # (kernels/int8_linear.py triton_gemv: wide K tiles, fp32 sums on CUDA cores) instead of the tensor-core kernel,
-    # whose o / down projections at batch 1 take 9.4 / 18.6 us against 3.1 / 8.4 of reading (H100). 0: never. Not
-    # timed yet (scripts/sweep_gemv.py and bench_quant --cuda-core-gemv-rows time it); off
-    cuda_core_gemv_rows: int = 0
+    # predictor's too) on a CUDA-core GEMV (kernels/int8_linear.py triton_gemv: wide K tiles, fp32 sums on CUDA
+    # cores) instead of the tensor-core kernel (at batch 1 its o / down projections took 9.4 / 18.6 us against 3.1 /
+    # 8.4 of reading). H100, v2, fp8 + e4m3 pages, replayed, same call: 1 row 2.12 vs 2.55 ms, 2 rows 2.60 vs 2.89,
+    # but 4 rows 3.64 vs 2.97 (its rows are unrolled reductions): 2. A row's sums do not depend on the other row,
+    # but do differ from the tensor-core kernel's: a quantized stream's codes are the same in batches of 1-2 and in
+    # batches of 3-16, not across (bf16 talkers: unaffected). 0: never
+    cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):

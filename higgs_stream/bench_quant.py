@@ -273,11 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode graphs of at least this many rows use FlashInfer's tensor-core decode ('none': never)")
     ap.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
                     help="decode graphs of at least this many rows use our Triton decode kernel ('none': never)")
-    ap.add_argument("--fuse-fp8-quant", action="store_true",
-                    help="fp8: the norms and SiLU write their linear's e4m3 activations (ModelRunnerConfig.fuse_fp8_quant)")
-    ap.add_argument("--cuda-core-gemv-rows", type=int, default=0, metavar="N",
+    ap.add_argument("--fuse-fp8-quant", action=argparse.BooleanOptionalAction, default=ModelRunnerConfig.fuse_fp8_quant,
+                    help="fp8: the norms and SiLU write their linear's e4m3 activations (ModelRunnerConfig.fuse_fp8_quant; "
+                         "default %(default)s)")
+    ap.add_argument("--cuda-core-gemv-rows", type=int, default=ModelRunnerConfig.cuda_core_gemv_rows, metavar="N",
                     help="quantized modes: decode steps of at most N (<= 4) rows run their linears on the CUDA-core "
-                         "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default 0: never)")
+                         "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default %(default)s; 0: never)")
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
                     "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")

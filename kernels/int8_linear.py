@@ -18,7 +18,7 @@ channel (scale [N]); activations stay in their float dtype.
 The Triton tile sizes depend only on the batch-size class (M <= 16 or not) and never split K, so a
 row's result does not depend on the other rows of a small batch (batch-invariant decode steps).
 
-`triton_gemv` (off by default, ModelRunnerConfig.cuda_core_gemv_rows; not timed yet: scripts/sweep_gemv.py): the
+`triton_gemv` (decode steps of 1-2 rows by default, ModelRunnerConfig.cuda_core_gemv_rows; scripts/sweep_gemv.py): the
 same product for 1-4 rows on CUDA cores, each weight tile widened to fp32 and reduced along wide K tiles (512-2048),
 so a program keeps more of its weight rows in flight and walks K in few steps. Why: at M = 1 the tensor-core kernel pads M to 16 and walks K in 256/512-wide steps
 with 3 in flight, one program per 32 output channels; v2's o and down projections then run 96 programs on 132 SMs,
@@ -171,7 +171,10 @@ def _kernel():
 
 
 GEMV_ROWS_MAX = 4  # rows triton_gemv serves (one reduction per row, unrolled)
-GEMV_BLOCKS = (16, 1024, 4, 3)  # (BLOCK_N, BLOCK_K, warps, stages): a first guess; the sweep decides
+# (BLOCK_N, BLOCK_K, warps, stages): the fastest over a v2 layer's four fp8 linears at one row of a 9-configuration
+# grid (BN 8/16/32 x BK 512/1024/2048; scripts/sweep_gemv.py, H100, session 15): 46.3 us a layer vs 62.2 for the
+# tensor-core kernel; at 4 rows 99.3 vs 76.3 (ModelRunnerConfig.cuda_core_gemv_rows is 2)
+GEMV_BLOCKS = (8, 1024, 4, 3)
 
 
 def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,

@@ -156,7 +156,8 @@ def test_fused_fp8_quantization_gives_the_same_logits(model):
     """ModelRunnerConfig.fuse_fp8_quant: the norms and SiLU write the e4m3 activations of the fp8 linears after them
     (prefill chunks here: more rows than the weight-only GEMV takes). The same bytes as the unfused launches, so the
     same logits, bit for bit, at the prompt's end and after each teacher-forced decode step."""
-    plain = engine(model, "fp8")
+    assert ModelRunnerConfig().fuse_fp8_quant  # the default
+    plain = engine(model, "fp8", gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), fuse_fp8_quant=False))
     fused = engine(model, "fp8", gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), fuse_fp8_quant=True),
                    talker=plain.talker)
     assert fused.runner.fast.fuse_fp8 and not plain.runner.fast.fuse_fp8
@@ -174,7 +175,8 @@ def test_cuda_core_gemv_tracks_the_tensor_core_kernel(model, mode):
     """ModelRunnerConfig.cuda_core_gemv_rows: the decode steps of one row run the quantized linears on the CUDA-core
     GEMV. The same weight-only product summed in another order: the teacher-forced logits after each decode step
     within fp32/bf16 rounding of the tensor-core kernel's (prefill chunks are above its rows: the same kernels)."""
-    plain = engine(model, mode)
+    assert ModelRunnerConfig().cuda_core_gemv_rows == 2  # the default
+    plain = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), cuda_core_gemv_rows=0))
     gemv = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), cuda_core_gemv_rows=4),
                   talker=plain.talker)
     assert gemv.runner.fast.cuda_core_gemv_rows == 4 and plain.runner.fast.cuda_core_gemv_rows == 0
