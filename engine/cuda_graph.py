@@ -58,10 +58,14 @@ def decode_step(fast: FastTalker, state: DeviceStreamState, attn: Any, k_pool: t
     return state.sample_and_advance(logits, slots, valid.bool(), hidden), logits
 
 
-def decode_kernel(rows: int, kv_bytes: int, tensor_core_from: int | None, triton_from: int | None) -> str:
-    """The decode attention kernel of a graph of `rows` rows over K/V pages of `kv_bytes` per element."""
+def decode_kernel(rows: int, kv_bytes: int, tensor_core_from: int | None, triton_from: int | None,
+                  ranged_below: bool = False) -> str:
+    """The decode attention kernel of a graph of `rows` rows over K/V pages of `kv_bytes` per element
+    (`ranged_below`: buckets below `triton_from` run the Triton kernel's ranged form)."""
     if triton_from is not None and rows >= triton_from:
         return "triton"
+    if triton_from is not None and ranged_below:
+        return "triton_ranges"
     if tensor_core_from is not None and rows >= tensor_core_from and kv_bytes == 2:
         return "tensor_cores"
     return "cuda_cores"
@@ -71,10 +75,12 @@ class DecodeGraphs:
     def __init__(self, fast: FastTalker, state: DeviceStreamState, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  scratch_page: int, page_size: int, max_pages: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
                  enabled: bool = True, workspace_bytes: int = 256 << 20, tensor_core_from: int | None = None,
-                 triton_from: int | None = None) -> None:
+                 triton_from: int | None = None, ranged_below: bool = False) -> None:
         """`tensor_core_from`: buckets of at least this many rows over 16-bit K/V pages attend with FlashInfer's
         tensor-core decode (ModelRunnerConfig.tensor_core_decode_from); `triton_from`: buckets of at least this
-        many rows with our Triton decode kernel (ModelRunnerConfig.triton_decode_from; it wins over the former)."""
+        many rows with our Triton decode kernel (ModelRunnerConfig.triton_decode_from; it wins over the former);
+        `ranged_below`: smaller buckets with its ranged form, for sequences of up to `fast.max_positions` tokens
+        (ModelRunnerConfig.triton_ranged_decode)."""
         self.fast, self.state, self.k_pool, self.v_pool = fast, state, k_pool, v_pool
         self.buckets = tuple(sorted(set(buckets)))
         assert self.buckets[0] >= 1, "buckets must be positive"
@@ -88,9 +94,12 @@ class DecodeGraphs:
         self._staging = torch.zeros((5, self.max_batch), dtype=torch.long).pin_memory()
         self._out_rows = torch.arange(self.max_batch, device=dev)
         self._workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=dev)
-        self.kernels = {b: decode_kernel(b, k_pool.element_size(), tensor_core_from, triton_from) for b in self.buckets}
+        self.kernels = {b: decode_kernel(b, k_pool.element_size(), tensor_core_from, triton_from, ranged_below)
+                        for b in self.buckets}
         self._attn = {b: GraphDecodeAttention(b, max_pages + b, *fast.heads, page_size, dev, self._workspace, fast.dtype,
-                                              kv_dtype=k_pool.dtype, kernel=self.kernels[b]) for b in self.buckets}
+                                              kv_dtype=k_pool.dtype, kernel=self.kernels[b],
+                                              max_kv_len=fast.max_positions if self.kernels[b] == "triton_ranges"
+                                              else None) for b in self.buckets}
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (packed, logits)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -165,14 +165,16 @@ class ModelRunnerConfig:
     # FlashInfer compiles the tensor-core kernel at start-up on a machine without its JIT cache (a v2 server took 72 s
     # to be ready with it at 256, 36 s without, H100s), for 4 % of a step in the largest bucket only; 256 to use it
     tensor_core_decode_from: int | None = None
-    # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never;
-    # wins over tensor_core_decode_from). H100, v2's heads, per layer, 300 tokens, ours vs FlashInfer's best: bf16
-    # pages 32 / 112 us vs 39 / 130 at 64 / 256 rows, e4m3 pages 25 / 85 vs 45 / 114. Below 64 rows it splits each
-    # sequence in ranges (decode_splits: 5.9 vs 9.6 us at 1 row, 14.0 vs 17.8 at 16; whole v2 steps 3.10 vs 3.30 ms
-    # at 1 row, 3.44 vs 3.58 at 16), but the split count follows the graph's bucket, so a stream's codes would then
-    # depend on how many streams share its step, and eager steps (FlashInfer) would differ from replays: the small
-    # buckets keep FlashInfer's CUDA-core decode, equal across them and to an eager batch of one (GPU-tested)
+    # decode graphs of at least this many rows attend with our Triton kernel (kernels/paged_decode.py; None: never,
+    # FlashInfer's decode everywhere; wins over tensor_core_decode_from). H100, v2's heads, per layer, 300 tokens,
+    # ours vs FlashInfer's best: bf16 pages 32 / 112 us vs 39 / 130 at 64 / 256 rows, e4m3 pages 25 / 85 vs 45 / 114
     triton_decode_from: int | None = 64
+    # the smaller decode graphs and the eager decode steps run the Triton kernel's ranged form (fixed 64-token ranges
+    # reduced on their own, then merged: batch-invariant, the same bits in any batch below triton_decode_from and
+    # eagerly) instead of FlashInfer's CUDA-core decode. Session 14's ranges followed the batch (16 at 1-4 rows):
+    # 5.9 vs 9.6 us a layer at 1 row, 14.0 vs 17.8 at 16, but codes then changed with the bucket. Off with
+    # triton_decode_from None
+    triton_ranged_decode: bool = True
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
     # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step. The same logits (GPU test). Timed on
     # H100s, fp8 + e4m3 pages, replayed, three A/B pairs in two calls (session 15, the SiLU reading its row once):
@@ -266,7 +268,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.fast, self.state, cache.pool.k, cache.pool.v, self.scratch_page,
                                        alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets,
                                        tensor_core_from=self.config.tensor_core_decode_from,
-                                       triton_from=self.config.triton_decode_from)
+                                       triton_from=self.config.triton_decode_from,
+                                       ranged_below=self.config.triton_ranged_decode)
             with torch.no_grad():
                 self.graphs.capture()
         self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends
@@ -300,9 +303,11 @@ class ModelRunner:
         if self.config.kernels == "ref":
             return RefAttention(self.cfg.head_dim)
         try:
+            ranged = self.config.triton_ranged_decode and self.config.triton_decode_from is not None
             return FlashInferAttention(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
                                        self.cache.allocator.page_size, self.device, self.fast.dtype,
-                                       kv_dtype=self.cache.pool.k.dtype)
+                                       kv_dtype=self.cache.pool.k.dtype,
+                                       ranged_max_kv_len=self.fast.max_positions if ranged else None)
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
 

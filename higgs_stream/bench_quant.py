@@ -191,10 +191,12 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     tc, tr = args.tensor_core_decode_from, args.triton_decode_from
     engine = Engine(talker, cfg, tok, cache, config,
                     ModelRunnerConfig(tensor_core_decode_from=tc, triton_decode_from=tr,
+                                      triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
                                       cuda_core_gemv_rows=args.cuda_core_gemv_rows) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
+    out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
     out["graph_capture_s"] = time.perf_counter() - t0
@@ -273,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode graphs of at least this many rows use FlashInfer's tensor-core decode ('none': never)")
     ap.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
                     help="decode graphs of at least this many rows use our Triton decode kernel ('none': never)")
+    ap.add_argument("--triton-ranged-decode", action=argparse.BooleanOptionalAction,
+                    default=ModelRunnerConfig.triton_ranged_decode,
+                    help="decode graphs below --triton-decode-from (and eager decode steps) run the Triton kernel's "
+                         "ranged form (ModelRunnerConfig.triton_ranged_decode; default %(default)s)")
     ap.add_argument("--fuse-fp8-quant", action=argparse.BooleanOptionalAction, default=ModelRunnerConfig.fuse_fp8_quant,
                     help="fp8: the norms and SiLU write their linear's e4m3 activations (ModelRunnerConfig.fuse_fp8_quant; "
                          "default %(default)s)")

@@ -115,8 +115,13 @@ class FlashInferAttention:
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  device: torch.device, dtype: torch.dtype = torch.bfloat16,
-                 workspace: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None) -> None:
-        """`dtype`: the queries'; `kv_dtype`: the pools' (None: the same; fp8 e4m3 pools, unscaled)."""
+                 workspace: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None,
+                 ranged_max_kv_len: int | None = None) -> None:
+        """`dtype`: the queries'; `kv_dtype`: the pools' (None: the same; fp8 e4m3 pools, unscaled).
+        `ranged_max_kv_len`: decode steps run our Triton kernel's ranged form for sequences of at most this many
+        tokens (batch-invariant: as the decode graphs' "triton_ranges" buckets) instead of FlashInfer's decode."""
+        self.ranged_max_kv_len = ranged_max_kv_len
+        self._csr_host: torch.Tensor | None = None
         fi = flashinfer_module()
         if torch.device(device).type != "cuda":
             raise KernelUnavailableError(f"FlashInfer attention needs a CUDA device, got {device}")
@@ -130,7 +135,14 @@ class FlashInferAttention:
 
     def plan(self, csr: HostCSR, decode: bool) -> None:
         hq, hkv, d = self.heads
-        if decode:
+        if decode and self.ranged_max_kv_len is not None:  # one upload of the CSR; the kernel reads it on the device
+            assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
+            b = csr.batch_size
+            self._csr_host = torch.cat((csr.kv_indptr, csr.kv_last_page_len, csr.kv_indices)).pin_memory()
+            dev = self._csr_host.to(self.workspace.device, non_blocking=True)
+            self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
+            self._active = "triton_ranges"
+        elif decode:
             assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
             self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
                               q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=d**-0.5)
@@ -147,10 +159,13 @@ class FlashInferAttention:
         assert self._active is not None, "plan() before run()"
         assert q.shape[0] == self._num_tokens, f"q has {q.shape[0]} rows, the plan {self._num_tokens}"
         require_cuda(q, k_cache, v_cache, what="FlashInfer attention")
+        if self._active == "triton_ranges":
+            return paged_decode(q, k_cache, v_cache, *self._csr_dev, self.heads[2] ** -0.5,
+                                max_kv_len=self.ranged_max_kv_len)
         return self._active.run(q, (k_cache, v_cache))
 
 
-DECODE_KERNELS = ("cuda_cores", "tensor_cores", "triton")
+DECODE_KERNELS = ("cuda_cores", "tensor_cores", "triton", "triton_ranges")
 
 
 class GraphDecodeAttention:
@@ -159,17 +174,21 @@ class GraphDecodeAttention:
     Index buffers are allocated once for `max_pages` page indices; `plan()` (host, before each
     replay) copies the step's CSR into them and, for FlashInfer's kernels, refreshes their split schedule.
     `kernel`: FlashInfer's CUDA-core decode ("cuda_cores"), its tensor-core decode (its prefill kernel
-    with every qo_len 1, "tensor_cores"), or our Triton kernel (`kernels.paged_decode`, "triton": no
-    host planning, one upload of the whole CSR; `triton_params`: keyword arguments of `paged_decode`, e.g. its
-    block_n / num_warps / num_stages, for benchmarks; default its own).
+    with every qo_len 1, "tensor_cores"), or our Triton kernel (`kernels.paged_decode`, "triton": whole,
+    "triton_ranges": its batch-invariant ranged form over sequences of at most `max_kv_len` tokens; no host planning,
+    one upload of the whole CSR; `triton_params`: keyword arguments of `paged_decode`, e.g. its block_n / num_warps /
+    num_stages, for benchmarks; default its own).
     """
 
     def __init__(self, batch_size: int, max_pages: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, device: torch.device, workspace: torch.Tensor,
                  dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None,
-                 kernel: str = "cuda_cores", triton_params: dict | None = None) -> None:
+                 kernel: str = "cuda_cores", triton_params: dict | None = None, max_kv_len: int | None = None) -> None:
         if kernel not in DECODE_KERNELS:
             raise ValueError(f"decode kernel must be one of {DECODE_KERNELS}, got {kernel!r}")
+        if (kernel == "triton_ranges") != (max_kv_len is not None):
+            raise ValueError("max_kv_len goes with the 'triton_ranges' kernel, and only with it")
+        self.max_kv_len = max_kv_len
         self.batch_size, self.max_pages, self.kernel = batch_size, max_pages, kernel
         self.triton_params = dict(triton_params or {})
         check_head_dim(head_dim)
@@ -183,7 +202,7 @@ class GraphDecodeAttention:
         self._indices = self._csr[2 * batch_size + 1:]
         self._last.fill_(1)
         self._wrapper = None
-        if kernel != "triton":
+        if not kernel.startswith("triton"):
             self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices
             self._wrapper = flashinfer_module().BatchDecodeWithPagedKVCacheWrapper(
                 workspace, "NHD", use_cuda_graph=True, use_tensor_cores=kernel == "tensor_cores",
@@ -212,5 +231,5 @@ class GraphDecodeAttention:
         assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"
         if self._wrapper is None:
             return paged_decode(q, k_cache, v_cache, self._indptr, self._indices, self._last, self.heads[2] ** -0.5,
-                                **self.triton_params)
+                                max_kv_len=self.max_kv_len, **self.triton_params)
         return self._wrapper.run(q, (k_cache, v_cache))

@@ -24,11 +24,16 @@ read back byte by byte to transpose it (its PTX); a form with both products on K
 read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a layer at 300 tokens, 317 vs 251 at
 1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed.
 
-Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so
-each sequence's tokens are cut into `splits` ranges of whole blocks, one program each, whose partial
-softmax sums (running max, sum, unnormalised output; fp32) a second launch merges. `decode_splits`
-picks the count per batch (H100, v2's heads, per layer: 1 row 5.9 us at 16 ranges vs 12.7 whole and
-9.6 for FlashInfer's best; 16 rows 14.0 at 4 ranges vs 16.1 and 17.8; from 64 rows whole is fastest).
+Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so the
+ranged form cuts each sequence's tokens into ranges of a fixed length (`RANGE_TOKENS`), each reduced on its own
+(running max, sum, unnormalised output; fp32) and written to its slot, and a second launch merges a sequence's
+ranges over a fixed number of slots (`max_kv_len` / RANGE_TOKENS). `programs` programs per (sequence, head) share
+the ranges round-robin (`decode_splits` picks the count per batch); how many there are changes which program
+reduces a range, not how: a sequence's output depends on its own tokens only, the same bits in any batch
+(batch-invariant, unlike cutting each sequence into a number of ranges that follows the batch, which session 14
+measured: a stream's codes then changed with its step's bucket). H100, v2's heads, per layer (session 14's
+batch-sized ranges): 1 row 5.9 us vs 12.7 whole and 9.6 for FlashInfer's best; 16 rows 14.0 vs 16.1 and 17.8;
+from 64 rows the whole form is fastest.
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
 """
@@ -45,16 +50,17 @@ LOG2E = 1.4426950408889634
 # (block_n, warps, stages): the fastest on an H100 at 64-256 rows over both page types (scripts/bench_attention.py,
 # v2's heads, 300 and 1,000 tokens; docs/PERF.md session 13)
 TRITON_DECODE_PARAMS = (64, 4, 1)
-SPLIT_PROGRAMS = 512  # decode_splits: ranges while (sequences x K/V heads x ranges) stays within this many programs
+SPLIT_PROGRAMS = 512  # decode_splits: programs while (sequences x K/V heads x programs) stays within this many
 MAX_SPLITS = 16
 
 
+RANGE_TOKENS = 64  # the ranged form's tokens per range (a multiple of block_n)
+
+
 def decode_splits(rows: int, kv_heads: int) -> int:
-    """Ranges per sequence for a decode batch of `rows` sequences: the largest power of two <= MAX_SPLITS that keeps
-    rows x kv_heads x ranges <= SPLIT_PROGRAMS (v2's 8 K/V heads: 16 at 1-4 rows, 4 at 16, 1 from 64; the fastest
-    of 1, 4 and 16 at 1, 16, 64-256 rows on an H100, 300 and 1,000 tokens, bf16 and e4m3 pages). The ranges change a
-    sequence's summation order, so with this count a sequence's output depends on the batch it is decoded in (the
-    engine therefore uses the kernel only from 64 rows by default: ModelRunnerConfig.triton_decode_from)."""
+    """Programs per (sequence, K/V head) of the ranged form for a decode batch of `rows` sequences: the largest power of
+    two <= MAX_SPLITS that keeps rows x kv_heads x programs <= SPLIT_PROGRAMS (v2's 8 K/V heads: 16 at 1-4 rows, 4 at
+    16, 1 from 64). Only speed depends on it, not values (the module docstring)."""
     splits = 1
     while splits < MAX_SPLITS and rows * kv_heads * splits * 2 <= SPLIT_PROGRAMS:
         splits *= 2
@@ -88,40 +94,49 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 splits: int | None = None) -> torch.Tensor:
+                 max_kv_len: int | None = None, programs: int | None = None) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
-    `splits`: ranges per sequence (the module docstring; None: `decode_splits` for this batch). CUDA-graph safe."""
+    `max_kv_len`: None, the whole form (one program per sequence and K/V head); else the ranged form (the module
+    docstring) for sequences of at most this many tokens, with `programs` programs per sequence and head (None:
+    `decode_splits` for this batch). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
+    if max_kv_len is not None and programs is None:
+        programs = decode_splits(q.shape[0], k_pool.shape[2])
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, decode_splits(q.shape[0], k_pool.shape[2]) if splits is None else splits)
+                  num_stages, max_kv_len, programs or 1)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           splits=1):
+           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
-    assert splits >= 1, f"splits must be >= 1, got {splits}"
+    assert programs >= 1, f"programs must be >= 1, got {programs}"
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
     if not b:
         return out
     part = ml = out
-    if splits > 1:  # per (sequence, query head, range): the unnormalised output and (running max, sum), fp32
-        part = torch.empty((b, hq, splits, d), dtype=torch.float32, device=q.device)
-        ml = torch.empty((b, hq, splits, 2), dtype=torch.float32, device=q.device)
-    _kernel()[(b, hkv, splits)](q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len,
-                                sm_scale * LOG2E, HKV=hkv, GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()),
-                                D=d, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                                num_warps=num_warps, num_stages=num_stages)
-    if splits > 1:
-        _merge_kernel()[(b, hq)](part, ml, out, D=d, SPLITS=splits, SPLITS_PAD=1 << (splits - 1).bit_length(),
-                                 num_warps=4)
+    ranged = max_kv_len is not None
+    slots = 1
+    if ranged:  # per (sequence, query head, range slot): the unnormalised output and (running max, sum), fp32
+        assert range_tokens % block_n == 0, f"ranges of {range_tokens} tokens are not whole blocks of {block_n}"
+        slots = max(1, -(-max_kv_len // range_tokens))
+        part = torch.empty((b, hq, slots, d), dtype=torch.float32, device=q.device)
+        ml = torch.empty((b, hq, slots, 2), dtype=torch.float32, device=q.device)
+    _kernel()[(b, hkv, programs if ranged else 1)](
+        q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
+        GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
+        PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots,
+        num_warps=num_warps, num_stages=num_stages)
+    if ranged:
+        _merge_kernel()[(b, hq)](part, ml, out, kv_indptr, kv_last_page_len, D=d, PAGE=page,
+                                 RANGE=range_tokens, SLOTS=slots, SLOTS_PAD=1 << (slots - 1).bit_length(), num_warps=4)
     return out
 
 
@@ -139,17 +154,19 @@ def _kernel():
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
                             scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                            D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+                            D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
+                            RANGE: tl.constexpr, SLOTS: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
         num_pages = tl.load(indptr_ptr + b + 1) - first
         kv_len = (num_pages - 1) * PAGE + tl.load(last_ptr + b)
-        lo, hi = 0, kv_len
-        if SPLITS > 1:  # this program's range of whole blocks (the last ranges may be empty)
-            per = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), SPLITS) * BLOCK_N
-            lo = tl.program_id(2) * per
-            hi = tl.minimum(kv_len, lo + per)
+        if RANGE == 0:  # the whole form: one range, the whole sequence
+            n_ranges = 1
+            span = kv_len
+        else:
+            n_ranges = tl.cdiv(kv_len, RANGE)
+            span = RANGE
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_N)
@@ -158,34 +175,36 @@ def _kernel():
         q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
         q_ok = g[:, None] < GROUP
         q = tl.load(q_ptr + q_rows, mask=q_ok, other=0.0)
-        m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-        acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            tok = start + n
-            live = tok < hi
-            page = tl.load(indices_ptr + first + tok // PAGE, mask=live, other=0)
-            rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
-            kv_off = rows[:, None] + d[None, :]
-            k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
-            v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
-            s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
-            s = tl.where(live[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-            m_i = m_new
-        if SPLITS > 1:  # the range's partial sums; the merge kernel normalises
-            s_idx = tl.program_id(2)
-            row = b.to(tl.int64) * (HKV * GROUP) + heads  # [GROUP_PAD] query-head rows
-            ok = g < GROUP
-            tl.store(ml_ptr + (row * SPLITS + s_idx) * 2, m_i, mask=ok)
-            tl.store(ml_ptr + (row * SPLITS + s_idx) * 2 + 1, l_i, mask=ok)
-            tl.store(part_ptr + (row[:, None] * SPLITS + s_idx) * D + d[None, :], acc, mask=q_ok)
-        else:
-            tl.store(o_ptr + q_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok)
+        for r in range(tl.program_id(2), n_ranges, PROGRAMS):  # this program's ranges, each reduced on its own
+            lo = r * span
+            hi = tl.minimum(kv_len, lo + span)
+            m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+            acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                tok = start + n
+                live = tok < hi
+                page = tl.load(indices_ptr + first + tok // PAGE, mask=live, other=0)
+                rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
+                kv_off = rows[:, None] + d[None, :]
+                k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
+                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
+                s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
+                s = tl.where(live[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+                m_i = m_new
+            if RANGE == 0:
+                tl.store(o_ptr + q_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok)
+            else:  # the range's partial sums in its slot; the merge kernel normalises
+                row = b.to(tl.int64) * (HKV * GROUP) + heads  # [GROUP_PAD] query-head rows
+                ok = g < GROUP
+                tl.store(ml_ptr + (row * SLOTS + r) * 2, m_i, mask=ok)
+                tl.store(ml_ptr + (row * SLOTS + r) * 2 + 1, l_i, mask=ok)
+                tl.store(part_ptr + (row[:, None] * SLOTS + r) * D + d[None, :], acc, mask=q_ok)
 
     return paged_decode_kernel
 
@@ -195,17 +214,19 @@ def _merge_kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def merge_splits_kernel(part_ptr, ml_ptr, o_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                            SPLITS_PAD: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
-        s = tl.arange(0, SPLITS_PAD)
-        ok = s < SPLITS
-        m = tl.load(ml_ptr + (row * SPLITS + s) * 2, mask=ok, other=float("-inf"))  # empty ranges: -inf too
-        l_s = tl.load(ml_ptr + (row * SPLITS + s) * 2 + 1, mask=ok, other=0.0)
-        w = tl.exp2(m - tl.max(m, axis=0))  # range 0 is never empty: a finite max
-        w = tl.where(m == float("-inf"), 0.0, w)
+    def merge_splits_kernel(part_ptr, ml_ptr, o_ptr, indptr_ptr, last_ptr, D: tl.constexpr,
+                            PAGE: tl.constexpr, RANGE: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr):
+        b = tl.program_id(0)
+        row = b.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
+        kv_len = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) - 1) * PAGE + tl.load(last_ptr + b)
+        s = tl.arange(0, SLOTS_PAD)
+        ok = s < tl.cdiv(kv_len, RANGE)  # the sequence's ranges (slots past them were not written)
+        m = tl.load(ml_ptr + (row * SLOTS + s) * 2, mask=ok, other=float("-inf"))
+        l_s = tl.load(ml_ptr + (row * SLOTS + s) * 2 + 1, mask=ok, other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))  # range 0 always holds tokens: a finite max
+        w = tl.where(ok, w, 0.0)
         d = tl.arange(0, D)
-        acc = tl.load(part_ptr + (row * SPLITS + s[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
+        acc = tl.load(part_ptr + (row * SLOTS + s[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
         out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
         tl.store(o_ptr + row * D + d, out.to(o_ptr.dtype.element_ty))
 

@@ -4,16 +4,17 @@
 # under several bench_quant flag sets, each in its own process (`@BLOCKS` in a flag set: --gemv-blocks with the
 # sweep's best for one row).
 # Usage (device tool, carry .whl): bash scripts/gpu_gemv.sh  -> $OUT/{gpu.txt,gpu_tests.log,gemv_sweep.json,step_*.json,step.log}
-# Env (defaults): SKIP_TESTS=1 (no tests), SWEEP="--batches 1,4,16" (scripts/sweep_gemv.py's arguments; "none": no
+# A flag set may name other modes (--modes none: bf16), the later flag wins.
+# Env (defaults): SKIP_TESTS=1 (no tests), TESTS (pytest paths; default the list below), TESTS_S=200, SWEEP="--batches 1,4,16" (scripts/sweep_gemv.py's arguments; "none": no
 #   sweep), SWEEP_S=150, BATCHES=1,16,64,256, RUNS="tc=;gemv=--cuda-core-gemv-rows 4 @BLOCKS;gemv_fuse=...", BUDGET_S=570.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 budget=${BUDGET_S:-570}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/engine/test_model_runner_gpu.py \
+  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/engine/test_model_runner_gpu.py \
     tests/engine/test_quantize_gpu.py tests/kernels/test_paged_decode_gpu.py tests/kernels/test_sample_rows_gpu.py \
-    tests/kernels/test_activation_gpu.py tests/kernels/test_fused_norm_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+    tests/kernels/test_activation_gpu.py tests/kernels/test_fused_norm_gpu.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
 fi
 sweep=${SWEEP:---batches 1,4,16}
 if [ "$sweep" != none ]; then

@@ -320,10 +320,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stream's codes never depend on what else runs (batch-invariant, slower bursts)")
     parser.add_argument("--triton-decode-from", type=rows_or_none, default=ModelRunnerConfig.triton_decode_from,
                         metavar="N|none",
-                        help="CUDA: decode steps of N or more rows attend with our Triton kernel, fewer with "
-                             "FlashInfer's (default %(default)s; 'none': FlashInfer's always; 1: every step, 4-6 %% "
-                             "faster small steps but a stream's codes then depend on its batch). H100, v2, per layer: "
-                             "256 rows 112 vs 130 us over bf16 pages, 1 row 5.9 vs 9.6 (docs/PERF.md)")
+                        help="CUDA: decode steps of N or more rows attend with our Triton kernel over whole sequences, "
+                             "fewer with its ranged form (fixed 64-token ranges, then a merge: a stream's codes do not "
+                             "depend on its batch) (default %(default)s; 'none': FlashInfer's decode always). H100, v2, "
+                             "per layer: 256 rows 112 vs 130 us over bf16 pages (docs/PERF.md)")
+    parser.add_argument("--triton-ranged-decode", action=argparse.BooleanOptionalAction,
+                        default=ModelRunnerConfig.triton_ranged_decode,
+                        help="CUDA: steps below --triton-decode-from run the Triton kernel's ranged form "
+                             "(--no-triton-ranged-decode: FlashInfer's CUDA-core decode there)")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
                              "longest codec call before chunk 1), up to this many frames (default %(default)s; each "
@@ -463,7 +467,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
                               late_prompts=args.late_prompts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
-    runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from}
+    runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
+                      "triton_ranged_decode": args.triton_ranged_decode}
     ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from fails here on any device
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,

@@ -263,3 +263,6 @@ def test_decode_kernel_per_bucket():
     assert decode_kernel(256, 1, 128, None) == "cuda_cores"  # fp8 pages: no tensor-core decode
     assert [decode_kernel(n, 1, 64, 192) for n in (16, 128, 192)] == ["cuda_cores", "cuda_cores", "triton"]
     assert [decode_kernel(n, 2, 64, 192) for n in (16, 128, 192)] == ["cuda_cores", "tensor_cores", "triton"]
+    ranged = [decode_kernel(n, kv, 128, 64, ranged_below=True) for n in (1, 32, 64, 256) for kv in (1, 2)]
+    assert ranged == ["triton_ranges"] * 4 + ["triton"] * 4  # below triton_from, over either page type
+    assert decode_kernel(1, 2, None, None, ranged_below=True) == "cuda_cores"  # no Triton decode at all

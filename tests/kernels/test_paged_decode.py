@@ -1,8 +1,9 @@
 """The Triton paged decode attention (kernels/paged_decode.py) run by Triton's interpreter on the CPU in fp32:
 equal to its plain-torch definition, which equals the ragged reference `paged_attention_ref` at qo_len 1, on
 fragmented page tables with partly filled last pages, GQA groups of 1 to 4, and blocks of part of a page (pages of 24)
-to four pages, whole or split over the sequence (3 ranges: some sequences leave ranges empty) (16-bit and e4m3 pages
-on the GPU: tests/kernels/test_paged_decode_gpu.py)."""
+to four pages, whole or ranged (ranges of 2 blocks shared by 1 or 3 programs: some programs get no range); the ranged
+form's output does not depend on the batch or the program count, bit for bit (16-bit and e4m3 pages on the GPU:
+tests/kernels/test_paged_decode_gpu.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.kernels.attention import PagedLayout
 g = torch.Generator().manual_seed(0)
 out = []
-for (hq, hkv, d, page, block_n), splits in itertools.product(
-        ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)), (1, 3)):
+for (hq, hkv, d, page, block_n), ranged in itertools.product(
+        ((6, 2, 16, 4, 16), (4, 2, 32, 16, 32), (8, 8, 16, 16, 64), (4, 1, 16, 24, 16)), (None, 1, 3)):
     k, v = torch.randn(40, page, hkv, d, generator=g), torch.randn(40, page, hkv, d, generator=g)
     lens = [1, page, page + 1, 3 * page + 2, 7 * page]
     perm, tables, at = torch.randperm(40, generator=g).tolist(), [], 0
@@ -29,16 +30,27 @@ for (hq, hkv, d, page, block_n), splits in itertools.product(
     lay = PagedLayout.build(tables, lens, [1] * len(lens), page)
     q = torch.randn(len(lens), hq, d, generator=g) * 2
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
-    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, splits=splits)
+    ranges = dict(max_kv_len=7 * page + 5, programs=ranged, range_tokens=2 * block_n) if ranged else {}
+    got = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, **ranges)
     want = pd.paged_decode_ref(q, k, v, *csr, d ** -0.5)
-    out.append([(got - want).abs().max().item(), want.abs().max().item()])
+    same = True
+    if ranged:  # sequence 3 alone (its own CSR), and the whole batch with another program count: the same bits
+        alone = PagedLayout.build(tables[3:4], lens[3:4], [1], page)
+        one = pd.launch(q[3:4].contiguous(), k, v, alone.kv_indptr, alone.kv_indices, alone.kv_last_page_len,
+                        d ** -0.5, block_n=block_n, **ranges)
+        other = pd.launch(q, k, v, *csr, d ** -0.5, block_n=block_n, **{**ranges, "programs": 4 - ranged})
+        same = torch.equal(one[0], got[3]) and torch.equal(other, got)
+    out.append([(got - want).abs().max().item(), want.abs().max().item(), same])
 print(json.dumps(out))
 """
 
 
 def test_kernel_in_the_interpreter(interpret):
-    for err, peak in interpret(SCRIPT):
+    res = interpret(SCRIPT)
+    assert len(res) == 12
+    for err, peak, same in res:
         assert err < 1e-5 * max(peak, 1.0) and peak > 0.5, (err, peak)  # fp32 rounding of O(1) outputs
+        assert same
 
 
 def test_definition_equals_the_ragged_reference():
@@ -59,23 +71,27 @@ def test_definition_equals_the_ragged_reference():
 @pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
 def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
     """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
-    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, whole and split in 4 ranges with their merge, no
-    GPU needed."""
+    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, whole and ranged (16 programs, 64 slots of 64
+    tokens) with the merge, no GPU needed."""
     sig = {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
            "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
-           **dict.fromkeys(("HKV", "GROUP", "GROUP_PAD", "D", "PAGE", "BLOCK_N", "SPLITS"), "constexpr")}
-    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "SPLITS": 1}
+           **dict.fromkeys(("HKV", "GROUP", "GROUP_PAD", "D", "PAGE", "BLOCK_N", "PROGRAMS", "RANGE", "SLOTS"),
+                           "constexpr")}
+    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,
+              "SLOTS": 1}
     ptx = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1).asm["ptx"]
-    split = compile_for_hopper(pd._kernel(), sig, {**consts, "SPLITS": 4}, num_warps=4, num_stages=1)
+    ranged = compile_for_hopper(pd._kernel(), sig, {**consts, "PROGRAMS": 16, "RANGE": 64, "SLOTS": 64}, num_warps=4,
+                                num_stages=1)
     merge = compile_for_hopper(pd._merge_kernel(), {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16",
-                               "D": "constexpr", "SPLITS": "constexpr", "SPLITS_PAD": "constexpr"},
-                               {"D": 128, "SPLITS": 4, "SPLITS_PAD": 4}, num_warps=4)
-    assert split.asm["cubin"] and merge.asm["cubin"]  # split over the sequence: its partial sums and their merge
+                               "indptr_ptr": "*i32", "last_ptr": "*i32", "D": "constexpr", "PAGE": "constexpr",
+                               "RANGE": "constexpr", "SLOTS": "constexpr", "SLOTS_PAD": "constexpr"},
+                               {"D": 128, "PAGE": 16, "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}, num_warps=4)
+    assert ranged.asm["cubin"] and merge.asm["cubin"]  # ranged: the partial sums and their merge
     assert "mma" in ptx  # the scores and P @ V on tensor cores
 
 
-def test_splits_per_batch():
-    """16 ranges at 1-4 rows of v2's 8 K/V heads, 4 at 16, whole from 64 (the fastest measured, module docstring);
-    never more than 16, never fewer than 1."""
+def test_programs_per_batch():
+    """The ranged form's programs per sequence and head: 16 at 1-4 rows of v2's 8 K/V heads, 4 at 16, 1 from 64
+    (module docstring); never more than 16, never fewer than 1."""
     assert [pd.decode_splits(b, 8) for b in (1, 2, 4, 8, 16, 32, 64, 256)] == [16, 16, 16, 8, 4, 2, 1, 1]
     assert pd.decode_splits(1, 1) == 16 and pd.decode_splits(1000, 64) == 1

@@ -26,16 +26,40 @@ def setup(pool_dtype, hq=24, hkv=8, d=128, ps=16, seed=0):
 
 
 @pytest.mark.parametrize("pool", [torch.bfloat16, FP8_KV])
-@pytest.mark.parametrize("params", [(16, 4, 1, 1), (64, 4, 1, 1), (64, 2, 1, 1), (128, 8, 3, 1), (64, 4, 1, 4),
-                                    (64, 4, 1, 16), (64, 4, 1, None)])
+@pytest.mark.parametrize("params", [(16, 4, 1, None), (64, 4, 1, None), (64, 2, 1, None), (128, 8, 3, None),
+                                    (64, 4, 1, 1), (64, 4, 1, 4), (64, 4, 1, 16), (64, 4, 1, "auto")])
 def test_matches_definition(pool, params):
+    """Whole (None) and ranged (programs per sequence and head; "auto": decode_splits) forms."""
     q, k, v, lay = setup(pool)
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
     want = paged_decode_ref(q.float(), k, v, *csr, 128 ** -0.5)  # fp32 math over the same pages
-    block_n, warps, stages, splits = params
-    got = paged_decode(q, k, v, *csr, 128 ** -0.5, block_n=block_n, num_warps=warps, num_stages=stages, splits=splits)
+    block_n, warps, stages, programs = params
+    ranged = {} if programs is None else {"max_kv_len": 1024, "programs": None if programs == "auto" else programs}
+    got = paged_decode(q, k, v, *csr, 128 ** -0.5, block_n=block_n, num_warps=warps, num_stages=stages, **ranged)
     err = (got.float() - want).abs().max().item() / want.abs().max().item()
     assert err < 1e-2, err  # 16-bit probabilities and output: ~0.4 % of the peak
+
+
+@pytest.mark.parametrize("pool", [torch.bfloat16, FP8_KV])
+def test_the_ranged_form_is_batch_invariant(pool):
+    """The ranged form, compiled: every sequence alone (its own CSR, a batch of one, decode_splits' 16 programs) and
+    the six together at 1, 4 and 16 programs give the same bits; in a graph too."""
+    q, k, v, lay = setup(pool, seed=3)
+    csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
+    together = [paged_decode(q, k, v, *csr, 128 ** -0.5, max_kv_len=1024, programs=p) for p in (1, 4, 16)]
+    assert all(torch.equal(together[0], t) for t in together[1:])
+    for i in range(q.shape[0]):
+        one = PagedLayout.build([lay.page_tables[i]], [lay.kv_lens[i]], [1], 16, "cuda")
+        alone = paged_decode(q[i:i + 1].contiguous(), k, v, one.kv_indptr, one.kv_indices, one.kv_last_page_len,
+                             128 ** -0.5, max_kv_len=1024)
+        assert torch.equal(alone[0], together[0][i]), i
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_decode(q, k, v, *csr, 128 ** -0.5, out=out, max_kv_len=1024)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, together[0])
 
 
 def test_agrees_with_flashinfer_on_fp8_pages():
