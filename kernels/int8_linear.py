@@ -99,10 +99,13 @@ def block_sizes(m: int) -> tuple[int, int, int, int, int]:
 
 
 def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-           blocks: tuple[int, int, int, int, int] | None = None, x_scale: torch.Tensor | None = None) -> None:
+           blocks: tuple[int, int, int, int, int] | None = None, x_scale: torch.Tensor | None = None,
+           acc_every: int = 0) -> None:
     """Launch the (compiled or interpreted) kernel over out [M, N] (contiguous operands). The weight
     (int8, or e4m3 under bf16 activations) is widened to x's dtype in registers; e4m3 x (with its fp32
-    per-row `x_scale` [M]) over e4m3 weights multiplies on fp8 tensor cores.
+    per-row `x_scale` [M]) over e4m3 weights multiplies on fp8 tensor cores, adding its products into the fp32
+    accumulator every `acc_every` of K (0: Triton's default on Hopper, the fp8 MMA's own reduced-precision sums
+    over the whole K; cuBLAS's precise mode, what torch._scaled_mm runs here, promotes them regularly).
     `blocks`: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), default `block_sizes(M)`."""
     assert x.is_contiguous() and q.is_contiguous() and out.is_contiguous(), "operands must be contiguous"
     m, k = x.shape
@@ -111,7 +114,7 @@ def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: t
     grid = (-(-m // bm), -(-n // bn))
     kernel[grid](x, q, scale, scale if x_scale is None else x_scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn,
                  BLOCK_K=bk, IEEE=x.dtype == torch.float32, W_FLOAT=q.dtype.is_floating_point,
-                 X_SCALED=x_scale is not None, num_warps=warps, num_stages=stages)
+                 X_SCALED=x_scale is not None, ACC_EVERY=acc_every, num_warps=warps, num_stages=stages)
 
 
 def build_kernel():
@@ -123,7 +126,8 @@ def build_kernel():
     @triton.jit
     def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                IEEE: tl.constexpr, W_FLOAT: tl.constexpr, X_SCALED: tl.constexpr):
+                                IEEE: tl.constexpr, W_FLOAT: tl.constexpr, X_SCALED: tl.constexpr,
+                                ACC_EVERY: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         ks = tl.arange(0, BLOCK_K)
@@ -142,6 +146,8 @@ def build_kernel():
             wt = tl.trans(w.to(x.dtype))  # int8 or e4m3 -> bf16/fp16/fp32 is exact
             if IEEE:  # fp32 activations: true fp32 products, not TF32
                 acc = tl.dot(x, wt, acc, input_precision="ieee")
+            elif ACC_EVERY > 0:  # fp8 x fp8: the MMA's partial sums promoted into fp32 every ACC_EVERY of K
+                acc = tl.dot(x, wt, acc, max_num_imprecise_acc=ACC_EVERY)
             else:
                 acc = tl.dot(x, wt, acc)
         s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
@@ -156,12 +162,13 @@ def build_kernel():
 
 def triton_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor,
                          out_dtype: torch.dtype = torch.bfloat16,
-                         blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+                         blocks: tuple[int, int, int, int, int] | None = None, acc_every: int = 0) -> torch.Tensor:
     """(xq [M, K] e4m3 @ q [N, K]^T e4m3) * x_scale[:, None] * w_scale[None, :] -> [M, N] out_dtype (CUDA): the same
     kernel on fp8 tensor cores (fp32 accumulation); what `torch._scaled_mm` computes, with the tiles chosen here."""
     out = torch.empty((xq.shape[0], q.shape[0]), dtype=out_dtype, device=xq.device)
     if xq.shape[0]:
-        launch(_kernel(), xq, q, w_scale, out, blocks=blocks or block_sizes(xq.shape[0]), x_scale=x_scale)
+        launch(_kernel(), xq, q, w_scale, out, blocks=blocks or block_sizes(xq.shape[0]), x_scale=x_scale,
+               acc_every=acc_every)
     return out
 
 

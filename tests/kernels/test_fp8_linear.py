@@ -123,10 +123,11 @@ def test_the_small_batch_kernel_compiles_for_hopper(q_type, x_type, compile_for_
     from higgs_stream.kernels.fp8_linear import gemv_blocks
 
     sig = {"x_ptr": x_type, "q_ptr": q_type, "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32",
-           "N": "i32", **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED"), "constexpr")}
+           "N": "i32", **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED", "ACC_EVERY"), "constexpr")}
     fp8 = q_type == "*fp8e4nv"
     bm, bn, bk, warps, stages = gemv_blocks(3072) if fp8 else int8_linear.block_sizes(1)
-    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "W_FLOAT": fp8, "X_SCALED": False}
+    consts = {"K": 3072, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "IEEE": False, "W_FLOAT": fp8, "X_SCALED": False,
+              "ACC_EVERY": 0}
     compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     ptx = compiled.asm["ptx"]
     assert compiled.asm["cubin"] and "cp.async.cg.shared.global" in ptx and "ld.global.b8" not in ptx
@@ -158,13 +159,17 @@ def test_the_scaled_kernel_in_the_interpreter(interpret):
 
 
 def test_the_scaled_kernel_compiles_to_fp8_tensor_cores(compile_for_hopper):
-    """No GPU needed: e4m3 x e4m3 lowers to Hopper's fp8 warpgroup MMA (no widening of either operand)."""
+    """No GPU needed: e4m3 x e4m3 lowers to Hopper's fp8 warpgroup MMA (no widening of either operand), with or
+    without promoting its partial sums into fp32 along K."""
     from higgs_stream.kernels import int8_linear
 
     sig = {"x_ptr": "*fp8e4nv", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "xs_ptr": "*fp32", "out_ptr": "*bf16",
            "M": "i32", "N": "i32",
-           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED"), "constexpr")}
-    consts = {"K": 3072, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "IEEE": False, "W_FLOAT": True, "X_SCALED": True}
-    compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=4, num_stages=3)
-    ptx = compiled.asm["ptx"]
-    assert compiled.asm["cubin"] and "wgmma" in ptx and "e4m3.e4m3" in ptx
+           **dict.fromkeys(("K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "IEEE", "W_FLOAT", "X_SCALED", "ACC_EVERY"),
+                           "constexpr")}
+    for every in (0, 32):  # the MMA's own sums over K, or promoted into fp32 every 32 of K
+        consts = {"K": 3072, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "IEEE": False, "W_FLOAT": True,
+                  "X_SCALED": True, "ACC_EVERY": every}
+        compiled = compile_for_hopper(int8_linear.build_kernel(), sig, consts, num_warps=4, num_stages=3)
+        ptx = compiled.asm["ptx"]
+        assert compiled.asm["cubin"] and "wgmma" in ptx and "e4m3.e4m3" in ptx
