@@ -171,9 +171,11 @@ class ModelRunnerConfig:
     triton_decode_from: int | None = 64
     # the smaller decode graphs and the eager decode steps run the Triton kernel's ranged form (fixed 64-token ranges
     # reduced on their own, then merged: batch-invariant, the same bits in any batch below triton_decode_from and
-    # eagerly) instead of FlashInfer's CUDA-core decode. Session 14's ranges followed the batch (16 at 1-4 rows):
-    # 5.9 vs 9.6 us a layer at 1 row, 14.0 vs 17.8 at 16, but codes then changed with the bucket. Off with
-    # triton_decode_from None
+    # eagerly) instead of FlashInfer's CUDA-core decode (session 14's ranges followed the batch and codes then
+    # changed with the bucket). Whole v2 steps replayed, H100, same call (session 15), ranged vs FlashInfer: bf16 1 /
+    # 2 / 4 / 16 rows 3.12 / 3.16 / 3.21 / 3.52 vs 3.32 / 3.32 / 3.36 / 3.58 ms; fp8 + e4m3 pages 2.00 / 2.48 / 2.89 /
+    # 2.74 vs 2.12 / 2.61 / 3.03 / 2.89; 32 rows equal. GPU-tested: equal codes batched and alone, replayed and eager.
+    # Off with triton_decode_from None
     triton_ranged_decode: bool = True
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
     # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step. The same logits (GPU test). Timed on
