@@ -50,7 +50,6 @@ from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, fp8_linear
-from higgs_stream.kernels import fp8_linear as fp8_linear_module
 from higgs_stream.kernels import int8_linear as int8_linear_module
 from higgs_stream.kernels.int8_linear import int8_linear
 from higgs_stream.stream.config import rows_or_none
@@ -200,8 +199,6 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
-    out["fp8_triton_gemm"] = [fp8_linear_module.TRITON_GEMM_ROWS, list(fp8_linear_module.TRITON_GEMM_BLOCKS),
-                              fp8_linear_module.TRITON_GEMM_ACC_EVERY]
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -291,9 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
                     "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")
-    ap.add_argument("--fp8-triton-gemm", default=None, metavar="ROWS[:BM,BN,BK,WARPS,STAGES,ACC_EVERY]",
-                    help="fp8: w8a8 GEMMs of up to ROWS rows on the Triton kernel's fp8 tiles instead of torch's scaled "
-                         "GEMM (fp8_linear.TRITON_GEMM_ROWS / _BLOCKS / _ACC_EVERY for this run; default: theirs)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,
@@ -306,13 +300,6 @@ def main(argv: list[str] | None = None) -> int:
         return merge(args.merge, Path(args.out))
     start = time.perf_counter()
     sections, modes = set(args.sections.split(",")), args.modes.split(",")
-    if args.fp8_triton_gemm:
-        rows, _, cfg = args.fp8_triton_gemm.partition(":")
-        fp8_linear_module.TRITON_GEMM_ROWS = int(rows)
-        if cfg:
-            *blocks, every = (int(v) for v in cfg.split(","))
-            assert len(blocks) == 5, "--fp8-triton-gemm ROWS:BM,BN,BK,WARPS,STAGES,ACC_EVERY"
-            fp8_linear_module.TRITON_GEMM_BLOCKS, fp8_linear_module.TRITON_GEMM_ACC_EVERY = tuple(blocks), every
     if args.gemv_blocks:
         assert len(args.gemv_blocks) == 4, "--gemv-blocks takes BN,BK,WARPS,STAGES"
         int8_linear_module.GEMV_BLOCKS = args.gemv_blocks

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from higgs_stream.kernels._triton import require_cuda, triton_modules
-from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, triton_gemv, triton_linear, triton_scaled_linear
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, triton_gemv, triton_linear
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -48,12 +48,6 @@ INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp3
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
 GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies weight-only (the w8a8 scaled GEMM above)
-# w8a8 GEMMs of at most this many rows on the Triton kernel's fp8 tiles (int8_linear.triton_scaled_linear) instead of
-# torch's scaled GEMM (0: never); its (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) and how often the fp8 MMA's sums are
-# promoted into fp32 along K. Read at call time (benchmarks set them: bench_quant --fp8-triton-gemm ...)
-TRITON_GEMM_ROWS = 0
-TRITON_GEMM_BLOCKS = (64, 64, 128, 8, 4)
-TRITON_GEMM_ACC_EVERY = 128
 
 
 @dataclass(frozen=True)
@@ -131,13 +125,11 @@ def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor
 
 
 def _scaled_gemm(xq: torch.Tensor, x_scale: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor,
-                 out_dtype: torch.dtype, fast_accum: bool, triton_rows: int | None = None) -> torch.Tensor:
-    """(xq @ q^T) * x_scale[:, None] * w_scale[None, :] -> [M, N] out_dtype (up to `triton_rows` rows, default
-    TRITON_GEMM_ROWS, on the Triton kernel's fp8 tiles; torch's scaled GEMM above, and with `fast_accum`)."""
+                 out_dtype: torch.dtype, fast_accum: bool) -> torch.Tensor:
+    """(xq @ q^T) * x_scale[:, None] * w_scale[None, :] -> [M, N] out_dtype. torch's scaled GEMM, not the Triton
+    kernel's fp8 tiles (int8_linear.triton_scaled_linear): with its sums promoted into fp32 as here, those were 5 %
+    faster a layer at 32-64 rows, the whole step 2 %, and slower from 128 rows (H100, session 15; docs/PERF.md)."""
     assert xq.dtype == FP8 and xq.shape[1] == q.shape[1], f"xq {xq.dtype} {tuple(xq.shape)} vs q {tuple(q.shape)}"
-    if xq.shape[0] <= (TRITON_GEMM_ROWS if triton_rows is None else triton_rows) and not fast_accum:
-        return triton_scaled_linear(xq, x_scale, q, w_scale, out_dtype, blocks=TRITON_GEMM_BLOCKS,
-                                    acc_every=TRITON_GEMM_ACC_EVERY)
     if q.shape[0] % GEMM_ALIGN or q.shape[1] % GEMM_ALIGN:  # no scaled GEMM for this shape: the same math in fp32
         return ((xq.float() @ q.float().t()) * x_scale[:, None] * w_scale[None, :]).to(out_dtype)
     return torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=out_dtype,

@@ -122,10 +122,10 @@ def sweep_w8a8(name: str, n: int, k: int, batches: list[int]) -> list[dict]:
         xq, xs = quantize_per_token(x)
         # the exact product of the quantized operands (fp32 sums of exact fp8 x fp8 products), before bf16 rounding
         want = (xq.float() @ qs[0].qweight.float().t()) * xs[:, None] * qs[0].scale[None, :]
-        theirs = _scaled_gemm(xq, xs, qs[0].qweight, qs[0].scale, torch.bfloat16, False, triton_rows=0).float()
+        theirs = _scaled_gemm(xq, xs, qs[0].qweight, qs[0].scale, torch.bfloat16, False).float()
         row = {"linear": name, "n": n, "k": k, "m": m, "floor_us": n * k / 3.0e6,
                "err_scaled_mm": float((theirs - want).abs().max() / want.abs().max()),
-               "scaled_mm": timed([lambda q=q: _scaled_gemm(xq, xs, q.qweight, q.scale, torch.bfloat16, False, triton_rows=0)
+               "scaled_mm": timed([lambda q=q: _scaled_gemm(xq, xs, q.qweight, q.scale, torch.bfloat16, False)
                                    for q in qs]), "grid": {}}
         row["max_rel_diff"] = {}  # per configuration: vs the exact product, relative to its peak
         for tile, every in W8A8_GRID:
