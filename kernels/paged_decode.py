@@ -164,8 +164,8 @@ def _kernel():
         if RANGE == 0:  # the whole form: one range, the whole sequence
             n_ranges = 1
             span = kv_len
-        else:
-            n_ranges = tl.cdiv(kv_len, RANGE)
+        else:  # (kv_len <= max_kv_len: the engine's positions never pass it; the clamp keeps stores in their slots)
+            n_ranges = tl.minimum(tl.cdiv(kv_len, RANGE), SLOTS)
             span = RANGE
         g = tl.arange(0, GROUP_PAD)
         d = tl.arange(0, D)
@@ -220,7 +220,7 @@ def _merge_kernel():
         row = b.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
         kv_len = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) - 1) * PAGE + tl.load(last_ptr + b)
         s = tl.arange(0, SLOTS_PAD)
-        ok = s < tl.cdiv(kv_len, RANGE)  # the sequence's ranges (slots past them were not written)
+        ok = s < tl.minimum(tl.cdiv(kv_len, RANGE), SLOTS)  # the sequence's ranges (slots past them were not written)
         m = tl.load(ml_ptr + (row * SLOTS + s) * 2, mask=ok, other=float("-inf"))
         l_s = tl.load(ml_ptr + (row * SLOTS + s) * 2 + 1, mask=ok, other=0.0)
         w = tl.exp2(m - tl.max(m, axis=0))  # range 0 always holds tokens: a finite max
