@@ -1,10 +1,10 @@
 """Device script (one GPU): paged decode attention as the engine's CUDA graphs run it (`GraphDecodeAttention`):
 FlashInfer's CUDA-core decode kernel, its tensor-core decode (`use_tensor_cores`) and our Triton kernel
-(kernels/paged_decode.py) at each (block_n, warps, stages) of `--triton`, over bf16 and fp8 (e4m3) K/V pages, at
+(kernels/paged_decode.py, whole or ranged) at each (block_n, warps, stages) of `--triton`, over bf16 and fp8 (e4m3) K/V pages, at
 several batch sizes and contexts; v2's shapes by default (24 query heads, 8 K/V heads, head 128, pages of 16, 28
 layers).
 
-    python scripts/bench_attention.py [--batches 1,64,256] [--contexts 300] [--triton 64x4x2,...] [--out attn.json]
+    python scripts/bench_attention.py [--batches 1,64,256] [--contexts 300] [--triton 64x4x1,64x4x1r,...] [--out attn.json]
 
 Each timing is one CUDA graph of `layers` calls, one per layer's own K/V pool (as a decode step reads
 them: from HBM, not L2), replayed; the floor is the K/V bytes read at the copy bandwidth measured in the
@@ -36,15 +36,16 @@ def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dty
     return out
 
 
-def triton_params(spec: str) -> dict:
-    """'64x4x1' -> paged_decode's block_n, num_warps, num_stages with its ranges per sequence for the batch
-    (`decode_splits`); then 'sN': N ranges (e.g. '64x4x1s4')."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?", spec)
+def triton_spec(spec: str) -> tuple[str, dict]:
+    """'64x4x1' -> ("triton", paged_decode's block_n, num_warps, num_stages): the whole form; then 'r': its ranged form
+    ("triton_ranges") with decode_splits' programs for the batch, 'rN': with N programs (e.g. '64x4x1r4')."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(r(\d+)?)?", spec)
     if m is None:
-        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[sN]")
-    block_n, warps, stages, splits = m.groups()
-    return {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages),
-            **({"splits": int(splits)} if splits else {})}
+        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[r[N]]")
+    block_n, warps, stages, ranged, programs = m.groups()
+    params = {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages),
+              **({"programs": int(programs)} if programs else {})}
+    return ("triton_ranges" if ranged else "triton"), params
 
 
 def one(batch: int, context: int, kv_dtype: torch.dtype, kernel: str, params: str | None,
@@ -53,7 +54,11 @@ def one(batch: int, context: int, kv_dtype: torch.dtype, kernel: str, params: st
     per = -(-context // ps)
     tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]  # disjoint pages per sequence
     csr = HostCSR.build(tables, [context] * batch, [1] * batch, ps)
-    extra = {"triton_params": triton_params(params)} if params else {}
+    extra = {}
+    if params:
+        kernel, extra["triton_params"] = triton_spec(params)
+        if kernel == "triton_ranges":
+            extra["max_kv_len"] = args.max_kv_len
     attn = GraphDecodeAttention(batch, batch * per + batch, args.q_heads, args.kv_heads, args.head_dim, ps,
                                 torch.device("cuda"), workspace, torch.bfloat16, kv_dtype, kernel=kernel, **extra)
     attn.plan(csr)
@@ -72,7 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--contexts", default="300")
-    ap.add_argument("--triton", default="64x4x2", help="the Triton kernel's block_n x warps x stages (+ 'sN': N ranges a sequence; else decode_splits), comma-separated")
+    ap.add_argument("--triton", default="64x4x1,64x4x1r", help="the Triton kernel's block_n x warps x stages, whole, "
+                    "or + 'r' its ranged form (decode_splits' programs; 'rN': N), comma-separated")
+    ap.add_argument("--max-kv-len", type=int, default=4096 + 64, help="the ranged form's longest sequence (its slots)")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--q-heads", type=int, default=24)
     ap.add_argument("--kv-heads", type=int, default=8)

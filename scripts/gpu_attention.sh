@@ -3,10 +3,10 @@
 # model runner on each, the engine's no-sync guard) and the fused fp8 quantization's, then scripts/bench_attention.py
 # over bf16 and fp8 pages.
 # Usage (device tool, carry .whl):
-#   [TRITON="64x4x1,64x4x1s1,64x4x1s16"] [BATCHES=1,16,64,128,256] [CONTEXTS=300,1000] bash scripts/gpu_attention.sh
+#   [TRITON="64x4x1,64x4x1r,64x4x1r4"] [BATCHES=1,16,64,128,256] [CONTEXTS=300,1000] bash scripts/gpu_attention.sh
 # Then, with STEP=1, the whole v2 decode step (bench_quant: parity, end-of-speech guard, replayed decode sweep, one
 # profiled step; no streaming runs) for each "MODE TRITON_FROM [bench_quant flags]" of STEP_RUNS (';'-separated;
-# TRITON_FROM 'none': FlashInfer's decode at every batch; e.g. "fp8/kv8 64 --fuse-fp8-quant"), in the same call.
+# TRITON_FROM 'none': FlashInfer's decode at every batch; e.g. "fp8/kv8 64 --no-fuse-fp8-quant"), in the same call.
 # Writes $OUT/{gpu.txt,tests.log,attn.json,attn.log,step_*.json,step.log}.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -18,10 +18,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     2>&1 | tee "$OUT/tests.log" | tail -8
 fi
 timeout "${ATTN_S:-240}" python3 scripts/bench_attention.py --batches "${BATCHES:-1,16,64,128,256}" \
-  --contexts "${CONTEXTS:-300,1000}" --triton "${TRITON:-64x4x1,64x4x1s1,64x4x1s16}" --out "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log" \
+  --contexts "${CONTEXTS:-300,1000}" --triton "${TRITON:-64x4x1,64x4x1r,64x4x1r4}" --out "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log" \
   | grep -E "attn " | sed -E 's/floor_us_per_layer/floor/; s/bandwidth_share/share/; s/max_rel_diff_vs_cuda_cores/diff/' | cut -c1-150
 if [ "${STEP:-0}" = 1 ]; then
-  IFS=';' read -ra runs <<< "${STEP_RUNS:-none 64;fp8/kv8 64;fp8/kv8 64 --fuse-fp8-quant;none none}"
+  IFS=';' read -ra runs <<< "${STEP_RUNS:-none 64;fp8/kv8 64;fp8/kv8 64 --no-fuse-fp8-quant;none none}"
   for run in "${runs[@]}"; do
     set -- $run; mode=$1 from=$2; shift 2; tag=$(echo "$*" | tr -dc 'a-z0-9')
     f="$OUT/step_${mode//\//_}_triton${from}${tag:+_$tag}.json"
