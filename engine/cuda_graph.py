@@ -37,7 +37,7 @@ from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.gpu_sampling import DeviceStreamState
 from higgs_stream.engine.graph_capture import capture_buckets
-from higgs_stream.kernels.flashinfer_attention import GraphDecodeAttention, HostCSR
+from higgs_stream.kernels.flashinfer_attention import GraphDecodeAttention, HostCSR, decode_kernel
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
 
@@ -56,19 +56,6 @@ def decode_step(fast: FastTalker, state: DeviceStreamState, attn: Any, k_pool: t
     hidden = fast.hidden(inp, attn, k_pool, v_pool)  # [B, H]
     logits = fast.audio_logits(hidden)  # [B, h, V] fp32
     return state.sample_and_advance(logits, slots, valid.bool(), hidden), logits
-
-
-def decode_kernel(rows: int, kv_bytes: int, tensor_core_from: int | None, triton_from: int | None,
-                  ranged_below: bool = False) -> str:
-    """The decode attention kernel of a graph of `rows` rows over K/V pages of `kv_bytes` per element
-    (`ranged_below`: buckets below `triton_from` run the Triton kernel's ranged form)."""
-    if triton_from is not None and rows >= triton_from:
-        return "triton"
-    if triton_from is not None and ranged_below:
-        return "triton_ranges"
-    if tensor_core_from is not None and rows >= tensor_core_from and kv_bytes == 2:
-        return "tensor_cores"
-    return "cuda_cores"
 
 
 class DecodeGraphs:

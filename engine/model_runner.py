@@ -175,7 +175,9 @@ class ModelRunnerConfig:
     # changed with the bucket). Whole v2 steps replayed, H100, same call (session 15), ranged vs FlashInfer: bf16 1 /
     # 2 / 4 / 16 rows 3.12 / 3.16 / 3.21 / 3.52 vs 3.32 / 3.32 / 3.36 / 3.58 ms; fp8 + e4m3 pages 2.00 / 2.48 / 2.89 /
     # 2.74 vs 2.12 / 2.61 / 3.03 / 2.89; 32 rows equal. GPU-tested: equal codes batched and alone, replayed and eager.
-    # Off with triton_decode_from None
+    # Off with triton_decode_from None. Eager decode steps pick their kernel as the graphs do (decode_kernel), so from
+    # triton_decode_from rows they run the whole form (since session 15's last commit; GPU-tested before it: the
+    # ranged eager path, and the whole form in the graphs)
     triton_ranged_decode: bool = True
     # fp8 weights (--quantize fp8), more than 16 rows: the norms and the SiLU write their linear's per-token e4m3
     # activations (FastTalker's fuse_fp8_quant): 84 fewer launches a v2 step. The same logits (GPU test). Timed on
@@ -305,11 +307,11 @@ class ModelRunner:
         if self.config.kernels == "ref":
             return RefAttention(self.cfg.head_dim)
         try:
-            ranged = self.config.triton_ranged_decode and self.config.triton_decode_from is not None
             return FlashInferAttention(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim,
                                        self.cache.allocator.page_size, self.device, self.fast.dtype,
-                                       kv_dtype=self.cache.pool.k.dtype,
-                                       ranged_max_kv_len=self.fast.max_positions if ranged else None)
+                                       kv_dtype=self.cache.pool.k.dtype, triton_from=self.config.triton_decode_from,
+                                       ranged_max_kv_len=self.fast.max_positions
+                                       if self.config.triton_ranged_decode else None)
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
 

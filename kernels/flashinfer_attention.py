@@ -110,17 +110,33 @@ class RefAttention:
         return paged_attention_ref(q, k_cache, v_cache, self.layout, self.sm_scale)
 
 
+def decode_kernel(rows: int, kv_bytes: int, tensor_core_from: int | None, triton_from: int | None,
+                  ranged_below: bool = False) -> str:
+    """The decode attention kernel of a step of `rows` rows over K/V pages of `kv_bytes` per element, replayed
+    (engine/cuda_graph.py's buckets) or eager (`FlashInferAttention`'s decode plans), so both run the same one:
+    our Triton kernel whole from `triton_from` rows, its ranged form below (`ranged_below`), else FlashInfer's
+    tensor-core decode from `tensor_core_from` rows over 16-bit pages, else its CUDA-core decode."""
+    if triton_from is not None and rows >= triton_from:
+        return "triton"
+    if triton_from is not None and ranged_below:
+        return "triton_ranges"
+    if tensor_core_from is not None and rows >= tensor_core_from and kv_bytes == 2:
+        return "tensor_cores"
+    return "cuda_cores"
+
+
 class FlashInferAttention:
     """Eager FlashInfer attention for one step at a time (any batch size, decode or prefill)."""
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  device: torch.device, dtype: torch.dtype = torch.bfloat16,
                  workspace: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None,
-                 ranged_max_kv_len: int | None = None) -> None:
+                 triton_from: int | None = None, ranged_max_kv_len: int | None = None) -> None:
         """`dtype`: the queries'; `kv_dtype`: the pools' (None: the same; fp8 e4m3 pools, unscaled).
-        `ranged_max_kv_len`: decode steps run our Triton kernel's ranged form for sequences of at most this many
-        tokens (batch-invariant: as the decode graphs' "triton_ranges" buckets) instead of FlashInfer's decode."""
-        self.ranged_max_kv_len = ranged_max_kv_len
+        Decode steps attend with the kernel the decode graphs would (`decode_kernel`; FlashInfer's tensor-core
+        decode aside): our Triton kernel whole from `triton_from` rows, its ranged form below for sequences of at
+        most `ranged_max_kv_len` tokens (None: FlashInfer's CUDA-core decode below)."""
+        self.triton_from, self.ranged_max_kv_len = triton_from, ranged_max_kv_len
         self._csr_host: torch.Tensor | None = None
         fi = flashinfer_module()
         if torch.device(device).type != "cuda":
@@ -135,13 +151,15 @@ class FlashInferAttention:
 
     def plan(self, csr: HostCSR, decode: bool) -> None:
         hq, hkv, d = self.heads
-        if decode and self.ranged_max_kv_len is not None:  # one upload of the CSR; the kernel reads it on the device
+        kernel = decode_kernel(csr.batch_size, 0, None, self.triton_from, self.ranged_max_kv_len is not None)
+        if decode and kernel.startswith("triton"):  # one upload of the CSR; the kernel reads it on the device
             assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
             b = csr.batch_size
             self._csr_host = torch.cat((csr.kv_indptr, csr.kv_last_page_len, csr.kv_indices)).pin_memory()
             dev = self._csr_host.to(self.workspace.device, non_blocking=True)
             self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
-            self._active = "triton_ranges"
+            self._triton_max_kv_len = self.ranged_max_kv_len if kernel == "triton_ranges" else None
+            self._active = "triton"
         elif decode:
             assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
             self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
@@ -159,9 +177,9 @@ class FlashInferAttention:
         assert self._active is not None, "plan() before run()"
         assert q.shape[0] == self._num_tokens, f"q has {q.shape[0]} rows, the plan {self._num_tokens}"
         require_cuda(q, k_cache, v_cache, what="FlashInfer attention")
-        if self._active == "triton_ranges":
+        if self._active == "triton":
             return paged_decode(q, k_cache, v_cache, *self._csr_dev, self.heads[2] ** -0.5,
-                                max_kv_len=self.ranged_max_kv_len)
+                                max_kv_len=self._triton_max_kv_len)
         return self._active.run(q, (k_cache, v_cache))
 
 

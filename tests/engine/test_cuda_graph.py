@@ -257,7 +257,7 @@ def test_chunk_attention_with_prompts_packed_is_block_diagonal():
 def test_decode_kernel_per_bucket():
     """Which attention kernel a decode graph of n rows runs: Triton from its threshold (over any pages), else
     FlashInfer's tensor cores from theirs (16-bit pages only: over fp8 they were slower), else its CUDA cores."""
-    from higgs_stream.engine.cuda_graph import decode_kernel
+    from higgs_stream.kernels.flashinfer_attention import decode_kernel
     assert [decode_kernel(n, 2, None, None) for n in (1, 256)] == ["cuda_cores"] * 2
     assert [decode_kernel(n, 2, 128, None) for n in (64, 128, 256)] == ["cuda_cores", "tensor_cores", "tensor_cores"]
     assert decode_kernel(256, 1, 128, None) == "cuda_cores"  # fp8 pages: no tensor-core decode
