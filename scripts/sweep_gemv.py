@@ -1,18 +1,20 @@
 """Device script (one H100/H200): the quantized small-batch linears of the full-size v2 talker, and the
 Triton kernel's block sizes for them.
 
-    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8] [--batches 1,16]
+    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8] [--batches 1,16] [--gemv-only] [--w8a8-batches 64,256]
 
-For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; what `--quantize` serves now (`fp8_linear`:
-weight-only in the Triton kernel at its `gemv_blocks`; `int8_linear`: the Triton kernel at
-`block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's scaled GEMM, what fp8
-runs above 16 rows); then the Triton kernel at every block configuration of a grid, and up to 4 rows the CUDA-core
-GEMV (`triton_gemv`, not served yet) at every configuration of its own grid. Each timing is 24
-calls in one CUDA graph over enough weight copies to exceed the L2 cache (every call reads its weight
-from HBM, as a decode step does). Also each way's max error against the fp32 product, relative to its
-peak. Writes DIR/gemv_sweep.json and prints the table and, per M, the one configuration best summed
-over a decode layer's four linears. Session 9 (H100) ran its predecessor on fp8 (the served path was
-then w8a8 in the same kernel): docs/bench/fp8_gemv_sweep_h100.json, docs/PERF.md."""
+For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; the quantized linear's tensor-core path ("served": what
+`--quantize` runs from 3 rows; `fp8_linear`: weight-only in the Triton kernel at its `gemv_blocks` up to 16 rows,
+`int8_linear`: the Triton kernel at `block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's
+scaled GEMM, what fp8 runs above 16 rows); then the Triton kernel at every block configuration of a grid (not with
+`--gemv-only`), and up to 4 rows the CUDA-core GEMV (`triton_gemv`, served for 1-2 rows) at every configuration of its
+own grid. `--w8a8-batches`: torch's scaled GEMM vs the Triton kernel's fp8 tiles (`triton_scaled_linear`) at several
+promotion intervals, with each one's error against the exact product. Each timing is 24 calls in one CUDA graph over
+enough weight copies to exceed the L2 cache (every call reads its weight from HBM, as a decode step does). Also each
+way's max error against the fp32 product, relative to its peak. Writes DIR/gemv_sweep.json and prints the table and,
+per M, the one configuration best summed over a decode layer's four linears (and the GEMV's best blocks, as
+`bench_quant --gemv-blocks` takes them). Sessions 9, 14 and 15 (H100): docs/bench/fp8_gemv_sweep_h100.json,
+docs/bench/s15_h100.json.gz, docs/PERF.md."""
 
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_c
                                                for q in qs])
             except Exception as exc:  # e.g. shared memory exceeded: say so, go on
                 row["grid"][str(cfg)] = repr(exc)[:120]
-        if m <= GEMV_ROWS_MAX:  # the CUDA-core GEMV (not served yet), keyed "gemv (BN, BK, warps, stages)"
+        if m <= GEMV_ROWS_MAX:  # the CUDA-core GEMV, keyed "gemv (BN, BK, warps, stages)"
             for cfg in GEMV_GRID:
                 try:
                     row["grid"][f"gemv {cfg}"] = timed([lambda q=q, c=cfg: triton_gemv(x, q.qweight, q.scale, blocks=c)
