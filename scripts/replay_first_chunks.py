@@ -1,0 +1,145 @@
+"""Replay a server's first-chunk decisions offline from its trace, beside what its clients heard.
+
+    python scripts/replay_first_chunks.py trace_a.json lg_a.json [--scenario closed@256] [--horizon-s 0.5]
+
+`Pipeline.adapter_config` sizes a stream's first chunk when its segment starts, from the engine loop's time (the
+recent one and the one `LoopModel` predicts at the number of open streams) and the codec's call times. This replays
+the server's `LoopModel`, call EMA and peak over the trace's steps and calls (`serve --trace-out`), calls the same
+`adapter_config` at each stream's first text, and matches the streams to the load generator's (`lg_*.json`: in
+arrival order, clocks aligned by the median offset). For each stream: the first chunk chosen, the loop time assumed,
+the loop time the steps then took until its second chunk was due, the longest codec call then; and, with
+`--horizon-s`, the first chunk the same rule gives when the number of streams is taken as the open ones plus the
+arrivals of the last second scaled to the horizon (an arrival-rate term, not served). Prints a summary for the
+streams that underran and the rest; `--json` writes every row."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from higgs_stream.stream.pacing import LoopModel
+from higgs_stream.stream.pipeline import Pipeline
+
+FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz)
+CALL_PEAK_HALF_LIFE_S = 1.0  # stream/codec_worker.py
+ARRIVAL_WINDOW_S = 1.0
+
+
+def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp_repeat: int = 1) -> list[dict]:
+    steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
+    calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
+    streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
+    said = [s[1] for s in streams]
+    loop, call = LoopModel(), SimpleNamespace(call_s=0.0, call_peak_s=0.0, peak_at=0.0)
+    fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=FRAME_S), codec_worker=call,
+                           cfg=SimpleNamespace(ramp_repeat=ramp_repeat, max_first_chunk=max_first_chunk), _handles=())
+    si = ci = 0
+    rows = []
+    for s in streams:
+        t = s[1]
+        while si < len(steps) and steps[si][3] <= t:  # what the engine thread had observed by then
+            e = steps[si]
+            loop.observe(e[4], min(e[3] - e[1], 2 * FRAME_S))
+            si += 1
+        while ci < len(calls) and calls[ci][2] <= t:
+            c = calls[ci]
+            took = c[2] - c[1]
+            call.call_s += 0.05 * (took - call.call_s)
+            fade = 0.5 ** ((c[2] - call.peak_at) / CALL_PEAK_HALF_LIFE_S)
+            call.call_peak_s, call.peak_at = max(took, call.call_peak_s * fade), c[2]
+            ci += 1
+        fade = 0.5 ** ((t - call.peak_at) / CALL_PEAK_HALF_LIFE_S) if call.peak_at else 1.0
+        peak = call.call_peak_s
+        call.call_peak_s = peak * fade  # as read at t (the worker stores the faded value at its next call)
+        open_now = sum(1 for o in streams if o[1] <= t < o[3])
+        fake._handles = range(open_now)
+        chosen = Pipeline.adapter_config(fake, "exact").schedule
+        row = {"said_at": t, "first_audio": s[2], "open": open_now, "loop_s": max(loop.last_s, loop.predict(open_now) or 0),
+               "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3])}
+        if horizon_s is not None:
+            arrived = bisect.bisect_right(said, t) - bisect.bisect_right(said, t - ARRIVAL_WINDOW_S)
+            expected = open_now + round(arrived / ARRIVAL_WINDOW_S * horizon_s)
+            fake._handles = range(expected)
+            row["schedule_with_arrivals"] = list(Pipeline.adapter_config(fake, "exact").schedule[:3])
+            row["open_expected"] = expected
+        call.call_peak_s = peak
+        if s[2] is not None:  # what followed: the loop until chunk 1 was due, the longest call meanwhile
+            f = chosen[0]
+            until = s[2] + f * FRAME_S  # chunk 0's audio played out
+            w = [e[3] - e[1] for e in steps if s[2] <= e[1] < until]
+            row["loop_after_s"] = float(np.mean(w)) if w else None
+            row["call_max_after_s"] = max((c[2] - c[1] for c in calls if c[2] > s[2] and c[1] < until), default=0.0)
+        rows.append(row)
+    return rows
+
+
+def match(rows: list[dict], lg: dict, scenario: str | None) -> None:
+    sc = [s for s in lg["scenarios"] if scenario is None or s["name"] == scenario]
+    clients = sorted((r for s in sc for r in s["streams"] if r.get("first_audio") is not None), key=lambda r: r["sent"])
+    if not clients:
+        return
+    # the scenario's streams are a contiguous run of the server's: align by the best median offset over the runs
+    best = None
+    for start in range(0, max(1, len(rows) - len(clients) + 1)):
+        pairs = list(zip(rows[start:start + len(clients)], clients))
+        off = np.median([c["sent"] - r["said_at"] for r, c in pairs])
+        err = float(np.median([abs(c["sent"] - r["said_at"] - off) for r, c in pairs]))
+        if best is None or err < best[0]:
+            best = (err, start, off)
+    _, start, off = best
+    for r, c in zip(rows[start:start + len(clients)], clients):
+        r["client_sent"] = c["sent"]
+        r["underruns"] = c["underruns"]
+        r["stalls_at"] = c.get("stalls_at", [])
+
+
+def summary(rows: list[dict]) -> None:
+    matched = [r for r in rows if "underruns" in r]
+    for name, group in (("underran", [r for r in matched if r["underruns"]]),
+                        ("no underrun", [r for r in matched if not r["underruns"]])):
+        if not group:
+            print(f"{name}: none")
+            continue
+        first = np.array([r["schedule"][0] for r in group])
+        line = (f"{name}: {len(group)} streams; first chunk p50 {np.median(first):.0f} (min {first.min()}, max "
+                f"{first.max()}); loop assumed p50 {1e3 * np.median([r['loop_s'] for r in group]):.1f} ms, "
+                f"then taken {1e3 * np.median([r['loop_after_s'] for r in group if r.get('loop_after_s')]):.1f} ms; "
+                f"longest call assumed p50 {1e3 * np.median([r['call_peak_s'] for r in group]):.0f} ms, then "
+                f"{1e3 * np.median([r['call_max_after_s'] for r in group]):.0f} ms")
+        if "schedule_with_arrivals" in group[0]:
+            alt = np.array([r["schedule_with_arrivals"][0] for r in group])
+            line += f"; with arrivals: first chunk p50 {np.median(alt):.0f} (min {alt.min()}), larger for {(alt > first).sum()}"
+        print(line)
+        stall_frames = [round((a - 0.006) / FRAME_S) for r in group for a in r.get("stalls_at", [])[:1]]
+        if stall_frames:
+            print(f"  first stall at the end of frame (client): p50 {np.median(stall_frames):.0f}; replayed first "
+                  f"chunk equal to it for {sum(r['schedule'][0] == f for r, f in zip(group, stall_frames))} of "
+                  f"{len(stall_frames)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("loadgen", nargs="?")
+    ap.add_argument("--scenario", default=None)
+    ap.add_argument("--horizon-s", type=float, default=None)
+    ap.add_argument("--max-first-chunk", type=int, default=8)
+    ap.add_argument("--ramp-repeat", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat)
+    if args.loadgen:
+        match(rows, json.load(open(args.loadgen)), args.scenario)
+    summary(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""scripts/replay_first_chunks.py: the server's first-chunk decision replayed from a trace equals what the pipeline
+decides with the same loop and codec history, and the load generator's streams are matched to the server's."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+from higgs_stream.stream.pacing import LoopModel
+from higgs_stream.stream.pipeline import Pipeline
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts/replay_first_chunks.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("replay_first_chunks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace() -> list:
+    """40 steps of 64 rows at 15 ms, two codec calls (20 ms, then a long 80 ms one), three streams: one opening before
+    any step, two after the long call."""
+    ev = [("step", 0.100 + 0.015 * i, 0.110 + 0.015 * i, 0.115 + 0.015 * i, 64, 0.0, 0, 0, False) for i in range(40)]
+    ev += [("codec", 0.20, 0.22, 4, 40, 1, False), ("codec", 0.30, 0.38, 30, 700, 2, False)]
+    ev += [("stream", 0.05, 0.30, 5.0, 96000), ("stream", 0.45, 0.60, 6.0, 96000), ("stream", 0.46, 0.62, 0.5, 96000)]
+    return ev
+
+
+def test_the_replay_makes_the_pipelines_decision():
+    r = load()
+    rows = r.replay(trace(), horizon_s=0.5)
+    assert [row["open"] for row in rows] == [1, 2, 3]  # each counts itself, as the pipeline's handles do
+    assert rows[0]["schedule"] == [1, 2, 4]  # nothing observed yet: the idle schedule
+    # the same history given to the pipeline's own method
+    loop = LoopModel()
+    for i in range(40):
+        if 0.115 + 0.015 * i <= 0.45:  # the steps that had ended by the second stream's first text
+            loop.observe(64, 0.015)
+    fade = 0.5 ** ((0.45 - 0.38) / r.CALL_PEAK_HALF_LIFE_S)
+    call = SimpleNamespace(call_s=0.05 * 0.02 + 0.05 * (0.08 - 0.05 * 0.02), call_peak_s=0.08 * fade)
+    fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=0.04), codec_worker=call,
+                           cfg=SimpleNamespace(ramp_repeat=1, max_first_chunk=8), _handles=range(2))
+    want = list(Pipeline.adapter_config(fake, "exact").schedule[:3])
+    assert rows[1]["schedule"] == want and want[0] > 1  # under load the first chunk grows
+    assert abs(rows[1]["call_peak_s"] - 0.08 * fade) < 1e-12
+    assert rows[1]["open_expected"] == 2 + round(2 / r.ARRIVAL_WINDOW_S * 0.5)  # two arrivals in the last second
+    assert rows[1]["call_max_after_s"] == 0.0 and abs(rows[1]["loop_after_s"] - 0.015) < 1e-9
+
+
+def test_streams_are_matched_to_the_clients_in_arrival_order():
+    r = load()
+    rows = r.replay(trace(), horizon_s=None)
+    lg = {"scenarios": [{"name": "closed@2", "streams": [
+        {"sent": 10.45, "first_audio": 10.60, "underruns": 1, "stalls_at": [0.166]},
+        {"sent": 10.46, "first_audio": 10.62, "underruns": 0}]}]}
+    r.match(rows, lg, "closed@2")
+    assert "underruns" not in rows[0] and rows[1]["underruns"] == 1 and rows[2]["underruns"] == 0
+    assert rows[1]["stalls_at"] == [0.166]
