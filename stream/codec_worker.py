@@ -180,7 +180,8 @@ class CodecWorker:
         self.overdue_first = overdue_first
         if starting_s is not None and starting_s <= 0:
             raise ConfigError(f"codec_starting_ms must be > 0 or None, got {starting_s * 1e3}")
-        # while `starting()` (a stream waits for its first audio) a call takes its urgent jobs, then frames while
+        # while `starting()` (a stream waits for its first audio; with codec_starting_ahead_s, or a listener has
+        # less than that much audio: the pipeline's `_ramping`) a call takes its urgent jobs, then frames while
         # its predicted time (call_model) stays within this many seconds: a first chunk rarely waits behind a long
         # call (None: no cap)
         self.starting, self.starting_s = starting, starting_s

@@ -98,7 +98,7 @@ class Pipeline:
                                         max_windows=codec_max_windows, max_streams=cfg.max_streams,
                                         busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
                                         codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first,
-                                        starting=self._starting,
+                                        starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
@@ -287,6 +287,13 @@ class Pipeline:
         """Whether some stream waits for its first audio (the codec then decodes just in time)."""
         with self._lock:
             return any(seg.clock.start is None for seg in self._segments.values())
+
+    def _ramping(self) -> bool:
+        """Whether some stream waits for its first audio or its listener has less than `codec_starting_ahead_s` of
+        audio left (its first chunks, or a listener running dry): the codec's time cap then holds (codec thread)."""
+        now, mark = self.now(), self.cfg.codec_starting_ahead_s
+        with self._lock:
+            return any(seg.clock.ahead_s(now) < mark for seg in self._segments.values())
 
     def _submit(self, seg: _Segment) -> None:
         with self._lock:  # the engine thread must not see this stream's events before it is mapped

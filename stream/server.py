@@ -343,6 +343,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "queues behind a long call; one cap for codecs of any frame cost (default: none; opt-in: "
                              "H100, one run each, Qwen3-TTS 1.7B 20 req/s p95 65 ms at 12 vs 71-82 without, v2 256 "
                              "streams at 25 no change beyond noise; docs/PERF.md)")
+    parser.add_argument("--codec-starting-ahead", type=float, default=d.codec_starting_ahead_s, metavar="S",
+                        help="with --codec-starting-ms: the cap also holds while some listener has less than S seconds "
+                             "of audio (a stream's first chunks; the 256-stream bursts' stalls came there, behind "
+                             "calls of the backlog 2-4x longer than any before: docs/PERF.md) (default: only while a "
+                             "stream waits for its first audio)")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
@@ -447,7 +452,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
-                        codec_starting_ms=args.codec_starting_ms,
+                        codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,

@@ -159,4 +159,14 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
     worker = pipeline.codec_worker
     assert worker.starting_s == pytest.approx(0.012) and worker.starting() is False
     assert worker.starting.__func__ is type(pipeline)._starting
+    # --codec-starting-ahead extends the cap to listeners with little audio left: the worker asks the pipeline that
+    pipeline = build_state(parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-ms", "12",
+                                              "--codec-starting-ahead", "0.3", "--no-warm-up"])).pipeline
+    assert pipeline.cfg.codec_starting_ahead_s == 0.3
+    assert pipeline.codec_worker.starting.__func__ is type(pipeline)._ramping
+    for bad in (0, -1.0):
+        with pytest.raises(ConfigError, match="codec_starting_ahead_s"):
+            ServerConfig(codec_starting_ms=12, codec_starting_ahead_s=bad)
+    with pytest.raises(ConfigError, match="set codec_starting_ms too"):
+        ServerConfig(codec_starting_ahead_s=0.3)
 

@@ -311,6 +311,27 @@ async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
         ServerConfig(max_first_chunk=0)
 
 
+async def test_the_codec_cap_can_hold_while_a_listener_is_in_its_first_chunks():
+    """codec_starting_ahead_s: the codec's time cap holds while some stream waits for its first audio (as without it)
+    or has less than that much audio left; not once every listener is further ahead."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+    from higgs_stream.stream.pacing import PlaybackClock
+
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(codec_starting_ms=30, codec_starting_ahead_s=0.3))
+    p._loop = asyncio.get_running_loop()
+    now = p.now()
+    waiting, ramping, far = PlaybackClock(), PlaybackClock(), PlaybackClock()
+    ramping.sent(now - 0.1, 0.32)  # 0.22 s left
+    far.sent(now - 1.0, 2.0)  # 1.0 s left
+    p._segments = {1: SimpleNamespace(clock=far)}
+    assert not p._ramping()
+    p._segments[2] = SimpleNamespace(clock=ramping)
+    assert p._ramping()
+    p._segments = {1: SimpleNamespace(clock=far), 3: SimpleNamespace(clock=waiting)}
+    assert p._ramping() and p._starting()
+    assert p.codec_worker.starting.__func__ is Pipeline._ramping
+
+
 def test_the_codec_worker_remembers_its_longest_recent_call():
     """call_peak_s: the longest call, halving every CALL_PEAK_HALF_LIFE_S unless a longer one comes."""
     from higgs_stream.bench_pipeline import FakeCodec
