@@ -25,18 +25,19 @@ import numpy as np
 from higgs_stream.stream.pacing import LoopModel
 from higgs_stream.stream.pipeline import Pipeline
 
-FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz)
+FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: --frame-s 0.08)
 CALL_PEAK_HALF_LIFE_S = 1.0  # stream/codec_worker.py
 ARRIVAL_WINDOW_S = 1.0
 
 
-def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp_repeat: int = 1) -> list[dict]:
+def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp_repeat: int = 1,
+           frame_s: float = FRAME_S) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
     said = [s[1] for s in streams]
     loop, call = LoopModel(), SimpleNamespace(call_s=0.0, call_peak_s=0.0, peak_at=0.0)
-    fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=FRAME_S), codec_worker=call,
+    fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
                            cfg=SimpleNamespace(ramp_repeat=ramp_repeat, max_first_chunk=max_first_chunk), _handles=())
     si = ci = 0
     rows = []
@@ -44,7 +45,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp
         t = s[1]
         while si < len(steps) and steps[si][3] <= t:  # what the engine thread had observed by then
             e = steps[si]
-            loop.observe(e[4], min(e[3] - e[1], 2 * FRAME_S))
+            loop.observe(e[4], min(e[3] - e[1], 2 * frame_s))
             si += 1
         while ci < len(calls) and calls[ci][2] <= t:
             c = calls[ci]
@@ -70,7 +71,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp
         call.call_peak_s = peak
         if s[2] is not None:  # what followed: the loop until chunk 1 was due, the longest call meanwhile
             f = chosen[0]
-            until = s[2] + f * FRAME_S  # chunk 0's audio played out
+            until = s[2] + f * frame_s  # chunk 0's audio played out
             w = [e[3] - e[1] for e in steps if s[2] <= e[1] < until]
             row["loop_after_s"] = float(np.mean(w)) if w else None
             row["call_max_after_s"] = max((c[2] - c[1] for c in calls if c[2] > s[2] and c[1] < until), default=0.0)
@@ -98,7 +99,7 @@ def match(rows: list[dict], lg: dict, scenario: str | None) -> None:
         r["stalls_at"] = c.get("stalls_at", [])
 
 
-def summary(rows: list[dict]) -> None:
+def summary(rows: list[dict], frame_s: float = FRAME_S) -> None:
     matched = [r for r in rows if "underruns" in r]
     for name, group in (("underran", [r for r in matched if r["underruns"]]),
                         ("no underrun", [r for r in matched if not r["underruns"]])):
@@ -115,7 +116,7 @@ def summary(rows: list[dict]) -> None:
             alt = np.array([r["schedule_with_arrivals"][0] for r in group])
             line += f"; with arrivals: first chunk p50 {np.median(alt):.0f} (min {alt.min()}), larger for {(alt > first).sum()}"
         print(line)
-        stall_frames = [round((a - 0.006) / FRAME_S) for r in group for a in r.get("stalls_at", [])[:1]]
+        stall_frames = [round(a / frame_s) for r in group for a in r.get("stalls_at", [])[:1]]
         if stall_frames:
             print(f"  first stall at the end of frame (client): p50 {np.median(stall_frames):.0f}; replayed first "
                   f"chunk equal to it for {sum(r['schedule'][0] == f for r, f in zip(group, stall_frames))} of "
@@ -130,12 +131,14 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=None)
     ap.add_argument("--max-first-chunk", type=int, default=8)
     ap.add_argument("--ramp-repeat", type=int, default=1)
+    ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat)
+    rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat,
+                  args.frame_s)
     if args.loadgen:
         match(rows, json.load(open(args.loadgen)), args.scenario)
-    summary(rows)
+    summary(rows, args.frame_s)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o)
