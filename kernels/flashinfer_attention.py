@@ -151,25 +151,25 @@ class FlashInferAttention:
 
     def plan(self, csr: HostCSR, decode: bool) -> None:
         hq, hkv, d = self.heads
-        kernel = decode_kernel(csr.batch_size, 0, None, self.triton_from, self.ranged_max_kv_len is not None)
-        if decode and kernel.startswith("triton"):  # one upload of the CSR; the kernel reads it on the device
-            assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
-            b = csr.batch_size
-            self._csr_host = torch.cat((csr.kv_indptr, csr.kv_last_page_len, csr.kv_indices)).pin_memory()
-            dev = self._csr_host.to(self.workspace.device, non_blocking=True)
-            self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
-            self._triton_max_kv_len = self.ranged_max_kv_len if kernel == "triton_ranges" else None
-            self._active = "triton"
-        elif decode:
-            assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
-            self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
-                              q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=d**-0.5)
-            self._active = self._decode
-        else:
+        if not decode:
             self._prefill.plan(csr.qo_indptr, csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d,
                                self.page_size, causal=True, q_data_type=self.dtype, kv_data_type=self.kv_dtype,
                                sm_scale=d**-0.5)
             self._active = self._prefill
+        else:
+            assert csr.num_tokens == csr.batch_size, "a decode plan needs qo_len 1 for every sequence"
+            b = csr.batch_size
+            kernel = decode_kernel(b, 0, None, self.triton_from, self.ranged_max_kv_len is not None)
+            if kernel.startswith("triton"):  # one upload of the CSR; the kernel reads it on the device
+                self._csr_host = torch.cat((csr.kv_indptr, csr.kv_last_page_len, csr.kv_indices)).pin_memory()
+                dev = self._csr_host.to(self.workspace.device, non_blocking=True)
+                self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
+                self._triton_max_kv_len = self.ranged_max_kv_len if kernel == "triton_ranges" else None
+                self._active = "triton"
+            else:
+                self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
+                                  q_data_type=self.dtype, kv_data_type=self.kv_dtype, sm_scale=d**-0.5)
+                self._active = self._decode
         self._num_tokens = csr.num_tokens
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:

@@ -22,11 +22,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
 from higgs_stream.stream.pacing import LoopModel
 from higgs_stream.stream.pipeline import Pipeline
 
 FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: --frame-s 0.08)
-CALL_PEAK_HALF_LIFE_S = 1.0  # stream/codec_worker.py
 ARRIVAL_WINDOW_S = 1.0
 
 

@@ -119,7 +119,7 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
 
 def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float) -> list[Pending]:
     """`take` (deadline order: a segment's jobs keep their order) cut for a call made while a stream waits
-    for its first audio: every urgent job (due within CODEC_URGENT_S: a listener about to run dry never
+    for its first audio (or, with codec_starting_ahead_s, a listener has little audio left): every urgent job (due within CODEC_URGENT_S: a listener about to run dry never
     waits for it), then the next jobs while `fits(frames)` holds for the call's codec frames; at least one job
     (`CodecWorker._fits`: the call's predicted time within `codec_starting_ms`).
     A call costs a fixed ~5 ms plus ~0.5 ms per frame (H100, Qwen3-TTS's 12 Hz decoder: 40-80 frames
