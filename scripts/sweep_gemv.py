@@ -150,14 +150,20 @@ def sweep_w8a8(name: str, n: int, k: int, batches: list[int]) -> list[dict]:
     return rows
 
 
+def layer_totals(per: list[dict]) -> tuple[dict[str, float], str | None]:
+    """A decode layer's linears (`per`, one row each): every grid configuration that ran on all of them, its times
+    summed; and the fastest of those (None: none ran everywhere)."""
+    cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
+    tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
+    return tot, (min(tot, key=tot.get) if tot else None)
+
+
 def layer_summary(rows: list[dict]) -> dict:
     """Per (weights, M): a decode layer's four linears summed, served vs the best single configuration."""
     out = {}
     for mode, m in sorted({(r["weights"], r["m"]) for r in rows}):
         per = [r for r in rows if r["weights"] == mode and r["m"] == m]
-        cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
-        tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
-        b = min(tot, key=tot.get) if tot else None
+        tot, b = layer_totals(per)
         key = f"{mode} m={m}"
         out[key] = {"best_cfg": b, "best_layer_us": tot.get(b), "served_layer_us": sum(r["served"] for r in per),
                     "bf16_layer_us": sum(r["bf16_cublas"] for r in per)}
@@ -169,6 +175,24 @@ def layer_summary(rows: list[dict]) -> dict:
         print(f"{key}: one layer's 4 linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
               f"{out[key]['served_layer_us']:.1f}" + (f", best single configuration {b} {tot[b]:.1f}" if tot else "")
               + (f", best GEMV {out[key]['best_gemv_cfg']} {out[key]['best_gemv_layer_us']:.1f}" if gemv else ""))
+    return out
+
+
+def w8a8_summary(rows: list[dict]) -> dict:
+    """Per M: a decode layer's four w8a8 GEMMs, torch's scaled GEMM vs the best single Triton tiles (overall and per
+    promotion interval) and the best tiles per linear."""
+    out = {}
+    for m in sorted({r["m"] for r in rows}):
+        per = [r for r in rows if r["m"] == m]
+        tot, b = layer_totals(per)
+        best_each = sum(r["best"][0][1] for r in per if r["best"])
+        by_acc = {e: min((t for c, t in tot.items() if c.endswith(f", {e})")), default=None) for e in (0, 128, 32)}
+        out[f"w8a8 m={m}"] = {"scaled_mm_layer_us": sum(r["scaled_mm"] for r in per), "best_cfg": b,
+                              "best_layer_us": tot.get(b), "best_each_layer_us": best_each,
+                              "best_layer_us_by_acc_every": by_acc}
+        print(f"w8a8 m={m}: one layer's 4 GEMMs: scaled_mm {out[f'w8a8 m={m}']['scaled_mm_layer_us']:.1f} us, "
+              f"best single tiles {b} {tot.get(b, float('nan')):.1f}, best per linear {best_each:.1f}; best single by "
+              f"acc_every {by_acc}")
     return out
 
 
@@ -193,19 +217,7 @@ def main() -> None:
     for m in [int(b) for b in args.w8a8_batches.split(",") if b]:
         for name, (n, k) in V2_LINEARS.items():
             w8a8 += sweep_w8a8(name, n, k, [m])
-    for m in sorted({r["m"] for r in w8a8}):  # a decode layer's four GEMMs: torch's vs the best single Triton tiles
-        per = [r for r in w8a8 if r["m"] == m]
-        cfgs = [c for c in per[0]["grid"] if all(isinstance(r["grid"].get(c), float) for r in per)]
-        tot = {c: sum(r["grid"][c] for r in per) for c in cfgs}
-        best_each = sum(r["best"][0][1] for r in per if r["best"])
-        b = min(tot, key=tot.get) if tot else None
-        by_acc = {e: min((t for c, t in tot.items() if c.endswith(f", {e})")), default=None) for e in (0, 128, 32)}
-        summary[f"w8a8 m={m}"] = {"scaled_mm_layer_us": sum(r["scaled_mm"] for r in per), "best_cfg": b,
-                                  "best_layer_us": tot.get(b), "best_each_layer_us": best_each,
-                                  "best_layer_us_by_acc_every": by_acc}
-        print(f"w8a8 m={m}: one layer's 4 GEMMs: scaled_mm {summary[f'w8a8 m={m}']['scaled_mm_layer_us']:.1f} us, "
-              f"best single tiles {b} {tot.get(b, float('nan')):.1f}, best per linear {best_each:.1f}; best single by "
-              f"acc_every {by_acc}")
+    summary.update(w8a8_summary(w8a8))
     dev = torch.cuda.get_device_name()
     with open(os.path.join(args.out, "gemv_sweep.json"), "w") as f:
         json.dump({"device": dev, "rows": rows, "w8a8": w8a8, "summary": summary, "seconds": time.time() - t_start},
