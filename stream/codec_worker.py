@@ -117,11 +117,14 @@ def due(pending: list[Pending], now: float, flush: set[int], busy: bool = True) 
     return sorted(take, key=lambda p: p.deadline)
 
 
-def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float) -> list[Pending]:
+def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float,
+               exempt_s: float = CODEC_URGENT_S) -> list[Pending]:
     """`take` (deadline order: a segment's jobs keep their order) cut for a call made while a stream waits
-    for its first audio (or, with codec_starting_ahead_s, a listener has little audio left): every urgent job (due within CODEC_URGENT_S: a listener about to run dry never
-    waits for it), then the next jobs while `fits(frames)` holds for the call's codec frames; at least one job
-    (`CodecWorker._fits`: the call's predicted time within `codec_starting_ms`).
+    for its first audio (or, with codec_starting_ahead_s, a listener has little audio left): every job due within
+    `exempt_s` (CODEC_URGENT_S by default: a listener about to run dry never waits for it), then the next jobs while
+    `fits(frames)` holds for the call's codec frames; at least one job (`CodecWorker._fits`: the call's predicted
+    time within `codec_starting_ms`). A shorter `exempt_s` (codec_starting_exempt_s) cuts a burst's calls in deadline
+    order too: a job due later than that waits for the next call, which starts as this one ends.
     A call costs a fixed ~5 ms plus ~0.5 ms per frame (H100, Qwen3-TTS's 12 Hz decoder: 40-80 frames
     ~28 ms), and the codec thread runs one at a time. Without the urgent jobs' exemption a burst of
     arrivals (someone always starting) held every call to `frames` and the codec fell behind (H100, v2,
@@ -129,7 +132,7 @@ def within_cap(take: list[Pending], fits: Callable[[int], bool], now: float) -> 
     out, n = [], 0
     for p in take:
         f = p.job.codes.shape[1]
-        if out and not fits(n + f) and p.deadline - now > CODEC_URGENT_S:
+        if out and not fits(n + f) and p.deadline - now > exempt_s:
             break
         out.append(p)
         n += f
@@ -159,7 +162,7 @@ class CodecWorker:
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
-                 starting_s: float | None = None):
+                 starting_s: float | None = None, starting_exempt_s: float = CODEC_URGENT_S):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -185,6 +188,9 @@ class CodecWorker:
         # its predicted time (call_model) stays within this many seconds: a first chunk rarely waits behind a long
         # call (None: no cap)
         self.starting, self.starting_s = starting, starting_s
+        if not 0 <= starting_exempt_s <= CODEC_URGENT_S:
+            raise ConfigError(f"codec_starting_exempt_s must lie in 0..{CODEC_URGENT_S}, got {starting_exempt_s}")
+        self.starting_exempt_s = starting_exempt_s  # capped calls still take every job due within this (s)
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
@@ -303,7 +309,7 @@ class CodecWorker:
         flush, now = {id(e[1]) for e in self._ends}, time.monotonic()
         take = list(self.pending) if everything else due(self.pending, now, flush, self.busy())
         if not everything and self.starting_s is not None and take and self.starting():
-            take = within_cap(take, self._fits, now)
+            take = within_cap(take, self._fits, now, self.starting_exempt_s)
         per_seg: dict[int, list[Pending]] = {}  # id(seg) -> its due jobs, in order
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)

@@ -95,6 +95,7 @@ class ServerConfig:
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; None: no cap)
+    codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int = 8  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame)
     ramp_repeat: int = 1  # exact mode: chunks of the first chunk's size before the schedule doubles (2: chunk 1 = chunk 0)
@@ -147,6 +148,10 @@ class ServerConfig:
         need(self.codec_starting_ms is None or self.codec_starting_ms > 0, "codec_starting_ms must be > 0 or None")
         need(self.codec_starting_ahead_s is None or self.codec_starting_ahead_s > 0,
              "codec_starting_ahead_s must be > 0 or None")
+        need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
+             "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
+        need(self.codec_starting_exempt_s is None or self.codec_starting_ms is not None,
+             "codec_starting_exempt_s narrows the codec_starting_ms cap's exemption: set codec_starting_ms too")
         need(self.codec_starting_ahead_s is None or self.codec_starting_ms is not None,
              "codec_starting_ahead_s extends the codec_starting_ms cap: set codec_starting_ms too")
         need(isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64,

@@ -99,7 +99,9 @@ class Pipeline:
                                         busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
                                         codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first,
                                         starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,
-                                        starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3)
+                                        starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3,
+                                        **({} if cfg.codec_starting_exempt_s is None
+                                           else {"starting_exempt_s": cfg.codec_starting_exempt_s}))
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones

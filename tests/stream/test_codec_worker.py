@@ -263,6 +263,22 @@ def test_within_cap_never_leaves_an_urgent_job_behind():
     assert within_cap(take, at_most(100), now) == take
 
 
+def test_within_cap_exempts_only_jobs_due_within_exempt_s():
+    """A shorter exemption (codec_starting_exempt_s) cuts a burst where every job is urgent: the jobs due within it
+    all go, the later urgent ones only while the call fits, in deadline order."""
+    a, b, c = (SimpleNamespace(sid=i) for i in range(3))
+    now = 50.0
+    take = [Pending(a, frames_job(10), now - 0.1), Pending(b, frames_job(10), now + 0.05),
+            Pending(c, frames_job(10), now + 0.2), Pending(a, frames_job(10), now + 0.25)]
+    assert within_cap(take, at_most(8), now) == take  # all within CODEC_URGENT_S: the cap cuts nothing
+    assert within_cap(take, at_most(8), now, exempt_s=0.1) == take[:2]  # overdue and due in 50 ms go; the rest wait
+    assert within_cap(take, at_most(30), now, exempt_s=0.1) == take[:3]  # room for one more after them
+    assert within_cap(take, at_most(8), now, exempt_s=0.0) == take[:1]  # the overdue one, at least one job
+    with pytest.raises(ConfigError, match="codec_starting_exempt_s"):
+        CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, starting_s=0.02,
+                    starting_exempt_s=0.5)
+
+
 def test_while_a_stream_starts_calls_hold_to_the_time_cap():
     """Eager schedule (not busy), three streams' 6-frame jobs held past the hold time, calls measured at 1 ms a
     frame: with a stream waiting for its first audio and codec_starting_ms 8, each call takes one of them (6 ms;

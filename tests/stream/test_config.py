@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream.codec_worker import CODEC_URGENT_S
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.server import add_arguments, config_from_args
 
@@ -169,4 +170,14 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
             ServerConfig(codec_starting_ms=12, codec_starting_ahead_s=bad)
     with pytest.raises(ConfigError, match="set codec_starting_ms too"):
         ServerConfig(codec_starting_ahead_s=0.3)
+    # --codec-starting-exempt narrows the cap's exemption from the urgent horizon (0.3 s) to S seconds
+    assert pipeline.codec_worker.starting_exempt_s == CODEC_URGENT_S  # the default when the flag is absent
+    pipeline = build_state(parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-ms", "30",
+                                              "--codec-starting-exempt", "0.1", "--no-warm-up"])).pipeline
+    assert pipeline.codec_worker.starting_exempt_s == 0.1
+    for bad in (-0.01, 0.31):
+        with pytest.raises(ConfigError, match="codec_starting_exempt_s"):
+            ServerConfig(codec_starting_ms=12, codec_starting_exempt_s=bad)
+    with pytest.raises(ConfigError, match="set codec_starting_ms too"):
+        ServerConfig(codec_starting_exempt_s=0.1)
 
