@@ -31,14 +31,15 @@ ARRIVAL_WINDOW_S = 1.0
 
 
 def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp_repeat: int = 1,
-           frame_s: float = FRAME_S) -> list[dict]:
+           frame_s: float = FRAME_S, first_chunk_margin: float = 1.0) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
     said = [s[1] for s in streams]
     loop, call = LoopModel(), SimpleNamespace(call_s=0.0, call_peak_s=0.0, peak_at=0.0)
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
-                           cfg=SimpleNamespace(ramp_repeat=ramp_repeat, max_first_chunk=max_first_chunk), _handles=())
+                           cfg=SimpleNamespace(ramp_repeat=ramp_repeat, max_first_chunk=max_first_chunk,
+                                               first_chunk_margin=first_chunk_margin), _handles=())
     si = ci = 0
     rows = []
     for s in streams:
@@ -131,11 +132,12 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=None)
     ap.add_argument("--max-first-chunk", type=int, default=8)
     ap.add_argument("--ramp-repeat", type=int, default=1)
+    ap.add_argument("--first-chunk-margin", type=float, default=1.0)
     ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat,
-                  args.frame_s)
+                  args.frame_s, args.first_chunk_margin)
     if args.loadgen:
         match(rows, json.load(open(args.loadgen)), args.scenario)
     summary(rows, args.frame_s)

@@ -98,6 +98,7 @@ class ServerConfig:
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int = 8  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame)
+    first_chunk_margin: float = 1.0  # exact mode: the first chunk is sized for this many times the longest recent codec call
     ramp_repeat: int = 1  # exact mode: chunks of the first chunk's size before the schedule doubles (2: chunk 1 = chunk 0)
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
@@ -157,6 +158,7 @@ class ServerConfig:
         need(isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64,
              "max_first_chunk must be an int in 1..64")
         need(isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4, "ramp_repeat must be an int in 1..4")
+        need(1 <= self.first_chunk_margin <= 10, "first_chunk_margin must be in 1..10")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
         need(1e-6 <= self.gil_switch_s <= 0.1, "gil_switch_s must be in [1e-6, 0.1] seconds")

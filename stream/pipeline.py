@@ -237,8 +237,9 @@ class Pipeline:
         - ceil(JITTER_FACTOR x (engine loop + mean codec call) / frame);
         - chunk 1 (`ramp_repeat` 1: twice chunk 0's frames; 2 or more: as many) may wait for the longest
           codec call in flight while chunk 0 waited for none: f frames of audio must cover chunk 1's
-          engine steps (2f or f) plus that call, so f >= peak call / (frame - (2 or 1) x loop)
-          (`max_first_chunk` when a frame cannot cover them).
+          engine steps (2f or f) plus that call, so f >= margin x peak call / (frame - (2 or 1) x loop)
+          (`max_first_chunk` when a frame cannot cover them). `first_chunk_margin` (1 by default) covers calls
+          longer than any recent one: in a burst of arrivals the backlog's calls ran 2-4x the recent peak.
         1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size;
         never above the config's `max_first_chunk`. Sizes are fixed per segment: a schedule never shrinks."""
         if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
@@ -249,7 +250,8 @@ class Pipeline:
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
         if worker.call_peak_s > 0:
             spare = frame_s - (1 if repeat > 1 else 2) * loop_s  # what each frame of chunk 0 leaves after chunk 1's steps
-            first = max(first, cap if spare <= 0 else math.ceil(worker.call_peak_s / spare))
+            need = self.cfg.first_chunk_margin * worker.call_peak_s
+            first = max(first, cap if spare <= 0 else math.ceil(need / spare))
         first = min(cap, max(DEFAULT_SCHEDULE[0], first))
         last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat
         while schedule[-1] < last:

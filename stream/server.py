@@ -332,6 +332,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
                              "longest codec call before chunk 1), up to this many frames (default %(default)s; each "
                              "frame adds one engine step of TTFA)")
+    parser.add_argument("--first-chunk-margin", type=float, default=d.first_chunk_margin, metavar="K",
+                        help="exact mode: size the first chunk for K x the longest recent codec call (default "
+                             "%(default)s; in 256-stream bursts the calls during a first chunk ran 2-4x any recent one: "
+                             "docs/PERF.md; never above --max-first-chunk)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
                              "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
@@ -460,6 +464,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
                         codec_starting_exempt_s=args.codec_starting_exempt,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
+                        first_chunk_margin=args.first_chunk_margin,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
                         gc_freeze=not args.no_gc_freeze)

@@ -297,6 +297,22 @@ async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_step
         ServerConfig(ramp_repeat=0)
 
 
+async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak():
+    """first_chunk_margin K: chunk 0 must cover chunk 1's steps plus K x the longest recent call (bursts ran calls 2-4x
+    any recent one); K 1 is the plain rule; the cap still holds."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    for k, first in ((1.0, 3), (3.0, 8), (2.0, 6)):
+        p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=2, first_chunk_margin=k))
+        p.loop_model.observe(64, 0.010)
+        p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
+        assert p.adapter_config("exact").schedule[:2] == (first, first)  # ceil(k x 80 ms / (40 - 10 ms)), cap 8
+        assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
+    for bad in (0.5, 11):
+        with pytest.raises(ConfigError, match="first_chunk_margin"):
+            ServerConfig(first_chunk_margin=bad)
+
+
 async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
     """A loop longer than half a frame leaves chunk 0's frames nothing to cover chunk 1's two-chunk-0s of steps: the
     first chunk takes the cap, the configured one (8 by default, 16 here), then doubles from there."""
