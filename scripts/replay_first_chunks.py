@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
+from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.pacing import LoopModel
 from higgs_stream.stream.pipeline import Pipeline
 
@@ -30,8 +31,9 @@ FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: 
 ARRIVAL_WINDOW_S = 1.0
 
 
-def replay(events: list, horizon_s: float | None, max_first_chunk: int = 8, ramp_repeat: int = 1,
-           frame_s: float = FRAME_S, first_chunk_margin: float = 1.0) -> list[dict]:
+def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerConfig.max_first_chunk,
+           ramp_repeat: int = ServerConfig.ramp_repeat, frame_s: float = FRAME_S,
+           first_chunk_margin: float = ServerConfig.first_chunk_margin) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
@@ -130,9 +132,11 @@ def main() -> None:
     ap.add_argument("loadgen", nargs="?")
     ap.add_argument("--scenario", default=None)
     ap.add_argument("--horizon-s", type=float, default=None)
-    ap.add_argument("--max-first-chunk", type=int, default=8)
-    ap.add_argument("--ramp-repeat", type=int, default=1)
-    ap.add_argument("--first-chunk-margin", type=float, default=1.0)
+    ap.add_argument("--max-first-chunk", type=int, default=ServerConfig.max_first_chunk)
+    ap.add_argument("--ramp-repeat", type=int, default=ServerConfig.ramp_repeat,
+                    help="the server's setting (traces from before session 16 ran 1)")
+    ap.add_argument("--first-chunk-margin", type=float, default=ServerConfig.first_chunk_margin,
+                    help="the server's setting (traces from before session 16 ran 1)")
     ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -98,8 +98,11 @@ class ServerConfig:
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int = 8  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame)
-    first_chunk_margin: float = 1.0  # exact mode: the first chunk is sized for this many times the longest recent codec call
-    ramp_repeat: int = 1  # exact mode: chunks of the first chunk's size before the schedule doubles (2: chunk 1 = chunk 0)
+    # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
+    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). 3 and 2 since session 16: v2, 256 streams
+    # arriving over 2 s (H100, same call): 0, 1, 0 streams underran vs 16 and 16 at 1 and 1 (docs/PERF.md)
+    first_chunk_margin: float = 3.0
+    ramp_repeat: int = 2
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
     # The serving process's GIL switch interval (sys.setswitchinterval): how long a thread that wants the

@@ -257,10 +257,11 @@ async def test_saturated_engine_refuses_new_streams():
 
 async def test_first_chunk_grows_with_the_measured_jitter():
     """Idle: the default schedule (a 1-frame first chunk). Loaded: the first chunk covers three
-    times (engine loop + codec call), then doubles to 25 frames; never more than 8 frames."""
+    times (engine loop + codec call), then doubles to 25 frames; never more than 8 frames. (The plain doubling ramp
+    sized for the recent peak call: ramp_repeat 1, first_chunk_margin 1; the defaults are in the tests below.)"""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
-    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=1, first_chunk_margin=1.0))
     assert p.adapter_config("exact").schedule == (1, 2, 4, 8, 16, 25)  # nothing measured yet
     p.loop_model.observe(64, 0.010)
     p.codec_worker.call_s = 0.030  # 3 x 40 ms = 120 ms of jitter = 3 frames
@@ -284,7 +285,7 @@ async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_step
     longest call (not 2f): a smaller first chunk under the same load, then chunk 0's size again, then doubling."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
-    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=2))
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=2, first_chunk_margin=1.0))
     assert p.adapter_config("exact").schedule == (1, 1, 2, 4, 8, 16, 25)  # idle
     assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp
     p.loop_model.observe(64, 0.010)
@@ -308,6 +309,11 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
         assert p.adapter_config("exact").schedule[:2] == (first, first)  # ceil(k x 80 ms / (40 - 10 ms)), cap 8
         assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
+    defaults = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())  # ramp_repeat 2, margin 3
+    assert defaults.adapter_config("exact").schedule == (1, 1, 2, 4, 8, 16, 25)  # idle: one frame first, as ever
+    defaults.loop_model.observe(64, 0.010)
+    defaults.codec_worker.call_s, defaults.codec_worker.call_peak_s = 0.010, 0.080
+    assert defaults.adapter_config("exact").schedule == (8, 8, 16, 25)
     for bad in (0.5, 11):
         with pytest.raises(ConfigError, match="first_chunk_margin"):
             ServerConfig(first_chunk_margin=bad)
@@ -319,7 +325,7 @@ async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     for cap, want in ((ServerConfig().max_first_chunk, (8, 16, 25)), (16, (16, 25))):
-        p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(max_first_chunk=cap))
+        p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(max_first_chunk=cap, ramp_repeat=1))
         p.loop_model.observe(64, 0.025)
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
         assert p.adapter_config("exact").schedule == want
