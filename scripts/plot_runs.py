@@ -1,0 +1,66 @@
+"""One scenario across several load-generator runs (an A/B with repeats at one load), as bars per run.
+
+    python scripts/plot_runs.py --scenario closed@256 --plot out.png default=a.json,a2.json new=rr.json,rr2.json
+
+Each `LABEL=FILE,FILE,...` is one configuration; each file one run (`lg_*.json` of `higgs_stream.loadgen`). Draws
+the streams that underran and the TTFA p50 / p95 of every run, grouped by configuration, and prints the same table.
+(`loadgen --plot-from` draws curves over the load, which need several loads.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def rows(groups: list[tuple[str, list[str]]], scenario: str) -> list[dict]:
+    out = []
+    for label, files in groups:
+        for i, f in enumerate(files):
+            s = next(s for s in json.load(open(f))["scenarios"] if s["name"] == scenario)
+            out.append({"config": label, "run": i + 1, "served": s["completed"], "busy": s["busy"],
+                        "underran": s["streams_with_underrun"], "p50": s["ttfa_ms"]["p50"], "p95": s["ttfa_ms"]["p95"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("groups", nargs="+", metavar="LABEL=FILE[,FILE...]")
+    ap.add_argument("--scenario", required=True)
+    ap.add_argument("--plot", required=True)
+    ap.add_argument("--title", default="")
+    args = ap.parse_args()
+    groups = [(g.split("=", 1)[0], g.split("=", 1)[1].split(",")) for g in args.groups]
+    table = rows(groups, args.scenario)
+    print(f"{'config':<12} run served busy underran  TTFA p50   p95")
+    for r in table:
+        print(f"{r['config']:<12} {r['run']:>3} {r['served']:>6} {r['busy']:>4} {r['underran']:>8} {r['p50']:>9.0f} {r['p95']:>5.0f}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"{r['config']}\n#{r['run']}" for r in table]
+    colors = {label: f"C{i}" for i, (label, _) in enumerate(groups)}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(8, 0.6 * len(table) + 4), 4))
+    a.bar(names, [r["underran"] for r in table], color=[colors[r["config"]] for r in table])
+    a.set_ylabel("streams that underran")
+    a.set_title(f"{args.scenario}: streams with a gap")
+    x = range(len(table))
+    b.bar([i - 0.2 for i in x], [r["p50"] for r in table], 0.4, label="p50", color="0.7")
+    b.bar([i + 0.2 for i in x], [r["p95"] for r in table], 0.4, label="p95", color=[colors[r["config"]] for r in table])
+    b.set_xticks(list(x), names)
+    b.set_ylabel("TTFA (ms)")
+    b.set_title(f"{args.scenario}: time to first audio")
+    b.legend()
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelsize=7, labelrotation=60)
+    if args.title:
+        fig.suptitle(args.title)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
+    print(f"plot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
