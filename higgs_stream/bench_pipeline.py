@@ -197,7 +197,7 @@ async def run(streams: int = 256, frames: int = 250, step_ms: float = 0.0, codec
 
     engine, codec = FakeEngine(step_ms / 1e3, releases=releases), FakeCodec(codec_ms / 1e3)
     cfg = ServerConfig(max_streams=streams + 8, max_frames=frames, history_segments=0, stream_buffer_s=600.0,
-                       admit_step_ratio=None, ramp_repeat=ServerConfig.ramp_repeat if ramp_repeat is None else ramp_repeat)  # admission by load would refuse some
+                       admit_step_ratio=None, ramp_repeat=ramp_repeat)  # admission by load would refuse some
     pipeline = Pipeline(engine, codec, cfg)
     prof = cProfile.Profile() if profile else None
     if prof is not None:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--releases", type=int, default=0,
                     help="GIL-releasing torch calls per fake engine step (the real ModelRunner makes ~12)")
     ap.add_argument("--switch-ms", type=float, default=None, help="the GIL switch interval (default: the pipeline's)")
-    ap.add_argument("--ramp-repeat", type=int, default=None, help="ServerConfig.ramp_repeat (serve --ramp-repeat; default: the server's)")
+    ap.add_argument("--ramp-repeat", type=int, default=None, help="ServerConfig.ramp_repeat (serve --ramp-repeat; default: the family's, here the Higgs one)")
     args = ap.parse_args(argv)
     res, text = asyncio.run(run(args.streams, args.frames, args.step_ms, args.codec_ms, args.arrival_s, args.mode,
                                 args.profile, args.releases, args.switch_ms, args.ramp_repeat))

@@ -35,6 +35,23 @@ def rows_or_none(text: str) -> int | None:
         raise ValueError(f"expected a number of rows or 'none', got {text!r}") from None
 
 
+# Exact mode's first chunks per model family (its --arch name): (ramp_repeat, first_chunk_margin); ServerConfig's
+# None takes these. Measured on one H100 (session 16, docs/PERF.md), same call each:
+# - Higgs (v2): 256 streams arriving over 2 s, (2, 3.0) 0, 1, 0 streams underran vs 16, 16 at (1, 1.0); 20 req/s
+#   TTFA p95 133 / 134 vs 126 / 127 ms. v3 shares the codec, its 25 Hz frames and the talker's shape: the same.
+# - Qwen3-TTS (80 ms frames, ~9 ms frame steps): at 20 req/s (2, 3.0) gave p95 114 / 126 ms against 62 at (1, 1.0),
+#   every run without an underrun: a larger first chunk costs a frame step of TTFA each and bought nothing there.
+EXACT_RAMP = {"qwen3-tts": (1, 1.0)}
+EXACT_RAMP_DEFAULT = (2, 3.0)
+
+
+def exact_ramp(cfg: "ServerConfig", arch: str | None) -> tuple[int, float]:
+    """(ramp_repeat, first_chunk_margin) for a served family: the config's where set, else the family's."""
+    repeat, margin = EXACT_RAMP.get(arch or "", EXACT_RAMP_DEFAULT)
+    return (repeat if cfg.ramp_repeat is None else cfg.ramp_repeat,
+            margin if cfg.first_chunk_margin is None else cfg.first_chunk_margin)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -99,10 +116,9 @@ class ServerConfig:
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int = 8  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame)
     # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
-    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). 3 and 2 since session 16: v2, 256 streams
-    # arriving over 2 s (H100, same call): 0, 1, 0 streams underran vs 16 and 16 at 1 and 1 (docs/PERF.md)
-    first_chunk_margin: float = 3.0
-    ramp_repeat: int = 2
+    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (EXACT_RAMP)
+    first_chunk_margin: float | None = None
+    ramp_repeat: int | None = None
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
     yield_ahead_s: float | None = PacingConfig.yield_ahead_s  # while a stream waits for first audio, skip streams this far ahead (None: off)
     # The serving process's GIL switch interval (sys.setswitchinterval): how long a thread that wants the
@@ -160,8 +176,10 @@ class ServerConfig:
              "codec_starting_ahead_s extends the codec_starting_ms cap: set codec_starting_ms too")
         need(isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64,
              "max_first_chunk must be an int in 1..64")
-        need(isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4, "ramp_repeat must be an int in 1..4")
-        need(1 <= self.first_chunk_margin <= 10, "first_chunk_margin must be in 1..10")
+        need(self.ramp_repeat is None or (isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4),
+             "ramp_repeat must be an int in 1..4 or None")
+        need(self.first_chunk_margin is None or 1 <= self.first_chunk_margin <= 10,
+             "first_chunk_margin must be in 1..10 or None")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
         need(1e-6 <= self.gil_switch_s <= 0.1, "gil_switch_s must be in [1e-6, 0.1] seconds")

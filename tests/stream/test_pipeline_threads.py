@@ -309,11 +309,30 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
         assert p.adapter_config("exact").schedule[:2] == (first, first)  # ceil(k x 80 ms / (40 - 10 ms)), cap 8
         assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
-    defaults = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())  # ramp_repeat 2, margin 3
-    assert defaults.adapter_config("exact").schedule == (1, 1, 2, 4, 8, 16, 25)  # idle: one frame first, as ever
-    defaults.loop_model.observe(64, 0.010)
-    defaults.codec_worker.call_s, defaults.codec_worker.call_peak_s = 0.010, 0.080
-    assert defaults.adapter_config("exact").schedule == (8, 8, 16, 25)
+
+
+async def test_each_family_gets_its_own_first_chunk_defaults():
+    """ServerConfig's None: the served family's (ramp_repeat, first_chunk_margin) from config.EXACT_RAMP: the Higgs
+    families 2 / 3 (v2's 256-stream bursts), Qwen3-TTS 1 / 1 (its 20 req/s TTFA); a set value wins for any family."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    def pipeline(arch, **cfg):
+        engine = FakeEngine()
+        engine.family = SimpleNamespace(arch=arch)
+        p = Pipeline(engine, FakeCodec(), ServerConfig(**cfg))
+        p.loop_model.observe(64, 0.010)
+        p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
+        return p
+
+    for arch in ("v2", "v3", None):  # None: an engine that names no family (the fakes) gets the Higgs rule
+        p = pipeline(arch)
+        assert (p.ramp_repeat, p.first_chunk_margin) == (2, 3.0)
+        assert p.adapter_config("exact").schedule == (8, 8, 16, 25)  # 3 x 80 ms / (40 - 10 ms) = 8
+    q = pipeline("qwen3-tts")
+    assert (q.ramp_repeat, q.first_chunk_margin) == (1, 1.0)
+    assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4
+    assert pipeline("qwen3-tts", ramp_repeat=2, first_chunk_margin=3.0).adapter_config("exact").schedule[:2] == (8, 8)
+    assert pipeline("v2", ramp_repeat=1, first_chunk_margin=1.0).adapter_config("exact").schedule[0] == 4
     for bad in (0.5, 11):
         with pytest.raises(ConfigError, match="first_chunk_margin"):
             ServerConfig(first_chunk_margin=bad)
