@@ -333,6 +333,10 @@ async def test_each_family_gets_its_own_first_chunk_defaults():
     assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4
     assert pipeline("qwen3-tts", ramp_repeat=2, first_chunk_margin=3.0).adapter_config("exact").schedule[:2] == (8, 8)
     assert pipeline("v2", ramp_repeat=1, first_chunk_margin=1.0).adapter_config("exact").schedule[0] == 4
+    from higgs_stream.engine.models.registry import FAMILIES
+    from higgs_stream.stream.config import EXACT_RAMP
+
+    assert set(EXACT_RAMP) <= {f.arch for f in FAMILIES}  # every key names a served family (no silent fallback)
     for bad in (0.5, 11):
         with pytest.raises(ConfigError, match="first_chunk_margin"):
             ServerConfig(first_chunk_margin=bad)
