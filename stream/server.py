@@ -333,13 +333,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "longest codec call before chunk 1), up to this many frames (default %(default)s; each "
                              "frame adds one engine step of TTFA)")
     parser.add_argument("--first-chunk-margin", type=float, default=d.first_chunk_margin, metavar="K",
-                        help="exact mode: size the first chunk for K x the longest recent codec call (default "
-                             "%(default)s; in 256-stream bursts the calls during a first chunk ran 2-4x any recent one: "
-                             "docs/PERF.md; never above --max-first-chunk)")
+                        help="exact mode: size the first chunk for K x the longest recent codec call (default: the "
+                             "family's, 3 for Higgs v2/v3, 1 for Qwen3-TTS; in 256-stream bursts the calls during a first "
+                             "chunk ran 2-4x any recent one: docs/PERF.md; never above --max-first-chunk)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
                         help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
-                             "(default %(default)s: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, "
-                             "so it leaves one first-chunk's worth of steps sooner; the first chunk is sized for it)")
+                             "(default: the family's, 2 for Higgs v2/v3, 1 for Qwen3-TTS; 1: 1, 2, 4, ... x the first; 2: "
+                             "chunk 1 needs as many frames as chunk 0, so it leaves one first-chunk's worth of steps "
+                             "sooner; the first chunk is sized for it)")
     parser.add_argument("--codec-starting-ms", type=float, default=d.codec_starting_ms, metavar="MS",
                         help="a codec call taken while a stream waits for its first audio holds its urgent jobs (due "
                              "within 0.3 s) and then as many frames as the codec's measured call time (a fixed cost plus "
