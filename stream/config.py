@@ -38,7 +38,8 @@ def rows_or_none(text: str) -> int | None:
 # Exact mode's first chunks per model family (its --arch name): (ramp_repeat, first_chunk_margin); ServerConfig's
 # None takes these. Measured on one H100 (session 16, docs/PERF.md), same call each:
 # - Higgs (v2): 256 streams arriving over 2 s, (2, 3.0) 0, 1, 0 streams underran vs 16, 16 at (1, 1.0); 20 req/s
-#   TTFA p95 133 / 134 vs 126 / 127 ms. v3 shares the codec, its 25 Hz frames and the talker's shape: the same.
+#   TTFA p95 133 / 134 vs 126 / 127 ms. v3 shares the codec and its 25 Hz frames: the same rule (not A/B'd at scale:
+#   at 256 streams v3 is past one H100's capacity either way, 218 of 352 underran with this rule).
 # - Qwen3-TTS (80 ms frames, ~9 ms frame steps): at 20 req/s (2, 3.0) gave p95 114 / 126 ms against 62 at (1, 1.0),
 #   every run without an underrun: a larger first chunk costs a frame step of TTFA each and bought nothing there.
 EXACT_RAMP = {"qwen3-tts": (1, 1.0)}
