@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
-from higgs_stream.stream.config import EXACT_RAMP_DEFAULT, ServerConfig
+from higgs_stream.stream.config import FAMILY_DEFAULT, ServerConfig
 from higgs_stream.stream.pacing import LoopModel
 from higgs_stream.stream.pipeline import Pipeline
 
@@ -32,16 +32,16 @@ ARRIVAL_WINDOW_S = 1.0
 
 
 def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerConfig.max_first_chunk,
-           ramp_repeat: int = EXACT_RAMP_DEFAULT[0], frame_s: float = FRAME_S,
-           first_chunk_margin: float = EXACT_RAMP_DEFAULT[1]) -> list[dict]:
+           ramp_repeat: int = FAMILY_DEFAULT["ramp_repeat"], frame_s: float = FRAME_S,
+           first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"]) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
     said = [s[1] for s in streams]
     loop, call = LoopModel(), SimpleNamespace(call_s=0.0, call_peak_s=0.0, peak_at=0.0)
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
-                           cfg=SimpleNamespace(max_first_chunk=max_first_chunk), ramp_repeat=ramp_repeat,
-                           first_chunk_margin=first_chunk_margin, _handles=())
+                           cfg=SimpleNamespace(max_first_chunk=max_first_chunk, ramp_repeat=ramp_repeat,
+                                               first_chunk_margin=first_chunk_margin), _handles=())
     si = ci = 0
     rows = []
     for s in streams:
@@ -133,10 +133,10 @@ def main() -> None:
     ap.add_argument("--scenario", default=None)
     ap.add_argument("--horizon-s", type=float, default=None)
     ap.add_argument("--max-first-chunk", type=int, default=ServerConfig.max_first_chunk)
-    ap.add_argument("--ramp-repeat", type=int, default=EXACT_RAMP_DEFAULT[0],
+    ap.add_argument("--ramp-repeat", type=int, default=FAMILY_DEFAULT["ramp_repeat"],
                     help="the server's setting (default: the Higgs families'; Qwen3-TTS and traces from before "
                          "session 16: 1)")
-    ap.add_argument("--first-chunk-margin", type=float, default=EXACT_RAMP_DEFAULT[1],
+    ap.add_argument("--first-chunk-margin", type=float, default=FAMILY_DEFAULT["first_chunk_margin"],
                     help="the server's setting (default: the Higgs families'; Qwen3-TTS and traces from before "
                          "session 16: 1)")
     ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream.pacing import PacingConfig
@@ -35,22 +35,40 @@ def rows_or_none(text: str) -> int | None:
         raise ValueError(f"expected a number of rows or 'none', got {text!r}") from None
 
 
-# Exact mode's first chunks per model family (its --arch name): (ramp_repeat, first_chunk_margin); ServerConfig's
-# None takes these. Measured on one H100 (session 16, docs/PERF.md), same call each:
-# - Higgs (v2): 256 streams arriving over 2 s, (2, 3.0) 0, 1, 0 streams underran vs 16, 16 at (1, 1.0); 20 req/s
-#   TTFA p95 133 / 134 vs 126 / 127 ms. v3 shares the codec and its 25 Hz frames: the same rule (not A/B'd at scale:
-#   at 256 streams v3 is past one H100's capacity either way, 218 of 352 underran with this rule).
-# - Qwen3-TTS (80 ms frames, ~9 ms frame steps): at 20 req/s (2, 3.0) gave p95 114 / 126 ms against 62 at (1, 1.0),
-#   every run without an underrun: a larger first chunk costs a frame step of TTFA each and bought nothing there.
-EXACT_RAMP = {"qwen3-tts": (1, 1.0)}
-EXACT_RAMP_DEFAULT = (2, 3.0)
+# Serving defaults per model family (its --arch name) for ServerConfig's family-dependent fields, which are None
+# unless set (`for_family` fills them when the pipeline learns what it serves). Measured on one H100, session 16,
+# same-call A/Bs (docs/PERF.md):
+# - Higgs v2: exact mode's first chunk for 3x the longest recent codec call and chunk 1 as large as chunk 0 (2, 3.0):
+#   256 streams arriving over 2 s, 0, 1, 0 (then 0, 0) streams underran vs 16, 16 at (1, 1.0); 20 req/s TTFA p95
+#   133 / 134 vs 126 / 127 ms. v3 shares the codec and its 25 Hz frames: the same rule (not A/B'd at scale: at 256
+#   streams v3 is past one H100's capacity either way, 218 of 352 underran with this rule). No codec time cap (at 256,
+#   30 ms caps underran 16, 5, 30 vs 7, 19, 32).
+# - Qwen3-TTS (80 ms frames, ~9 ms frame steps), 20 req/s: (2, 3.0) gave TTFA p95 114 / 126 ms against 62 at (1, 1.0)
+#   (a larger first chunk costs a frame step each and bought nothing there); the codec cap 12 ms held while a listener
+#   has < 0.2 s of audio: p95 63 / 61 ms, 1 and 0 of 190 streams underran, vs 76 / 76 and 5 / 4 without.
+FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms")
+FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None}
+FAMILY_DEFAULTS = {
+    "qwen3-tts": {"ramp_repeat": 1, "first_chunk_margin": 1.0, "codec_starting_ms": 12.0, "codec_starting_ahead_s": 0.2},
+}
 
 
-def exact_ramp(cfg: "ServerConfig", arch: str | None) -> tuple[int, float]:
-    """(ramp_repeat, first_chunk_margin) for a served family: the config's where set, else the family's."""
-    repeat, margin = EXACT_RAMP.get(arch or "", EXACT_RAMP_DEFAULT)
-    return (repeat if cfg.ramp_repeat is None else cfg.ramp_repeat,
-            margin if cfg.first_chunk_margin is None else cfg.first_chunk_margin)
+def for_family(cfg: "ServerConfig", arch: str | None) -> "ServerConfig":
+    """`cfg` with its family-dependent fields (None) filled from the served family's defaults (FAMILY_DEFAULTS; any
+    other family, or None, FAMILY_DEFAULT). The codec cap (`codec_starting_ms`, 0: off) comes out as None when off;
+    its `codec_starting_ahead_s` is the family's only where the cap is the family's too. A cap option set while the
+    cap ends up off is a ConfigError."""
+    fam = FAMILY_DEFAULTS.get(arch or "", FAMILY_DEFAULT)
+    out = replace(cfg, **{k: fam[k] for k in FAMILY_FIELDS if getattr(cfg, k) is None})
+    if not out.codec_starting_ms:
+        if cfg.codec_starting_ahead_s is not None or cfg.codec_starting_exempt_s is not None:
+            raise ConfigError("codec_starting_ahead_s / codec_starting_exempt_s shape the codec_starting_ms cap, which "
+                              f"is off{'' if cfg.codec_starting_ms == 0 else ' for this model family'}: set "
+                              "codec_starting_ms too")
+        return replace(out, codec_starting_ms=None)
+    if cfg.codec_starting_ms is None and cfg.codec_starting_ahead_s is None:
+        out = replace(out, codec_starting_ahead_s=fam["codec_starting_ahead_s"])
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,12 +130,12 @@ class ServerConfig:
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
-    codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; None: no cap)
+    codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; 0: no cap; None: the family's, FAMILY_DEFAULTS)
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int = 8  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame)
     # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
-    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (EXACT_RAMP)
+    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (FAMILY_DEFAULTS)
     first_chunk_margin: float | None = None
     ramp_repeat: int | None = None
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame
@@ -166,15 +184,11 @@ class ServerConfig:
              "codec_sms must be a positive int or None")
         need(not (self.codec_overdue_first and self.codec_sms is not None),
              "codec_overdue_first needs the codec on its own stream: it cannot run with codec_sms")
-        need(self.codec_starting_ms is None or self.codec_starting_ms > 0, "codec_starting_ms must be > 0 or None")
+        need(self.codec_starting_ms is None or self.codec_starting_ms >= 0, "codec_starting_ms must be >= 0 (0: off) or None")
         need(self.codec_starting_ahead_s is None or self.codec_starting_ahead_s > 0,
              "codec_starting_ahead_s must be > 0 or None")
         need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
-        need(self.codec_starting_exempt_s is None or self.codec_starting_ms is not None,
-             "codec_starting_exempt_s narrows the codec_starting_ms cap's exemption: set codec_starting_ms too")
-        need(self.codec_starting_ahead_s is None or self.codec_starting_ms is not None,
-             "codec_starting_ahead_s extends the codec_starting_ms cap: set codec_starting_ms too")
         need(isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64,
              "max_first_chunk must be an int in 1..64")
         need(self.ramp_repeat is None or (isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4),

@@ -60,7 +60,7 @@ from higgs_stream.stream.codec_worker import (
     cuda_device,
     on_stream,
 )
-from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig, exact_ramp
+from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig, for_family
 from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
@@ -93,6 +93,7 @@ class Pipeline:
         captures those up to CODEC_GRAPH_MAX_BATCH windows; `codec_stream` "separate" decodes on a
         low-priority stream beside the talker, "engine" on the talker's stream (the device runs them
         one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
+        cfg = for_family(cfg, getattr(getattr(engine, "family", None), "arch", None))  # the family's defaults filled in
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
                                         max_windows=codec_max_windows, max_streams=cfg.max_streams,
@@ -103,7 +104,6 @@ class Pipeline:
                                         **({} if cfg.codec_starting_exempt_s is None
                                            else {"starting_exempt_s": cfg.codec_starting_exempt_s}))
         self.engine, self.codec, self.cfg = engine, codec, cfg
-        self.ramp_repeat, self.first_chunk_margin = exact_ramp(cfg, getattr(getattr(engine, "family", None), "arch", None))
         self.geometry = codec.geometry
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones
         self.pacing = PacingConfig(frame_s=self.geometry.frame_seconds, pause_ahead_s=cfg.pause_ahead_s,
@@ -241,18 +241,18 @@ class Pipeline:
           engine steps (2f or f) plus that call, so f >= margin x peak call / (frame - (2 or 1) x loop)
           (`max_first_chunk` when a frame cannot cover them). `first_chunk_margin` covers calls longer than any
           recent one: in a burst of arrivals the backlog's calls ran 2-4x the recent peak. Both per family
-          (config.EXACT_RAMP) unless the config sets them.
+          (config.FAMILY_DEFAULTS) unless the config sets them.
         1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size;
         never above the config's `max_first_chunk`. Sizes are fixed per segment: a schedule never shrinks."""
         if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
             return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        frame_s, worker, repeat, cap = (self.geometry.frame_seconds, self.codec_worker, self.ramp_repeat,
+        frame_s, worker, repeat, cap = (self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat,
                                         self.cfg.max_first_chunk)
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
         if worker.call_peak_s > 0:
             spare = frame_s - (1 if repeat > 1 else 2) * loop_s  # what each frame of chunk 0 leaves after chunk 1's steps
-            need = self.first_chunk_margin * worker.call_peak_s
+            need = self.cfg.first_chunk_margin * worker.call_peak_s
             first = max(first, cap if spare <= 0 else math.ceil(need / spare))
         first = min(cap, max(DEFAULT_SCHEDULE[0], first))
         last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat

@@ -345,9 +345,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a codec call taken while a stream waits for its first audio holds its urgent jobs (due "
                              "within 0.3 s) and then as many frames as the codec's measured call time (a fixed cost plus "
                              "a cost per frame, fitted on its recent calls) keeps within MS, so a first chunk rarely "
-                             "queues behind a long call; one cap for codecs of any frame cost (default: none; opt-in: "
-                             "H100, one run each, Qwen3-TTS 1.7B 20 req/s p95 65 ms at 12 vs 71-82 without, v2 256 "
-                             "streams at 25 no change beyond noise; docs/PERF.md)")
+                             "queues behind a long call; one cap for codecs of any frame cost; 0: off (default: the "
+                             "family's: Qwen3-TTS 12 with --codec-starting-ahead 0.2, H100 20 req/s TTFA p95 61-63 vs 76 "
+                             "ms without; Higgs v2/v3 off, no gain at 256 streams; docs/PERF.md)")
     parser.add_argument("--codec-starting-exempt", type=float, default=d.codec_starting_exempt_s, metavar="S",
                         help="with --codec-starting-ms: a capped call still takes every job due within S seconds (default "
                              "0.3, the codec's urgent horizon); shorter cuts a burst's calls in deadline order too, the "
@@ -356,8 +356,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec-starting-ahead", type=float, default=d.codec_starting_ahead_s, metavar="S",
                         help="with --codec-starting-ms: the cap also holds while some listener has less than S seconds "
                              "of audio (a stream's first chunks; the 256-stream bursts' stalls came there, behind "
-                             "calls of the backlog 2-4x longer than any before: docs/PERF.md) (default: only while a "
-                             "stream waits for its first audio)")
+                             "calls of the backlog 2-4x longer than any before: docs/PERF.md) (default: the family's "
+                             "with the family's cap, Qwen3-TTS 0.2; else only while a stream waits for its first audio)")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "

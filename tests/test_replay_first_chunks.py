@@ -42,7 +42,7 @@ def test_the_replay_makes_the_pipelines_decision():
     fade = 0.5 ** ((0.45 - 0.38) / r.CALL_PEAK_HALF_LIFE_S)
     call = SimpleNamespace(call_s=0.05 * 0.02 + 0.05 * (0.08 - 0.05 * 0.02), call_peak_s=0.08 * fade)
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=0.04), codec_worker=call,
-                           cfg=SimpleNamespace(max_first_chunk=8), ramp_repeat=1, first_chunk_margin=1.0,
+                           cfg=SimpleNamespace(max_first_chunk=8, ramp_repeat=1, first_chunk_margin=1.0),
                            _handles=range(2))
     want = list(Pipeline.adapter_config(fake, "exact").schedule[:3])
     assert rows[1]["schedule"] == want and want[0] > 1  # under load the first chunk grows

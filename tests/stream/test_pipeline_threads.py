@@ -311,9 +311,10 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
         assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
 
 
-async def test_each_family_gets_its_own_first_chunk_defaults():
-    """ServerConfig's None: the served family's (ramp_repeat, first_chunk_margin) from config.EXACT_RAMP: the Higgs
-    families 2 / 3 (v2's 256-stream bursts), Qwen3-TTS 1 / 1 (its 20 req/s TTFA); a set value wins for any family."""
+async def test_each_family_gets_its_own_serving_defaults():
+    """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
+    first_chunk_margin 3 and no codec cap (v2's 256-stream bursts); Qwen3-TTS 1 / 1 and the codec cap 12 ms held while
+    a listener has < 0.2 s of audio (its 20 req/s TTFA). A set value wins for any family; 0 turns the cap off."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     def pipeline(arch, **cfg):
@@ -324,22 +325,31 @@ async def test_each_family_gets_its_own_first_chunk_defaults():
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
         return p
 
-    for arch in ("v2", "v3", None):  # None: an engine that names no family (the fakes) gets the Higgs rule
+    for arch in ("v2", "v3", None):  # None: an engine that names no family (the fakes) gets the Higgs defaults
         p = pipeline(arch)
-        assert (p.ramp_repeat, p.first_chunk_margin) == (2, 3.0)
+        assert (p.cfg.ramp_repeat, p.cfg.first_chunk_margin) == (2, 3.0)
         assert p.adapter_config("exact").schedule == (8, 8, 16, 25)  # 3 x 80 ms / (40 - 10 ms) = 8
+        assert p.cfg.codec_starting_ms is None and p.codec_worker.starting_s is None  # no codec cap
     q = pipeline("qwen3-tts")
-    assert (q.ramp_repeat, q.first_chunk_margin) == (1, 1.0)
+    assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
     assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4
+    assert q.codec_worker.starting_s == pytest.approx(0.012) and q.cfg.codec_starting_ahead_s == 0.2
+    assert q.codec_worker.starting.__func__ is Pipeline._ramping  # the cap holds through first chunks
     assert pipeline("qwen3-tts", ramp_repeat=2, first_chunk_margin=3.0).adapter_config("exact").schedule[:2] == (8, 8)
     assert pipeline("v2", ramp_repeat=1, first_chunk_margin=1.0).adapter_config("exact").schedule[0] == 4
+    off = pipeline("qwen3-tts", codec_starting_ms=0)  # the family's cap turned off: its ahead goes too
+    assert off.codec_worker.starting_s is None and off.cfg.codec_starting_ahead_s is None
+    mine = pipeline("qwen3-tts", codec_starting_ms=20)  # a cap of one's own: ahead only where set, as ever
+    assert mine.codec_worker.starting_s == pytest.approx(0.02) and mine.cfg.codec_starting_ahead_s is None
+    assert pipeline("v2", codec_starting_ms=30, codec_starting_ahead_s=0.3).cfg.codec_starting_ahead_s == 0.3
+    for arch, cfg in (("v2", {"codec_starting_ahead_s": 0.3}), ("v2", {"codec_starting_exempt_s": 0.1}),
+                      ("qwen3-tts", {"codec_starting_ms": 0, "codec_starting_ahead_s": 0.3})):
+        with pytest.raises(ConfigError, match="set codec_starting_ms too"):
+            pipeline(arch, **cfg)
     from higgs_stream.engine.models.registry import FAMILIES
-    from higgs_stream.stream.config import EXACT_RAMP
+    from higgs_stream.stream.config import FAMILY_DEFAULTS
 
-    assert set(EXACT_RAMP) <= {f.arch for f in FAMILIES}  # every key names a served family (no silent fallback)
-    for bad in (0.5, 11):
-        with pytest.raises(ConfigError, match="first_chunk_margin"):
-            ServerConfig(first_chunk_margin=bad)
+    assert set(FAMILY_DEFAULTS) <= {f.arch for f in FAMILIES}  # every key names a served family (no silent fallback)
 
 
 async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
