@@ -10,7 +10,9 @@ arrival order, clocks aligned by the median offset). For each stream: the first 
 the loop time the steps then took until its second chunk was due, the longest codec call then; and, with
 `--horizon-s`, the first chunk the same rule gives when the number of streams is taken as the open ones plus the
 arrivals of the last second scaled to the horizon (an arrival-rate term, not served). Prints a summary for the
-streams that underran and the rest; `--json` writes every row."""
+streams that underran and the rest, with the first chunk that the loop and calls which followed would have needed
+(`needed_first_chunk`, for chunk 1 as large as chunk 0 and twice as large: how session 16 chose its rule); `--json`
+writes every row."""
 
 from __future__ import annotations
 
@@ -82,6 +84,17 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerC
     return rows
 
 
+def needed_first_chunk(row: dict, ramp_repeat: int, frame_s: float = FRAME_S) -> int | None:
+    """The frames chunk 0 needed to outlast chunk 1's steps and the longest codec call while it played, at the loop
+    time and call seen then (`loop_after_s`, `call_max_after_s`): ceil(call / (frame - m x loop)), m = 2 with
+    ramp_repeat 1 (chunk 1 twice chunk 0), else 1. None: no steps seen; math.inf: a loop too long for any chunk."""
+    loop, call = row.get("loop_after_s"), row.get("call_max_after_s", 0.0)
+    if not loop:
+        return None
+    spare = frame_s - (2 if ramp_repeat == 1 else 1) * loop
+    return math.inf if spare <= 0 else max(1, math.ceil(call / spare))
+
+
 def match(rows: list[dict], lg: dict, scenario: str | None) -> None:
     sc = [s for s in lg["scenarios"] if scenario is None or s["name"] == scenario]
     clients = sorted((r for s in sc for r in s["streams"] if r.get("first_audio") is not None), key=lambda r: r["sent"])
@@ -119,6 +132,14 @@ def summary(rows: list[dict], frame_s: float = FRAME_S) -> None:
             alt = np.array([r["schedule_with_arrivals"][0] for r in group])
             line += f"; with arrivals: first chunk p50 {np.median(alt):.0f} (min {alt.min()}), larger for {(alt > first).sum()}"
         print(line)
+        cap = max(r["schedule"][0] for r in group)
+        for m in (1, 2):  # chunk 1 twice chunk 0, or as large
+            pairs = [(r["schedule"][0], n) for r in group if (n := needed_first_chunk(r, m, frame_s)) is not None]
+            if pairs:
+                need = np.array([n for _, n in pairs], dtype=float)
+                p50, p90 = np.percentile(need, [50, 90], method="higher")  # no interpolation: needs may be inf
+                print(f"  ramp_repeat {m}: first chunk needed then p50 {p50:.0f}, p90 {p90:.0f}; more than {cap} for {int((need > cap).sum())}; the replayed "
+                      f"chunk short of it for {sum(f < n for f, n in pairs)}")
         stall_frames = [round(a / frame_s) for r in group for a in r.get("stalls_at", [])[:1]]
         if stall_frames:
             print(f"  first stall at the end of frame (client): p50 {np.median(stall_frames):.0f}; replayed first "

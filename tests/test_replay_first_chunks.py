@@ -4,6 +4,7 @@ decides with the same loop and codec history, and the load generator's streams a
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,3 +61,13 @@ def test_streams_are_matched_to_the_clients_in_arrival_order():
     r.match(rows, lg, "closed@2")
     assert "underruns" not in rows[0] and rows[1]["underruns"] == 1 and rows[2]["underruns"] == 0
     assert rows[1]["stalls_at"] == [0.166]
+
+
+def test_the_first_chunk_needed_follows_the_loop_and_call_that_came():
+    r = load()
+    row = {"loop_after_s": 0.0165, "call_max_after_s": 0.062}
+    assert r.needed_first_chunk(row, 1) == 9  # 62 / (40 - 33) = 8.9: chunk 1 twice chunk 0
+    assert r.needed_first_chunk(row, 2) == 3  # 62 / (40 - 16.5) = 2.6: chunk 1 as large
+    assert r.needed_first_chunk({"loop_after_s": 0.025, "call_max_after_s": 0.01}, 1) == math.inf  # 2 loops > a frame
+    assert r.needed_first_chunk({"loop_after_s": None}, 1) is None
+    assert r.needed_first_chunk({"loop_after_s": 0.005, "call_max_after_s": 0.0}, 2) == 1
