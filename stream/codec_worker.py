@@ -162,7 +162,7 @@ class CodecWorker:
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
-                 starting_s: float | None = None, starting_exempt_s: float = CODEC_URGENT_S):
+                 starting_s: float | None = None, starting_exempt_s: float | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -188,9 +188,11 @@ class CodecWorker:
         # its predicted time (call_model) stays within this many seconds: a first chunk rarely waits behind a long
         # call (None: no cap)
         self.starting, self.starting_s = starting, starting_s
+        if starting_exempt_s is None:
+            starting_exempt_s = CODEC_URGENT_S
         if not 0 <= starting_exempt_s <= CODEC_URGENT_S:
             raise ConfigError(f"codec_starting_exempt_s must lie in 0..{CODEC_URGENT_S}, got {starting_exempt_s}")
-        self.starting_exempt_s = starting_exempt_s  # capped calls still take every job due within this (s)
+        self.starting_exempt_s = starting_exempt_s  # capped calls still take every job due within this (s; None: 0.3)
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
