@@ -75,6 +75,9 @@ class EngineConfig:
     # sample at the prompt end, on the ModelRunner; others ignore it): engine/model_runner.py, "Late prompts".
     # H100, Qwen3-TTS 1.7B at 20 req/s through the server: TTFA p95 73 vs 97 ms off, same call (docs/PERF.md)
     late_prompts: bool = True
+    # ... also while the newest regular step carries prompt chunks (False: then they ride the next regular step,
+    # packed: in a burst of arrivals each late launch read the weights for one prompt; measured in docs/PERF.md)
+    late_prompts_in_bursts: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):
@@ -141,6 +144,7 @@ class Engine:
         ))
         self._ids = itertools.count()
         self._pending: deque[Sequence] = deque()  # added, not yet seen by step()
+        self._prompted = False  # the newest regular launch carried prompt chunks (step; late_prompts_in_bursts)
         self._arrived = threading.Event()  # set by add(): a late-prompt wait ends (ModelRunner late_prompts)
         self._cancels: deque[int] = deque()  # stream ids (cancel() may run on another thread)
         self._seqs: dict[int, Sequence] = {}  # id -> live sequence (known to the scheduler, not finished)
@@ -243,7 +247,11 @@ class Engine:
         hold = runner.busy and (sync or runner.in_flight >= 2)  # collect first: at most 2 launches in flight
         plan = [] if hold else self.scheduler.schedule()
         self._reserve(plan)
+        if plan:
+            self._prompted = any(c.prefill for c in plan)  # the newest regular launch carries prompt chunks
         late = self._late_prompts if self.config.late_prompts and runner.late_prompts else None
+        if self._prompted and not self.config.late_prompts_in_bursts:
+            late = None  # prompts come faster than one a step: the next regular step packs them
         try:
             rows = runner.run(plan, sync=sync, late=late)
         except Exception as exc:

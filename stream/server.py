@@ -362,8 +362,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
                              "its first frame comes one decode step sooner (default on: H100, 20 req/s, TTFA p95 73 vs "
-                             "97 ms; docs/PERF.md). Higgs v2/v3 fold their first decode token into the prompt's step "
-                             "and always run classic steps")
+                             "97 ms; docs/PERF.md); for families that sample at the prompt's end (Qwen3-TTS, Higgs "
+                             "v3); Higgs v2 folds its first decode token into the prompt's step and runs classic steps")
+    parser.add_argument("--late-prompts-in-bursts", action=argparse.BooleanOptionalAction,
+                        default=EngineConfig.late_prompts_in_bursts,
+                        help="late prompts also while the newest regular step carries prompt chunks (arrivals faster "
+                             "than one a step); off: those prompts ride the next regular step, packed")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="diagnostics: leave start-up's objects in Python's garbage collection (each full "
                              "collection then walks them all while every thread of the server waits)")
@@ -482,7 +486,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
-                              late_prompts=args.late_prompts,
+                              late_prompts=args.late_prompts, late_prompts_in_bursts=args.late_prompts_in_bursts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
                       "triton_ranged_decode": args.triton_ranged_decode}

@@ -141,6 +141,10 @@ def test_late_prompts_reach_the_engine_config():
         args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", flag, "--no-warm-up"])
         engine = build_state(args).pipeline.engine
         assert engine.config.late_prompts is want and not engine.runner.late_prompts
+    assert parser.parse_args(["--model", "m"]).late_prompts_in_bursts is EngineConfig.late_prompts_in_bursts
+    for flag, want in (("--late-prompts-in-bursts", True), ("--no-late-prompts-in-bursts", False)):
+        args = parser.parse_args(["--model", "random:tiny", "--arch", "v3", "--device", "cpu", flag, "--no-warm-up"])
+        assert build_state(args).pipeline.engine.config.late_prompts_in_bursts is want
 
 
 def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():

@@ -34,9 +34,9 @@ REQUESTS = [  # prompts of 1 to 3 chunks (token_budget 24: chunks of 19), caps e
 ]
 
 
-def make(model, tokenizer, late: bool) -> Engine:
+def make(model, tokenizer, late: bool, in_bursts: bool = True) -> Engine:
     cfg = replace(model.cfg, variant="custom_voice")
-    econf = EngineConfig(kv_pages=160, max_batch=4, token_budget=24, late_prompts=late)
+    econf = EngineConfig(kv_pages=160, max_batch=4, token_budget=24, late_prompts=late, late_prompts_in_bursts=in_bursts)
     return Engine(model, cfg, tokenizer, KVCache.create(cfg, num_pages=160, page_size=16, dtype=torch.float32),
                   econf, REF)
 
@@ -147,6 +147,25 @@ def test_a_late_prompt_is_launched_before_the_next_decode_step(model, tokenizer)
     first_late = next(e for e in late if e[0] != "add" and newcomer in e[2])
     assert first_classic[0] == "step" and first_classic[2] == [0, 1]  # shares the next step with sid 0
     assert first_late == ("late", 2, [newcomer])  # alone, during the call it arrived in
+
+
+def test_without_late_prompts_in_bursts_a_prompt_behind_a_prompted_step_rides_the_next_step(model, tokenizer):
+    """`late_prompts_in_bursts=False`: request 1 arrives during call 2, whose regular launch carries request 2's
+    prompt (request 0 decoding, its step 1 in flight): no late launch, it rides call 3's regular step (the default
+    launches it late in call 2); arriving during a call whose regular step only decodes, it is still launched late.
+    Greedy frames equal classic admission's."""
+    arrivals, newcomer = {0: [0], 1: [2], 2: [1]}, 2  # sids: request 0 -> 0, 2 -> 1, 1 -> 2
+    _, _, bursty = drive(make(model, tokenizer, True), arrivals)
+    assert ("late", 2, [newcomer]) in bursty
+    frames, reasons, log = drive(make(model, tokenizer, True, in_bursts=False), arrivals)
+    assert not any(e[0] == "late" for e in log)
+    assert next(e for e in log if e[0] != "add" and newcomer in e[2]) == ("step", 3, [0, 1, newcomer])
+    classic_frames, classic_reasons, _ = drive(make(model, tokenizer, False), arrivals)
+    assert reasons == classic_reasons
+    for i, want in classic_frames.items():
+        assert np.array_equal(frames[i], want), f"request {i} differs"
+    _, _, log = drive(make(model, tokenizer, True, in_bursts=False), {0: [2], 2: [1]})
+    assert ("late", 2, [1]) in log  # behind a decode-only step (request 2 decoding): late as by default
 
 
 def test_a_failing_late_launch_fails_its_streams_alone(model, tokenizer, monkeypatch):
