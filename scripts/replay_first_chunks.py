@@ -50,7 +50,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerC
         t = s[1]
         while si < len(steps) and steps[si][3] <= t:  # what the engine thread had observed by then
             e = steps[si]
-            loop.observe(e[4], min(e[3] - e[1], 2 * frame_s))
+            loop.observe_iteration(e[4], e[3] - e[1], 2 * frame_s)  # as the pipeline observes (idle gaps aside)
             si += 1
         while ci < len(calls) and calls[ci][2] <= t:
             c = calls[ci]

@@ -106,6 +106,24 @@ class LoopModel:
         self.decay = decay
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self.last_s = 0.0  # the recent loop time (a fast EMA, any batch)
+        self._carried_s = 0.0  # time of loop iterations that returned no row yet (observe_iteration)
+
+    def observe_iteration(self, rows: int, seconds: float, cap_s: float) -> None:
+        """One engine-loop iteration that returned `rows` rows: an iteration with none (a prompt-only launch, a
+        wait that collected only prompts) is carried into the next one with rows, so a decode step's time is the
+        whole cycle between its rows. Higgs v3 in a burst of arrivals: iterations of 0 rows and ~25 ms (late prompt
+        launches) alternated with ~1 ms ones of 70 rows; fitted one by one they predicted ~12 ms a step where a
+        cycle took ~26 (H100 trace, session 17). `cap_s` bounds one observation (a first-use stall must not
+        dominate the fit for minutes)."""
+        if rows == 0:
+            self._carried_s += seconds
+            return
+        self.observe(rows, min(seconds + self._carried_s, cap_s))
+        self._carried_s = 0.0
+
+    def idle(self) -> None:
+        """The engine has no work: time carried from row-less iterations belongs to no step."""
+        self._carried_s = 0.0
 
     def observe(self, rows: int, seconds: float) -> None:
         keep = 1.0 - self.decay

@@ -349,6 +349,7 @@ class Pipeline:
             self._wake.clear()
             wake = self._pace()
             if not self.engine.has_work():
+                self.loop_model.idle()
                 if self._stopping:
                     return
                 self._wake.wait(IDLE_WAIT_S if wake is None else min(IDLE_WAIT_S, max(wake, 0.001)))
@@ -376,8 +377,7 @@ class Pipeline:
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
             t_end = time.perf_counter()
-            # capped at two frames: one first-use stall (seconds) must not dominate the fit for minutes
-            self.loop_model.observe(len(events), min(t_end - t0, 2 * self.pacing.frame_s))
+            self.loop_model.observe_iteration(len(events), t_end - t0, 2 * self.pacing.frame_s)
             if self.trace is not None:
                 self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
                                    getattr(self.engine, "last_prefill", 0), self._late_launches() - late0, sync))

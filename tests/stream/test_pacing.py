@@ -125,6 +125,23 @@ def test_loop_model_predicts_from_a_linear_fit_and_admits_below_the_ratio():
     assert flat.predict(400) == pytest.approx(0.003)  # one batch size seen: no slope invented
 
 
+def test_row_less_iterations_count_toward_the_next_step_with_rows():
+    """A late prompt launch's iteration returns no row: its time joins the next iteration with rows (one decode
+    cycle), capped; an idle engine drops what was carried."""
+    m = LoopModel()
+    for _ in range(50):  # v3's burst: 25 ms without rows, then 1 ms with 70
+        m.observe_iteration(0, 0.025, cap_s=0.08)
+        m.observe_iteration(70, 0.001, cap_s=0.08)
+    assert m.predict(70) == pytest.approx(0.026) and m.last_s == pytest.approx(0.026)
+    m.observe_iteration(0, 0.5, cap_s=0.08)
+    m.observe_iteration(70, 0.001, cap_s=0.08)
+    assert m.last_s == pytest.approx(0.026 + 0.2 * (0.08 - 0.026))  # capped at 80 ms
+    m.observe_iteration(0, 0.3, cap_s=0.08)
+    m.idle()
+    m.observe_iteration(70, 0.026, cap_s=0.08)
+    assert m.last_s == pytest.approx(0.026 + 0.2 * (0.08 - 0.026) + 0.2 * (0.026 - (0.026 + 0.2 * (0.08 - 0.026))))
+
+
 def test_a_slope_needs_rows_that_vary():
     """Paced streams ran one row a step (9 ms) for hundreds of steps; a few two-row steps took 18 ms. A
     plain fit slopes ~9 ms a row and predicts ~54 ms at six streams (refusing them); the ridge on the
