@@ -75,9 +75,11 @@ class EngineConfig:
     # sample at the prompt end, on the ModelRunner; others ignore it): engine/model_runner.py, "Late prompts".
     # H100, Qwen3-TTS 1.7B at 20 req/s through the server: TTFA p95 73 vs 97 ms off, same call (docs/PERF.md)
     late_prompts: bool = True
-    # ... also while the newest regular step carries prompt chunks (False: then they ride the next regular step,
-    # packed: in a burst of arrivals each late launch read the weights for one prompt; measured in docs/PERF.md)
-    late_prompts_in_bursts: bool = True
+    # ... also while the newest regular step carries prompt chunks (arrivals faster than one a step)? Off: those
+    # prompts ride the next regular step, packed. H100, Higgs v3, 256 streams arriving over 2 s, same call: 0 of
+    # 418 served streams underran off vs 3 of 331 on (105 vs 190 refused `busy`, 251 vs 220 audio-s/s); on, each
+    # late launch of the burst carried one prompt and read the weights for it (docs/PERF.md, session 17)
+    late_prompts_in_bursts: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "token_budget", "max_waiting", "max_seq_len", "kv_pages", "page_size"):

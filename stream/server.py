@@ -367,7 +367,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--late-prompts-in-bursts", action=argparse.BooleanOptionalAction,
                         default=EngineConfig.late_prompts_in_bursts,
                         help="late prompts also while the newest regular step carries prompt chunks (arrivals faster "
-                             "than one a step); off: those prompts ride the next regular step, packed")
+                             "than one a step); off (default): those prompts ride the next regular step, packed (H100, "
+                             "v3, 256 streams arriving over 2 s: 0 of 418 streams underran vs 3 of 331; docs/PERF.md)")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="diagnostics: leave start-up's objects in Python's garbage collection (each full "
                              "collection then walks them all while every thread of the server waits)")

@@ -283,7 +283,7 @@ def test_late_prompts_on_cuda_give_the_frames_of_classic_steps(model):
         talker, tok = model
         cache = KVCache.create(CFG, num_pages=300, page_size=16, dtype=torch.bfloat16, device="cuda")
         eng = Engine(talker, CFG, tok, cache, EngineConfig(max_batch=8, kv_pages=300, max_seq_len=1024,
-                                                           late_prompts=late),
+                                                           late_prompts=late, late_prompts_in_bursts=True),
                      ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1))
         run_, sids, frames, calls = eng.runner.run, {}, {}, [0]
 
