@@ -47,7 +47,8 @@ does the same work in the same order otherwise. Every wait takes them (a prompt 
 late launch, or while the engine holds, gets a launch of its own too), but at most `LATE_PER_STEP`
 between two regular launches (so arrivals cannot hold decode steps back for long), and a regular step is
 launched only while at most one launch is in flight, so a sequence is still scheduled at most once after
-its end (`LAG_SLACK`).
+its end (`LAG_SLACK`). The engine offers none while its newest regular step carries prompt chunks (unless
+`EngineConfig.late_prompts_in_bursts`): in a burst of arrivals they ride the next regular step, packed.
 
 A family whose head samples fewer codebooks than a row holds (Qwen3-TTS: group 0 of 16) has each
 sampled row completed on the device inside the same step (`FastWeights.complete_rows`, its code

@@ -359,7 +359,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "calls of the backlog 2-4x longer than any before: docs/PERF.md) (default: the family's "
                              "with the family's cap, Qwen3-TTS 0.2; else only while a stream waits for its first audio)")
     parser.add_argument("--late-prompts", action=argparse.BooleanOptionalAction, default=EngineConfig.late_prompts,
-                        help="CUDA, Qwen3-TTS: a prompt that arrives while a talker step runs is prefilled in a launch of "
+                        help="CUDA: a prompt that arrives while a talker step runs is prefilled in a launch of "
                              "its own right behind it instead of riding the next step beside every stream's decode, so "
                              "its first frame comes one decode step sooner (default on: H100, 20 req/s, TTFA p95 73 vs "
                              "97 ms; docs/PERF.md); for families that sample at the prompt's end (Qwen3-TTS, Higgs "
