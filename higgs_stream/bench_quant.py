@@ -193,11 +193,13 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                     ModelRunnerConfig(tensor_core_decode_from=tc, triton_decode_from=tr,
                                       triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
-                                      cuda_core_gemv_rows=args.cuda_core_gemv_rows) if gpu
+                                      cuda_core_gemv_rows=args.cuda_core_gemv_rows,
+                                      graph_buckets=args.graph_buckets) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
+    out["graph_buckets"] = list(args.graph_buckets)
     out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
@@ -288,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
                     "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")
+    ap.add_argument("--graph-buckets", type=lambda v: tuple(int(x) for x in v.split(",")),
+                    default=ModelRunnerConfig.graph_buckets, metavar="B,B,...",
+                    help="CUDA: the decode graphs' batch buckets (a step of n rows replays the smallest bucket >= n; "
+                         "e.g. without 4 and 8, a 4-row step replays the 16-row graph)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,

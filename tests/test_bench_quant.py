@@ -10,8 +10,10 @@ from higgs_stream import bench_quant
 
 def test_dry_run_reports_every_mode(tmp_path, capsys):
     out = tmp_path / "quant.json"
-    assert bench_quant.main(["--dry-run", "--out", str(out), "--modes", "none,fp8,int8,none/kv8"]) == 0
+    assert bench_quant.main(["--dry-run", "--out", str(out), "--modes", "none,fp8,int8,none/kv8",
+                             "--graph-buckets", "1,2,16,64"]) == 0
     r = json.loads(out.read_text())
+    assert all(m["graph_buckets"] == [1, 2, 16, 64] for m in r["model"].values())
     assert set(r["model"]) == {"none", "fp8", "int8", "none/kv8"} and "gemm" not in r
     assert r["model"]["none/kv8"]["kv_cache_dtype"] == "fp8" and r["model"]["none/kv8"]["quantized"]["linears"] == 0
     for mode, m in r["model"].items():
