@@ -11,8 +11,10 @@ the loop time the steps then took until its second chunk was due, the longest co
 `--horizon-s`, the first chunk the same rule gives when the number of streams is taken as the open ones plus the
 arrivals of the last second scaled to the horizon (an arrival-rate term, not served). Prints a summary for the
 streams that underran and the rest, with the first chunk that the loop and calls which followed would have needed
-(`needed_first_chunk`, for chunk 1 as large as chunk 0 and twice as large: how session 16 chose its rule); `--json`
-writes every row."""
+(`needed_first_chunk`, for chunk 1 as large as chunk 0 and twice as large: how session 16 chose its rule), and the
+admission rule replayed at each arrival (`LoopModel.admits` at `--admit-step-ratio`: the traces hold the admitted
+streams only, so it tells which of them a rule would have refused; how session 17 found v3's burst admitted on a
+loop model that read ~26 ms cycles as ~12 ms steps); `--json` writes every row."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
 from higgs_stream.stream.config import FAMILY_DEFAULT, ServerConfig
-from higgs_stream.stream.pacing import LoopModel
+from higgs_stream.stream.pacing import LoopModel, PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
 
 FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: --frame-s 0.08)
@@ -35,7 +37,8 @@ ARRIVAL_WINDOW_S = 1.0
 
 def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerConfig.max_first_chunk,
            ramp_repeat: int = FAMILY_DEFAULT["ramp_repeat"], frame_s: float = FRAME_S,
-           first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"]) -> list[dict]:
+           first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"],
+           admit_ratio: float | None = PacingConfig.admit_ratio) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
@@ -66,7 +69,10 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerC
         fake._handles = range(open_now)
         chosen = Pipeline.adapter_config(fake, "exact").schedule
         row = {"said_at": t, "first_audio": s[2], "open": open_now, "loop_s": max(loop.last_s, loop.predict(open_now) or 0),
-               "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3])}
+               "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3]),
+               # admission at its open(): the step predicted with it among the others, and the rule's answer
+               "step_predicted_s": loop.predict(open_now),
+               "admitted_by_rule": loop.admits(open_now - 1, PacingConfig(frame_s=frame_s, admit_ratio=admit_ratio))}
         if horizon_s is not None:
             arrived = bisect.bisect_right(said, t) - bisect.bisect_right(said, t - ARRIVAL_WINDOW_S)
             expected = open_now + round(arrived / ARRIVAL_WINDOW_S * horizon_s)
@@ -132,6 +138,9 @@ def summary(rows: list[dict], frame_s: float = FRAME_S) -> None:
             alt = np.array([r["schedule_with_arrivals"][0] for r in group])
             line += f"; with arrivals: first chunk p50 {np.median(alt):.0f} (min {alt.min()}), larger for {(alt > first).sum()}"
         print(line)
+        refused = sum(not r["admitted_by_rule"] for r in group)
+        print(f"  admission: predicted step p50 {1e3 * np.median([r['step_predicted_s'] or 0 for r in group]):.1f} ms; "
+              f"the step-ratio rule would refuse {refused} of them")
         cap = max(r["schedule"][0] for r in group)
         for m in (1, 2):  # chunk 1 twice chunk 0, or as large
             pairs = [(r["schedule"][0], n) for r in group if (n := needed_first_chunk(r, m, frame_s)) is not None]
@@ -161,10 +170,12 @@ def main() -> None:
                     help="the server's setting (default: the Higgs families'; Qwen3-TTS and traces from before "
                          "session 16: 1)")
     ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")
+    ap.add_argument("--admit-step-ratio", type=float, default=PacingConfig.admit_ratio,
+                    help="the admission rule replayed at each arrival (the server's --admit-step-ratio)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat,
-                  args.frame_s, args.first_chunk_margin)
+                  args.frame_s, args.first_chunk_margin, args.admit_step_ratio)
     if args.loadgen:
         match(rows, json.load(open(args.loadgen)), args.scenario)
     summary(rows, args.frame_s)

@@ -50,6 +50,10 @@ def test_the_replay_makes_the_pipelines_decision():
     assert abs(rows[1]["call_peak_s"] - 0.08 * fade) < 1e-12
     assert rows[1]["open_expected"] == 2 + round(2 / r.ARRIVAL_WINDOW_S * 0.5)  # two arrivals in the last second
     assert rows[1]["call_max_after_s"] == 0.0 and abs(rows[1]["loop_after_s"] - 0.015) < 1e-9
+    assert abs(rows[1]["step_predicted_s"] - 0.015) < 1e-9 and rows[1]["admitted_by_rule"]  # 15 ms <= 0.5 x 40 ms
+    assert rows[0]["step_predicted_s"] is None and rows[0]["admitted_by_rule"]  # an idle server admits
+    strict = r.replay(trace(), horizon_s=None, admit_ratio=0.3)  # 12 ms
+    assert [row["admitted_by_rule"] for row in strict] == [True, False, False]
 
 
 def test_streams_are_matched_to_the_clients_in_arrival_order():
