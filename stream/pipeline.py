@@ -249,10 +249,8 @@ class Pipeline:
         frame_s, worker, repeat, cap = (self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat,
                                         self.cfg.max_first_chunk)
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
-        if worker.call_peak_s > 0:
-            spare = frame_s - (1 if repeat > 1 else 2) * loop_s  # what each frame of chunk 0 leaves after chunk 1's steps
-            need = self.cfg.first_chunk_margin * worker.call_peak_s
-            first = max(first, cap if spare <= 0 else math.ceil(need / spare))
+        if worker.call_peak_s > 0:  # inf (then the cap) when a frame cannot cover chunk 1's steps
+            first = max(first, frames_to_cover(self.cfg.first_chunk_margin * worker.call_peak_s, loop_s, frame_s, repeat))
         first = min(cap, max(DEFAULT_SCHEDULE[0], first))
         last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat
         while schedule[-1] < last:
@@ -503,6 +501,15 @@ class Pipeline:
                 handle._audio(seg, item[2], now)
             else:
                 handle._segment_end(seg, item[2], item[3], item[4])
+
+
+def frames_to_cover(call_s: float, loop_s: float, frame_s: float, ramp_repeat: int) -> float:
+    """Frames of audio chunk 0 needs to outlast chunk 1's engine steps (as many frames as chunk 0 with `ramp_repeat`
+    above 1, twice as many with 1) plus a codec call of `call_s`: ceil(call / (frame - m x loop)), each frame leaving
+    frame - m x loop of slack; math.inf when a frame cannot cover the steps (`Pipeline.adapter_config`; the offline
+    replay, scripts/replay_first_chunks.py)."""
+    spare = frame_s - (1 if ramp_repeat > 1 else 2) * loop_s
+    return math.inf if spare <= 0 else math.ceil(call_s / spare)
 
 
 def _job_samples(job: PushJob | WindowJob, hop: int) -> int:
