@@ -29,7 +29,7 @@ import numpy as np
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
 from higgs_stream.stream.config import FAMILY_DEFAULT, ServerConfig
 from higgs_stream.stream.pacing import LoopModel, PacingConfig
-from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.pipeline import Pipeline, frames_to_cover
 
 FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: --frame-s 0.08)
 ARRIVAL_WINDOW_S = 1.0
@@ -47,6 +47,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerC
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
                            cfg=SimpleNamespace(max_first_chunk=max_first_chunk, ramp_repeat=ramp_repeat,
                                                first_chunk_margin=first_chunk_margin), _handles=())
+    admission = PacingConfig(frame_s=frame_s, admit_ratio=admit_ratio)
     si = ci = 0
     rows = []
     for s in streams:
@@ -68,11 +69,10 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerC
         open_now = sum(1 for o in streams if o[1] <= t < o[3])
         fake._handles = range(open_now)
         chosen = Pipeline.adapter_config(fake, "exact").schedule
-        row = {"said_at": t, "first_audio": s[2], "open": open_now, "loop_s": max(loop.last_s, loop.predict(open_now) or 0),
-               "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3]),
-               # admission at its open(): the step predicted with it among the others, and the rule's answer
-               "step_predicted_s": loop.predict(open_now),
-               "admitted_by_rule": loop.admits(open_now - 1, PacingConfig(frame_s=frame_s, admit_ratio=admit_ratio))}
+        predicted = loop.predict(open_now)  # the step with it among the others (admission at its open())
+        row = {"said_at": t, "first_audio": s[2], "open": open_now, "loop_s": max(loop.last_s, predicted or 0),
+               "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3]), "step_predicted_s": predicted,
+               "admitted_by_rule": loop.admits(open_now - 1, admission)}
         if horizon_s is not None:
             arrived = bisect.bisect_right(said, t) - bisect.bisect_right(said, t - ARRIVAL_WINDOW_S)
             expected = open_now + round(arrived / ARRIVAL_WINDOW_S * horizon_s)
@@ -97,8 +97,7 @@ def needed_first_chunk(row: dict, ramp_repeat: int, frame_s: float = FRAME_S) ->
     loop, call = row.get("loop_after_s"), row.get("call_max_after_s", 0.0)
     if not loop:
         return None
-    spare = frame_s - (2 if ramp_repeat == 1 else 1) * loop
-    return math.inf if spare <= 0 else max(1, math.ceil(call / spare))
+    return max(1, frames_to_cover(call, loop, frame_s, ramp_repeat))
 
 
 def match(rows: list[dict], lg: dict, scenario: str | None) -> None:
