@@ -40,9 +40,9 @@ def rows_or_none(text: str) -> int | None:
 # same-call A/Bs (docs/PERF.md):
 # - Higgs v2: exact mode's first chunk for 3x the longest recent codec call and chunk 1 as large as chunk 0 (2, 3.0):
 #   256 streams arriving over 2 s, 0, 1, 0 (then 0, 0) streams underran vs 16, 16 at (1, 1.0); 20 req/s TTFA p95
-#   133 / 134 vs 126 / 127 ms. v3 shares the codec and its 25 Hz frames: the same rule (not A/B'd at scale: at 256
-#   streams v3 is past one H100's capacity either way, 218 of 352 underran with this rule). No codec time cap (at 256,
-#   30 ms caps underran 16, 5, 30 vs 7, 19, 32).
+#   133 / 134 vs 126 / 127 ms. v3 shares the codec and its 25 Hz frames: the same rule (session 17, 256 over 2 s on
+#   session 16's engine: 227 of 372 underran with it, 256 of 383 with (1, 1.0); with the engine's fixes of session 17,
+#   0 of 418 and 9 of 365 with it). No codec time cap (at 256, 30 ms caps underran 16, 5, 30 vs 7, 19, 32).
 # - Qwen3-TTS (80 ms frames, ~9 ms frame steps), 20 req/s: (2, 3.0) gave TTFA p95 114 / 126 ms against 62 at (1, 1.0)
 #   (a larger first chunk costs a frame step each and bought nothing there); the codec cap 12 ms held while a listener
 #   has < 0.2 s of audio: p95 63 / 61 ms, 1 and 0 of 190 streams underran, vs 76 / 76 and 5 / 4 without.
