@@ -13,16 +13,17 @@ K = TypeVar("K")  # a bucket key: a batch size, or (batch, frames) for the codec
 
 def capture_buckets(buckets: Sequence[K], stage_dummy: Callable[[K], None], body: Callable[[K], Any],
                     device: torch.device | None = None, stream: torch.cuda.Stream | None = None,
-                    ) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, Any]]:
+                    pool: Any = None) -> tuple[dict[K, torch.cuda.CUDAGraph], dict[K, Any]]:
     """Capture `body(b)` for every bucket key, largest first, into one shared memory pool.
 
     Each bucket's static inputs are filled with `stage_dummy(b)` and the body runs twice on a side
     stream first (lazy initialisation must not happen inside capture). Returns (graphs, outputs):
     replaying graphs[b] refreshes the tensors in outputs[b]. Used by the decode and prefill graphs
     here and by the codec graphs (stream/codec_graphs.py). `stream`: warm up and capture on it (a
-    stream of a green context: the graphs' kernels keep to its SMs), else on side streams.
+    stream of a green context: the graphs' kernels keep to its SMs), else on side streams. `pool`: that
+    memory pool (`torch.cuda.graph_pool_handle()`), else a new one.
     """
-    pool = torch.cuda.graph_pool_handle()
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
     graphs: dict[K, torch.cuda.CUDAGraph] = {}
     outputs: dict[K, Any] = {}
     for b in sorted(buckets, reverse=True):

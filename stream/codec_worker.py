@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.gpu_memory import WARMUP_HEADROOM_GB, bound_process_memory, with_plan_headroom
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
 from higgs_stream.stream.pacing import LoopModel
 
@@ -162,11 +163,14 @@ class CodecWorker:
                  max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
-                 starting_s: float | None = None, starting_exempt_s: float | None = None):
+                 starting_s: float | None = None, starting_exempt_s: float | None = None,
+                 memory_headroom_gb: float | None = None):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
+        if memory_headroom_gb is not None and memory_headroom_gb <= 0:
+            raise ConfigError(f"gpu_headroom_gb must be > 0 or None, got {memory_headroom_gb}")
         self.codec = codec
         self.window_graphs = None  # CodecGraphs replaying the ramp windows after a GPU warm-up (Code2Wav uses them)
         self.device = cuda_device(getattr(codec, "device", None))
@@ -193,6 +197,9 @@ class CodecWorker:
         if not 0 <= starting_exempt_s <= CODEC_URGENT_S:
             raise ConfigError(f"codec_starting_exempt_s must lie in 0..{CODEC_URGENT_S}, got {starting_exempt_s}")
         self.starting_exempt_s = starting_exempt_s  # capped calls still take every job due within this (s; None: 0.3)
+        # CUDA: the process's GPU memory is capped at what it holds plus this before and after the warm-up
+        # (engine/gpu_memory.py: a cuDNN plan with a huge workspace returned wrong audio on an H200); None: no cap
+        self.memory_headroom_gb = memory_headroom_gb
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
@@ -235,6 +242,7 @@ class CodecWorker:
             # the warm-up's eager steps leave blocks cached in torch's allocator; what allocates outside it
             # (the codec thread's cuBLAS handles, below) needs them back
             torch.cuda.empty_cache()
+            bound_process_memory(self.device, self.memory_headroom_gb)  # again: the graphs keep what they took
             free, total = torch.cuda.mem_get_info(self.device)
             log.info("GPU memory after the codec warm-up: %.1f GB allocated by torch, %.1f GB free of %.1f GB",
                      torch.cuda.memory_allocated(self.device) / 1e9, free / 1e9, total / 1e9)
@@ -390,6 +398,25 @@ class CodecWorker:
         with on_stream(self._stream), torch.no_grad():
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
             green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
+            planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
+            lengths: set[int] = set()
+            while planner.in_ramp:
+                planner.available += 1
+                lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
+            k = self.code2wav.geometry.num_codebooks
+
+            def eager_shapes() -> None:  # every shape's first call: its convolutions pick their cuDNN plans
+                dec.run_padding_steps(CODEC_BATCH_BUCKETS, frames)
+                for b in CODEC_WINDOW_BUCKETS:
+                    for w in sorted(lengths):
+                        self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
+
+            if self.memory_headroom_gb is not None:  # the plans picked with little memory free, then the graphs
+                # captured from them with room for their activations (engine/gpu_memory.py)
+                with_plan_headroom(self.device, eager_shapes)
+                bound_process_memory(self.device, max(self.memory_headroom_gb, WARMUP_HEADROOM_GB))
+            else:
+                eager_shapes()
             diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
@@ -398,15 +425,6 @@ class CodecWorker:
                 (b0, f0), (b1, f1) = min(timings), max(timings)
                 log.info("stateful codec step replays: %.2f ms at %d stream x %d frame ... %.2f ms at %d x %d",
                          1e3 * timings[b0, f0], b0, f0, 1e3 * timings[b1, f1], b1, f1)
-            planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
-            lengths: set[int] = set()
-            while planner.in_ramp:
-                planner.available += 1
-                lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
-            k = self.code2wav.geometry.num_codebooks
-            for b in CODEC_WINDOW_BUCKETS:
-                for w in sorted(lengths):
-                    self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
             count = len(CODEC_BATCH_BUCKETS) * len(frames) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
             if self._use_graphs:
                 from higgs_stream.stream.codec_graphs import CodecGraphs

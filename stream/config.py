@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.gpu_memory import HEADROOM_GB
 from higgs_stream.stream.pacing import PacingConfig
 
 SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
@@ -33,6 +34,16 @@ def rows_or_none(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise ValueError(f"expected a number of rows or 'none', got {text!r}") from None
+
+
+def gb_or_none(text: str) -> float | None:
+    """A command-line size in GB, or 'none' (argparse `type=`)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number of GB or 'none', got {text!r}") from None
 
 
 # Serving defaults per model family (its --arch name) for ServerConfig's family-dependent fields, which are None
@@ -148,6 +159,10 @@ class ServerConfig:
     # Qwen3-TTS on an H100 and v2's 20 req/s p95 came out 193 ms against 147-165 at 1 ms in earlier
     # sessions (other calls): back to 1 ms until a same-call A/B says otherwise (docs/PERF.md, session 9).
     gil_switch_s: float = 1e-3
+    # CUDA: the process's GPU memory is capped at what it holds once the model is loaded plus this (GB), before the
+    # codec's warm-up and again after it (engine/gpu_memory.py: on an idle H200 a cuDNN plan that took ~80 GB of
+    # workspace decoded Qwen3-TTS audio wrong); eager work beyond it fails with that request's error. None: no cap
+    gpu_headroom_gb: float | None = HEADROOM_GB
 
     # Voices.
     voices_dir: str | None = None
@@ -198,6 +213,7 @@ class ServerConfig:
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
         need(self.yield_ahead_s is None or self.yield_ahead_s >= 0, "yield_ahead_s must be >= 0 or None")
         need(1e-6 <= self.gil_switch_s <= 0.1, "gil_switch_s must be in [1e-6, 0.1] seconds")
+        need(self.gpu_headroom_gb is None or self.gpu_headroom_gb > 0, "gpu_headroom_gb must be > 0 or None")
         need(self.context_idle_s > 0, "context_idle_s must be > 0")
         need(self.http_body_timeout_s > 0, "http_body_timeout_s must be > 0")
         need(isinstance(self.allowed_origins, tuple), "allowed_origins must be a tuple")

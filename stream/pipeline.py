@@ -101,7 +101,8 @@ class Pipeline:
                                         codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first,
                                         starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3,
-                                        starting_exempt_s=cfg.codec_starting_exempt_s)
+                                        starting_exempt_s=cfg.codec_starting_exempt_s,
+                                        memory_headroom_gb=cfg.gpu_headroom_gb)
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones

@@ -23,7 +23,7 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.stream import routes
 from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS
-from higgs_stream.stream.config import ServerConfig, rows_or_none
+from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
     SessionRunner,
@@ -310,6 +310,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the serving process's GIL switch interval (default %(default)s ms): how long the engine "
                              "thread waits for the GIL behind the event loop's or the codec thread's Python each time "
                              "one of its calls drops it (a dozen or more times per engine step; docs/PERF.md)")
+    parser.add_argument("--gpu-headroom-gb", type=gb_or_none, default=d.gpu_headroom_gb, metavar="GB|none",
+                        help="CUDA: cap this process's GPU memory at what it holds once the model is loaded plus GB "
+                             "(default %(default)s), before the codec's warm-up and after it: a cuDNN plan that took "
+                             "~80 GB of workspace on an idle H200 decoded audio wrong (engine/gpu_memory.py); eager work "
+                             "beyond the cap fails with that request's error. 'none': no cap")
     parser.add_argument("--codec-overdue-first", action="store_true",
                         help="CUDA: a codec call that holds an overdue job (a stream's first chunk, a listener already "
                              "dry) runs on a CUDA stream above the talker's priority, so its kernels go first beside a "
@@ -467,6 +472,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
+                        gpu_headroom_gb=args.gpu_headroom_gb,
                         codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
                         codec_starting_exempt_s=args.codec_starting_exempt,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,

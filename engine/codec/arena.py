@@ -176,6 +176,20 @@ class SlotArenaDecoder:
             self.replays += 1
             return self._outputs[key][:n]
 
+    def run_padding_steps(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int]) -> int:
+        """One eager step of padding rows (they touch only the scratch slot) at every (B, C) bucket shape, largest
+        first: each convolution's first call at that shape picks and caches its cuDNN plan here, so a caller can
+        choose the memory those plans may take (engine/gpu_memory.py) before `capture` records them. Returns the
+        number of shapes run."""
+        keys = sorted(bucket_keys(batch_buckets, frame_buckets, self.max_slots), reverse=True)
+        with torch.no_grad(), self.codec.precision():
+            for key in keys:
+                inp = torch.zeros(self._input_size(key), dtype=torch.long, device=self.device)
+                self._stage_padding(inp, key)
+                self._math(inp, key)
+                del inp
+        return len(keys)
+
     def capture(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int], graphs: bool = True,
                 stream: torch.cuda.Stream | None = None) -> float:
         """Pad every step to the smallest (B, C) bucket that holds it and, with `graphs`, replay it from a

@@ -312,3 +312,17 @@ def test_a_padding_only_step_touches_only_the_scratch_slot(codec):
         dec._math(inp, key)
     for b, s in zip(before, dec.states):
         assert torch.equal(b, s[: dec.max_slots])
+
+
+def test_padding_steps_at_every_bucket_shape_touch_only_the_scratch_slot(codec):
+    """`run_padding_steps` (the codec warm-up's plan-picking pass, engine/gpu_memory.py): one eager padding step per
+    bucket shape, and every open stream's state stays as it was, bit for bit."""
+    dec = StreamingDecoder(codec, max_slots=4)
+    slots = [dec.open(), dec.open()]
+    gen = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, codec.geometry.codebook_size, (2, codec.geometry.num_codebooks, 5), generator=gen)
+    dec.push(slots, codes, [5, 3], [False, False])
+    before = [s[: dec.max_slots].clone() for s in dec.states]
+    assert dec.run_padding_steps([1, 2, 4], [1, 3]) == 6  # (1, 2, 4) x (1, 3): every key within the slots
+    for b, s in zip(before, dec.states):
+        assert torch.equal(b, s[: dec.max_slots])
