@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.errors import InvalidInputError
+    from higgs_stream.engine.gpu_memory import HEADROOM_GB, bound_process_memory
     from higgs_stream.engine.engine import EngineConfig, load_engine
     from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -51,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     codec = load_codec_for(args.model, args.codec, device=args.device)
     engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels,
                          quantize=args.quantize, config=EngineConfig(kv_cache_dtype=args.kv_cache_dtype))
+    # CUDA: the codec's convolutions pick their cuDNN plans within what the process holds plus HEADROOM_GB, not
+    # within the card's free memory (engine/gpu_memory.py: a plan with a ~80 GB workspace decoded wrong on an H200)
+    bound_process_memory(args.device, HEADROOM_GB)
     reference = None
     if args.ref_audio:
         wav, sr = load_reference_audio(Path(args.ref_audio))

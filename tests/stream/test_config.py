@@ -188,3 +188,22 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
         build_state(parser.parse_args(["--model", "random:tiny", "--device", "cpu", "--codec-starting-exempt", "0.1",
                                        "--no-warm-up"]))
 
+
+
+def test_gpu_headroom_is_parsed_checked_and_reaches_the_codec_worker():
+    """--gpu-headroom-gb GB|none (engine/gpu_memory.py: the serving process's GPU memory bound): 16 GB by default,
+    'none' turns the bound off, a bound of 0 or less is refused by the config and by the codec worker."""
+    from higgs_stream.engine.gpu_memory import HEADROOM_GB
+    from higgs_stream.stream.codec_worker import CodecWorker
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(["--model", "m"])).gpu_headroom_gb == HEADROOM_GB == 16.0
+    assert config_from_args(parser.parse_args(["--model", "m", "--gpu-headroom-gb", "none"])).gpu_headroom_gb is None
+    assert config_from_args(parser.parse_args(["--model", "m", "--gpu-headroom-gb", "24.5"])).gpu_headroom_gb == 24.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "m", "--gpu-headroom-gb", "lots"])
+    with pytest.raises(ConfigError, match="gpu_headroom_gb must be > 0 or None"):
+        config_from_args(parser.parse_args(["--model", "m", "--gpu-headroom-gb", "0"]))
+    with pytest.raises(ConfigError, match="gpu_headroom_gb must be > 0 or None"):
+        CodecWorker(object(), lambda sid: None, lambda items: None, memory_headroom_gb=-1.0)
