@@ -25,6 +25,16 @@ from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _whole_gpu_after_each_test():
+    """A test that starts a pipeline caps its process's GPU memory (engine/gpu_memory.py, the server's bound);
+    the next test gets the whole card back."""
+    yield
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.set_per_process_memory_fraction(1.0, i)
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny checkpoint in the transformers-native ("hf") layout."""
