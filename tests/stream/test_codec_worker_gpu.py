@@ -71,3 +71,38 @@ def test_overdue_calls_on_the_first_stream_give_the_same_audio():
     assert first == plain
     overdue = [t[-1] for t in trace]
     assert any(overdue) and not all(overdue)  # both streams were used
+
+
+def test_the_served_warm_up_keeps_the_qwen_codec_exact_at_16_streams():
+    """The codec worker's warm-up as a server runs it (its GPU memory bound: engine/gpu_memory.py): on an idle H200
+    cuDNN otherwise ran a ~80 GB-workspace plan for the full-size Qwen3-TTS decoder's first block at 16 streams x 2
+    frames that returned wrong audio (session 18). After the warm-up, that step replayed from its CUDA graph equals
+    the same step with cuDNN off (PyTorch's native convolutions) to fp32 rounding, audio and state."""
+    from higgs_stream.engine.codec.step_graphs import replay_diff
+    from higgs_stream.engine.models.qwen3_tts.codec import FULL, QwenCodec
+    from higgs_stream.engine.models.qwen3_tts.make_checkpoint import random_decoder
+
+    codec = random_decoder(QwenCodec(FULL), 0).cuda()
+    w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, max_streams=8, memory_headroom_gb=16.0)
+    asyncio.run(w.start(None))
+    try:
+        dec = w.code2wav.streaming
+        key = (16, 2)
+        assert dec.graphed and key in dec._graphs
+        gen = torch.Generator().manual_seed(3)
+        codes = torch.randint(0, 2048, (16, 16, 2), generator=gen)
+        start_states = [torch.randn(s[:16].shape, generator=gen).mul_(0.1).cuda() for s in dec.states]
+        stage = lambda: dec._stage(dec._inputs[key], key, list(range(16)), codes, [2] * 16, [0] * 8 + [5] * 8)  # noqa: E731
+
+        def native():
+            with torch.backends.cudnn.flags(enabled=False), torch.no_grad(), codec.precision():
+                return dec._math(dec._inputs[key], key)
+
+        def replay():
+            dec._graphs[key].replay()
+            return dec._outputs[key]
+
+        assert replay_diff(dec.states, start_states, 16, stage, native, replay) < 1e-5
+    finally:
+        asyncio.run(w.stop(10.0))
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
