@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from higgs_stream.engine.codec import load_reference_audio
+    from higgs_stream.engine.engine import EngineConfig, load_engine
     from higgs_stream.engine.errors import InvalidInputError
     from higgs_stream.engine.gpu_memory import HEADROOM_GB, bound_process_memory
-    from higgs_stream.engine.engine import EngineConfig, load_engine
     from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
     from higgs_stream.engine.synth import synthesize

@@ -197,8 +197,9 @@ class CodecWorker:
         if not 0 <= starting_exempt_s <= CODEC_URGENT_S:
             raise ConfigError(f"codec_starting_exempt_s must lie in 0..{CODEC_URGENT_S}, got {starting_exempt_s}")
         self.starting_exempt_s = starting_exempt_s  # capped calls still take every job due within this (s; None: 0.3)
-        # CUDA: the process's GPU memory is capped at what it holds plus this before and after the warm-up
-        # (engine/gpu_memory.py: a cuDNN plan with a huge workspace returned wrong audio on an H200); None: no cap
+        # CUDA: the warm-up picks convolution plans with little memory free and captures graphs with room for their
+        # activations, then caps the process at what it holds plus this many GB (engine/gpu_memory.py: a cuDNN plan
+        # with a huge workspace returned wrong audio on an H200); None: no bounds
         self.memory_headroom_gb = memory_headroom_gb
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only

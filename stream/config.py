@@ -26,24 +26,22 @@ ICE_SERVER = re.compile(r"(?P<scheme>stuns?|turns?):(?:(?P<username>[^:@]+):(?P<
                         r"(?P<host>[^:@?/\s]+)(?::(?P<port>\d{1,5}))?(?:\?transport=(?P<transport>udp|tcp))?")
 
 
-def rows_or_none(text: str) -> int | None:
-    """A command-line row count, or 'none' (argparse `type=`: its ValueError reads as an invalid value)."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"expected a number of rows or 'none', got {text!r}") from None
+def _number_or_none(convert, what: str, name: str):
+    """An argparse `type=` for a number or 'none' (its ValueError reads as an invalid value, named `name`)."""
+    def parse(text: str):
+        if text.strip().lower() == "none":
+            return None
+        try:
+            return convert(text)
+        except ValueError:
+            raise ValueError(f"expected {what} or 'none', got {text!r}") from None
+
+    parse.__name__ = name
+    return parse
 
 
-def gb_or_none(text: str) -> float | None:
-    """A command-line size in GB, or 'none' (argparse `type=`)."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"expected a number of GB or 'none', got {text!r}") from None
+rows_or_none = _number_or_none(int, "a number of rows", "rows_or_none")  # a command-line row count, or 'none'
+gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command-line size in GB, or 'none'
 
 
 # Serving defaults per model family (its --arch name) for ServerConfig's family-dependent fields, which are None
@@ -159,9 +157,9 @@ class ServerConfig:
     # Qwen3-TTS on an H100 and v2's 20 req/s p95 came out 193 ms against 147-165 at 1 ms in earlier
     # sessions (other calls): back to 1 ms until a same-call A/B says otherwise (docs/PERF.md, session 9).
     gil_switch_s: float = 1e-3
-    # CUDA: the process's GPU memory is capped at what it holds once the model is loaded plus this (GB), before the
-    # codec's warm-up and again after it (engine/gpu_memory.py: on an idle H200 a cuDNN plan that took ~80 GB of
-    # workspace decoded Qwen3-TTS audio wrong); eager work beyond it fails with that request's error. None: no cap
+    # CUDA: once the codec has warmed up (its convolution plans picked with 8 GB free, its graphs captured with 48),
+    # the process's GPU memory is capped at what it holds plus this (GB) (engine/gpu_memory.py: on an idle H200 a cuDNN
+    # plan that took ~80 GB of workspace decoded Qwen3-TTS audio wrong); work beyond it fails its request. None: no cap
     gpu_headroom_gb: float | None = HEADROOM_GB
 
     # Voices.

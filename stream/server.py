@@ -311,10 +311,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "thread waits for the GIL behind the event loop's or the codec thread's Python each time "
                              "one of its calls drops it (a dozen or more times per engine step; docs/PERF.md)")
     parser.add_argument("--gpu-headroom-gb", type=gb_or_none, default=d.gpu_headroom_gb, metavar="GB|none",
-                        help="CUDA: cap this process's GPU memory at what it holds once the model is loaded plus GB "
-                             "(default %(default)s), before the codec's warm-up and after it: a cuDNN plan that took "
-                             "~80 GB of workspace on an idle H200 decoded audio wrong (engine/gpu_memory.py); eager work "
-                             "beyond the cap fails with that request's error. 'none': no cap")
+                        help="CUDA: once the codec has warmed up (convolution plans picked with 8 GB free, graphs "
+                             "captured with 48), cap this process's GPU memory at what it holds plus GB (default "
+                             "%(default)s): a cuDNN plan that took ~80 GB of workspace on an idle H200 decoded audio "
+                             "wrong (engine/gpu_memory.py); work beyond the cap fails its request. 'none': no bounds")
     parser.add_argument("--codec-overdue-first", action="store_true",
                         help="CUDA: a codec call that holds an overdue job (a stream's first chunk, a listener already "
                              "dry) runs on a CUDA stream above the talker's priority, so its kernels go first beside a "
