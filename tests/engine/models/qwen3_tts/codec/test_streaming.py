@@ -169,3 +169,16 @@ def test_the_step_is_capturable_on_the_meta_device(size):
     with torch.no_grad(), meta.precision():
         audio = dec._math(inp, (2, 5))
     assert audio.shape == (2, 5 * HOP) and audio.device.type == "meta"
+
+
+def test_padding_steps_leave_the_open_streams_exact(codec):
+    """`run_padding_steps` (the served warm-up's plan-picking pass, engine/gpu_memory.py) between a stream's pushes:
+    padding rows touch only the scratch slot, so the stream's audio still equals its one-shot decode."""
+    dec = codec.streaming_decoder(max_slots=3)
+    codes = codes_for(10, 4)
+    slot = dec.open()
+    first = dec.push([slot], codes[None, :, :6], [6], [False])[0].clone()
+    assert dec.run_padding_steps([1, 3], [2, 5]) == 4
+    rest = dec.push([slot], codes[None, :, 6:], [4], [True])[0].clone()
+    want = codec.decode(codes[None])[0]
+    assert rel_to_peak(torch.cat([first, rest]).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
