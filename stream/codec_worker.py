@@ -201,6 +201,7 @@ class CodecWorker:
         # activations, then caps the process at what it holds plus this many GB (engine/gpu_memory.py: a cuDNN plan
         # with a huge workspace returned wrong audio on an H200); None: no bounds
         self.memory_headroom_gb = memory_headroom_gb
+        self.memory_cap: int | None = None  # bytes, once start() has bounded the process (None: no bound)
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
@@ -243,7 +244,7 @@ class CodecWorker:
             # the warm-up's eager steps leave blocks cached in torch's allocator; what allocates outside it
             # (the codec thread's cuBLAS handles, below) needs them back
             torch.cuda.empty_cache()
-            bound_process_memory(self.device, self.memory_headroom_gb)  # again: the graphs keep what they took
+            self.memory_cap = bound_process_memory(self.device, self.memory_headroom_gb)  # the graphs keep what they took
             free, total = torch.cuda.mem_get_info(self.device)
             log.info("GPU memory after the codec warm-up: %.1f GB allocated by torch, %.1f GB free of %.1f GB",
                      torch.cuda.memory_allocated(self.device) / 1e9, free / 1e9, total / 1e9)

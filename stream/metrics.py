@@ -163,6 +163,10 @@ class Metrics:
                                     "Streams the talker skips: far ahead of their listener while the GPU is saturated.")
         self.refused = Counter("higgs_refused_saturated_total",
                                "Streams refused (busy) because one more would slow every stream below the admission ratio.")
+        self.gpu_memory_cap = Gauge("higgs_gpu_memory_cap_bytes",
+                                    "The serving process's GPU memory bound (--gpu-headroom-gb; 0: none, or no GPU).")
+        self.gpu_memory_reserved = Gauge("higgs_gpu_memory_reserved_bytes",
+                                         "GPU memory torch's allocator holds for the process (after the last step).")
         self.gc_pause = Histogram("higgs_gc_pause_seconds",
                                   "Python garbage collections: every thread of the server stops for each.", GC_BUCKETS)
 
@@ -170,7 +174,7 @@ class Metrics:
         return [self.active_streams, self.engine_streams, self.connections, self.kv_pages_used, self.kv_pages_free,
                 self.requests, self.errors,
                 self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
-                self.paused_streams, self.refused, self.gc_pause]
+                self.paused_streams, self.refused, self.gpu_memory_cap, self.gpu_memory_reserved, self.gc_pause]
 
     def render(self) -> str:
         lines: list[str] = []

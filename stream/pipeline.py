@@ -161,6 +161,7 @@ class Pipeline:
         if self.engine_device is not None:
             self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
         await self.codec_worker.start(self._engine_stream)
+        self.metrics.gpu_memory_cap.set(self.codec_worker.memory_cap or 0)
         self._count_pages()
         self._gc_watch = GcWatch(self._gc_paused)
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
@@ -417,6 +418,8 @@ class Pipeline:
         if cache is not None:
             self.metrics.kv_pages_used.set(cache.allocator.num_used)
             self.metrics.kv_pages_free.set(cache.allocator.num_free)
+        if self.codec_worker.device is not None:  # the allocator's own count: no device call
+            self.metrics.gpu_memory_reserved.set(torch.cuda.memory_reserved(self.codec_worker.device))
 
     def _queue_round(self, rnd: Round) -> bool:
         """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued

@@ -322,6 +322,7 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         assert 'higgs_requests_total{transport="http",outcome="completed"} 2' in lines
         assert "higgs_active_streams 0" in lines
         assert any(line.startswith("higgs_gc_pause_seconds_count ") for line in lines)
+        assert "higgs_gpu_memory_cap_bytes 0" in lines  # a CPU server: no GPU bound
         async with http.get(f"http://{host}/v1/voices") as r:
             voices = await r.json()
             assert voices["default"] == "default" and voices["aliases"]["alloy"] == "default"
