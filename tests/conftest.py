@@ -25,12 +25,22 @@ from higgs_stream.engine.models.qwen3_tts.make_checkpoint import make_checkpoint
 torch.set_num_threads(1)
 
 
+GPU_TEST_HEADROOM_GB = 48.0  # what an 80 GB H100 leaves a test beside a model; less than cuDNN's wrong plan wanted
+
+
 @pytest.fixture(autouse=True)
-def _whole_gpu_after_each_test():
-    """A test that starts a pipeline caps its process's GPU memory (engine/gpu_memory.py, the server's bound);
-    the next test gets the whole card back."""
+def _gpu_memory_as_a_server_bounds_it():
+    """On a GPU each test runs with its process's memory bounded at what it holds plus GPU_TEST_HEADROOM_GB, as a
+    server bounds itself (engine/gpu_memory.py): on an idle H200 cuDNN otherwise picks convolution plans by the
+    card's free memory, and one with ~80 GB of workspace decoded a Qwen3-TTS convolution wrong; the tests must see
+    what a served process sees. A test that starts a pipeline bounds it further; the next test starts over."""
+    bounded = torch.cuda.is_available()
+    if bounded:
+        from higgs_stream.engine.gpu_memory import bound_process_memory
+
+        bound_process_memory(torch.device("cuda", torch.cuda.current_device()), GPU_TEST_HEADROOM_GB)
     yield
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if bounded:
         for i in range(torch.cuda.device_count()):
             torch.cuda.set_per_process_memory_fraction(1.0, i)
 
