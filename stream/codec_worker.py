@@ -64,6 +64,7 @@ CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max stre
 CODEC_URGENT_S = 0.3
 CODEC_AHEAD_S = 1.0
 CODEC_HOLD_S = 0.05  # not busy: a job waits at most this long for others to share its call
+NATIVE_TOLERANCE = 1e-3  # the warm-up's graphs vs native convolutions, max |d| / peak: fp32 rounding is ~1e-6
 CALL_PEAK_HALF_LIFE_S = 1.0  # CodecWorker.call_peak_s forgets a long call this fast
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
 
@@ -202,6 +203,7 @@ class CodecWorker:
         # with a huge workspace returned wrong audio on an H200); None: no bounds
         self.memory_headroom_gb = memory_headroom_gb
         self.memory_cap: int | None = None  # bytes, once start() has bounded the process (None: no bound)
+        self.native_check: float | None = None  # the warm-up's graphs vs native convolutions (None: not checked)
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
         self._first: torch.cuda.Stream | None = None  # overdue calls' stream (highest priority), CUDA only
         self.pending: list[Pending] = []  # jobs taken from the rounds, not decoded yet (codec thread)
@@ -422,6 +424,16 @@ class CodecWorker:
             diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
+            self.native_check = dec.check_against_native() if dec.graphed else None
+            if self.native_check is not None and self.native_check > NATIVE_TOLERANCE:
+                # never trade exactness for speed: a cuDNN plan on this card returns wrong sums (engine/gpu_memory.py)
+                log.error("the codec's graphs differ from the same steps on PyTorch's native convolutions by %.3g of "
+                          "peak: cuDNN is off for the codec (slower)", self.native_check)
+                self.codec.cudnn = False
+                dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
+                self.native_check = dec.check_against_native()
+            elif self.native_check is not None:
+                log.info("codec graphs vs PyTorch's native convolutions: max |d| %.3g of peak", self.native_check)
             timings = getattr(dec, "timings", None)
             if timings:  # what a step costs on this card, smallest and largest bucket (operators' first look)
                 (b0, f0), (b1, f1) = min(timings), max(timings)

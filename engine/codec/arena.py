@@ -29,6 +29,7 @@ from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputE
 STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
 
 Key = tuple[int, int]  # (B rows, C frames)
+NATIVE_CHECK_ROW_FRAMES = 64  # check_against_native: buckets of at most this many rows x frames
 
 
 class SlotArenaDecoder:
@@ -58,6 +59,7 @@ class SlotArenaDecoder:
         self.capture_check: float | None = None  # max |d| / peak of graph replay vs eager, once captured
         self.replays = 0
         self.timings: dict[Key, float] = {}  # (B, C) bucket -> seconds per replay (capture)
+        self._native_reference = False  # `_eager` on PyTorch's native convolutions (check_against_native)
 
     # ---- slots ----
     @property
@@ -175,6 +177,33 @@ class SlotArenaDecoder:
             graph.replay()
             self.replays += 1
             return self._outputs[key][:n]
+
+    def _eager(self, key: Key) -> torch.Tensor:
+        """The eager step from the bucket's staged inputs, as `_check_graph` compares a replay with: the decoder's own
+        kernels, or with `check_against_native` PyTorch's native convolutions (cuDNN off)."""
+        if not self._native_reference:
+            return self._math(self._inputs[key], key)
+        with torch.backends.cudnn.flags(enabled=False, benchmark=False, deterministic=False, allow_tf32=False):
+            return self._math(self._inputs[key], key)
+
+    def check_against_native(self, max_row_frames: int = NATIVE_CHECK_ROW_FRAMES) -> float:
+        """Each captured bucket of at most `max_row_frames` rows x frames replayed vs the same step with cuDNN off
+        (PyTorch's native convolutions: an implementation that shares no kernel with cuDNN's), on `_check_graph`'s
+        random inputs; returns the largest max |d| / peak (0.0 without graphs; the arena is restored). A cuDNN plan
+        that returns wrong sums shows here far above fp32 rounding (engine/gpu_memory.py: 0.21 of peak on an H200);
+        larger buckets are left out (the native convolutions are slow and take much memory there)."""
+        keys = [k for k in self._graphs if k[0] * k[1] <= max_row_frames]
+        if not keys:
+            return 0.0
+        saved = [s.clone() for s in self.states]
+        self._native_reference = True
+        try:
+            with torch.no_grad(), self.codec.precision():
+                return max(self._check_graph(k, self._graphs[k], self._outputs[k]) for k in keys)
+        finally:
+            self._native_reference = False
+            for s, old in zip(self.states, saved):
+                s.copy_(old)
 
     def run_padding_steps(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int]) -> int:
         """One eager step of padding rows (they touch only the scratch slot) at every (B, C) bucket shape, largest

@@ -54,6 +54,7 @@ class Codec(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.allow_tf32 = allow_tf32  # opt-in speed (about 1.7x at batch 8 on H200) at ~1e-3 relative error
+        self.cudnn = True  # False: PyTorch's native convolutions (the codec worker's fallback, engine/gpu_memory.py)
         self.quantizer = ResidualVectorQuantizer(cfg, with_encoder)
         self.fc2 = nn.Linear(cfg.hidden_size, cfg.acoustic_dim)
         self.acoustic_decoder = AcousticDecoder(cfg)
@@ -130,14 +131,15 @@ class Codec(nn.Module):
         ~20% slower on the full decoder). Neither is bit-identical across window lengths on every
         CPU (the native conv's sgemm picks kernels by shape and vendor: 1.2e-6 of peak on AMD EPYC):
         exactness is the bound in `higgs_stream.testing`, never bit equality.
-        `allow_tf32=True` opts out of both for speed.
+        `allow_tf32=True` opts out of both for speed. `cudnn = False`: PyTorch's native CUDA convolutions
+        instead of cuDNN's (the codec worker's fallback when a cuDNN plan disagrees with them, stream/codec_worker.py).
         """
-        if self.allow_tf32:
+        if self.allow_tf32 and self.cudnn:
             return contextlib.nullcontext()
         if self.device.type != "cuda":
             return native_cpu_convs()
         b = torch.backends.cudnn
-        return b.flags(enabled=b.enabled, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
+        return b.flags(enabled=b.enabled and self.cudnn, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
                        deterministic=b.deterministic, allow_tf32=False)
 
     def streaming_decoder(self, max_slots: int):

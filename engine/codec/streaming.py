@@ -315,4 +315,4 @@ class StreamingDecoder(SlotArenaDecoder):
         start_states = [torch.randn(s.shape, generator=gen).mul_(0.1).to(self.device) for s in self.states]
         return replay_diff(self.states, start_states, b,
                            lambda: self._stage(self._inputs[key], key, slots, codes, adv, starts, ends),
-                           lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])
+                           lambda: self._eager(key), lambda: (graph.replay(), output)[1])

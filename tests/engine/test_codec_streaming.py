@@ -310,3 +310,37 @@ def test_padding_only_steps_touch_only_the_scratch_slot(codec):
     assert dec.run_padding_steps([2, 3], [1, 4]) == 4  # (2, 3) x (1, 4)
     for b, s in zip(before, dec.states):
         assert torch.equal(b, s[: dec.max_slots])
+
+
+class ReplayAsEager:
+    """A stand-in for a captured graph on the CPU: replay runs the bucket's eager step into its output buffer, times
+    `scale` (1.0: a right graph; else the sums of a wrong cuDNN plan)."""
+
+    def __init__(self, dec, key, scale: float):
+        self.dec, self.key, self.scale = dec, key, scale
+
+    def replay(self) -> None:
+        self.dec._outputs[self.key].copy_(self.dec._math(self.dec._inputs[self.key], self.key) * self.scale)
+
+
+@pytest.mark.parametrize("scale, wrong", [(1.0, False), (1.2, True)])
+def test_check_against_native_compares_each_small_bucket_and_restores_the_arena(codec, scale, wrong):
+    """`check_against_native` (the codec warm-up's check of its graphs against PyTorch's native convolutions): each
+    bucket of at most `max_row_frames` rows x frames, replayed vs the eager step on `_check_graph`'s random inputs and
+    states; a replay whose sums are off shows as their error, a right one within fp32 rounding; the open streams'
+    states are as before."""
+    dec = StreamingDecoder(codec, max_slots=4)
+    dec.capture([1, 2], [1, 2], graphs=False)
+    for key in dec._buckets:
+        dec._inputs[key] = torch.zeros(dec._input_size(key), dtype=torch.long)
+        dec._stage_padding(dec._inputs[key], key)
+        dec._outputs[key] = dec._math(dec._inputs[key], key).clone()
+        dec._graphs[key] = ReplayAsEager(dec, key, scale if key == (2, 1) else 1.0)
+    slot = dec.open()
+    dec.push([slot], torch.randint(0, codec.geometry.codebook_size, (1, codec.geometry.num_codebooks, 4)), [4], [False])
+    before = [s.clone() for s in dec.states]
+    got = dec.check_against_native(max_row_frames=2)  # (1, 1), (1, 2), (2, 1); not (2, 2)
+    assert got == pytest.approx(0.2, rel=1e-3) if wrong else got <= 1e-6
+    assert all(torch.equal(b, s) for b, s in zip(before, dec.states))
+    dec._graphs[(2, 2)].scale = 2.0
+    assert dec.check_against_native(max_row_frames=2) == got  # (2, 2) is not checked

@@ -372,3 +372,27 @@ def test_the_warm_up_runs_every_shape_once_eagerly_then_keeps_open_streams_intac
     rest = dec.push([slot], codes[None, :, 12:], [18], [True])[0].clone()
     want = codec.decode(codes[None])[0]
     assert rel_to_peak(torch.cat([first, rest]).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
+
+
+def test_the_warm_up_turns_cudnn_off_when_its_graphs_disagree_with_native_convolutions(caplog):
+    """When the captured graphs differ from the same steps on PyTorch's native convolutions by more than
+    NATIVE_TOLERANCE (a wrong cuDNN plan: engine/gpu_memory.py), the warm-up turns cuDNN off for the codec, captures
+    again and checks again; within it, cuDNN stays on and the check is logged."""
+    from higgs_stream.engine.codec import Codec, CodecConfig
+    from higgs_stream.engine.codec.load import codec_from_state_dict
+    from higgs_stream.engine.codec.make import build_reference_model
+    from higgs_stream.stream.codec_worker import NATIVE_TOLERANCE
+
+    cfg = CodecConfig.tiny()
+    for checks, cudnn, captures in (([0.2, 1e-6], False, 2), ([1e-6], True, 1)):
+        codec: Codec = codec_from_state_dict(build_reference_model(cfg, seed=7).state_dict(), cfg, with_encoder=False)
+        w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, graphs=False)
+        dec, calls, left = w.code2wav.streaming, [], list(checks)
+        dec.run_padding_steps = lambda b, f: 0
+        dec.capture = lambda *a, **k: calls.append(codec.cudnn) or dec._graphs.update({(1, 1): None}) or 0.0
+        dec.check_against_native = lambda: left.pop(0)
+        with caplog.at_level("INFO"):
+            w.warm_up()
+        assert codec.cudnn is cudnn and calls == [True, False][:captures] and not left
+        assert w.native_check == checks[-1] <= NATIVE_TOLERANCE
+    assert "cuDNN is off for the codec" in caplog.text and "native convolutions: max |d| 1e-06" in caplog.text

@@ -52,6 +52,7 @@ class QwenCodec(nn.Module):
             self.encoder = QwenEncoder(enc, cfg.encoder_valid_num_quantizers)
         self.speaker: SpeakerEncoder | None = None  # a Base checkpoint's x-vector encoder (the family attaches it)
         self.allow_tf32 = False
+        self.cudnn = True  # False: PyTorch's native convolutions (the codec worker's fallback, engine/gpu_memory.py)
         self._cache: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self.requires_grad_(False)
@@ -94,13 +95,14 @@ class QwenCodec(nn.Module):
         return self.decoder.pre_conv.conv.weight.device
 
     def precision(self) -> contextlib.AbstractContextManager:
-        """fp32 without TF32 on CUDA; PyTorch's native convolutions on CPU (see the module docstring)."""
-        if self.allow_tf32:
+        """fp32 without TF32 on CUDA; PyTorch's native convolutions on CPU (see the module docstring), and on CUDA
+        with `cudnn = False` (the codec worker's fallback when a cuDNN plan disagrees with them)."""
+        if self.allow_tf32 and self.cudnn:
             return contextlib.nullcontext()
         if self.device.type != "cuda":
             return native_cpu_convs()
         b = torch.backends.cudnn
-        return b.flags(enabled=b.enabled, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
+        return b.flags(enabled=b.enabled and self.cudnn, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
                        deterministic=b.deterministic, allow_tf32=False)
 
     # ---- decode ----

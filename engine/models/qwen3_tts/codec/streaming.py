@@ -138,4 +138,4 @@ class QwenStreamingDecoder(SlotArenaDecoder):
                         for s in self.states]
         return replay_diff(self.states, start_states, b,
                            lambda: self._stage(self._inputs[key], key, slots, codes, valid, starts),
-                           lambda: self._math(self._inputs[key], key), lambda: (graph.replay(), output)[1])
+                           lambda: self._eager(key), lambda: (graph.replay(), output)[1])
