@@ -1,11 +1,17 @@
 """Device script (one GPU): GPU memory of the codec worker's warm-up, bucket by bucket: the stateful decoder's CUDA
-graphs as `CodecWorker.warm_up` captures them (same buckets, same slot count as a server of `--max-streams`), with
-torch's allocator figures after each graph (allocated, reserved, and what the graphs' private pool holds).
+graphs as `CodecWorker.capture` records them (same buckets, same slot count as a server of `--max-streams`), with
+torch's allocator figures after each graph, and which buckets' replays differ from their eager steps.
 
-    python scripts/codec_capture_memory.py --model CHECKPOINT_DIR [--max-streams 256] [--out mem.json]
+    python scripts/codec_capture_memory.py --model CHECKPOINT_DIR | --random-v2 [--max-streams 256]
+        [--headroom-gb GB] [--memory-fraction F] [--no-cudnn] [--deterministic] [--out mem.json]
+    python scripts/codec_capture_memory.py ... --probe out.pt [--probe-buckets 16x2,64x25]
+    python scripts/codec_capture_memory.py compare a.pt b.pt ...
 
-Why: a served Qwen3-TTS 1.7B ran out of GPU memory in this warm-up on an H200 (110 GB in private pools) where the
-same tree's server started on an H100 (session 18). Prints one line per graph; writes JSON."""
+`--probe`: no capture; eager steps at each (streams x frames) bucket (fresh, then from state) and one-shot decodes of
+fixed codes, every convolution checked against PyTorch's native one (printed when off by > 1e-4 of peak or with
+> 8 GB reserved), saved for `compare` across processes run with different settings. Why: a served Qwen3-TTS 1.7B ran
+out of GPU memory in this warm-up on an H200 (110 GB in graph pools) and one cuDNN plan it ran there was wrong
+(session 18, engine/gpu_memory.py)."""
 
 from __future__ import annotations
 
