@@ -27,6 +27,7 @@ import torch
 
 from higgs_stream.bench.measure import timed
 from higgs_stream.engine.codec import Codec, CodecConfig, StreamingDecoder
+from higgs_stream.engine.gpu_memory import HEADROOM_GB, bound_process_memory
 
 WINDOW_CONTEXT = 10  # frames each side of a window today (the receptive field)
 WINDOW_NEW = 25
@@ -161,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         assert torch.cuda.is_available(), "the benchmark needs a CUDA GPU (or --tiny --device cpu)"
         torch.backends.cuda.matmul.allow_tf32 = False  # fc2 in strict fp32 too (cuDNN: codec.precision)
+        # cuDNN's plans picked within a served process's room, not the card's (engine/gpu_memory.py: a plan taken
+        # with ~80 GB free on an H200 was wrong): the timings are those of the kernels a server runs
+        bound_process_memory(device, HEADROOM_GB)
     batches = [int(b) for b in args.batches.split(",")]
     steps = [int(s) for s in args.steps.split(",")]
     result: dict[str, Any] = {"card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
