@@ -398,7 +398,9 @@ class CodecWorker:
 
     def warm_up(self) -> int:
         """GPU: capture the stateful decoder's steps per (streams, frames) bucket, and warm up (and
-        graph) the low-latency ramp windows' shapes. Returns the number of shapes prepared."""
+        graph) the low-latency ramp windows' shapes. With a memory headroom, every shape's convolutions pick
+        their cuDNN plans with little memory free first (engine/gpu_memory.py); the graphs are then checked
+        against PyTorch's native convolutions (`_check_against_native`). Returns the number of shapes prepared."""
         from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Window
 
         dec = self.code2wav.streaming
@@ -427,17 +429,7 @@ class CodecWorker:
             diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
-            self.native_check = dec.check_against_native() if dec.graphed else None
-            tolerance = NATIVE_TOLERANCE_TF32 if getattr(self.codec, "allow_tf32", False) else NATIVE_TOLERANCE
-            if self.native_check is not None and self.native_check > tolerance:
-                # never trade exactness for speed: a cuDNN plan on this card returns wrong sums (engine/gpu_memory.py)
-                log.error("the codec's graphs differ from the same steps on PyTorch's native convolutions by %.3g of "
-                          "peak: cuDNN is off for the codec (slower)", self.native_check)
-                self.codec.cudnn = False
-                dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
-                self.native_check = dec.check_against_native()
-            elif self.native_check is not None:
-                log.info("codec graphs vs PyTorch's native convolutions: max |d| %.3g of peak", self.native_check)
+            self._check_against_native(dec, frames, green)
             timings = getattr(dec, "timings", None)
             if timings:  # what a step costs on this card, smallest and largest bucket (operators' first look)
                 (b0, f0), (b1, f1) = min(timings), max(timings)
@@ -455,6 +447,23 @@ class CodecWorker:
                 else:  # never trade exactness for speed: decode eagerly
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count
+
+    def _check_against_native(self, dec, frames, green) -> None:
+        """The captured graphs of few rows x frames vs the same steps on PyTorch's native convolutions
+        (`check_against_native`): above the tolerance a cuDNN plan on this card returns wrong sums, and the codec
+        decodes with cuDNN off from then on (exact, slower; graphs captured again): never trade exactness for speed."""
+        self.native_check = dec.check_against_native() if dec.graphed else None
+        if self.native_check is None:
+            return
+        tolerance = NATIVE_TOLERANCE_TF32 if getattr(self.codec, "allow_tf32", False) else NATIVE_TOLERANCE
+        if self.native_check <= tolerance:
+            log.info("codec graphs vs PyTorch's native convolutions: max |d| %.3g of peak", self.native_check)
+            return
+        log.error("the codec's graphs differ from the same steps on PyTorch's native convolutions by %.3g of peak: "
+                  "cuDNN is off for the codec (slower)", self.native_check)
+        self.codec.cudnn = False
+        dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
+        self.native_check = dec.check_against_native()
 
 
 def frame_buckets(geometry, steady: int) -> tuple[int, ...]:
