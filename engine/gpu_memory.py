@@ -23,7 +23,9 @@ then the process is capped at what it holds plus the runtime headroom (HEADROOM_
 convolution can take a workspace larger than these, and the codec's graph pools no longer grow with the
 card (the Higgs v2 codec's held 48.5 GB after the warm-up on the H200 without a
 bound, 132 GB during it). Runtime allocations beyond the bound (an eager step's activations, a reference
-clip's encode) raise torch.OutOfMemoryError, which fails that request: the headroom must hold them.
+clip's encode) raise torch.OutOfMemoryError, which fails that request: the headroom must hold them. Behind
+the bound, the codec worker checks its graphs against PyTorch's native convolutions at start-up and decodes with
+cuDNN off where a plan still disagrees (stream/codec_worker.py).
 """
 
 from __future__ import annotations
