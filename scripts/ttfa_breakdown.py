@@ -1,7 +1,7 @@
 """Where each stream's time to first audio went, from `serve --trace-out FILE`: the engine steps and
 codec calls between its first text and its first audio, and the time covered by neither.
 
-    python scripts/ttfa_breakdown.py trace.json [--json out.json]
+    python scripts/ttfa_breakdown.py trace.json [--split-gap 1.5] [--json out.json]
 
 Meaningful for streams that ran alone or nearly (open loop at a low rate): under load every stream
 shares every step. Prints the median over streams of each part, in ms."""
@@ -43,6 +43,7 @@ def breakdown(events: list[list]) -> list[dict]:
         others = [o for o in streams if o[1] != said and o[1] < first and o[3] > said]
         rows.append({
             "alone": not others,
+            "said_s": said,  # the first text's time (the trace's monotonic clock): rows are in this order
             "ttfa_ms": 1e3 * (first - said),
             "steps": len(own_steps),
             "prefill_steps": sum(1 for s in own_steps if len(s) > 6 and s[6] > 0),
@@ -75,20 +76,45 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the per-stream rows and medians here")
     ap.add_argument("--alone", action="store_true",
                     help="only streams no other stream overlapped from first text to first audio")
+    ap.add_argument("--split-gap", type=float, default=None, metavar="S",
+                    help="a breakdown per group of streams, split where no stream arrived for S seconds (the load "
+                         "generator's scenarios, one after the other)")
     args = ap.parse_args()
     with open(args.trace) as f:
         rows = [r for r in breakdown(json.load(f)["events"]) if r["alone"] or not args.alone]
     if not rows:
         raise SystemExit("no stream with first audio in the trace")
-    keys = [k for k in rows[0] if k != "alone"]
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # all-NaN columns of traces without frame0 events
-    med = {k: float(np.nanmedian([r[k] for r in rows])) for k in keys}
-    p95 = {k: float(np.nanpercentile([r[k] for r in rows], 95)) for k in keys}
-    print(f"{len(rows)} streams; medians: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
-    print("p95: " + ", ".join(f"{k} {v:.1f}" for k, v in p95.items()))
+    groups = split_at_gaps(rows, args.split_gap) if args.split_gap else [rows]
+    out = []
+    for group in groups:
+        med, p95 = summary(group)
+        if len(groups) > 1:
+            print(f"-- {len(group)} streams arriving over {group[-1]['said_s'] - group[0]['said_s']:.1f} s")
+        print(f"{len(group)} streams; medians: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
+        print("p95: " + ", ".join(f"{k} {v:.1f}" for k, v in p95.items()))
+        out.append({"median": med, "p95": p95, "streams": group})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"median": med, "p95": p95, "streams": rows}, f, indent=1)
+            json.dump(out[0] if len(out) == 1 else {"groups": out}, f, indent=1)
+
+
+def split_at_gaps(rows: list[dict], gap_s: float) -> list[list[dict]]:
+    """Rows (in arrival order) in groups split where the next stream's first text came more than gap_s later."""
+    groups = [[rows[0]]]
+    for prev, row in zip(rows, rows[1:]):
+        if row["said_s"] - prev["said_s"] > gap_s:
+            groups.append([])
+        groups[-1].append(row)
+    return groups
+
+
+def summary(rows: list[dict]) -> tuple[dict, dict]:
+    """Median and p95 over the rows of every part (NaN-aware)."""
+    keys = [k for k in rows[0] if k not in ("alone", "said_s")]
+    med = {k: float(np.nanmedian([r[k] for r in rows])) for k in keys}
+    p95 = {k: float(np.nanpercentile([r[k] for r in rows], 95)) for k in keys}
+    return med, p95
 
 
 if __name__ == "__main__":
