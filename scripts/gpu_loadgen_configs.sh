@@ -42,6 +42,10 @@ run() {  # label flags: one fresh server, the scenarios against it (from $rundir
     --spawn-log "$OUT/server_$label.log" --spawn-timeout 240 --time-budget $(( left - 60 )) --open-rates "${OPEN_RATES-}" \
     --closed "${CLOSED-128}" --duration "${DURATION:-10}" --ramp "${RAMP:-1}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
     --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /")
+  if [ ! -s "$OUT/lg_$label.json" ]; then  # the server never served (session 18: out of memory at its warm-up)
+    echo "$label: no result; the server log's last unindented lines:"
+    grep -v '^[[:space:]]' "$OUT/server_$label.log" 2>/dev/null | tail -3 | cut -c1-300
+  fi
   port=$(( port + 1 ))
 }
 IFS=';' read -ra configs <<< "${CONFIGS:?set CONFIGS=label=flags;...}"
