@@ -17,6 +17,7 @@ from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.step_graphs import (
     bucket_keys,
     capture_checked,
+    checked_replays,
     input_size,
     replay_seconds,
     smallest_bucket,
@@ -193,17 +194,13 @@ class SlotArenaDecoder:
         that returns wrong sums shows here far above fp32 rounding (engine/gpu_memory.py: 0.21 of peak on an H200);
         larger buckets are left out (the native convolutions are slow and take much memory there)."""
         keys = [k for k in self._graphs if k[0] * k[1] <= max_row_frames]
-        if not keys:
-            return 0.0
-        saved = [s.clone() for s in self.states]
         self._native_reference = True
         try:
             with torch.no_grad(), self.codec.precision():
-                return max(self._check_graph(k, self._graphs[k], self._outputs[k]) for k in keys)
+                return max(checked_replays(keys, self._graphs, self._outputs, self._check_graph, self.states),
+                           default=0.0)
         finally:
             self._native_reference = False
-            for s, old in zip(self.states, saved):
-                s.copy_(old)
 
     def run_padding_steps(self, batch_buckets: Sequence[int], frame_buckets: Sequence[int]) -> int:
         """One eager step of padding rows (they touch only the scratch slot) at every (B, C) bucket shape, largest

@@ -109,6 +109,18 @@ def replay_diff(states: Sequence[torch.Tensor], start_states: Sequence[torch.Ten
     return max([_rel(got, want)] + [_rel(g, w) for g, w in zip(got_states, want_states)])
 
 
+def checked_replays(keys: Sequence[Key], graphs: dict[Key, torch.cuda.CUDAGraph], outputs: dict[Key, torch.Tensor],
+                    check: Callable[[Key, torch.cuda.CUDAGraph, torch.Tensor], float],
+                    states: Sequence[torch.Tensor]) -> list[float]:
+    """`check(key, graph, output)` of each key's graph (max |d| / peak), the arena `states` restored after."""
+    saved = [s.clone() for s in states]
+    try:
+        return [check(key, graphs[key], outputs[key]) for key in keys]
+    finally:
+        for s, old in zip(states, saved):
+            s.copy_(old)
+
+
 def capture_checked(keys: Sequence[Key], stage_dummy: Callable[[Key], None], body: Callable[[Key], torch.Tensor],
                     check: Callable[[Key, torch.cuda.CUDAGraph, torch.Tensor], float],
                     states: Sequence[torch.Tensor], device: torch.device, stream: torch.cuda.Stream | None,
@@ -118,13 +130,7 @@ def capture_checked(keys: Sequence[Key], stage_dummy: Callable[[Key], None], bod
     outputs, the largest check); above CAPTURE_TOLERANCE no graphs (logged: `what` graphs differ).
     Run it under the decoder's no_grad / precision context."""
     captured, outputs = capture_buckets(keys, stage_dummy, body, device, stream)
-    saved = [s.clone() for s in states]
-    try:
-        checks = [check(key, captured[key], outputs[key]) for key in keys]
-    finally:
-        for s, old in zip(states, saved):
-            s.copy_(old)
-    worst = max(checks, default=0.0)
+    worst = max(checked_replays(keys, captured, outputs, check, states), default=0.0)
     if worst > CAPTURE_TOLERANCE:
         log.error("%s graphs differ from the eager step by %.3g of peak; decoding eagerly", what, worst)
         return {}, {}, worst
