@@ -38,6 +38,19 @@ from torch import nn
 ENCODE_CACHE_SIZE = 32
 
 
+def codec_convs(device: torch.device, allow_tf32: bool, cudnn: bool) -> contextlib.AbstractContextManager:
+    """The convolution settings a codec decodes under (both families' `precision()`): on CUDA fp32 without TF32 (or,
+    `allow_tf32`, as torch is set), on cuDNN unless `cudnn` is False (PyTorch's native kernels then, fp32); on CPU
+    PyTorch's native kernels (`native_cpu_convs`)."""
+    if allow_tf32 and cudnn:
+        return contextlib.nullcontext()
+    if device.type != "cuda":
+        return native_cpu_convs()
+    b = torch.backends.cudnn
+    return b.flags(enabled=b.enabled and cudnn, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
+                   deterministic=b.deterministic, allow_tf32=False)
+
+
 @contextlib.contextmanager
 def native_cpu_convs():
     """Route CPU convolutions to PyTorch's native kernels for the duration (restores the flag)."""
@@ -134,13 +147,7 @@ class Codec(nn.Module):
         `allow_tf32=True` opts out of both for speed. `cudnn = False`: PyTorch's native CUDA convolutions
         instead of cuDNN's (the codec worker's fallback when a cuDNN plan disagrees with them, stream/codec_worker.py).
         """
-        if self.allow_tf32 and self.cudnn:
-            return contextlib.nullcontext()
-        if self.device.type != "cuda":
-            return native_cpu_convs()
-        b = torch.backends.cudnn
-        return b.flags(enabled=b.enabled and self.cudnn, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
-                       deterministic=b.deterministic, allow_tf32=False)
+        return codec_convs(self.device, self.allow_tf32, self.cudnn)
 
     def streaming_decoder(self, max_slots: int):
         """The exact incremental decoder over this codec (engine/codec/streaming.py), `max_slots` streams."""

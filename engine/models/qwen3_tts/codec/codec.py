@@ -27,7 +27,7 @@ from torch import nn
 from higgs_stream.engine.codec.audio_io import DEFAULT_MAX_SECONDS, to_codec_rate, validate_waveform
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.engine.codec.codec import native_cpu_convs
+from higgs_stream.engine.codec.codec import codec_convs
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.decoder import QwenDecoder, zero_states
 from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
@@ -97,13 +97,7 @@ class QwenCodec(nn.Module):
     def precision(self) -> contextlib.AbstractContextManager:
         """fp32 without TF32 on CUDA; PyTorch's native convolutions on CPU (see the module docstring), and on CUDA
         with `cudnn = False` (the codec worker's fallback when a cuDNN plan disagrees with them)."""
-        if self.allow_tf32 and self.cudnn:
-            return contextlib.nullcontext()
-        if self.device.type != "cuda":
-            return native_cpu_convs()
-        b = torch.backends.cudnn
-        return b.flags(enabled=b.enabled and self.cudnn, benchmark=b.benchmark, benchmark_limit=b.benchmark_limit,
-                       deterministic=b.deterministic, allow_tf32=False)
+        return codec_convs(self.device, self.allow_tf32, self.cudnn)
 
     # ---- decode ----
     @torch.no_grad()
