@@ -414,18 +414,21 @@ class CodecWorker:
                 lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
             k = self.code2wav.geometry.num_codebooks
 
-            def eager_shapes() -> None:  # every shape's first call: its convolutions pick their cuDNN plans
-                dec.run_padding_steps(CODEC_BATCH_BUCKETS, frames)
+            def windows() -> None:  # every ramp window shape once, eagerly
                 for b in CODEC_WINDOW_BUCKETS:
                     for w in sorted(lengths):
                         self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
 
-            if self.memory_headroom_gb is not None:  # the plans picked with little memory free, then the graphs
-                # captured from them with room for their activations (engine/gpu_memory.py)
-                with_plan_headroom(self.device, eager_shapes)
+            def every_shape() -> None:  # each shape's first call: its convolutions pick their cuDNN plans
+                dec.run_padding_steps(CODEC_BATCH_BUCKETS, frames)
+                windows()
+
+            if self.memory_headroom_gb is None:
+                windows()  # (capture's own warm-up runs pick the stateful steps' plans)
+            else:  # the plans picked with little memory free, then the graphs captured from them with room for
+                # their activations (engine/gpu_memory.py)
+                with_plan_headroom(self.device, every_shape)
                 bound_process_memory(self.device, max(self.memory_headroom_gb, WARMUP_HEADROOM_GB))
-            else:
-                eager_shapes()
             diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
