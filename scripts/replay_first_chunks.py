@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
-from higgs_stream.stream.config import FAMILY_DEFAULT, ServerConfig
+from higgs_stream.stream.config import FAMILY_DEFAULT
 from higgs_stream.stream.pacing import LoopModel, PacingConfig
 from higgs_stream.stream.pipeline import Pipeline, frames_to_cover
 
@@ -35,7 +35,7 @@ FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: 
 ARRIVAL_WINDOW_S = 1.0
 
 
-def replay(events: list, horizon_s: float | None, max_first_chunk: int = ServerConfig.max_first_chunk,
+def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_DEFAULT["max_first_chunk"],
            ramp_repeat: int = FAMILY_DEFAULT["ramp_repeat"], frame_s: float = FRAME_S,
            first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"],
            admit_ratio: float | None = PacingConfig.admit_ratio) -> list[dict]:
@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("loadgen", nargs="?")
     ap.add_argument("--scenario", default=None)
     ap.add_argument("--horizon-s", type=float, default=None)
-    ap.add_argument("--max-first-chunk", type=int, default=ServerConfig.max_first_chunk)
+    ap.add_argument("--max-first-chunk", type=int, default=FAMILY_DEFAULT["max_first_chunk"])
     ap.add_argument("--ramp-repeat", type=int, default=FAMILY_DEFAULT["ramp_repeat"],
                     help="the server's setting (default: the Higgs families'; Qwen3-TTS and traces from before "
                          "session 16: 1)")

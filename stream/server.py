@@ -335,8 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(--no-triton-ranged-decode: FlashInfer's CUDA-core decode there)")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
-                             "longest codec call before chunk 1), up to this many frames (default %(default)s; each "
-                             "frame adds one engine step of TTFA)")
+                             "longest codec call before chunk 1), up to this many frames (default: the family's, 10 for "
+                             "Higgs v2/v3, 8 for Qwen3-TTS; each frame adds one engine step of TTFA)")
     parser.add_argument("--first-chunk-margin", type=float, default=d.first_chunk_margin, metavar="K",
                         help="exact mode: size the first chunk for K x the longest recent codec call (default: the "
                              "family's, 3 for Higgs v2/v3, 1 for Qwen3-TTS; in 256-stream bursts the calls during a first "

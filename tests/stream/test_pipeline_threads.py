@@ -257,7 +257,8 @@ async def test_saturated_engine_refuses_new_streams():
 
 async def test_first_chunk_grows_with_the_measured_jitter():
     """Idle: the default schedule (a 1-frame first chunk). Loaded: the first chunk covers three
-    times (engine loop + codec call), then doubles to 25 frames; never more than 8 frames. (The plain doubling ramp
+    times (engine loop + codec call), then doubles to 25 frames; never more than 10 frames (the Higgs families' cap;
+    an engine that names no family gets theirs). (The plain doubling ramp
     sized for the recent peak call: ramp_repeat 1, first_chunk_margin 1; the defaults are in the tests below.)"""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
@@ -269,7 +270,7 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "exact"
     assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
     p.codec_worker.call_s = 1.0
-    assert p.adapter_config("exact").schedule[0] == 8
+    assert p.adapter_config("exact").schedule[0] == 10
     # a long call in flight delays chunk 1 but not chunk 0: 3 frames must cover 6 loops + the call
     p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080  # 3 x 20 ms of mean jitter: 2 frames
     assert p.adapter_config("exact").schedule[0] == 4  # 80 ms / (40 - 2 x 10 ms) = 4 frames
@@ -277,7 +278,7 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     assert p.adapter_config("exact").schedule[0] == 2  # 30 / 20 = 1.5 -> 2: the mean rule's 2 stands
     p.loop_model.observe(64, 0.030)  # a loop of ~20 ms or more: a frame cannot cover two loops
     p.loop_model.last_s = 0.025
-    assert p.adapter_config("exact").schedule[0] == 8
+    assert p.adapter_config("exact").schedule[0] == 10
 
 
 async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_steps():
@@ -293,7 +294,7 @@ async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_step
     assert p.adapter_config("exact").schedule == (3, 3, 6, 12, 24, 25)  # 80 ms / (40 - 10 ms) -> 3 (doubling: 4)
     p.loop_model.observe(64, 0.030)
     p.loop_model.last_s = 0.045  # a loop longer than a frame: chunk 1's steps cannot be covered
-    assert p.adapter_config("exact").schedule[:2] == (8, 8)
+    assert p.adapter_config("exact").schedule[:2] == (10, 10)  # the cap
     with pytest.raises(ConfigError, match="ramp_repeat"):
         ServerConfig(ramp_repeat=0)
 
@@ -313,8 +314,9 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
 
 async def test_each_family_gets_its_own_serving_defaults():
     """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
-    first_chunk_margin 3 and no codec cap (v2's 256-stream bursts); Qwen3-TTS 1 / 1 and the codec cap 12 ms held while
-    a listener has < 0.2 s of audio (its 20 req/s TTFA). A set value wins for any family; 0 turns the cap off."""
+    first_chunk_margin 3, first chunks of up to 10 frames and no codec cap (v2's 256-stream bursts); Qwen3-TTS 1 / 1,
+    up to 8 frames and the codec cap 12 ms held while a listener has < 0.2 s of audio (its 20 req/s TTFA). A set value
+    wins for any family; 0 turns the cap off."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     def pipeline(arch, **cfg):
@@ -330,11 +332,16 @@ async def test_each_family_gets_its_own_serving_defaults():
         assert (p.cfg.ramp_repeat, p.cfg.first_chunk_margin) == (2, 3.0)
         assert p.adapter_config("exact").schedule == (8, 8, 16, 25)  # 3 x 80 ms / (40 - 10 ms) = 8
         assert p.cfg.codec_starting_ms is None and p.codec_worker.starting_s is None  # no codec cap
+        p.codec_worker.call_peak_s = 0.300  # a burst's calls: the rule asks for 30 frames, the family's cap holds
+        assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
     q = pipeline("qwen3-tts")
     assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
     assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4
     assert q.codec_worker.starting_s == pytest.approx(0.012) and q.cfg.codec_starting_ahead_s == 0.2
     assert q.codec_worker.starting.__func__ is Pipeline._ramping  # the cap holds through first chunks
+    q.codec_worker.call_peak_s = 0.300
+    assert q.cfg.max_first_chunk == 8 and q.adapter_config("exact").schedule == (8, 16, 25)
+    assert pipeline("v2", max_first_chunk=6).cfg.max_first_chunk == 6
     assert pipeline("qwen3-tts", ramp_repeat=2, first_chunk_margin=3.0).adapter_config("exact").schedule[:2] == (8, 8)
     assert pipeline("v2", ramp_repeat=1, first_chunk_margin=1.0).adapter_config("exact").schedule[0] == 4
     off = pipeline("qwen3-tts", codec_starting_ms=0)  # the family's cap turned off: its ahead goes too
@@ -354,10 +361,11 @@ async def test_each_family_gets_its_own_serving_defaults():
 
 async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
     """A loop longer than half a frame leaves chunk 0's frames nothing to cover chunk 1's two-chunk-0s of steps: the
-    first chunk takes the cap, the configured one (8 by default, 16 here), then doubles from there."""
+    first chunk takes the cap, the configured one (the Higgs families' 10 by default, 8 and 16 here), then doubles from
+    there."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
-    for cap, want in ((ServerConfig().max_first_chunk, (8, 16, 25)), (16, (16, 25))):
+    for cap, want in ((None, (10, 20, 25)), (8, (8, 16, 25)), (16, (16, 25))):
         p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(max_first_chunk=cap, ramp_repeat=1))
         p.loop_model.observe(64, 0.025)
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
