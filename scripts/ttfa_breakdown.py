@@ -2,6 +2,7 @@
 codec calls between its first text and its first audio, and the time covered by neither.
 
     python scripts/ttfa_breakdown.py trace.json [--split-gap 1.5] [--json out.json]
+    python scripts/ttfa_breakdown.py trace.json --beside-calls 100,140   # decode steps of 100-140 rows by codec call
 
 Meaningful for streams that ran alone or nearly (open loop at a low rate): under load every stream
 shares every step. Prints the median over streams of each part, in ms."""
@@ -13,6 +14,8 @@ import json
 import warnings
 
 import numpy as np
+
+from higgs_stream.bench.trace import steps_beside_calls
 
 
 def breakdown(events: list[list]) -> list[dict]:
@@ -79,9 +82,19 @@ def main() -> None:
     ap.add_argument("--split-gap", type=float, default=None, metavar="S",
                     help="a breakdown per group of streams, split where no stream arrived for S seconds (the load "
                          "generator's scenarios, one after the other)")
+    ap.add_argument("--beside-calls", default=None, metavar="LO,HI",
+                    help="instead: decode-only steps of LO..HI rows grouped by the largest codec call beside them "
+                         "(higgs_stream.bench.steps_beside_calls: what GPU contention costs the talker)")
     args = ap.parse_args()
     with open(args.trace) as f:
-        rows = [r for r in breakdown(json.load(f)["events"]) if r["alone"] or not args.alone]
+        events = json.load(f)["events"]
+    if args.beside_calls:
+        lo, hi = (int(x) for x in args.beside_calls.split(","))
+        for g in steps_beside_calls(events, rows=(lo, hi)):
+            print(f"{g['beside']:>16}: {g['steps']:5d} steps, wall p50 / p95 {g['step_ms_p50']:.1f} / {g['step_ms_p95']:.1f} ms, "
+                  f"device wait p50 / p95 {g['wait_ms_p50']:.1f} / {g['wait_ms_p95']:.1f} ms")
+        return
+    rows = [r for r in breakdown(events) if r["alone"] or not args.alone]
     if not rows:
         raise SystemExit("no stream with first audio in the trace")
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # all-NaN columns of traces without frame0 events

@@ -98,3 +98,23 @@ def test_kernel_groups_name_the_decode_steps_kernels():
     assert kernel_group("sample_rows_kernel") == "sampling"
     assert kernel_group("silu_and_mul_kernel") == "activation"
     assert kernel_group("void at::native::vectorized_elementwise_kernel<4, ...>") == "other"
+
+
+def test_steps_are_grouped_by_the_largest_codec_call_beside_them():
+    """steps_beside_calls: decode-only steps in the row range, by the largest overlapping call's frames."""
+    from higgs_stream.bench import steps_beside_calls
+
+    trace = [("codec", 0.010, 0.050, 64, 1600, 1), ("codec", 0.060, 0.062, 2, 50, 2),
+             ("step", 0.000, 0.004, 0.005, 128, 0.001, 0),  # before any call
+             ("step", 0.005, 0.044, 0.045, 128, 0.040, 0),  # beside the 1600-frame call (it starts in the step)
+             ("step", 0.045, 0.054, 0.055, 128, 0.008, 0),  # the big call's tail
+             ("step", 0.055, 0.063, 0.064, 120, 0.003, 0),  # beside the small one only
+             ("step", 0.064, 0.069, 0.070, 128, 0.001, 3),  # prompt chunks: left out
+             ("step", 0.070, 0.075, 0.076, 16, 0.001, 0)]  # outside the row range
+    got = {g["beside"]: g for g in steps_beside_calls(trace, rows=(100, 140))}
+    assert set(got) == {"none", "0-399 frames", ">=1200 frames"}
+    assert got["none"]["steps"] == 1 and got["none"]["step_ms_p50"] == pytest.approx(5.0)
+    assert got["0-399 frames"]["steps"] == 1 and got["0-399 frames"]["wait_ms_p95"] == pytest.approx(3.0)
+    big = got[">=1200 frames"]
+    assert big["steps"] == 2 and big["step_ms_p50"] == pytest.approx(25.0) and big["wait_ms_p50"] == pytest.approx(24.0)
+    assert steps_beside_calls([], rows=(100, 140)) == []

@@ -24,8 +24,8 @@ from higgs_stream.bench.measure import log
 from higgs_stream.bench.model import FRAMES, TEXT, TOP_K
 from higgs_stream.bench.parity import greedy_batch_parity
 from higgs_stream.bench.stream import SAMPLE_RATE, ab_variants, stream_bench
-from higgs_stream.bench.trace import trace_summary
+from higgs_stream.bench.trace import steps_beside_calls, trace_summary
 
 __all__ = ["FRAMES", "SAMPLE_RATE", "TEXT", "TOP_K", "ab_variants", "codec_timings", "codec_variants",
            "copy_bandwidth", "decode_sweep", "greedy_batch_parity", "log", "main", "profile_decode",
-           "stream_bench", "summarize", "trace_summary", "transformers_baseline"]
+           "steps_beside_calls", "stream_bench", "summarize", "trace_summary", "transformers_baseline"]

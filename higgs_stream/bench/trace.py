@@ -4,6 +4,8 @@ a codec call, and garbage collections (every thread waits for each)."""
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -81,3 +83,31 @@ def _replay_summary(replays: list[tuple], calls: list[tuple]) -> dict:
     return {"replay_ms_mean": float(ms.mean()), "replay_rows_mean": float(rows.mean()),
             "replay_ms_beside_codec": float(ms[beside].mean()) if beside.any() else None,
             "replay_ms_alone": float(ms[~beside].mean()) if (~beside).any() else None}
+
+
+def steps_beside_calls(trace: list, rows: tuple[int, int] = (0, 1 << 30),
+                       frame_bins: tuple[int, ...] = (400, 1200)) -> list[dict]:
+    """Decode-only engine steps of `rows` (lo, hi inclusive) rows, grouped by the largest codec call (in frames)
+    that overlapped them: none, below each of `frame_bins`, at or above the last. Per group: how many steps, their
+    wall time and device wait, p50 and p95 (ms). What GPU contention costs the talker beside the codec: its stream has
+    the higher priority, but each of a step's short kernels waits for codec blocks to retire (docs/PERF.md, session 19)."""
+    steps = [t for t in trace if t[0] == "step" and rows[0] <= t[4] <= rows[1] and not (len(t) > 6 and t[6])]
+    calls = sorted((t for t in trace if t[0] == "codec"), key=lambda t: t[1])
+    edges = [0, *frame_bins]
+    names = ["none"] + [f"{lo}-{hi - 1} frames" for lo, hi in zip(edges, edges[1:])] + [f">={edges[-1]} frames"]
+    groups: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    starts = [c[1] for c in calls]
+    for s in steps:  # a call overlaps a step when it starts before the step ends and ends after it starts; one codec
+        # thread runs calls one after another, so only the call running at the step's start and those starting in it can
+        near = calls[max(0, bisect.bisect_right(starts, s[1]) - 1):bisect.bisect_left(starts, s[3])]
+        frames = max((c[4] for c in near if c[1] < s[3] and c[2] > s[1]), default=None)
+        name = names[0] if frames is None else names[1 + int(np.searchsorted(frame_bins, frames, side="right"))]
+        groups[name].append(((s[3] - s[1]) * 1e3, s[5] * 1e3))
+    out = []
+    for name, xs in groups.items():
+        if xs:
+            a = np.asarray(xs)
+            out.append({"beside": name, "steps": len(a),
+                        "step_ms_p50": float(np.percentile(a[:, 0], 50)), "step_ms_p95": float(np.percentile(a[:, 0], 95)),
+                        "wait_ms_p50": float(np.percentile(a[:, 1], 50)), "wait_ms_p95": float(np.percentile(a[:, 1], 95))})
+    return out
