@@ -39,7 +39,8 @@ from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigErr
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerLike
 from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, RowOut, Runner
+from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig
+from higgs_stream.engine.runner import RowOut, Runner
 from higgs_stream.engine.quantize import check_fp8_device, check_mode, check_supported, quantize_talker
 from higgs_stream.kernels.attention import FP8_KV
 from higgs_stream.engine.ref_runner import RefRunner

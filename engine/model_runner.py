@@ -3,7 +3,7 @@
     stage inputs -> forward (graph replay on decode-only steps) -> sample + the family's row rules
     -> one async copy of the new rows -> (next call) the rows, for the engine's writers
 
-`Runner` is what the engine (engine.py) calls; two implement it, the way kernels/ keeps a plain
+`Runner` (runner.py) is what the engine (engine.py) calls; two implement it, the way kernels/ keeps a plain
 `*_ref` beside each fast kernel:
 
 * `ModelRunner` (this module): the fast path. Per-stream generation state (last row, ramp/EOS
@@ -16,7 +16,8 @@
   tests compare against, and the CPU path.
 
 The host runs one step ahead of the device's results: `run()` launches step t, then waits for step
-t-1's rows (already copied to pinned memory while step t ran) and returns them. A sequence that
+t-1's rows (already copied to pinned memory while step t ran) and returns them (launch_queue.py keeps the
+launches in flight). A sequence that
 finished at t-1 is therefore scheduled once more at t; the device ignores that row (and the KV
 commitment has one position of slack for it, `kv_slack`).
 
@@ -45,7 +46,7 @@ step t, a prompt that arrives is prefilled (and its first row sampled and comple
 its own queued right behind step t + 1: its first frame comes one decode step sooner, and the device
 does the same work in the same order otherwise. Every wait takes them (a prompt arriving after another's
 late launch, or while the engine holds, gets a launch of its own too), but at most `LATE_PER_STEP`
-between two regular launches (so arrivals cannot hold decode steps back for long), and a regular step is
+between two regular launches (launch_queue.py; so arrivals cannot hold decode steps back for long), and a regular step is
 launched only while at most one launch is in flight, so a sequence is still scheduled at most once after
 its end (`LAG_SLACK`). The engine offers none while its newest regular step carries prompt chunks (unless
 `EngineConfig.late_prompts_in_bursts`): in a burst of arrivals they ride the next regular step, packed.
@@ -61,10 +62,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -73,13 +71,15 @@ from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS,
                                              PrefillGraphs, PromptEndGraphs, decode_step)
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.engine.family import GenerationPolicy, ModelFamily, Row
+from higgs_stream.engine.family import GenerationPolicy, ModelFamily
 from higgs_stream.engine.fast_talker import CUDA_CORE_GEMV_ROWS, FUSE_FP8_QUANT, FastInputs, FastTalker, KernelUnavailable
-from higgs_stream.engine.gpu_sampling import ERROR, IGNORED, RUNNING, STATUS_REASON, DeviceStreamState, StreamStart
+from higgs_stream.engine.gpu_sampling import DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.launch_queue import Launched, LaunchQueue
 from higgs_stream.engine.quantize import check_fp8_device
 from higgs_stream.engine.request import GenerationRequest
-from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, Scheduler, SchedulerConfig
+from higgs_stream.engine.runner import LateCall, RowOut, samples_at
+from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, SchedulerConfig
 from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels._triton import KernelUnavailableError
@@ -90,64 +90,13 @@ from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostC
 MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
-LATE_POLL_S = 5e-4  # while waiting for a step: how often the host looks at its event when no prompt arrives
-LATE_PER_STEP = 2  # late launches between two regular launches: what arrivals may put before the next decode
-HOST_ROWS = 4  # pinned row buffers: launches in flight (a regular launch is made with <= 1 in flight, then <= 2 late)
-LateCall = Callable[[float], list[Chunk]]  # late(timeout_s): prompts arrived meanwhile, admitted and planned
 
 log = logging.getLogger(__name__)
-
-
-# ------------------------------------------------------------------------------ the contract
-class RowOut(NamedTuple):
-    """What a step did for one sequence: the rows it emitted, in order, and its end if it ended."""
-
-    seq: Sequence
-    rows: list[Row]
-    end: str | None = None  # "stop" | "length" | "error"
-    error: str | None = None  # the message when end == "error"
-
-
-class Runner(Protocol):
-    """What the engine calls per step; `ModelRunner` (fast path) or `RefRunner` (plain torch)."""
-
-    kv_slack: int  # KV positions a sequence may be scheduled for beyond `max_kv_tokens`
-    wait_s: float  # host seconds spent waiting for the device so far (benchmarks)
-    last_prefill: int  # prompt chunks in the last launched step (benchmarks)
-
-    def make_scheduler(self, config: SchedulerConfig) -> Scheduler: ...
-
-    def check(self, request: GenerationRequest) -> None: ...  # InvalidInputError for what it cannot serve
-
-    def run(self, plan: list[Chunk], sync: bool = False, late: LateCall | None = None) -> list[RowOut]: ...
-    # the rows that are ready (maybe a step late; sync: this step's own rows too, nothing left in flight;
-    # late: prompts that arrive while the host waits, launched at once: `late_prompts` runners only)
-
-    @property
-    def busy(self) -> bool: ...  # results still in flight
-
-    @property
-    def in_flight(self) -> int: ...  # launches whose rows are not collected yet
-
-    @property
-    def late_prompts(self) -> bool: ...  # run() can take `late`
-
-    def release(self, seq: Sequence) -> None: ...  # the sequence ended: free what the runner holds for it
 
 
 def _text_ids(decode: list[Chunk]) -> list[int]:
     """Each decode row's text-track id (family.Prompt.step_text_id of its step)."""
     return [c.seq.prompt.step_text_id(c.start - c.seq.prompt_len) for c in decode]
-
-
-def _distinct_seqs(chunks: list[Chunk]) -> list[Sequence]:
-    return list({id(c.seq): c.seq for c in chunks}.values())
-
-
-def samples_at(c: Chunk, policy: GenerationPolicy) -> bool:
-    """Whether this chunk's last position is sampled: every decode step, and the prompt end if the
-    family samples there."""
-    return not c.prefill or (c.last_of_prompt and policy.sample_at_prompt_end)
 
 
 # ------------------------------------------------------------------------------ the fast path
@@ -212,15 +161,6 @@ class ModelRunnerConfig:
         for name in ("tensor_core_decode_from", "triton_decode_from"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
-
-
-@dataclass
-class _Launched:
-    """A step whose decode rows are still on their way to the host."""
-
-    seqs: list[Sequence]  # sampled rows (prompt ends, then decode tokens), in packed-row order
-    host: torch.Tensor  # [B, K + 1] pinned view being filled
-    done: torch.cuda.Event | None
 
 
 class ModelRunner:
@@ -292,15 +232,8 @@ class ModelRunner:
                                                 max_prompts=self.config.prefill_pack)
             with torch.no_grad():
                 self.prefill_graphs.capture()
-        k = cfg.num_codebooks
-        pin = dev.type == "cuda"
-        self._host = [torch.zeros((max_batch, k + 1), dtype=torch.long, pin_memory=pin) for _ in range(HOST_ROWS)]
-        self._next_host = 0
-        self._flight: deque[_Launched] = deque()  # launched, rows not collected, oldest first
-        self.late_launches = 0  # prompt-only launches made while waiting (late_prompts)
-        self._lates = 0  # late launches since the last regular launch (<= LATE_PER_STEP)
+        self.queue = LaunchQueue(dev, max_batch, cfg.num_codebooks, self._launch_prompts)  # launches in flight
         self._staged: torch.cuda.Event | None = None  # the last step's host->device inputs were consumed
-        self.wait_s = 0.0  # host time spent waiting for the device (benchmarks: host-bound or device-bound)
         self.replay_events: list | None = None  # benchmarks: (start, end) CUDA events around each decode replay
         self.last_prefill = 0  # prompt chunks in the last launched step
 
@@ -331,11 +264,21 @@ class ModelRunner:
 
     @property
     def busy(self) -> bool:
-        return bool(self._flight)
+        return len(self.queue) > 0
 
     @property
     def in_flight(self) -> int:
-        return len(self._flight)
+        return len(self.queue)
+
+    @property
+    def wait_s(self) -> float:
+        """Host time spent waiting for the device (benchmarks: host-bound or device-bound)."""
+        return self.queue.wait_s
+
+    @property
+    def late_launches(self) -> int:
+        """Prompt-only launches made while waiting (late_prompts)."""
+        return self.queue.late_launches
 
     @property
     def late_prompts(self) -> bool:
@@ -345,51 +288,9 @@ class ModelRunner:
 
     def run(self, plan: list[Chunk], sync: bool = False, late: LateCall | None = None) -> list[RowOut]:
         """Launch this step (if anything is planned), then return the rows of what was in flight before it
-        (the oldest launch only, when the engine planned nothing because two were in flight); `sync`: every
-        launch's rows, this step's too, and nothing stays in flight. `late`: called while the host waits,
-        it returns prompts that arrived meanwhile (admitted and planned), launched at once (`late_prompts`;
-        in a synchronous step too: their first rows then come with this call, right after the step's)."""
-        launched = self._launch(plan) if plan else None
-        if launched is not None:
-            self._flight.append(launched)
-            self._lates = 0
-        keep = 0 if sync else (1 if launched is not None or len(self._flight) >= 2 else 0)
-        out: list[RowOut] = []
-        for _ in range(len(self._flight) - keep):
-            if late is not None:
-                out += self._late(late, self._flight[0])
-            out += self._collect(self._flight.popleft())
-        while sync and self._flight:  # late launches made while a synchronous step ran
-            out += self._collect(self._flight.popleft())
-        return out
-
-    def _late(self, late: LateCall, oldest: _Launched) -> list[RowOut]:
-        """Until `oldest` is done: prompts that arrive are launched at once, each group in a launch of its
-        own (at most LATE_PER_STEP since the last regular launch); error rows of launches that failed."""
-        out: list[RowOut] = []
-        while self._lates < LATE_PER_STEP and len(self._flight) < HOST_ROWS:
-            t0 = time.perf_counter()
-            finished = oldest.done is None or oldest.done.query()
-            chunks = late(0.0 if finished else LATE_POLL_S)
-            self.wait_s += time.perf_counter() - t0
-            if chunks:
-                out += self._launch_late(chunks)
-            elif finished:
-                break
-        return out
-
-    def _launch_late(self, chunks: list[Chunk]) -> list[RowOut]:
-        """One late launch of `chunks`; its streams' error rows if it failed (the steps in flight go on)."""
-        self._lates += 1
-        try:
-            launched = self._launch_prompts(chunks)
-        except Exception as exc:
-            log.exception("late prompt launch failed")
-            return [RowOut(s, [], "error", f"prompt launch failed: {exc!r}") for s in _distinct_seqs(chunks)]
-        if launched is not None:
-            self._flight.append(launched)
-        self.late_launches += 1
-        return []
+        (`LaunchQueue.run`: one launch stays in flight; `sync`: none; `late`: prompts launched while the host waits,
+        `late_prompts`)."""
+        return self.queue.run(self._launch(plan) if plan else None, sync, late)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:
@@ -398,7 +299,7 @@ class ModelRunner:
             seq.slot = None
 
     # ------------------------------------------------------------------ stages
-    def _launch(self, plan: list[Chunk]) -> _Launched | None:
+    def _launch(self, plan: list[Chunk]) -> Launched | None:
         """Stage, run and start copying back one step; returns it (None: nothing sampled).
 
         Device order: the prompt chunks (packs of first chunks, other chunks one per forward; one
@@ -433,33 +334,19 @@ class ModelRunner:
         self._staged = staged or self._record_staged()
         if not parts:
             return None
-        return self._ship(parts[0] if len(parts) == 1 else torch.cat(parts), [c.seq for c in ends + decode])
+        return self.queue.ship(parts[0] if len(parts) == 1 else torch.cat(parts), [c.seq for c in ends + decode])
 
-    def _launch_prompts(self, chunks: list[Chunk]) -> _Launched | None:
+    def _launch_prompts(self, chunks: list[Chunk]) -> Launched | None:
         """A launch of prompt chunks alone (late prompts): their K/V, and their first rows where sampled."""
         self._wait_staged()
         self._start_streams([c for c in chunks if c.last_of_prompt])
         first = self._prefill(chunks)
         self._staged = self._record_staged()
-        return None if first is None else self._ship(first, [c.seq for c in chunks if samples_at(c, self.policy)])
+        return None if first is None else self.queue.ship(first, [c.seq for c in chunks if samples_at(c, self.policy)])
 
     def _wait_staged(self) -> None:
         """The host staging buffers of the last launch are free again (its input copies ran)."""
-        if self._staged is not None:
-            t0 = time.perf_counter()
-            self._staged.synchronize()
-            self.wait_s += time.perf_counter() - t0
-
-    def _ship(self, packed: torch.Tensor, seqs: list[Sequence]) -> _Launched:
-        """Start copying a launch's packed rows [S, K + 1] to the host; what to collect them by."""
-        host = self._host[self._next_host][: packed.shape[0]]
-        self._next_host = (self._next_host + 1) % HOST_ROWS
-        host.copy_(packed, non_blocking=True)
-        done = None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        return _Launched(seqs, host, done)
+        self.queue.wait(self._staged)
 
     def _kv_slot(self, table: list[int], pos: int) -> int:
         ps = self.cache.allocator.page_size
@@ -583,21 +470,3 @@ class ModelRunner:
             starts.append(StreamStart(s.slot, s.params, s.max_frames, s.prompt.audio_out))
         self.state.start(starts)
 
-    def _collect(self, launched: _Launched) -> list[RowOut]:
-        """A launched step's rows, now on the host, in row order (sequences that ended meanwhile skipped)."""
-        if launched.done is not None:
-            t0 = time.perf_counter()
-            launched.done.synchronize()
-            self.wait_s += time.perf_counter() - t0
-        k = self.cfg.num_codebooks
-        rows = launched.host.numpy().tolist()  # [S, K + 1] plain ints: one conversion for the step
-        out = []
-        for seq, row in zip(launched.seqs, rows):
-            status = row[k]
-            if seq.finished or status == IGNORED:  # finished, cancelled or failed meanwhile
-                continue
-            if status == ERROR:
-                out.append(RowOut(seq, [], "error", "non-finite audio logits"))
-            else:
-                out.append(RowOut(seq, [row[:k]], None if status == RUNNING else STATUS_REASON[status]))
-        return out

@@ -21,7 +21,7 @@ import torch
 from higgs_stream.engine.batch import StepBatch, StepOutput
 from higgs_stream.engine.family import NO_ID, GenerationPolicy
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import RowOut, samples_at
+from higgs_stream.engine.runner import RowOut, samples_at
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.sampling import SamplingTensors, sample_columns
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig

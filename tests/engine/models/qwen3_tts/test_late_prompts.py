@@ -20,7 +20,8 @@ import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import LATE_PER_STEP, ModelRunnerConfig
+from higgs_stream.engine.launch_queue import LATE_PER_STEP
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 REF = ModelRunnerConfig(kernels="ref", cuda_graphs=False)
@@ -50,7 +51,7 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int =
     ('add', call index, sequence id, whether more streams than batch slots were active then) at each arrival.
     `sync_every` n > 0: runs of n pipelined and n synchronous calls (the server's relaxed mode)."""
     runner, calls, log = engine.runner, [0], []
-    run, launch, launch_prompts = runner.run, runner._launch, runner._launch_prompts
+    run, launch, launch_prompts = runner.run, runner._launch, runner.queue._launch_prompts  # the queue's late launches
     sids: dict[int, int] = {}
     after_late = dict(arrive_after_late or {})
 
@@ -75,7 +76,7 @@ def drive(engine: Engine, arrive_during: dict[int, list[int]], sync_every: int =
             add(i)
         return launched
 
-    runner.run, runner._launch, runner._launch_prompts = hooked_run, hooked_launch, hooked_prompts
+    runner.run, runner._launch, runner.queue._launch_prompts = hooked_run, hooked_launch, hooked_prompts
     cols: dict[int, list] = {}
     reasons: dict[int, str] = {}
     want = sum(len(v) for v in arrive_during.values()) + sum(len(v) for v in after_late.values())
@@ -172,12 +173,12 @@ def test_a_failing_late_launch_fails_its_streams_alone(model, tokenizer, monkeyp
     engine = make(model, tokenizer, True)
     broken = iter([True])
 
-    def launch_prompts(chunks, real=engine.runner._launch_prompts):
+    def launch_prompts(chunks, real=engine.runner.queue._launch_prompts):
         if next(broken, False):
             raise RuntimeError("device fault")
         return real(chunks)
 
-    monkeypatch.setattr(engine.runner, "_launch_prompts", launch_prompts)
+    monkeypatch.setattr(engine.runner.queue, "_launch_prompts", launch_prompts)
     frames, reasons, _ = drive(engine, {0: [2], 2: [1], 5: [3]})
     assert reasons[1] == "error" and frames[1].shape[1] == 0  # the one that arrived late first
     assert reasons[2] == "length" and frames[2].shape[1] == 25 and reasons[3] in ("length", "stop")
