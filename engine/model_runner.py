@@ -17,9 +17,8 @@
 
 The host runs one step ahead of the device's results: `run()` launches step t, then waits for step
 t-1's rows (already copied to pinned memory while step t ran) and returns them (launch_queue.py keeps the
-launches in flight). A sequence that
-finished at t-1 is therefore scheduled once more at t; the device ignores that row (and the KV
-commitment has one position of slack for it, `kv_slack`).
+launches in flight). A sequence that finished at t-1 is therefore scheduled once more at t; the device
+ignores that row (and the KV commitment has one position of slack for it, `kv_slack`).
 
 Decode rows replay a CUDA graph per batch bucket (engine/cuda_graph.py), also in steps that
 prefill other sequences. Prompts are cut at multiples of `ModelRunnerConfig.prefill_chunk` tokens
@@ -46,8 +45,8 @@ step t, a prompt that arrives is prefilled (and its first row sampled and comple
 its own queued right behind step t + 1: its first frame comes one decode step sooner, and the device
 does the same work in the same order otherwise. Every wait takes them (a prompt arriving after another's
 late launch, or while the engine holds, gets a launch of its own too), but at most `LATE_PER_STEP`
-between two regular launches (launch_queue.py; so arrivals cannot hold decode steps back for long), and a regular step is
-launched only while at most one launch is in flight, so a sequence is still scheduled at most once after
+between two regular launches (launch_queue.py: arrivals cannot hold decode steps back for long), and a regular
+step is launched only while at most one launch is in flight, so a sequence is still scheduled at most once after
 its end (`LAG_SLACK`). The engine offers none while its newest regular step carries prompt chunks (unless
 `EngineConfig.late_prompts_in_bursts`): in a burst of arrivals they ride the next regular step, packed.
 
