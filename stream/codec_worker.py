@@ -216,7 +216,8 @@ class CodecWorker:
         self.call_s = 0.0  # EMA of one call's wall time
         self.call_peak_s = 0.0  # the longest recent call (halves each CALL_PEAK_HALF_LIFE_S without a longer one)
         self._peak_at = 0.0
-        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue)
+        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue, held frames)
+        self.on_call: Callable[[float, int], None] | None = None  # after each call: its seconds, the frames still held
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -361,9 +362,14 @@ class CodecWorker:
         finally:
             t1 = time.perf_counter()
             took = t1 - t0
+            held = 0  # the backlog (frames made, not yet decoded), counted when someone reads it
+            if self.trace is not None or self.on_call is not None:
+                held = sum(p.job.codes.shape[1] for p in self.pending)
             if self.trace is not None:
                 self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
-                                   self.code2wav.steps, overdue))
+                                   self.code2wav.steps, overdue, held))
+            if self.on_call is not None:
+                self.on_call(took, held)
             self.busy_s += took
             if self.starting_s is not None and jobs:  # the time cap's model of a call
                 self.call_model.observe(sum(j.codes.shape[1] for j in jobs), took)

@@ -169,12 +169,18 @@ class Metrics:
                                          "GPU memory torch's allocator holds for the process (after the last step).")
         self.gc_pause = Histogram("higgs_gc_pause_seconds",
                                   "Python garbage collections: every thread of the server stops for each.", GC_BUCKETS)
+        self.codec_call_time = Histogram("higgs_codec_call_seconds",
+                                         "Codec decode calls (one batched call serves many streams' due frames).",
+                                         STEP_BUCKETS)
+        self.codec_backlog = Gauge("higgs_codec_backlog_frames",
+                                   "Codec frames made by the talker and held undecoded (after the last codec call).")
 
     def all(self) -> list[_Metric]:
         return [self.active_streams, self.engine_streams, self.connections, self.kv_pages_used, self.kv_pages_free,
                 self.requests, self.errors,
                 self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
-                self.paused_streams, self.refused, self.gpu_memory_cap, self.gpu_memory_reserved, self.gc_pause]
+                self.paused_streams, self.refused, self.gpu_memory_cap, self.gpu_memory_reserved, self.gc_pause,
+                self.codec_call_time, self.codec_backlog]
 
     def render(self) -> str:
         lines: list[str] = []

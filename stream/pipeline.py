@@ -103,6 +103,7 @@ class Pipeline:
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3,
                                         starting_exempt_s=cfg.codec_starting_exempt_s,
                                         memory_headroom_gb=cfg.gpu_headroom_gb)
+        self.codec_worker.on_call = self._codec_called
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
         self.takes_history = engine.policy.takes_history  # segments of a context conditioned on the earlier ones
@@ -493,6 +494,11 @@ class Pipeline:
         return rnd
 
     # ---- back on the event loop ----
+
+    def _codec_called(self, seconds: float, held_frames: int) -> None:
+        """After each codec call (codec thread; the metrics are thread-safe): its time, and the backlog."""
+        self.metrics.codec_call_time.observe(seconds)
+        self.metrics.codec_backlog.set(held_frames)
 
     def _deliver(self, items: list[tuple]) -> None:
         now = self.now()

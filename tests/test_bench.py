@@ -118,3 +118,11 @@ def test_steps_are_grouped_by_the_largest_codec_call_beside_them():
     big = got[">=1200 frames"]
     assert big["steps"] == 2 and big["step_ms_p50"] == pytest.approx(25.0) and big["wait_ms_p50"] == pytest.approx(24.0)
     assert steps_beside_calls([], rows=(100, 140)) == []
+
+
+def test_the_codec_backlog_after_each_call_is_summarized_when_the_trace_has_it():
+    calls = [("codec", 0.0, 0.01, 2, 50, 1, False, h) for h in (0, 100, 40, 10)]
+    s = trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001), *calls], wall_s=0.05)
+    assert s["codec_held_frames_p50"] == pytest.approx(25.0) and s["codec_held_frames_max"] == 100
+    older = trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001), ("codec", 0.0, 0.01, 2, 50, 1, False)], wall_s=0.05)
+    assert "codec_held_frames_p95" not in older

@@ -44,9 +44,20 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "codec_frames_mean": float(np.mean([c[4] for c in calls])) if calls else 0.0,
             "codec_steps": (calls[-1][5] - calls[0][5] + 1) if calls else 0,
             "codec_busy_share": float(dur.sum() / 1e3 / wall_s) if calls else 0.0,
+            **_backlog_summary(calls),
             **_overdue_summary(calls),
             **_replay_summary(replays, calls),
             **_gc_summary([t for t in trace if t[0] == "gc"], next((t[1] for t in trace if t[0] == "serving"), None))}
+
+
+def _backlog_summary(calls: list[tuple]) -> dict:
+    """Frames the codec still held after each call (the trace's 8th field, servers since session 19): median, p95
+    and the largest; nothing for older traces."""
+    held = np.array([c[7] for c in calls if len(c) > 7], dtype=np.float64)
+    if not held.size:
+        return {}
+    return {"codec_held_frames_p50": float(np.percentile(held, 50)), "codec_held_frames_p95": float(np.percentile(held, 95)),
+            "codec_held_frames_max": int(held.max())}
 
 
 def _overdue_summary(calls: list[tuple]) -> dict:

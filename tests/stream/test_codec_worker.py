@@ -198,20 +198,25 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
 
 
 def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
-    """The trace's last field says whether a call held an overdue job (a first chunk, a dry listener):
-    those calls, and only those, run on the highest-priority stream with `overdue_first` on CUDA."""
-    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2)
+    """The trace's 7th field says whether a call held an overdue job (a first chunk, a dry listener):
+    those calls, and only those, run on the highest-priority stream with `overdue_first` on CUDA. The 8th, and
+    `on_call`, give the frames still held after the call (the backlog: /metrics' higgs_codec_backlog_frames)."""
+    w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2,
+                    busy=lambda: True)  # streams starting: jobs due later stay held
     w.code2wav = SimpleNamespace(steps=1, run=lambda owners, jobs: [np.zeros(4, np.float32) for _ in jobs])
     w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
-    w.trace = []
+    w.trace, calls = [], []
+    w.on_call = lambda seconds, held: calls.append((seconds, held))
     now = time.monotonic()
     a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
     job = SimpleNamespace(codes=np.zeros((8, 1), np.int64))
-    w.pending = [Pending(a, job, now + 0.1, taken=now - 1.0)]  # urgent, not overdue
+    relaxed = SimpleNamespace(codes=np.zeros((8, 5), np.int64))
+    w.pending = [Pending(a, job, now + 0.1, taken=now - 1.0), Pending(b, relaxed, now + 20, taken=now)]  # urgent, not overdue
     w._decode_due()
     w.pending = [Pending(b, job, now, taken=now), Pending(a, job, now + 0.2, taken=now - 1.0)]  # b's first chunk
     w._decode_due()
-    assert [(len(t), t[3], t[-1]) for t in w.trace] == [(7, 1, False), (7, 2, True)]
+    assert [(len(t), t[3], t[6], t[7]) for t in w.trace] == [(8, 1, False, 5), (8, 2, True, 0)]
+    assert [held for _, held in calls] == [5, 0] and all(s >= 0 for s, _ in calls)
     assert w._first is None  # no device: nothing to switch to
 
 

@@ -323,6 +323,9 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         assert "higgs_active_streams 0" in lines
         assert any(line.startswith("higgs_gc_pause_seconds_count ") for line in lines)
         assert "higgs_gpu_memory_cap_bytes 0" in lines  # a CPU server: no GPU bound
+        calls = next(int(line.split()[1]) for line in lines if line.startswith("higgs_codec_call_seconds_count "))
+        assert calls >= 2  # two requests' audio, one call or more each
+        assert "higgs_codec_backlog_frames 0" in lines  # every frame decoded once the requests ended
         async with http.get(f"http://{host}/v1/voices") as r:
             voices = await r.json()
             assert voices["default"] == "default" and voices["aliases"]["alloy"] == "default"
