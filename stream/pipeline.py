@@ -493,12 +493,14 @@ class Pipeline:
                 rnd.ends.append(("end", seg, "error", f"adapter failed: {exc!r}", None))
         return rnd
 
-    # ---- back on the event loop ----
+    # ---- codec thread ----
 
     def _codec_called(self, seconds: float, held_frames: int) -> None:
         """After each codec call (codec thread; the metrics are thread-safe): its time, and the backlog."""
         self.metrics.codec_call_time.observe(seconds)
         self.metrics.codec_backlog.set(held_frames)
+
+    # ---- back on the event loop ----
 
     def _deliver(self, items: list[tuple]) -> None:
         now = self.now()
