@@ -402,6 +402,12 @@ class CodecWorker:
             except RuntimeError:  # the event loop is closed: nobody is listening any more
                 log.warning("event loop closed; dropped %d audio/end items", len(items))
 
+    def health(self) -> dict:
+        """What /healthz shows of the codec: on CUDA whether it runs on cuDNN (False: the warm-up's native check
+        turned it off, exact and slower) and that check's max |d| / peak (None: not run); on a CPU both None."""
+        on_gpu = self.device is not None
+        return {"cudnn": bool(getattr(self.codec, "cudnn", True)) if on_gpu else None, "native_check": self.native_check}
+
     def warm_up(self) -> int:
         """GPU: capture the stateful decoder's steps per (streams, frames) bucket, and warm up (and
         graph) the low-latency ramp windows' shapes. With a memory headroom, every shape's convolutions pick

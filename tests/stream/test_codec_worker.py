@@ -403,4 +403,7 @@ def test_the_warm_up_turns_cudnn_off_when_its_graphs_disagree_with_native_convol
             w.warm_up()
         assert codec.cudnn is cudnn and calls == [True, False][:captures] and not left
         assert w.native_check == checks[-1] <= (NATIVE_TOLERANCE_TF32 if tf32 else NATIVE_TOLERANCE)
+        assert w.health() == {"cudnn": None, "native_check": checks[-1]}  # a CPU codec: cuDNN does not apply
+        w.device = "cuda"  # what /healthz shows of a GPU codec (only whether there is a device is read)
+        assert w.health() == {"cudnn": cudnn, "native_check": checks[-1]}
     assert "cuDNN is off for the codec" in caplog.text and "native convolutions: max |d| 1e-06" in caplog.text

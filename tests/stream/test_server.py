@@ -314,6 +314,7 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         async with http.get(f"http://{host}/healthz") as r:
             body = await r.json()
             assert r.status == 200 and body["status"] == "ok" and body["steps"] > 0 and body["max_streams"] == 32
+            assert body["codec"] == {"cudnn": None, "native_check": None}  # a CPU codec: no cuDNN, no check
         async with http.get(f"http://{host}/metrics") as r:
             text = await r.text()
             assert r.headers["Content-Type"].startswith("text/plain")
