@@ -4,8 +4,6 @@ a codec call, and garbage collections (every thread waits for each)."""
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 
@@ -21,12 +19,7 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
     wall, engine, wait, route = (arr([t[3] - t[1] for t in steps]), arr([t[2] - t[1] for t in steps]),
                                  arr([t[5] for t in steps]), arr([t[3] - t[2] for t in steps]))
     prefill = np.array([len(t) > 6 and t[6] > 0 for t in steps])
-    overlapped = np.zeros(len(steps), dtype=bool)
-    j = 0
-    for i, t in enumerate(steps):  # steps and calls are in time order: one pass
-        while j < len(calls) and calls[j][2] < t[1]:
-            j += 1
-        overlapped[i] = j < len(calls) and calls[j][1] < t[3]
+    overlapped = np.array([bool(near) for near in calls_beside(steps, calls)], dtype=bool)
     dur = arr([c[2] - c[1] for c in calls]) if calls else np.zeros(1)
     pct = lambda a, q: float(np.percentile(a, q)) if a.size else float("nan")
     return {"steps": len(steps), "step_ms_p50": pct(wall, 50), "step_ms_p95": pct(wall, 95),
@@ -48,6 +41,20 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             **_overdue_summary(calls),
             **_replay_summary(replays, calls),
             **_gc_summary([t for t in trace if t[0] == "gc"], next((t[1] for t in trace if t[0] == "serving"), None))}
+
+
+def calls_beside(steps: list[tuple], calls: list[tuple]) -> list[list[tuple]]:
+    """For each step, the codec calls that ran beside it: begun before the step ended, not ended before it began.
+    Steps in time order, calls sorted by start and run one after another (one codec thread): one pass."""
+    out, j = [], 0
+    for t in steps:
+        while j < len(calls) and calls[j][2] < t[1]:
+            j += 1
+        k = j
+        while k < len(calls) and calls[k][1] < t[3]:
+            k += 1
+        out.append(calls[j:k])
+    return out
 
 
 def _backlog_summary(calls: list[tuple]) -> dict:
@@ -100,18 +107,15 @@ def steps_beside_calls(trace: list, rows: tuple[int, int] = (0, 1 << 30),
                        frame_bins: tuple[int, ...] = (400, 1200)) -> list[dict]:
     """Decode-only engine steps of `rows` (lo, hi inclusive) rows, grouped by the largest codec call (in frames)
     that overlapped them: none, below each of `frame_bins`, at or above the last. Per group: how many steps, their
-    wall time and device wait, p50 and p95 (ms). What GPU contention costs the talker beside the codec: its stream has
-    the higher priority, but each of a step's short kernels waits for codec blocks to retire (docs/PERF.md, session 19)."""
+    wall time and device wait, p50 and p95 (ms). What GPU contention costs the talker beside the codec (docs/PERF.md,
+    session 19)."""
     steps = [t for t in trace if t[0] == "step" and rows[0] <= t[4] <= rows[1] and not (len(t) > 6 and t[6])]
     calls = sorted((t for t in trace if t[0] == "codec"), key=lambda t: t[1])
     edges = [0, *frame_bins]
     names = ["none"] + [f"{lo}-{hi - 1} frames" for lo, hi in zip(edges, edges[1:])] + [f">={edges[-1]} frames"]
     groups: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    starts = [c[1] for c in calls]
-    for s in steps:  # a call overlaps a step when it starts before the step ends and ends after it starts; one codec
-        # thread runs calls one after another, so only the call running at the step's start and those starting in it can
-        near = calls[max(0, bisect.bisect_right(starts, s[1]) - 1):bisect.bisect_left(starts, s[3])]
-        frames = max((c[4] for c in near if c[1] < s[3] and c[2] > s[1]), default=None)
+    for s, near in zip(steps, calls_beside(steps, calls)):
+        frames = max((c[4] for c in near), default=None)
         name = names[0] if frames is None else names[1 + int(np.searchsorted(frame_bins, frames, side="right"))]
         groups[name].append(((s[3] - s[1]) * 1e3, s[5] * 1e3))
     out = []
