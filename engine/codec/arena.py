@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from higgs_stream.engine.codec.convs import codec_convs
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.codec.step_graphs import (
     bucket_keys,
@@ -184,7 +185,7 @@ class SlotArenaDecoder:
         kernels, or with `check_against_native` PyTorch's native convolutions (cuDNN off)."""
         if not self._native_reference:
             return self._math(self._inputs[key], key)
-        with torch.backends.cudnn.flags(enabled=False, benchmark=False, deterministic=False, allow_tf32=False):
+        with codec_convs(self.device, allow_tf32=False, cudnn=False):  # the codecs' own switch, forced off
             return self._math(self._inputs[key], key)
 
     def check_against_native(self, max_row_frames: int = NATIVE_CHECK_ROW_FRAMES) -> float:

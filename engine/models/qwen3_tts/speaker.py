@@ -29,7 +29,7 @@ from torch import nn
 
 from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, read_headers, weight_files
 from higgs_stream.engine.errors import CheckpointError, ConfigError
-from higgs_stream.engine.codec.codec import native_cpu_convs
+from higgs_stream.engine.codec.convs import native_cpu_convs
 
 PREFIX = "speaker_encoder."
 SAMPLE_RATE = 24000

@@ -27,7 +27,7 @@ from torch import nn
 from higgs_stream.engine.codec.audio_io import DEFAULT_MAX_SECONDS, to_codec_rate, validate_waveform
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.engine.codec.codec import codec_convs
+from higgs_stream.engine.codec.convs import codec_convs
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
 from higgs_stream.engine.models.qwen3_tts.codec.decoder import QwenDecoder, zero_states
 from higgs_stream.engine.models.qwen3_tts.codec.encoder import EncoderConfig, QwenEncoder
