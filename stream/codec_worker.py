@@ -441,10 +441,13 @@ class CodecWorker:
                 # their activations (engine/gpu_memory.py)
                 with_plan_headroom(self.device, every_shape)
                 bound_process_memory(self.device, max(self.memory_headroom_gb, WARMUP_HEADROOM_GB))
-            diff = dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
+            def capture() -> float:  # the stateful steps' graphs (again if the native check turns cuDNN off)
+                return dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
+
+            diff = capture()
             if diff:
                 log.warning("stateful codec graphs vs eager: max |d| %.3g of peak", diff)
-            self._check_against_native(dec, frames, green)
+            self._check_against_native(dec, capture)
             timings = getattr(dec, "timings", None)
             if timings:  # what a step costs on this card, smallest and largest bucket (operators' first look)
                 (b0, f0), (b1, f1) = min(timings), max(timings)
@@ -463,7 +466,7 @@ class CodecWorker:
                     log.error("codec CUDA graphs differ from the eager decode by %.3g; decoding eagerly", diff)
         return count
 
-    def _check_against_native(self, dec, frames, green) -> None:
+    def _check_against_native(self, dec, capture: Callable[[], float]) -> None:
         """The captured graphs of few rows x frames vs the same steps on PyTorch's native convolutions
         (`check_against_native`): above the tolerance a cuDNN plan on this card returns wrong sums, and the codec
         decodes with cuDNN off from then on (exact, slower; graphs captured again): never trade exactness for speed."""
@@ -477,7 +480,7 @@ class CodecWorker:
         log.error("the codec's graphs differ from the same steps on PyTorch's native convolutions by %.3g of peak: "
                   "cuDNN is off for the codec (slower)", self.native_check)
         self.codec.cudnn = False
-        dec.capture(CODEC_BATCH_BUCKETS, frames, graphs=self._use_graphs, stream=green)
+        capture()
         self.native_check = dec.check_against_native()
 
 
