@@ -216,7 +216,8 @@ class CodecWorker:
         self.call_s = 0.0  # EMA of one call's wall time
         self.call_peak_s = 0.0  # the longest recent call (halves each CALL_PEAK_HALF_LIFE_S without a longer one)
         self._peak_at = 0.0
-        self.trace: list[tuple] | None = None  # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue, held frames)
+        # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue, held frames, late s: see _decode_call)
+        self.trace: list[tuple] | None = None
         self.on_call: Callable[[float, int], None] | None = None  # after each call: its seconds, the frames still held
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
@@ -337,7 +338,10 @@ class CodecWorker:
             call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
             taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
-            self._decode_call([(p.seg, p.job) for p in call], overdue=any(p.deadline <= now for p in call))
+            t = time.monotonic()  # its most overdue job waited this long (a deadline of 0: a round that gave none)
+            late = max((t - p.deadline for p in call if p.deadline > 0), default=0.0)
+            self._decode_call([(p.seg, p.job) for p in call], overdue=any(p.deadline <= now for p in call),
+                              late_s=max(0.0, late))
         if self._ends:
             held = {id(p.seg) for p in self.pending}
             ready = [e for e in self._ends if id(e[1]) not in held]
@@ -346,7 +350,9 @@ class CodecWorker:
                 self.code2wav.release(e[1])
             self._send(ready)
 
-    def _decode_call(self, pairs: list[tuple[Any, Job]], overdue: bool = False) -> None:
+    def _decode_call(self, pairs: list[tuple[Any, Job]], overdue: bool = False, late_s: float = 0.0) -> None:
+        """One codec call over `pairs`; `late_s` (the trace's 9th field): how long past its deadline the call's most
+        overdue job was when the call began (a first chunk's deadline is its creation: its wait for the codec)."""
         owners, jobs = [seg for seg, _ in pairs], [job for _, job in pairs]
         first = self._first if overdue else None
         t0 = time.perf_counter()
@@ -365,14 +371,15 @@ class CodecWorker:
             held = 0  # the backlog (frames made, not yet decoded), counted when someone reads it
             if self.trace is not None or self.on_call is not None:
                 held = sum(p.job.codes.shape[1] for p in self.pending)
+            measured = self.trace is not None or (self.starting_s is not None and jobs)  # the call's frames read
+            frames = sum(j.codes.shape[1] for j in jobs) if measured else 0
             if self.trace is not None:
-                self.trace.append(("codec", t0, t1, len(jobs), sum(j.codes.shape[1] for j in jobs),
-                                   self.code2wav.steps, overdue, held))
+                self.trace.append(("codec", t0, t1, len(jobs), frames, self.code2wav.steps, overdue, held, late_s))
             if self.on_call is not None:
                 self.on_call(took, held)
             self.busy_s += took
             if self.starting_s is not None and jobs:  # the time cap's model of a call
-                self.call_model.observe(sum(j.codes.shape[1] for j in jobs), took)
+                self.call_model.observe(frames, took)
             self.call_s += 0.05 * (took - self.call_s)  # EMA of a call's wall time (the pipeline's jitter estimate)
             fade = 0.5 ** ((t1 - self._peak_at) / CALL_PEAK_HALF_LIFE_S)
             self.call_peak_s, self._peak_at = max(took, self.call_peak_s * fade), t1  # one float store: read anywhere

@@ -69,10 +69,17 @@ def _backlog_summary(calls: list[tuple]) -> dict:
 
 def _overdue_summary(calls: list[tuple]) -> dict:
     """Codec calls that held an overdue job (first chunks, dry listeners: the trace's 7th field): how
-    many, and their median wall time (what `--codec-overdue-first` shortens, if anything)."""
-    overdue = [1e3 * (c[2] - c[1]) for c in calls if len(c) > 6 and c[6]]
-    return {"codec_overdue_calls": len(overdue),
-            "codec_overdue_ms_p50": float(np.median(overdue)) if overdue else None}
+    many, and their median wall time (what `--codec-overdue-first` shortens, if anything); with the 9th field
+    (servers since session 20), how long each one's most overdue job had waited past its deadline when the call
+    began, p50 / p95 / max: for a first chunk (due when it is made) its wait for the codec thread."""
+    overdue = [c for c in calls if len(c) > 6 and c[6]]
+    out = {"codec_overdue_calls": len(overdue),
+           "codec_overdue_ms_p50": float(np.median([1e3 * (c[2] - c[1]) for c in overdue])) if overdue else None}
+    late = np.array([c[8] for c in overdue if len(c) > 8], dtype=np.float64) * 1e3
+    if late.size:
+        out |= {"codec_overdue_late_ms_p50": float(np.percentile(late, 50)),
+                "codec_overdue_late_ms_p95": float(np.percentile(late, 95)), "codec_overdue_late_ms_max": float(late.max())}
+    return out
 
 
 def _gc_summary(gcs: list, serving: float | None = None) -> dict:

@@ -200,7 +200,8 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
 def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
     """The trace's 7th field says whether a call held an overdue job (a first chunk, a dry listener):
     those calls, and only those, run on the highest-priority stream with `overdue_first` on CUDA. The 8th, and
-    `on_call`, give the frames still held after the call (the backlog: /metrics' higgs_codec_backlog_frames)."""
+    `on_call`, give the frames still held after the call (the backlog: /metrics' higgs_codec_backlog_frames); the 9th
+    how late its most overdue job was when it began."""
     w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=2,
                     busy=lambda: True)  # streams starting: jobs due later stay held
     w.code2wav = SimpleNamespace(steps=1, run=lambda owners, jobs: [np.zeros(4, np.float32) for _ in jobs])
@@ -213,10 +214,13 @@ def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
     relaxed = SimpleNamespace(codes=np.zeros((8, 5), np.int64))
     w.pending = [Pending(a, job, now + 0.1, taken=now - 1.0), Pending(b, relaxed, now + 20, taken=now)]  # urgent, not overdue
     w._decode_due()
-    w.pending = [Pending(b, job, now, taken=now), Pending(a, job, now + 0.2, taken=now - 1.0)]  # b's first chunk
-    w._decode_due()
-    assert [(len(t), t[3], t[6], t[7]) for t in w.trace] == [(8, 1, False, 5), (8, 2, True, 0)]
+    w.pending = [Pending(b, job, now - 0.5, taken=now), Pending(a, job, now + 0.2, taken=now - 1.0)]  # b's first chunk,
+    w._decode_due()  # made 0.5 s ago
+    elapsed = time.monotonic() - now
+    assert [(len(t), t[3], t[6], t[7]) for t in w.trace] == [(9, 1, False, 5), (9, 2, True, 0)]
     assert [held for _, held in calls] == [5, 0] and all(s >= 0 for s, _ in calls)
+    # the 9th: how long past its deadline the call's most overdue job was when the call began (0: none overdue)
+    assert w.trace[0][8] == 0.0 and 0.5 <= w.trace[1][8] <= 0.5 + elapsed
     assert w._first is None  # no device: nothing to switch to
 
 
