@@ -218,7 +218,9 @@ class CodecWorker:
         self._peak_at = 0.0
         # benchmarks: ("codec", t0, t1, jobs, frames, steps, overdue, held frames, late s: see _decode_call)
         self.trace: list[tuple] | None = None
-        self.on_call: Callable[[float, int], None] | None = None  # after each call: its seconds, the frames still held
+        # after each call: its seconds, the frames still held, and for a call holding an overdue job how late that
+        # job was when the call began (None otherwise)
+        self.on_call: Callable[[float, int, float | None], None] | None = None
         self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
@@ -376,7 +378,7 @@ class CodecWorker:
             if self.trace is not None:
                 self.trace.append(("codec", t0, t1, len(jobs), frames, self.code2wav.steps, overdue, held, late_s))
             if self.on_call is not None:
-                self.on_call(took, held)
+                self.on_call(took, held, late_s if overdue else None)
             self.busy_s += took
             if self.starting_s is not None and jobs:  # the time cap's model of a call
                 self.call_model.observe(frames, took)

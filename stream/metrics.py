@@ -174,13 +174,16 @@ class Metrics:
                                          STEP_BUCKETS)
         self.codec_backlog = Gauge("higgs_codec_backlog_frames",
                                    "Codec frames made by the talker and held undecoded (after the last codec call).")
+        self.codec_overdue_wait = Histogram("higgs_codec_overdue_wait_seconds",
+                                            "Codec calls holding an overdue job (a first chunk, a dry listener): how "
+                                            "long past its deadline that job was when the call began.", STEP_BUCKETS)
 
     def all(self) -> list[_Metric]:
         return [self.active_streams, self.engine_streams, self.connections, self.kv_pages_used, self.kv_pages_free,
                 self.requests, self.errors,
                 self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
                 self.paused_streams, self.refused, self.gpu_memory_cap, self.gpu_memory_reserved, self.gc_pause,
-                self.codec_call_time, self.codec_backlog]
+                self.codec_call_time, self.codec_backlog, self.codec_overdue_wait]
 
     def render(self) -> str:
         lines: list[str] = []

@@ -495,10 +495,13 @@ class Pipeline:
 
     # ---- codec thread ----
 
-    def _codec_called(self, seconds: float, held_frames: int) -> None:
-        """After each codec call (codec thread; the metrics are thread-safe): its time, and the backlog."""
+    def _codec_called(self, seconds: float, held_frames: int, late_s: float | None) -> None:
+        """After each codec call (codec thread; the metrics are thread-safe): its time, the backlog, and for a call
+        holding an overdue job (a first chunk, a dry listener) how late that job was when the call began."""
         self.metrics.codec_call_time.observe(seconds)
         self.metrics.codec_backlog.set(held_frames)
+        if late_s is not None:
+            self.metrics.codec_overdue_wait.observe(late_s)
 
     # ---- back on the event loop ----
 

@@ -207,7 +207,7 @@ def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
     w.code2wav = SimpleNamespace(steps=1, run=lambda owners, jobs: [np.zeros(4, np.float32) for _ in jobs])
     w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
     w.trace, calls = [], []
-    w.on_call = lambda seconds, held: calls.append((seconds, held))
+    w.on_call = lambda seconds, held, late: calls.append((seconds, held, late))
     now = time.monotonic()
     a, b = SimpleNamespace(sid=0), SimpleNamespace(sid=1)
     job = SimpleNamespace(codes=np.zeros((8, 1), np.int64))
@@ -218,7 +218,8 @@ def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
     w._decode_due()  # made 0.5 s ago
     elapsed = time.monotonic() - now
     assert [(len(t), t[3], t[6], t[7]) for t in w.trace] == [(9, 1, False, 5), (9, 2, True, 0)]
-    assert [held for _, held in calls] == [5, 0] and all(s >= 0 for s, _ in calls)
+    assert [held for _, held, _ in calls] == [5, 0] and all(s >= 0 for s, _, _ in calls)
+    assert calls[0][2] is None and calls[1][2] == w.trace[1][8]  # on_call: the lateness of overdue calls only
     # the 9th: how long past its deadline the call's most overdue job was when the call began (0: none overdue)
     assert w.trace[0][8] == 0.0 and 0.5 <= w.trace[1][8] <= 0.5 + elapsed
     assert w._first is None  # no device: nothing to switch to

@@ -327,6 +327,8 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         calls = next(int(line.split()[1]) for line in lines if line.startswith("higgs_codec_call_seconds_count "))
         assert calls >= 2  # two requests' audio, one call or more each
         assert "higgs_codec_backlog_frames 0" in lines  # every frame decoded once the requests ended
+        waits = next(int(line.split()[1]) for line in lines if line.startswith("higgs_codec_overdue_wait_seconds_count "))
+        assert 1 <= waits <= calls  # each first chunk is due when it is made: its call holds an overdue job
         async with http.get(f"http://{host}/v1/voices") as r:
             voices = await r.json()
             assert voices["default"] == "default" and voices["aliases"]["alloy"] == "default"
