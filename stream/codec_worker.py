@@ -1,7 +1,7 @@
 """The codec worker: one thread that turns the engine thread's rounds of decode jobs into audio.
 
 The engine thread hands it one `Round` per step (`submit`, into a bounded queue of
-`CODEC_QUEUE_ROUNDS` rounds: back-pressure when the codec is the bottleneck). Every job carries
+`queue_rounds` rounds, CODEC_QUEUE_ROUNDS by default: back-pressure when the codec is the bottleneck). Every job carries
 its deadline: when the stream's listener runs dry without it (monotonic seconds; a first chunk's
 deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
 decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
@@ -52,7 +52,7 @@ from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
-CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread
+CODEC_QUEUE_ROUNDS = 8  # engine steps whose decode work may wait for the codec thread (ServerConfig.codec_queue_rounds)
 CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
 # graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
@@ -168,11 +168,13 @@ class CodecWorker:
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
                  starting_s: float | None = None, starting_exempt_s: float | None = None,
-                 memory_headroom_gb: float | None = None):
+                 memory_headroom_gb: float | None = None, queue_rounds: int = CODEC_QUEUE_ROUNDS):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
+        if queue_rounds < 1:
+            raise ConfigError(f"codec_queue_rounds must be >= 1, got {queue_rounds}")
         if memory_headroom_gb is not None and memory_headroom_gb <= 0:
             raise ConfigError(f"gpu_headroom_gb must be > 0 or None, got {memory_headroom_gb}")
         self.codec = codec
@@ -221,7 +223,7 @@ class CodecWorker:
         # after each call: its seconds, the frames still held, and for a call holding an overdue job how late that
         # job was when the call began (None otherwise)
         self.on_call: Callable[[float, int, float | None], None] | None = None
-        self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=CODEC_QUEUE_ROUNDS)
+        self.rounds: queue.Queue[Round | None] = queue.Queue(maxsize=queue_rounds)
         self._use_graphs = graphs
         self._warm = warm and self.device is not None
         self._stream: torch.cuda.Stream | None = None

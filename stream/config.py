@@ -145,6 +145,9 @@ class ServerConfig:
     codec_schedule: str = "eager"  # "eager": decode as frames come (50 ms batching); "just_in_time": while streams start
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
+    # rounds of decode work (one per engine step that made some) queued for the codec thread before the engine thread
+    # waits (back-pressure): while a codec call runs the talker makes this many steps, then stops until the call ends
+    codec_queue_rounds: int = 8
     codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; 0: no cap; None: the family's, FAMILY_DEFAULTS)
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
@@ -183,6 +186,7 @@ class ServerConfig:
             "max_streams", "max_contexts", "max_message_bytes", "max_text_chars",
             "max_context_chars", "max_reference_bytes", "max_transcript_chars",
             "max_scene_chars", "max_instructions_chars", "max_segment_chars", "max_frames", "max_send_ms",
+            "codec_queue_rounds",
         ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         need(self.max_reference_s > 0, "max_reference_s must be > 0")

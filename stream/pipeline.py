@@ -9,7 +9,7 @@ stream), and each stream's audio waits in a bounded queue for its transport (`st
     handle.cancel()  -> engine.cancel()       a Round of decode jobs + ends      s16le for all chunks
     _deliver(): bounded queue per handle      -> bounded round queue ------>     call_soon_threadsafe
 
-The engine thread never waits for codec work unless `CODEC_QUEUE_ROUNDS` rounds are already
+The engine thread never waits for codec work unless `codec_queue_rounds` rounds are already
 queued (back-pressure when the codec is the bottleneck). The codec thread (stream/codec_worker.py)
 merges queued rounds into one batched decode call and hands the audio and segment ends to the
 event loop in one call, in round order, so each stream's chunks and its end keep their order. On
@@ -102,7 +102,7 @@ class Pipeline:
                                         starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3,
                                         starting_exempt_s=cfg.codec_starting_exempt_s,
-                                        memory_headroom_gb=cfg.gpu_headroom_gb)
+                                        memory_headroom_gb=cfg.gpu_headroom_gb, queue_rounds=cfg.codec_queue_rounds)
         self.codec_worker.on_call = self._codec_called
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
@@ -423,7 +423,7 @@ class Pipeline:
             self.metrics.gpu_memory_reserved.set(torch.cuda.memory_reserved(self.codec_worker.device))
 
     def _queue_round(self, rnd: Round) -> bool:
-        """Hand a round to the codec thread, waiting while CODEC_QUEUE_ROUNDS rounds are queued
+        """Hand a round to the codec thread, waiting while `codec_queue_rounds` rounds are queued
         (back-pressure). False when stop() gave up waiting for a stuck codec."""
         while not self.codec_worker.submit(rnd, timeout=IDLE_WAIT_S):
             if self._stopping and time.monotonic() > self._stop_by:

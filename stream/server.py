@@ -346,6 +346,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the family's, 2 for Higgs v2/v3, 1 for Qwen3-TTS; 1: 1, 2, 4, ... x the first; 2: "
                              "chunk 1 needs as many frames as chunk 0, so it leaves one first-chunk's worth of steps "
                              "sooner; the first chunk is sized for it)")
+    parser.add_argument("--codec-queue-rounds", type=int, default=d.codec_queue_rounds, metavar="N",
+                        help="rounds of decode work (one per engine step that made some) queued for the codec thread "
+                             "before the engine thread waits for it: while one codec call runs, the talker makes N "
+                             "steps, then stops until the call ends (default %(default)s)")
     parser.add_argument("--codec-starting-ms", type=float, default=d.codec_starting_ms, metavar="MS",
                         help="a codec call taken while a stream waits for its first audio holds its urgent jobs (due "
                              "within 0.3 s) and then as many frames as the codec's measured call time (a fixed cost plus "
@@ -474,7 +478,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         codec_overdue_first=args.codec_overdue_first, gil_switch_s=args.gil_switch_ms / 1e3,
                         gpu_headroom_gb=args.gpu_headroom_gb,
                         codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
-                        codec_starting_exempt_s=args.codec_starting_exempt,
+                        codec_starting_exempt_s=args.codec_starting_exempt, codec_queue_rounds=args.codec_queue_rounds,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
                         first_chunk_margin=args.first_chunk_margin,
                         saturated_step_ratio=args.saturated_step_ratio,

@@ -8,7 +8,6 @@ test_pipeline.py."""
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from types import SimpleNamespace
 from unittest import mock
@@ -57,9 +56,9 @@ async def fake_pipeline(codec, rounds: int | None = None):
     from higgs_stream.bench_pipeline import FakeEngine
 
     engine = FakeEngine(step_s=0.001)
-    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0))
-    if rounds is not None:
-        p.codec_worker.rounds = queue.Queue(maxsize=rounds)  # before start(): a shorter codec queue
+    p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0,
+                                             **({} if rounds is None else {"codec_queue_rounds": rounds})))
+    assert p.codec_worker.rounds.maxsize == (8 if rounds is None else rounds)  # ServerConfig.codec_queue_rounds
     await p.start()
     return engine, p
 
