@@ -39,7 +39,7 @@ from higgs_stream.engine.errors import CancelledStream, CapacityError, ConfigErr
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily, TokenizerLike
 from higgs_stream.engine.fast_talker import FastTalker
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig
+from higgs_stream.engine.model_runner import ModelRunner, ModelRunnerConfig, runner_config
 from higgs_stream.engine.runner import RowOut, Runner
 from higgs_stream.engine.quantize import check_fp8_device, check_mode, check_supported, quantize_talker
 from higgs_stream.kernels.attention import FP8_KV
@@ -431,8 +431,7 @@ def load_engine(model: str, device: str | torch.device = "cpu", dtype: torch.dty
         if config is not None and config.kv_cache_dtype == "fp8" and kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")
         return Engine.from_pretrained(model, device=device, dtype=dtype, config=config,
-                                      runner=ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast",
-                                                               kernels=kernels, **(runner_options or {})),
+                                      runner=runner_config(quantize, cuda_graphs, kernels, runner_options),
                                       quantize=quantize)
     if not cuda_graphs:
         log.info("--no-cuda-graphs has no effect on %s", device)

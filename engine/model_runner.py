@@ -61,13 +61,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
 
 from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS, DecodeGraphs, FirstChunk,
-                                             PrefillGraphs, PromptEndGraphs, decode_step)
+                                             PrefillGraphs, PromptEndGraphs, decode_step, graph_buckets_for)
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily
@@ -160,6 +162,15 @@ class ModelRunnerConfig:
         for name in ("tensor_core_decode_from", "triton_decode_from"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
+
+
+def runner_config(quantize: str, cuda_graphs: bool = True, kernels: str = "fast",
+                  options: Mapping[str, Any] | None = None) -> ModelRunnerConfig:
+    """The ModelRunnerConfig `serve` and `synth` run for a talker quantized with `quantize`: graphs only with the fast
+    kernels, the decode graphs' buckets for that quantization (`graph_buckets_for`) unless `options` (the config's
+    other fields) name some."""
+    opts = {"graph_buckets": graph_buckets_for(quantize), **(options or {})}
+    return ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, **opts)
 
 
 class ModelRunner:

@@ -33,7 +33,7 @@ import torch
 
 from higgs_stream.engine.engine import Engine, EngineConfig, kv_cache_dtype
 from higgs_stream.engine.errors import ConfigError
-from higgs_stream.engine.model_runner import ModelRunnerConfig
+from higgs_stream.engine.model_runner import runner_config
 from higgs_stream.engine.request import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,7 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
                            dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype), device=device)
-    runner = ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, **(runner_options or {}))
-    engine = Engine(talker, cfg, tokenizer, cache, config, runner)
+    engine = Engine(talker, cfg, tokenizer, cache, config, runner_config(quantize, cuda_graphs, kernels, runner_options))
     if not eos:
         suppress_eos(engine)
     return engine

@@ -46,6 +46,7 @@ from higgs_stream.bench.stream import stream_bench
 from higgs_stream.bench_model import end_of_speech_guard, logprob_parity
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
+from higgs_stream.engine.cuda_graph import graph_buckets_for
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
@@ -194,12 +195,12 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                                       triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
                                       cuda_core_gemv_rows=args.cuda_core_gemv_rows,
-                                      graph_buckets=args.graph_buckets) if gpu
+                                      graph_buckets=args.graph_buckets or graph_buckets_for(quant)) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
-    out["graph_buckets"] = list(args.graph_buckets)
+    out["graph_buckets"] = list(args.graph_buckets or graph_buckets_for(quant))
     out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
@@ -291,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
                     "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")
     ap.add_argument("--graph-buckets", type=lambda v: tuple(int(x) for x in v.split(",")),
-                    default=ModelRunnerConfig.graph_buckets, metavar="B,B,...",
+                    default=None, metavar="B,B,...",
                     help="CUDA: the decode graphs' batch buckets (a step of n rows replays the smallest bucket >= n; "
-                         "e.g. without 4 and 8, a 4-row step replays the 16-row graph)")
+                         "e.g. without 4 and 8, a 4-row step replays the 16-row graph); default: serve's for the "
+                         "mode (engine.cuda_graph.graph_buckets_for: fp8 weights skip 4, 8 and 12)")
     ap.add_argument("--greedy-steps", type=int, default=64)
     ap.add_argument("--kv-pages", type=int, default=9000)
     ap.add_argument("--budget-s", type=float, default=480,
