@@ -59,12 +59,20 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   same-call A/Bs: v2 0 of 502 streams underran vs 27 of 495 at 8, v3 0 of 436 vs 1 of 408; the other runs at 8 that
 #   session: 20 of 488 and 0 of 449. The cost: a stream whose rule asks for more than 8 frames waits up to two more
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
-FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk")
+#   Session 20, two more v2 pairs: 36 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
+#   difference measurable (36 of 1,959 vs 45 of 1,897).
+# - Higgs v2 / v3: 4 rounds queued for the codec (8 before session 20). H200, v2, 256 streams arriving over 2 s: TTFA p95
+#   385 and 387 ms, 0 of 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same call and
+#   457-837 ms with 0-36 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355. The talker
+#   stops sooner while a codec call runs, so the codec's calls stay short (p95 71-80 ms vs 95-212; backlog at most
+#   3.3k frames vs 5.3-5.7k) and a first chunk waits less behind one; without the bound (256 rounds) 41 and 63 of
+#   ~512 underran (backlog up to 16.7k frames: the talker took the GPU from the codec). Qwen3-TTS keeps 8 (not measured).
+FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_queue_rounds")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
-                  "max_first_chunk": 10}
+                  "max_first_chunk": 10, "codec_queue_rounds": 4}
 FAMILY_DEFAULTS = {
     "qwen3-tts": {"ramp_repeat": 1, "first_chunk_margin": 1.0, "codec_starting_ms": 12.0, "codec_starting_ahead_s": 0.2,
-                  "max_first_chunk": 8},
+                  "max_first_chunk": 8, "codec_queue_rounds": 8},
 }
 
 
@@ -147,7 +155,8 @@ class ServerConfig:
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     # rounds of decode work (one per engine step that made some) queued for the codec thread before the engine thread
     # waits (back-pressure): while a codec call runs the talker makes this many steps, then stops until the call ends
-    codec_queue_rounds: int = 8
+    # (None: the family's, FAMILY_DEFAULTS)
+    codec_queue_rounds: int | None = None
     codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; 0: no cap; None: the family's, FAMILY_DEFAULTS)
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
@@ -186,7 +195,6 @@ class ServerConfig:
             "max_streams", "max_contexts", "max_message_bytes", "max_text_chars",
             "max_context_chars", "max_reference_bytes", "max_transcript_chars",
             "max_scene_chars", "max_instructions_chars", "max_segment_chars", "max_frames", "max_send_ms",
-            "codec_queue_rounds",
         ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         need(self.max_reference_s > 0, "max_reference_s must be > 0")
@@ -214,6 +222,8 @@ class ServerConfig:
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
         need(self.max_first_chunk is None or (isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64),
              "max_first_chunk must be an int in 1..64 or None")
+        need(self.codec_queue_rounds is None or (isinstance(self.codec_queue_rounds, int) and self.codec_queue_rounds >= 1),
+             "codec_queue_rounds must be an int >= 1 or None")
         need(self.ramp_repeat is None or (isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4),
              "ramp_repeat must be an int in 1..4 or None")
         need(self.first_chunk_margin is None or 1 <= self.first_chunk_margin <= 10,

@@ -58,7 +58,7 @@ async def fake_pipeline(codec, rounds: int | None = None):
     engine = FakeEngine(step_s=0.001)
     p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0,
                                              **({} if rounds is None else {"codec_queue_rounds": rounds})))
-    assert p.codec_worker.rounds.maxsize == (8 if rounds is None else rounds)  # ServerConfig.codec_queue_rounds
+    assert p.codec_worker.rounds.maxsize == (4 if rounds is None else rounds)  # codec_queue_rounds (the Higgs default)
     await p.start()
     return engine, p
 
@@ -313,8 +313,9 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
 
 async def test_each_family_gets_its_own_serving_defaults():
     """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
-    first_chunk_margin 3, first chunks of up to 10 frames and no codec cap (v2's 256-stream bursts); Qwen3-TTS 1 / 1,
-    up to 8 frames and the codec cap 12 ms held while a listener has < 0.2 s of audio (its 20 req/s TTFA). A set value
+    first_chunk_margin 3, first chunks of up to 10 frames, no codec cap and 4 rounds queued for the codec (v2's 256-stream
+    bursts); Qwen3-TTS 1 / 1, up to 8 frames, the codec cap 12 ms held while a listener has < 0.2 s of audio (its 20 req/s
+    TTFA) and 8 rounds. A set value
     wins for any family; 0 turns the cap off."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
@@ -333,7 +334,10 @@ async def test_each_family_gets_its_own_serving_defaults():
         assert p.cfg.codec_starting_ms is None and p.codec_worker.starting_s is None  # no codec cap
         p.codec_worker.call_peak_s = 0.300  # a burst's calls: the rule asks for 30 frames, the family's cap holds
         assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
+        assert p.cfg.codec_queue_rounds == 4 and p.codec_worker.rounds.maxsize == 4
     q = pipeline("qwen3-tts")
+    assert q.cfg.codec_queue_rounds == 8 and q.codec_worker.rounds.maxsize == 8
+    assert pipeline("v2", codec_queue_rounds=16).codec_worker.rounds.maxsize == 16
     assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
     assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4
     assert q.codec_worker.starting_s == pytest.approx(0.012) and q.cfg.codec_starting_ahead_s == 0.2
