@@ -375,13 +375,15 @@ class Pipeline:
             self.metrics.steps.inc()
             self._count_pages()
             self.metrics.step_time.observe(time.perf_counter() - t0)
+            t_queue = time.perf_counter()
             if (rnd.jobs or rnd.ends) and not self._queue_round(rnd):
                 return
             t_end = time.perf_counter()
             self.loop_model.observe_iteration(len(events), t_end - t0, 2 * self.pacing.frame_s)
             if self.trace is not None:
                 self.trace.append(("step", t0, t_step, t_end, len(events), getattr(self.engine, "wait_s", 0.0) - wait0,
-                                   getattr(self.engine, "last_prefill", 0), self._late_launches() - late0, sync))
+                                   getattr(self.engine, "last_prefill", 0), self._late_launches() - late0, sync,
+                                   t_end - t_queue))  # the 10th: waiting for room in the codec's queue
 
     def _late_launches(self) -> int:
         """Prompt launches the engine made while waiting for a step so far (EngineConfig.late_prompts; traces)."""

@@ -137,3 +137,12 @@ def test_an_overdue_calls_wait_past_its_deadline_is_summarized_when_the_trace_ha
     assert s["codec_overdue_late_ms_p50"] == pytest.approx(10.0) and s["codec_overdue_late_ms_max"] == pytest.approx(40.0)
     older = trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001), ("codec", 0.0, 0.01, 2, 50, 1, True, 5)], wall_s=0.05)
     assert older["codec_overdue_calls"] == 1 and "codec_overdue_late_ms_p50" not in older
+
+
+def test_the_engines_waits_for_the_codec_queue_are_summarized_when_the_trace_has_them():
+    """The step trace's 10th field: seconds the engine thread waited for room in the codec's queue."""
+    steps = [("step", 0.0, 0.004, 0.005, 8, 0.001, 0, 0, False, w) for w in (0.0, 0.002, 0.030, 0.120)]
+    s = trace_summary(steps, wall_s=1.0)
+    assert s["queue_wait_s"] == pytest.approx(0.152) and s["queue_wait_ms_max"] == pytest.approx(120.0)
+    assert s["queue_waits_over_5ms"] == 2
+    assert "queue_wait_s" not in trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001)], wall_s=1.0)

@@ -29,6 +29,7 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             "share_of_steps_with_prefill": float(prefill.mean()),
             "late_launches": int(sum(t[7] for t in steps if len(t) > 7)),  # prompt launches beside a step in flight
             "sync_steps": int(sum(1 for t in steps if len(t) > 8 and t[8])),
+            **_queue_wait_summary(steps),
             "step_ms_with_codec": float(wall[overlapped].mean()) if overlapped.any() else None,
             "step_ms_without_codec": float(wall[~overlapped].mean()) if (~overlapped).any() else None,
             "share_of_steps_with_codec": float(overlapped.mean()),
@@ -55,6 +56,16 @@ def calls_beside(steps: list[tuple], calls: list[tuple]) -> list[list[tuple]]:
             k += 1
         out.append(calls[j:k])
     return out
+
+
+def _queue_wait_summary(steps: list[tuple]) -> dict:
+    """The engine thread's waits for room in the codec's queue (the step trace's 10th field, servers since session 20:
+    `codec_queue_rounds` back-pressure): their total, the longest, and how many steps waited over 5 ms."""
+    waits = np.array([t[9] for t in steps if len(t) > 9], dtype=np.float64)
+    if not waits.size:
+        return {}
+    return {"queue_wait_s": float(waits.sum()), "queue_wait_ms_max": float(waits.max() * 1e3),
+            "queue_waits_over_5ms": int((waits > 0.005).sum())}
 
 
 def _backlog_summary(calls: list[tuple]) -> dict:

@@ -510,7 +510,8 @@ async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_
     # the segment's first frame (frame0 events): first text -> first frame -> its codec call -> first audio
     assert "frame0" in kinds and 0 < row["to_first_frame_ms"] < row["ttfa_ms"] and row["frame_to_call_ms"] >= 0
     steps = [e for e in events if e[0] == "step"]
-    assert all(len(e) == 9 and e[7] == 0 for e in steps)  # + late prompt launches (none on the CPU runner), sync
+    # + late prompt launches (none on the CPU runner), sync, the wait for room in the codec's queue
+    assert all(len(e) == 10 and e[7] == 0 and 0 <= e[9] <= e[3] - e[1] for e in steps)
 
 
 def test_ttfa_breakdown_takes_a_context_s_first_segment_frame():
