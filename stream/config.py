@@ -59,11 +59,11 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   same-call A/Bs: v2 0 of 502 streams underran vs 27 of 495 at 8, v3 0 of 436 vs 1 of 408; the other runs at 8 that
 #   session: 20 of 488 and 0 of 449. The cost: a stream whose rule asks for more than 8 frames waits up to two more
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
-#   Session 20, two more v2 pairs: 36 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
-#   difference measurable (36 of 1,959 vs 45 of 1,897).
+#   Session 20, two more v2 pairs: 22 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
+#   difference measurable (22 of 1,959 vs 45 of 1,897, the stalls of a run coming together in one burst).
 # - Higgs v2 / v3: 4 rounds queued for the codec (8 before session 20). H200, v2, 256 streams arriving over 2 s: TTFA p95
 #   385 and 387 ms, 0 of 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same call and
-#   457-837 ms with 0-36 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355. The talker
+#   457-837 ms with 0-22 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355. The talker
 #   stops sooner while a codec call runs, so the codec's calls stay short (p95 71-80 ms vs 95-212; backlog at most
 #   3.3k frames vs 5.3-5.7k) and a first chunk waits less behind one; without the bound (256 rounds) 41 and 63 of
 #   ~512 underran (backlog up to 16.7k frames: the talker took the GPU from the codec). Qwen3-TTS keeps 8 (not measured).
