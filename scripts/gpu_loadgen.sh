@@ -23,7 +23,7 @@ for arch in "${archs[@]}"; do
   share=$(( (${BUDGET_S:-480} - SECONDS - 15) / n )); n=$(( n - 1 ))
   if [ "$share" -lt 100 ]; then echo "$arch: skipped (${share} s of budget left for it)"; rc=1; continue; fi
   echo "== $arch: ${share} s"
-  serve="python3 -m higgs_stream.cli serve --model ${MODEL:-random:full} --arch $arch --device ${DEVICE:-cuda}"
+  serve="python3 -m higgs_stream.cli serve --model ${MODEL:-random:full} --arch $arch --device ${DEVICE:-cuda} --drain-timeout 10"
   serve+=" --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} ${SERVE_ARGS:-}"
   timeout -k 20 $(( share + 45 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
     --spawn "$serve" --spawn-log "$OUT/server_$arch.log" --spawn-timeout 240 --time-budget "$share" \

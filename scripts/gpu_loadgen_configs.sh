@@ -38,7 +38,7 @@ run() {  # label flags: one fresh server, the scenarios against it (from $rundir
   if [ "$left" -lt 80 ]; then echo "$label: skipped ($left s left)"; return; fi
   (cd "$rundir" && python3 -c "import higgs_stream.stream.pipeline as p; print('$label code:', p.__file__)" && \
    timeout -k 10 $(( left - 5 )) python3 -m higgs_stream.loadgen --url "ws://127.0.0.1:$port/v1/tts/stream" \
-    --spawn "python3 -m higgs_stream.cli serve $model --device ${DEVICE:-cuda} --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
+    --spawn "python3 -m higgs_stream.cli serve $model --device ${DEVICE:-cuda} --drain-timeout 10 --host 127.0.0.1 --port $port --max-streams ${MAX_STREAMS:-256} --kv-pages ${KV_PAGES:-8192} --max-frames ${MAX_FRAMES:-250} $flags" \
     --spawn-log "$OUT/server_$label.log" --spawn-timeout 240 --time-budget $(( left - 60 )) --open-rates "${OPEN_RATES-}" \
     --closed "${CLOSED-128}" --duration "${DURATION:-10}" --ramp "${RAMP:-1}" --drain 20 --request-timeout 60 --procs 4 --label "$label" \
     --out "$OUT/lg_$label.json" 2>&1 | grep -E "^(open|closed)@" | sed "s/^/$label /")

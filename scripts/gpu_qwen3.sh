@@ -82,7 +82,7 @@ for preset in "$@"; do
   if [ "$left" -lt 120 ]; then echo "$preset server run skipped: ${left} s left"; continue; fi
   python3 -m higgs_stream.cli make-checkpoint /tmp/q-$preset --arch qwen3-tts --preset "$preset" --seed 0 \
     > "$d/make_$preset.log" 2>&1 || { tail -5 "$d/make_$preset.log"; continue; }
-  serve="python3 -m higgs_stream.cli serve --model /tmp/q-$preset --device cuda --host 127.0.0.1 --port $port"
+  serve="python3 -m higgs_stream.cli serve --model /tmp/q-$preset --device cuda --drain-timeout 10 --host 127.0.0.1 --port $port"
   tag="$preset${TAG:-}"
   serve+=" --max-streams ${MAX_STREAMS:-256} --max-frames 125 --trace-out $d/trace_qwen3_$tag.json ${SERVE_ARGS:-}"
   timeout -k 20 "$left" python3 -m higgs_stream.loadgen --url ws://127.0.0.1:$port/v1/tts/stream --spawn "$serve" \

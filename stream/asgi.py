@@ -28,7 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream import routes
-from higgs_stream.stream.driver import CLOSE_NORMAL, CLOSE_TOO_BIG, close_sockets, run_websocket, websocket_refusal
+from higgs_stream.stream.driver import CLOSE_NORMAL, CLOSE_TOO_BIG, drain, run_websocket, websocket_refusal
 from higgs_stream.stream.errors import TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES
 from higgs_stream.stream.http_speech import speech
@@ -281,7 +281,7 @@ def make_asgi_app(state: ServerState):
         try:
             yield
         finally:
-            await close_sockets(state)
+            await drain(state, state.config.drain_s)
             await state.pipeline.stop()
 
     app = Starlette(routes=table, exception_handlers={404: not_found, 405: wrong_method}, lifespan=lifespan)
@@ -296,7 +296,7 @@ def _response(reply: Reply) -> Response:
 
 class AsgiServer:
     """The ASGI app on uvicorn in this event loop: `await AsgiServer(state).start(host, port)`,
-    `port`, `await cleanup()` (closes the WebSockets with 1001, then stops uvicorn and the pipeline)."""
+    `port`, `await cleanup()` (drains: `driver.drain`, then stops uvicorn and the pipeline)."""
 
     def __init__(self, state: ServerState):
         self.state = state
@@ -332,7 +332,7 @@ class AsgiServer:
     async def cleanup(self, timeout_s: float = 30.0) -> None:
         if self._task is None:
             return
-        await close_sockets(self.state)
+        await drain(self.state, self.state.config.drain_s)
         self._server.should_exit = True
         async with asyncio.timeout(timeout_s):
             await self._task

@@ -138,6 +138,9 @@ class ServerConfig:
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
     context_idle_s: float = 60.0  # an open context with no message and no audio for this long ends (idle_timeout)
     http_body_timeout_s: float = 30.0  # an HTTP request body must arrive within this (timeout, 408)
+    # shutdown (SIGTERM / SIGINT): new streams are refused (shutting_down) while the open ones run to their end for up to
+    # this long; then the rest end with error{shutting_down}. Keep it below the platform's kill grace (Kubernetes: 30 s)
+    drain_s: float = 600.0
 
     # WebRTC: ICE servers the server's peer connections use (none: host candidates only).
     ice_servers: tuple[str, ...] = ()
@@ -208,6 +211,7 @@ class ServerConfig:
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
+        need(self.drain_s >= 0, "drain_s must be >= 0")
         need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")
         need(self.admit_step_ratio is None or 0 < self.admit_step_ratio <= 1, "admit_step_ratio must be in (0, 1] or None")
         need(self.codec_schedule in ("eager", "just_in_time"), "codec_schedule must be 'eager' or 'just_in_time'")

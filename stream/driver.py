@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from higgs_stream.engine.errors import HiggsStreamError
-from higgs_stream.stream.errors import ForbiddenOriginError, IdleTimeoutError
+from higgs_stream.stream.errors import ForbiddenOriginError, IdleTimeoutError, ShuttingDownError
 from higgs_stream.stream.guards import authorized, check_origin
 from higgs_stream.stream.handle import Audio, StreamHandle
 from higgs_stream.stream.routes import Reply, Request, failure_reply
@@ -30,6 +30,8 @@ from higgs_stream.stream.session import Cancel, Close, Command, Open, Session, S
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_INTERNAL = 1000, 1001, 1008, 1009, 1011
+DRAIN_POLL_S = 0.05  # drain(): how often it looks whether the open streams have ended
+SHUTDOWN_FLUSH_S = 5.0  # drain(): how long the sessions get to send the errors of the streams it ended
 
 
 class Connection(Protocol):
@@ -79,6 +81,34 @@ async def run_websocket(state: ServerState, request: Request, conn: Connection) 
         await conn.close()
 
 
+async def drain(state: ServerState, timeout_s: float) -> None:
+    """Graceful shutdown (aiohttp's on SIGTERM / SIGINT, the ASGI lifespan's end): the pipeline refuses new streams
+    (`shutting_down`, HTTP 503 + Retry-After; `/healthz` says "draining") while the open ones run to their end, their
+    audio delivered, for up to `timeout_s`; what is left then ends with `error{shutting_down}` + `done` (HTTP: the
+    error of its format). Then every WebSocket closes with 1001."""
+    pipeline = state.pipeline
+    pipeline.draining = True
+    loop = asyncio.get_running_loop()
+
+    async def until(done: Callable[[], bool], seconds: float) -> bool:
+        deadline = loop.time() + seconds
+        while not done():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(DRAIN_POLL_S)
+        return True
+
+    delivered = lambda: not any(r.handles for r in list(state.sessions))  # every context's `done` sent  # noqa: E731
+    if pipeline.active or not delivered():
+        log.info("draining: %d streams open; waiting up to %g s", pipeline.active, timeout_s)
+    if not await until(lambda: not pipeline.active and delivered(), timeout_s):
+        ended = pipeline.end_all(ShuttingDownError(f"the server is shutting down: the stream did not end within its "
+                                                   f"{timeout_s:g} s drain"))
+        log.warning("drain: %g s over; %d streams ended with shutting_down", timeout_s, ended)
+        await until(delivered, SHUTDOWN_FLUSH_S)
+    await close_sockets(state)
+
+
 async def close_sockets(state: ServerState) -> None:
     """Server shutdown: every open WebSocket closes with 1001."""
     for conn in list(state.sockets):
@@ -99,7 +129,8 @@ class SessionRunner:
         self.transport = transport  # metrics label
         self._send_text, self._send_bytes = send_text, send_bytes
         self.session = Session(state.config, state.voices, query, on_error=self._count_error)
-        self.handles: dict[str, StreamHandle] = {}
+        self.handles: dict[str, StreamHandle] = {}  # contexts whose `done` is not sent yet
+        state.sessions.add(self)
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
 

@@ -54,6 +54,13 @@ class IdleTimeoutError(HiggsStreamError):
     code = "idle_timeout"
 
 
+class ShuttingDownError(HiggsStreamError):
+    """The server is draining (SIGTERM / SIGINT): it takes no new stream, and a stream still open when the drain
+    time (`drain_s`, `serve --drain-timeout`) runs out ends with this."""
+
+    code = "shutting_down"
+
+
 class RequestTimeoutError(HiggsStreamError):
     """An HTTP request body did not arrive within `http_body_timeout_s`."""
 

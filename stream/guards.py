@@ -24,7 +24,7 @@ from higgs_stream.stream.errors import (
 
 HTTP_STATUS = {"bad_json": 400, "unknown_type": 400, "invalid_input": 400, "bad_config": 400, "not_found": 400,
                "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401, "forbidden_origin": 403,
-               "unsupported_media_type": 415, "timeout": 408, "method_not_allowed": 405}
+               "unsupported_media_type": 415, "timeout": 408, "method_not_allowed": 405, "shutting_down": 503}
 # Routes a page on a `cors_origins` origin may call, and the methods they serve.
 CORS_ROUTES = {"/v1/audio/speech": "POST", "/v1/voices": "GET"}
 

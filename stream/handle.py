@@ -257,6 +257,10 @@ class StreamHandle:
 
     # ---- endings ----
 
+    def fail(self, error: HiggsStreamError) -> None:
+        """End the stream with `error` now (its audio not yet taken is dropped)."""
+        self._fail(error)
+
     def _fail(self, error: HiggsStreamError) -> None:
         if self.finished:
             return

@@ -61,6 +61,7 @@ from higgs_stream.stream.codec_worker import (
     on_stream,
 )
 from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig, for_family
+from higgs_stream.stream.errors import ShuttingDownError
 from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
@@ -117,6 +118,7 @@ class Pipeline:
         self.max_paused = 0  # most streams paused at once (benchmarks read it)
         self.metrics = metrics or Metrics()
         self._handles: set[StreamHandle] = set()
+        self.draining = False  # shutting down: open() refuses (stream/driver.py: drain)
         self._segments: dict[int, _Segment] = {}  # engine stream id -> segment (guarded by _lock)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -265,6 +267,8 @@ class Pipeline:
     def open(self, options: ContextOptions, transport: str = "ws", stream_id: str | None = None) -> StreamHandle:
         """Admit one stream; `stream_id` (the context id; a fresh request id when None) names it in
         the access log."""
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down: it takes no new stream (retry on another one)")
         if not self.healthy:
             raise HiggsStreamError("the engine is not running")
         if len(self._handles) >= self.cfg.max_streams:
@@ -278,6 +282,14 @@ class Pipeline:
         self._handles.add(handle)
         self.metrics.active_streams.set(len(self._handles))
         return handle
+
+    def end_all(self, error: HiggsStreamError) -> int:
+        """End every open stream with `error` (its queued audio dropped, its engine stream cancelled): the end of a
+        drain (stream/driver.py). Returns how many there were."""
+        handles = list(self._handles)
+        for handle in handles:
+            handle.fail(error)
+        return len(handles)
 
     def _release(self, handle: StreamHandle, reason: str) -> None:
         self._handles.discard(handle)

@@ -106,11 +106,13 @@ def failure_reply(error: HiggsStreamError, state: ServerState, status: int | Non
 # ---------------------------------------------------------------- the small routes
 
 def healthz(state: ServerState) -> Reply:
-    """`200` while the engine loop is alive, else `503`; with the codec's state (`CodecWorker.health`)."""
+    """`200` while the engine loop is alive and the server is not shutting down ("draining": a load balancer should
+    send nobody new), else `503`; with the codec's state (`CodecWorker.health`)."""
     p = state.pipeline
-    body = {"status": "ok" if p.healthy else "unhealthy", "active_streams": p.active,
+    status = "unhealthy" if not p.healthy else "draining" if p.draining else "ok"
+    body = {"status": status, "active_streams": p.active,
             "max_streams": state.config.max_streams, "steps": p.steps, "codec": p.codec_worker.health()}
-    return json_reply(body, 200 if p.healthy else 503)
+    return json_reply(body, 200 if status == "ok" else 503)
 
 
 def metrics(state: ServerState) -> Reply:

@@ -27,7 +27,7 @@ from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
     SessionRunner,
-    close_sockets,
+    drain,
     run_websocket,
     websocket_refusal,
 )
@@ -206,8 +206,8 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
     async def start(app: web.Application) -> None:
         await start_pipeline(state)
 
-    async def stop(app: web.Application) -> None:
-        await close_sockets(state)
+    async def stop(app: web.Application) -> None:  # aiohttp has stopped listening (SIGTERM / SIGINT)
+        await drain(state, state.config.drain_s)
         await state.pipeline.stop()
 
     app.on_startup.append(start)
@@ -417,6 +417,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "[?transport=udp|tcp]; repeatable (default: none, host candidates only)")
     parser.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, metavar="S",
                         help="close a connection with no open context and no message for S seconds")
+    parser.add_argument("--drain-timeout", type=float, default=d.drain_s, metavar="S",
+                        help="at shutdown (SIGTERM / SIGINT; a second one stops at once) new streams are refused "
+                             "(shutting_down, HTTP 503) while the open ones run to their end for up to S seconds; the "
+                             "rest then end with error{shutting_down}. Under Ray Serve: graceful_shutdown_timeout_s. Keep "
+                             "it below the platform's kill grace (Kubernetes: 30 s by default)")
     parser.add_argument("--context-idle-timeout", type=float, default=d.context_idle_s, metavar="S",
                         help="end an open context (no `end` yet) with no message and no audio for S seconds")
     parser.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s, metavar="S",
@@ -430,7 +435,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Ray Serve (stream/ray_app.py): `serve --ray` and these flags; the replicas get the others.
 RAY_FLAGS = ("ray", "ray_address", "replicas", "max_replicas", "gpus_per_replica", "cpus_per_replica",
-             "max_queued", "drain_timeout")
+             "max_queued")
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -449,8 +454,6 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queued", type=int, default=64,
                    help="requests that may wait at each proxy for a replica (a free stream slot, or just their "
                         "assignment during a burst); beyond them, 503 busy at once")
-    g.add_argument("--drain-timeout", type=float, default=600.0, metavar="S",
-                   help="graceful_shutdown_timeout_s: a replica being stopped lets its streams finish for this long")
 
 
 def _cuda() -> bool:
@@ -471,7 +474,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
                         voice_aliases=aliases, allowed_origins=tuple(args.allow_origin),
                         cors_origins=tuple(args.cors_origin),
-                        ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
+                        ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout, drain_s=args.drain_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,

@@ -24,6 +24,7 @@ class ServerState:
     voices: VoiceLibrary
     metrics: Metrics
     sockets: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # open WebSockets (closed at shutdown)
+    sessions: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # live SessionRunners (WebSocket, WebRTC)
 
 
 STATE = web.AppKey("higgs_state", ServerState)

@@ -65,7 +65,7 @@ async def fake_pipeline(codec, rounds: int | None = None):
 
 async def test_engine_steps_while_the_codec_works_and_streams_keep_their_order():
     codec = GatedCodec()
-    engine, p = await fake_pipeline(codec)
+    engine, p = await fake_pipeline(codec, rounds=64)  # room for every round of 40 steps (the queue bound: next test)
     try:
         handles = [p.open(ContextOptions(voice=default_voice(), seed=i)) for i in range(3)]
         for h in handles:

@@ -274,6 +274,58 @@ async def test_auth(start_server):
             assert r.status == 200
 
 
+async def test_shutdown_lets_open_streams_finish_and_refuses_new_ones(start_server):
+    """A drain (aiohttp on SIGTERM / SIGINT, the ASGI lifespan's end): new contexts and HTTP requests get
+    `shutting_down` (503 + Retry-After), /healthz says "draining", the open stream runs to its end with all its audio,
+    then the socket closes with 1001 (going away)."""
+    from higgs_stream.stream.driver import drain
+
+    host, state = await start_server(drain_s=60.0)
+    async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
+        lis = Peer(ws)
+        await speak(ws, "a", LONG_TEXT, LONG_SEED)
+        await lis.until(lambda: lis.pcm.get("a"))  # it is generating
+        draining = asyncio.create_task(drain(state, state.config.drain_s))
+        while not state.pipeline.draining:
+            await asyncio.sleep(0)
+        await ws.send(json.dumps({"type": "text", "context_id": "late", "text": "Hi."}))
+        async with http.post(f"http://{host}/v1/audio/speech", json={"input": "Hi."}) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+            assert (await r.json())["error"]["code"] == "shutting_down"
+        async with http.get(f"http://{host}/healthz") as r:
+            assert r.status == 503 and (await r.json())["status"] == "draining"
+        await lis.until(lambda: "a" in lis.done)
+        assert lis.done["a"]["reason"] == "completed" and lis.done["a"]["samples"] * 2 == len(lis.pcm["a"]) > 0
+        assert [(e["code"], e["context_id"]) for e in lis.errors] == [("shutting_down", "late")]
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                lis.handle(await ws.recv())
+        assert closed.value.rcvd.code == 1001
+        await draining
+        assert state.metrics.errors.value(code="shutting_down") == 2
+
+
+async def test_a_stream_still_open_when_the_drain_runs_out_ends_with_shutting_down(start_server):
+    """Every accepted context ends with `done` or `error`, at shutdown too: one left open (no `end`) past the drain
+    gets error{shutting_down} + done{reason: error} before the socket closes with 1001."""
+    from higgs_stream.stream.driver import drain
+
+    host, state = await start_server(drain_s=0.2)
+    async with connect(f"ws://{host}/v1/tts/stream") as ws:
+        lis = Peer(ws)
+        await ws.send(json.dumps({"type": "text", "context_id": "open", "text": "Hello there.", "seed": 3}))
+        await lis.until(lambda: lis.pcm.get("open"))
+        draining = asyncio.create_task(drain(state, state.config.drain_s))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                lis.handle(await ws.recv())
+        assert closed.value.rcvd.code == 1001
+        await draining
+    assert [(e["code"], e["context_id"]) for e in lis.errors] == [("shutting_down", "open")]
+    assert lis.done["open"]["reason"] == "error"
+    await pages_freed(state.pipeline.engine)
+
+
 async def test_busy_when_full(start_server):
     host, _ = await start_server(max_streams=1)
     async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
@@ -553,3 +605,38 @@ async def test_profile_out_samples_the_loop_engine_and_codec_threads(engine, cod
     engine_fns = {k.split(" ")[0] for k, _ in threads["higgs-engine"]["cum"]}
     assert "_engine_loop" in engine_fns
     assert any(k.startswith("_run ") for k, _ in threads["higgs-codec"]["cum"])
+
+
+def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
+    """The real signal path (`higgs-stream serve`, aiohttp's run_app): SIGTERM while a stream plays; the stream runs
+    to its `done` with all its audio, the socket closes with 1001 and the process exits 0."""
+    import signal
+    import socket
+    import sys
+
+    from higgs_stream.loadgen.spawn import spawned_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"ws://127.0.0.1:{port}/v1/tts/stream"
+    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
+           f"--port {port} --max-frames 1000 --drain-timeout 60")
+    with spawned_server(cmd, url, tmp_path / "server.log", timeout_s=120) as proc:
+        async def listen() -> tuple[Peer, int]:
+            async with connect(url) as ws:
+                lis = Peer(ws)
+                await speak(ws, "a", "Hello there.", 3)
+                await lis.until(lambda: lis.pcm.get("a"))
+                proc.send_signal(signal.SIGTERM)
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        lis.handle(await ws.recv())
+                return lis, closed.value.rcvd.code
+
+        lis, code = asyncio.run(listen())
+        assert proc.wait(timeout=60) == 0
+    assert code == 1001 and not lis.errors
+    done = lis.done["a"]
+    assert done["reason"] == "completed" and done["samples"] == 1000 * 960 == len(lis.pcm["a"]) // 2  # no EOS: 1000 frames
+    assert "draining: 1 streams open" in (tmp_path / "server.log").read_text()  # the signal came mid-stream
