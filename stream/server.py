@@ -193,6 +193,11 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
     for path in CORS_ROUTES:
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
+
+    async def drain_streams(app: web.Application) -> None:  # aiohttp has stopped listening (SIGTERM / SIGINT)
+        await drain(state, state.config.drain_s)
+
+    app.on_shutdown.append(drain_streams)  # first: WebRTC's peers (closed next) drain like the WebSockets
     _mount_webrtc(app, state)
 
     def serve_file(path):
@@ -206,8 +211,7 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
     async def start(app: web.Application) -> None:
         await start_pipeline(state)
 
-    async def stop(app: web.Application) -> None:  # aiohttp has stopped listening (SIGTERM / SIGINT)
-        await drain(state, state.config.drain_s)
+    async def stop(app: web.Application) -> None:
         await state.pipeline.stop()
 
     app.on_startup.append(start)
