@@ -326,6 +326,28 @@ async def test_a_stream_still_open_when_the_drain_runs_out_ends_with_shutting_do
     await pages_freed(state.pipeline.engine)
 
 
+async def test_an_http_stream_still_open_when_the_drain_runs_out_ends_with_its_error_event(start_server):
+    """HTTP streams drain too: a `stream_format: sse` request still generating when the drain runs out (here at once) ends with the
+    SSE error event `shutting_down` (its audio so far delivered), never a bare cut."""
+    from higgs_stream.stream.driver import drain
+
+    host, state = await start_server(drain_s=0.0, max_frames=300)  # 0: end what is open at once
+    async with aiohttp.ClientSession() as http:
+        body = {"input": LONG_TEXT, "seed": LONG_SEED, "stream_format": "sse", "response_format": "pcm"}
+        async with http.post(f"http://{host}/v1/audio/speech", json=body) as r:
+            assert r.status == 200
+            events = []
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 1:  # audio flows: shut down
+                        draining = asyncio.create_task(drain(state, state.config.drain_s))
+    await draining
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "speech.audio.delta" and kinds[-1] == "error" and "speech.audio.done" not in kinds
+    assert events[-1]["error"]["code"] == "shutting_down"
+
+
 async def test_busy_when_full(start_server):
     host, _ = await start_server(max_streams=1)
     async with connect(f"ws://{host}/v1/tts/stream") as ws, aiohttp.ClientSession() as http:
