@@ -327,8 +327,8 @@ async def test_a_stream_still_open_when_the_drain_runs_out_ends_with_shutting_do
 
 
 async def test_an_http_stream_still_open_when_the_drain_runs_out_ends_with_its_error_event(start_server):
-    """HTTP streams drain too: a `stream_format: sse` request still generating when the drain runs out (here at once) ends with the
-    SSE error event `shutting_down` (its audio so far delivered), never a bare cut."""
+    """HTTP streams drain too: a `stream_format: sse` request still generating when the drain runs out (here at
+    once) ends with the SSE error event `shutting_down` (its audio so far delivered), never a bare cut."""
     from higgs_stream.stream.driver import drain
 
     host, state = await start_server(drain_s=0.0, max_frames=300)  # 0: end what is open at once
