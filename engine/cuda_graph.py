@@ -42,8 +42,9 @@ from higgs_stream.kernels.flashinfer_attention import GraphDecodeAttention, Host
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
 # fp8 weights: 3-16 rows replay the 16-row graph. H200, session 20, bench_quant over e4m3 pages, same call: a decode
 # step of 4 rows took 2.82 ms on its own graph and 2.58 on the 16-row one, 8 rows 2.86 vs 2.60 (16 rows 2.63; 2 rows
-# 2.40 either way); likely the fp8 linears' Triton kernels, specialized for M divisible by 16 (not profiled). The rows
-# are independent in every kernel of the step. Not for bf16 weights, whose 4-row step is the cheaper (H100: 3.21 vs 3.52 ms at 16).
+# 2.40 either way); likely the fp8 linears' Triton kernels, specialized for M divisible by 16 (not profiled). The
+# rows are independent in every kernel of the step. Not for bf16 weights, whose 4-row step is the cheaper (H100: 3.21
+# vs 3.52 ms at 16).
 FP8_BUCKETS = tuple(b for b in DEFAULT_BUCKETS if not 2 < b < 16)
 
 

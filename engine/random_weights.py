@@ -133,7 +133,8 @@ def in_memory_engine(arch: str, preset: str, device: Any, dtype: torch.dtype, co
         _zero_eos_rows(talker, cfg)  # before the engine takes views of the head (the graphs read it in place)
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=config.page_size,
                            dtype=kv_cache_dtype(config.kv_cache_dtype, talker.dtype), device=device)
-    engine = Engine(talker, cfg, tokenizer, cache, config, runner_config(quantize, cuda_graphs, kernels, runner_options))
+    runner = runner_config(quantize, cuda_graphs, kernels, runner_options)
+    engine = Engine(talker, cfg, tokenizer, cache, config, runner)
     if not eos:
         suppress_eos(engine)
     return engine

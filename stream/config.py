@@ -61,12 +61,13 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
 #   Session 20, two more v2 pairs: 22 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
 #   difference measurable (22 of 1,959 vs 45 of 1,897, the stalls of a run coming together in one burst).
-# - Higgs v2 / v3: 4 rounds queued for the codec (8 before session 20). H200, v2, 256 streams arriving over 2 s: TTFA p95
-#   385 and 387 ms, 0 of 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same call and
-#   457-837 ms with 0-22 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355. The talker
-#   stops sooner while a codec call runs, so the codec's calls stay short (p95 71-80 ms vs 95-212; backlog at most
-#   3.3k frames vs 5.3-5.7k) and a first chunk waits less behind one; without the bound (256 rounds) 41 and 63 of
-#   ~512 underran (backlog up to 16.7k frames: the talker took the GPU from the codec). Qwen3-TTS keeps 8 (not measured).
+# - Higgs v2 / v3: 4 rounds queued for the codec (8 before session 20). H200, v2, 256 streams arriving over 2 s:
+#   TTFA p95 385 and 387 ms, 0 of 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same
+#   call and 457-837 ms with 0-22 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355.
+#   The talker stops sooner while a codec call runs, so the codec's calls stay short (p95 71-80 ms vs 95-212; backlog
+#   at most 3.3k frames vs 5.3-5.7k) and a first chunk waits less behind one; without the bound (256 rounds) 41 and 63
+#   of ~512 underran (backlog up to 16.7k frames: the talker took the GPU from the codec). Qwen3-TTS keeps 8 (not
+#   measured).
 FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_queue_rounds")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
                   "max_first_chunk": 10, "codec_queue_rounds": 4}
@@ -138,8 +139,9 @@ class ServerConfig:
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
     context_idle_s: float = 60.0  # an open context with no message and no audio for this long ends (idle_timeout)
     http_body_timeout_s: float = 30.0  # an HTTP request body must arrive within this (timeout, 408)
-    # shutdown (SIGTERM / SIGINT): new streams are refused (shutting_down) while the open ones run to their end for up to
-    # this long; then the rest end with error{shutting_down}. Keep it below the platform's kill grace (Kubernetes: 30 s)
+    # shutdown (SIGTERM / SIGINT): new streams are refused (shutting_down) while the open ones run to their end for
+    # up to this long; then the rest end with error{shutting_down}. Keep it below the platform's kill grace
+    # (Kubernetes: 30 s)
     drain_s: float = 600.0
 
     # WebRTC: ICE servers the server's peer connections use (none: host candidates only).
@@ -226,7 +228,8 @@ class ServerConfig:
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
         need(self.max_first_chunk is None or (isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64),
              "max_first_chunk must be an int in 1..64 or None")
-        need(self.codec_queue_rounds is None or (isinstance(self.codec_queue_rounds, int) and self.codec_queue_rounds >= 1),
+        rounds = self.codec_queue_rounds
+        need(rounds is None or (isinstance(rounds, int) and rounds >= 1),
              "codec_queue_rounds must be an int >= 1 or None")
         need(self.ramp_repeat is None or (isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4),
              "ramp_repeat must be an int in 1..4 or None")

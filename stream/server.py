@@ -424,8 +424,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=d.drain_s, metavar="S",
                         help="at shutdown (SIGTERM / SIGINT; a second one stops at once) new streams are refused "
                              "(shutting_down, HTTP 503) while the open ones run to their end for up to S seconds; the "
-                             "rest then end with error{shutting_down}. Under Ray Serve: graceful_shutdown_timeout_s. Keep "
-                             "it below the platform's kill grace (Kubernetes: 30 s by default)")
+                             "rest then end with error{shutting_down}. Under Ray Serve: graceful_shutdown_timeout_s. "
+                             "Keep it below the platform's kill grace (Kubernetes: 30 s by default)")
     parser.add_argument("--context-idle-timeout", type=float, default=d.context_idle_s, metavar="S",
                         help="end an open context (no `end` yet) with no message and no audio for S seconds")
     parser.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s, metavar="S",
@@ -478,7 +478,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
                         voice_aliases=aliases, allowed_origins=tuple(args.allow_origin),
                         cors_origins=tuple(args.cors_origin),
-                        ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout, drain_s=args.drain_timeout,
+                        ice_servers=tuple(args.ice_server), idle_timeout_s=args.idle_timeout,
+                        drain_s=args.drain_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,

@@ -134,7 +134,8 @@ def test_an_overdue_calls_wait_past_its_deadline_is_summarized_when_the_trace_ha
     calls.append(("codec", 0.02, 0.03, 4, 100, 2, False, 0, 0.0))  # nothing overdue: left out
     s = trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001), *calls], wall_s=0.05)
     assert s["codec_overdue_calls"] == 3
-    assert s["codec_overdue_late_ms_p50"] == pytest.approx(10.0) and s["codec_overdue_late_ms_max"] == pytest.approx(40.0)
+    assert s["codec_overdue_late_ms_p50"] == pytest.approx(10.0)
+    assert s["codec_overdue_late_ms_max"] == pytest.approx(40.0)
     older = trace_summary([("step", 0.0, 0.004, 0.005, 8, 0.001), ("codec", 0.0, 0.01, 2, 50, 1, True, 5)], wall_s=0.05)
     assert older["codec_overdue_calls"] == 1 and "codec_overdue_late_ms_p50" not in older
 

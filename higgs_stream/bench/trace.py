@@ -89,7 +89,8 @@ def _overdue_summary(calls: list[tuple]) -> dict:
     late = np.array([c[8] for c in overdue if len(c) > 8], dtype=np.float64) * 1e3
     if late.size:
         out |= {"codec_overdue_late_ms_p50": float(np.percentile(late, 50)),
-                "codec_overdue_late_ms_p95": float(np.percentile(late, 95)), "codec_overdue_late_ms_max": float(late.max())}
+                "codec_overdue_late_ms_p95": float(np.percentile(late, 95)),
+                "codec_overdue_late_ms_max": float(late.max())}
     return out
 
 

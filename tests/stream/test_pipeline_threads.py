@@ -313,9 +313,9 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
 
 async def test_each_family_gets_its_own_serving_defaults():
     """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
-    first_chunk_margin 3, first chunks of up to 10 frames, no codec cap and 4 rounds queued for the codec (v2's 256-stream
-    bursts); Qwen3-TTS 1 / 1, up to 8 frames, the codec cap 12 ms held while a listener has < 0.2 s of audio (its 20 req/s
-    TTFA) and 8 rounds. A set value
+    first_chunk_margin 3, first chunks of up to 10 frames, no codec cap and 4 rounds queued for the codec (v2's
+    256-stream bursts); Qwen3-TTS 1 / 1, up to 8 frames, the codec cap 12 ms held while a listener has < 0.2 s of
+    audio (its 20 req/s TTFA) and 8 rounds. A set value
     wins for any family; 0 turns the cap off."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 

@@ -401,7 +401,8 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
         calls = next(int(line.split()[1]) for line in lines if line.startswith("higgs_codec_call_seconds_count "))
         assert calls >= 2  # two requests' audio, one call or more each
         assert "higgs_codec_backlog_frames 0" in lines  # every frame decoded once the requests ended
-        waits = next(int(line.split()[1]) for line in lines if line.startswith("higgs_codec_overdue_wait_seconds_count "))
+        waits = next(int(line.split()[1]) for line in lines
+                     if line.startswith("higgs_codec_overdue_wait_seconds_count "))
         assert 1 <= waits <= calls  # each first chunk is due when it is made: its call holds an overdue job
         async with http.get(f"http://{host}/v1/voices") as r:
             voices = await r.json()
@@ -660,5 +661,5 @@ def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
         assert proc.wait(timeout=60) == 0
     assert code == 1001 and not lis.errors
     done = lis.done["a"]
-    assert done["reason"] == "completed" and done["samples"] == 1000 * 960 == len(lis.pcm["a"]) // 2  # no EOS: 1000 frames
+    assert done["reason"] == "completed" and done["samples"] == 1000 * 960 == len(lis.pcm["a"]) // 2  # no EOS
     assert "draining: 1 streams open" in (tmp_path / "server.log").read_text()  # the signal came mid-stream
