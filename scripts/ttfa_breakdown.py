@@ -62,8 +62,15 @@ def breakdown(events: list[list]) -> list[dict]:
             "to_first_frame_ms": 1e3 * (frame0[said] - said) if said in frame0 else float("nan"),
             "frame_to_call_ms": _frame_to_call(frame0.get(said), calls, ends, first),
             "late_steps": sum(1 for s in own_steps if len(s) > 7 and s[7] > 0),
-            "sync_steps": sum(1 for s in own_steps if len(s) > 8 and s[8])})
+            "sync_steps": sum(1 for s in own_steps if len(s) > 8 and s[8]),
+            # servers since session 20: the engine's waits for room in the codec's queue (at each step's end)
+            "queue_wait_ms": 1e3 * sum(_queue_wait_inside(s, said, first) for s in own_steps if len(s) > 9)})
     return rows
+
+
+def _queue_wait_inside(step: list, said: float, first: float) -> float:
+    """The part of a step's wait for the codec queue (its last `step[9]` seconds) between `said` and `first`."""
+    return max(0.0, min(step[3], first) - max(step[3] - step[9], said))
 
 
 def _frame_to_call(frame: float | None, calls: list, ends: np.ndarray, first: float) -> float:
