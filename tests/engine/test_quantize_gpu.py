@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from higgs_stream.bench_model import compare_logits, end_of_speech_guard, fast_logits, logprob_parity, parity_request
+from higgs_stream.engine.cuda_graph import FP8_BUCKETS
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.model_runner import ModelRunnerConfig
@@ -83,9 +84,12 @@ def test_quantized_fast_path_vs_fp32_reference(model, mode):
     assert 1e-3 < res["mean_abs_delta_nat"] < mean and res["p99_abs_delta_nat"] < p99, res
 
 
-@pytest.mark.parametrize("mode", modes())
-def test_graphs_equal_eager_and_streams_end_at_the_cap(model, mode):
-    graphed = engine(model, mode)
+@pytest.mark.parametrize("mode, buckets", [(m, (1, 2, 4, 8)) for m in modes()]
+                         + [("fp8", tuple(b for b in FP8_BUCKETS if b <= 16))] * ("fp8" in modes()))
+def test_graphs_equal_eager_and_streams_end_at_the_cap(model, mode, buckets):
+    """Also with fp8's own buckets (engine/cuda_graph.py: FP8_BUCKETS), where the 4 streams replay the 16-row graph:
+    its 12 padding rows change nothing in the real ones."""
+    graphed = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=buckets))
     suppress_eos(graphed)
     eager = engine(model, mode, gpu=ModelRunnerConfig(cuda_graphs=False), fast=graphed.runner.fast,
                    talker=graphed.talker)
