@@ -239,9 +239,10 @@ class _Cors:
         await self.app(scope, receive, send_with_cors)
 
 
-def make_asgi_app(state: ServerState):
-    """The app: the aiohttp server's routes (without WebRTC). Its lifespan starts the pipeline and,
-    at shutdown, closes every WebSocket with 1001 and stops the pipeline."""
+def make_asgi_app(state: ServerState, drain_s: float | None = None):
+    """The app: the aiohttp server's routes (without WebRTC). Its lifespan starts the pipeline and, at shutdown,
+    drains (`driver.drain`: for `drain_s`, default the config's `drain_s`; then every WebSocket closes with 1001) and
+    stops the pipeline."""
 
     async def speech_route(request: Request) -> Reply | StreamReply:
         return await speech(state, request)
@@ -281,7 +282,7 @@ def make_asgi_app(state: ServerState):
         try:
             yield
         finally:
-            await drain(state, state.config.drain_s)
+            await drain(state, state.config.drain_s if drain_s is None else drain_s)
             await state.pipeline.stop()
 
     app = Starlette(routes=table, exception_handlers={404: not_found, 405: wrong_method}, lifespan=lifespan)

@@ -104,7 +104,9 @@ class TTSReplica:
     def __serve_build_asgi_app__(self):
         from higgs_stream.stream.asgi import make_asgi_app
 
-        return ReplicaHeader(make_asgi_app(self.state), self.replica_id)
+        # Serve's graceful_shutdown_timeout_s (--drain-timeout) is the drain: its requests had that long to end, so
+        # the app's own drain at the lifespan's end ends what is left at once (shutting_down + done), not waits again
+        return ReplicaHeader(make_asgi_app(self.state, drain_s=0.0), self.replica_id)
 
     def check_health(self) -> None:
         """Serve restarts a replica whose engine loop is not alive (3 failed checks)."""

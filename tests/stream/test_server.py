@@ -663,3 +663,37 @@ def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
     done = lis.done["a"]
     assert done["reason"] == "completed" and done["samples"] == 1000 * 960 == len(lis.pcm["a"]) // 2  # no EOS
     assert "draining: 1 streams open" in (tmp_path / "server.log").read_text()  # the signal came mid-stream
+
+
+async def test_the_asgi_lifespans_end_drains_for_the_time_it_is_given(engine, codec):
+    """Under Ray Serve the replica's requests had Serve's graceful_shutdown_timeout_s to end, so its app drains for 0 s
+    at the lifespan's end (stream/ray_app.py): a stream still open ends at once with shutting_down."""
+    from higgs_stream.stream.asgi import make_asgi_app
+    from higgs_stream.stream.errors import ShuttingDownError
+    from higgs_stream.stream.messages import ContextOptions
+    from higgs_stream.testing import collect, default_voice
+
+    config = ServerConfig(port=0, max_frames=MAX_FRAMES, admit_step_ratio=None)  # drain_s 600 in the config
+    metrics = Metrics()
+    state = ServerState(config, Pipeline(engine, codec, config, metrics),
+                        VoiceLibrary.from_config(config, speakers=engine.policy.speakers), metrics)
+    app = make_asgi_app(state, drain_s=0.0)
+    inbox: asyncio.Queue = asyncio.Queue()
+    started = asyncio.Event()
+
+    async def send(message: dict) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            started.set()
+
+    await inbox.put({"type": "lifespan.startup"})
+    lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, inbox.get, send))
+    async with asyncio.timeout(60):
+        await started.wait()
+    handle = state.pipeline.open(ContextOptions(voice=default_voice(), seed=1))
+    handle.say("Hello there.")  # no close(): the stream stays open
+    await inbox.put({"type": "lifespan.shutdown"})
+    async with asyncio.timeout(30):
+        await lifespan
+    _, end = await collect(handle, timeout=5)
+    assert end.reason == "error" and isinstance(end.error, ShuttingDownError)
+    await pages_freed(engine)
