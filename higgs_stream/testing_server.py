@@ -28,7 +28,8 @@ from higgs_stream.stream.voices import VoiceLibrary
 
 TRANSPORTS = ("aiohttp", "asgi")
 WS_ERROR_CODES = frozenset({"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
-                            "unauthorized", "slow_client", "idle_timeout", "internal"})  # PROTOCOL.md §3, WebSocket side
+                            "unauthorized", "slow_client", "idle_timeout", "shutting_down",
+                            "internal"})  # PROTOCOL.md §3, WebSocket side
 
 
 async def wait_until(pred: Callable[[], Any], timeout: float = 10.0) -> None:
