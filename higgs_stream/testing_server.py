@@ -27,6 +27,7 @@ from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
 TRANSPORTS = ("aiohttp", "asgi")
+LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint
 WS_ERROR_CODES = frozenset({"bad_json", "unknown_type", "invalid_input", "too_large", "not_found", "bad_audio", "busy",
                             "unauthorized", "slow_client", "idle_timeout", "shutting_down",
                             "internal"})  # PROTOCOL.md §3, WebSocket side
@@ -37,6 +38,11 @@ async def wait_until(pred: Callable[[], Any], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not pred():
             await asyncio.sleep(0.01)
+
+
+async def pages_freed(engine, timeout: float = 5.0) -> None:
+    """Wait until `engine` runs no stream and holds no KV page (cancels apply at its next step)."""
+    await wait_until(lambda: not (engine.num_active or engine.cache.allocator.num_used), timeout)
 
 
 async def serve_on(transport: str, state: ServerState):

@@ -24,7 +24,7 @@ from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close, collect, default_voice
-from higgs_stream.testing_server import tiny_codec_engine
+from higgs_stream.testing_server import pages_freed, tiny_codec_engine
 
 MAX_FRAMES = 30
 
@@ -54,11 +54,6 @@ async def make_pipeline(engine, codec):
         await p.stop()
     assert engine.cache.allocator.num_used == 0, "KV pages leaked"
 
-
-async def pages_freed(engine, timeout=5.0):
-    async with asyncio.timeout(timeout):
-        while engine.num_active or engine.cache.allocator.num_used:
-            await asyncio.sleep(0.01)
 
 
 def reference_pcm(ref_engine, codec, text, seed, **kw) -> bytes:

@@ -24,7 +24,7 @@ from higgs_stream.engine.request import GenerationRequest, Reference, SamplingPa
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.testing import assert_pcm_close
-from higgs_stream.testing_server import TRANSPORTS, ServerStarter
+from higgs_stream.testing_server import TRANSPORTS, ServerStarter, pages_freed
 from websockets.asyncio.client import connect
 
 MAX_FRAMES = 40
@@ -119,11 +119,6 @@ async def ws_context(host: str, messages: list[dict], cid: str = "a") -> Heard:
                     heard.errors.append(ev)
     return heard
 
-
-async def pages_freed(engine, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while engine.num_active or engine.cache.allocator.num_used:
-            await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

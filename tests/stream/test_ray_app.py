@@ -40,6 +40,7 @@ with warnings.catch_warnings():
 from higgs_stream.stream.adapter import to_s16le  # noqa: E402
 from higgs_stream.stream.encoders import wav_header  # noqa: E402
 from higgs_stream.testing import assert_pcm_close  # noqa: E402
+from higgs_stream.testing_server import LONG_SEED, LONG_TEXT  # noqa: E402
 from higgs_stream.testing_server import Peer as WsPeer  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
@@ -47,7 +48,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
 TOKEN = "s3cret"
 MAX_FRAMES = 300
 MAX_STREAMS = 4  # per replica: Serve's max_ongoing_requests and the replica's own admission
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint
 FLAGS = {"device": "cpu", "max_streams": MAX_STREAMS, "max_frames": MAX_FRAMES, "kv_pages": 1024,
          "admit_step_ratio": 0, "max_message_bytes": 4096, "token": TOKEN, "gpus_per_replica": 0,
          "cpus_per_replica": 0, "max_queued": 1, "drain_timeout": 30}

@@ -29,15 +29,12 @@ from higgs_stream.stream.server import bound_port, serve
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close
-from higgs_stream.testing_server import TRANSPORTS, Peer, ServerStarter, tiny_codec_engine, tiny_reference
+from higgs_stream.testing_server import (LONG_SEED, LONG_TEXT, TRANSPORTS, Peer, ServerStarter, pages_freed,
+                                         tiny_codec_engine, tiny_reference)
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 MAX_FRAMES = 30
-LONG_TEXT, LONG_SEED = "A long sentence that keeps going.", 4  # 229 frames on the tiny checkpoint (max 300)
-
-
-
 
 codec, engine = tiny_codec_engine(kv_pages=1024)
 reference = tiny_reference(MAX_FRAMES)
@@ -52,11 +49,6 @@ async def start_server(request, engine, codec):
     await start.close()
     assert engine.num_active == 0 and engine.cache.allocator.num_used == 0, "KV pages leaked"
 
-
-async def pages_freed(engine, timeout=5.0):
-    async with asyncio.timeout(timeout):
-        while engine.num_active or engine.cache.allocator.num_used:
-            await asyncio.sleep(0.01)
 
 
 async def speak(ws, cid, text, seed, **opts):
