@@ -45,6 +45,12 @@ async def pages_freed(engine, timeout: float = 5.0) -> None:
     await wait_until(lambda: not (engine.num_active or engine.cache.allocator.num_used), timeout)
 
 
+async def speak(ws: Any, cid: str, text: str, seed: int, **opts: Any) -> None:
+    """One whole context over a WebSocket: its text (with `opts`), then `end`."""
+    await ws.send(json.dumps({"type": "text", "context_id": cid, "text": text, "seed": seed, **opts}))
+    await ws.send(json.dumps({"type": "end", "context_id": cid}))
+
+
 async def serve_on(transport: str, state: ServerState):
     """(runner with `cleanup()`, port) of the app on `transport`, on a free loopback port."""
     if transport == "aiohttp":
