@@ -95,6 +95,11 @@ def for_family(cfg: "ServerConfig", arch: str | None) -> "ServerConfig":
     return out
 
 
+def _int_or_none(value: object, lo: int, hi: int | None = None) -> bool:
+    """Whether `value` is None or an int in lo..hi (no upper bound without `hi`)."""
+    return value is None or (isinstance(value, int) and lo <= value and (hi is None or value <= hi))
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -217,8 +222,7 @@ class ServerConfig:
         need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")
         need(self.admit_step_ratio is None or 0 < self.admit_step_ratio <= 1, "admit_step_ratio must be in (0, 1] or None")
         need(self.codec_schedule in ("eager", "just_in_time"), "codec_schedule must be 'eager' or 'just_in_time'")
-        need(self.codec_sms is None or (isinstance(self.codec_sms, int) and self.codec_sms >= 1),
-             "codec_sms must be a positive int or None")
+        need(_int_or_none(self.codec_sms, 1), "codec_sms must be a positive int or None")
         need(not (self.codec_overdue_first and self.codec_sms is not None),
              "codec_overdue_first needs the codec on its own stream: it cannot run with codec_sms")
         need(self.codec_starting_ms is None or self.codec_starting_ms >= 0, "codec_starting_ms must be >= 0 (0: off) or None")
@@ -226,13 +230,9 @@ class ServerConfig:
              "codec_starting_ahead_s must be > 0 or None")
         need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
-        need(self.max_first_chunk is None or (isinstance(self.max_first_chunk, int) and 1 <= self.max_first_chunk <= 64),
-             "max_first_chunk must be an int in 1..64 or None")
-        rounds = self.codec_queue_rounds
-        need(rounds is None or (isinstance(rounds, int) and rounds >= 1),
-             "codec_queue_rounds must be an int >= 1 or None")
-        need(self.ramp_repeat is None or (isinstance(self.ramp_repeat, int) and 1 <= self.ramp_repeat <= 4),
-             "ramp_repeat must be an int in 1..4 or None")
+        need(_int_or_none(self.max_first_chunk, 1, 64), "max_first_chunk must be an int in 1..64 or None")
+        need(_int_or_none(self.codec_queue_rounds, 1), "codec_queue_rounds must be an int >= 1 or None")
+        need(_int_or_none(self.ramp_repeat, 1, 4), "ramp_repeat must be an int in 1..4 or None")
         need(self.first_chunk_margin is None or 1 <= self.first_chunk_margin <= 10,
              "first_chunk_margin must be in 1..10 or None")
         need(0 < self.saturated_step_ratio <= 1, "saturated_step_ratio must be in (0, 1]")
