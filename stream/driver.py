@@ -98,7 +98,9 @@ async def drain(state: ServerState, timeout_s: float) -> None:
             await asyncio.sleep(DRAIN_POLL_S)
         return True
 
-    delivered = lambda: not any(r.handles for r in list(state.sessions))  # every context's `done` sent  # noqa: E731
+    def delivered() -> bool:  # every session has sent its contexts' `done`
+        return not any(r.handles for r in list(state.sessions))
+
     if pipeline.active or not delivered():
         log.info("draining: %d streams open; waiting up to %g s", pipeline.active, timeout_s)
     if not await until(lambda: not pipeline.active and delivered(), timeout_s):
