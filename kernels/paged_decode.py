@@ -19,10 +19,21 @@ softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded t
 for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dots.
 Measured on the H100: fp16 operands over e4m3 pages (one conversion instruction per two values) were
 slower than bf16 (94.6 vs 88.4 us a layer at 256 rows); V's tile loaded beside K's at the top of each
-iteration, 85 vs 89 us over e4m3 pages (the same over bf16). V's e4m3 tile is staged in shared memory and
-read back byte by byte to transpose it (its PTX); a form with both products on K/V-left warpgroup MMAs
-read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a layer at 300 tokens, 317 vs 251 at
-1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed.
+iteration, 85 vs 89 us over e4m3 pages (the same over bf16). Cast to bf16 (`fp8_words=False`), V's e4m3
+tile goes to shared memory as bytes and is read back one byte at a time to transpose it for the P @ V product (64
+one-byte loads a thread per 64 tokens, sm_90, Triton 3.6: Triton moves the cast behind the layout change); a form
+with both products on K/V-left warpgroup MMAs read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a
+layer at 300 tokens, 317 vs 251 at 1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed. The
+served form over e4m3 pages (`fp8_words`, session 21) loads V as 4-byte words and widens them where they were loaded
+(inline PTX, `cvt.rn.f16x2.e4m3x2`: exact, two values an instruction, which Triton cannot move), so the tile reaches
+shared memory as 16-bit values and the tensor cores through transposing matrix loads, as over bf16 pages; the
+operands are fp16 then (e4m3 -> bf16 costs two more conversions a value; fp16 holds every e4m3 value and has the finer
+mantissa), the queries clamped to fp16's range (+-65504) first. H200, v2's heads, 300 tokens, per layer: 256 rows 78.3 vs 83.0 us
+cast, 128 rows 41.7 vs 44.5, 64 rows 22.5 vs 23.9 (1,000 tokens at 256: 233 vs 251; the ranged form at 1 row 6.2 vs
+6.3); still 47 % of the e4m3 pages' copy floor at 256 x 300, where by a count of the compiled loop's instructions
+(address arithmetic, widening, the 16-row softmax of a group of 3) issuing them takes about as long as the reads
+(estimated, not profiled). Triton's interpreter does
+not run inline PTX: the interpreted tests run the cast form; the GPU tests run both.
 
 Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so the
 ranged form cuts each sequence's tokens into ranges of a fixed length (`RANGE_TOKENS`), each reduced on its own
@@ -94,30 +105,35 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 max_kv_len: int | None = None, programs: int | None = None) -> torch.Tensor:
+                 max_kv_len: int | None = None, programs: int | None = None, fp8_words: bool = True) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
     `max_kv_len`: None, the whole form (one program per sequence and K/V head); else the ranged form (the module
     docstring) for sequences of at most this many tokens, with `programs` programs per sequence and head (None:
-    `decode_splits` for this batch). CUDA-graph safe."""
+    `decode_splits` for this batch). `fp8_words`: over e4m3 pages, V loaded as 4-byte words and widened where loaded,
+    with fp16 operands (the module docstring); False: the pages cast to q's dtype as 16-bit pages are (the
+    interpreter's form, and the A/B's baseline). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     if max_kv_len is not None and programs is None:
         programs = decode_splits(q.shape[0], k_pool.shape[2])
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, max_kv_len, programs or 1)
+                  num_stages, max_kv_len, programs or 1, fp8_words=fp8_words)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS):
-    """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests)."""
+           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS, fp8_words=False):
+    """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests, where
+    `fp8_words` must stay False: the interpreter does not run inline PTX)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     assert programs >= 1, f"programs must be >= 1, got {programs}"
     group = hq // hkv
+    words = fp8_words and k_pool.dtype == torch.float8_e4m3fn
+    assert not words or d % 16 == 0, f"e4m3 pages as words need a head size divisible by 16, got {d}"
     out = torch.empty_like(q) if out is None else out
     if not b:
         return out
@@ -132,7 +148,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     _kernel()[(b, hkv, programs if ranged else 1)](
         q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
         GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
-        PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots,
+        PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots, FP8_WORDS=words,
         num_warps=num_warps, num_stages=num_stages)
     if ranged:
         _merge_kernel()[(b, hq)](part, ml, out, kv_indptr, kv_last_page_len, D=d, PAGE=page,
@@ -155,7 +171,7 @@ def _kernel():
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
                             scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                             D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
-                            RANGE: tl.constexpr, SLOTS: tl.constexpr):
+                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -175,6 +191,9 @@ def _kernel():
         q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
         q_ok = g[:, None] < GROUP
         q = tl.load(q_ptr + q_rows, mask=q_ok, other=0.0)
+        if FP8_WORDS:  # fp16 operands: e4m3 widens to fp16 exactly, one instruction per two values
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+            w = tl.arange(0, D // 4)
         for r in range(tl.program_id(2), n_ranges, PROGRAMS):  # this program's ranges, each reduced on its own
             lo = r * span
             hi = tl.minimum(kv_len, lo + span)
@@ -188,7 +207,17 @@ def _kernel():
                 rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
                 kv_off = rows[:, None] + d[None, :]
                 k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
-                v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
+                if FP8_WORDS:  # V as 4-byte words, widened where they were loaded (the module docstring)
+                    words = tl.load(v_ptr.to(tl.pointer_type(tl.int32)) + (rows // 4)[:, None] + w[None, :],
+                                    mask=live[:, None], other=0)
+                    e0, e1, e2, e3 = tl.inline_asm_elementwise(
+                        asm="{ .reg .b32 a, b; .reg .b16 l, h; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
+                            "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+                        constraints="=h,=h,=h,=h,r", args=[words], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+                    # [.., w, i, j] = byte 2i + j of word w: the bytes' order
+                    v = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (BLOCK_N, D))
+                else:
+                    v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
                 s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
                 s = tl.where(live[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))

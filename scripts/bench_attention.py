@@ -37,14 +37,15 @@ def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dty
 
 
 def triton_spec(spec: str) -> tuple[str, dict]:
-    """'64x4x1' -> ("triton", paged_decode's block_n, num_warps, num_stages): the whole form; then 'r': its ranged form
-    ("triton_ranges") with decode_splits' programs for the batch, 'rN': with N programs (e.g. '64x4x1r4')."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(r(\d+)?)?", spec)
+    """'64x4x1' -> ("triton", paged_decode's block_n, num_warps, num_stages): the whole form; then 'c': e4m3 pages cast
+    to bf16 (`fp8_words=False`, the form before session 21) instead of read as words; then 'r': its ranged form
+    ("triton_ranges") with decode_splits' programs for the batch, 'rN': with N programs (e.g. '64x4x1r4', '64x4x1cr')."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(c)?(r(\d+)?)?", spec)
     if m is None:
-        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[r[N]]")
-    block_n, warps, stages, ranged, programs = m.groups()
+        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[c][r[N]]")
+    block_n, warps, stages, cast, ranged, programs = m.groups()
     params = {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages),
-              **({"programs": int(programs)} if programs else {})}
+              **({"programs": int(programs)} if programs else {}), **({"fp8_words": False} if cast else {})}
     return ("triton_ranges" if ranged else "triton"), params
 
 

@@ -3,7 +3,7 @@
 # model runner on each, the engine's no-sync guard) and the fused fp8 quantization's, then scripts/bench_attention.py
 # over bf16 and fp8 pages.
 # Usage (device tool, carry .whl):
-#   [TRITON="64x4x1,64x4x1r,64x4x1r4"] [BATCHES=1,16,64,128,256] [CONTEXTS=300,1000] bash scripts/gpu_attention.sh
+#   [TRITON="64x4x1,64x4x1r,64x4x1r4"] [BATCHES=1,16,64,128,256] [CONTEXTS=300,1000] [TESTS="FILES"] bash scripts/gpu_attention.sh
 # Then, with STEP=1, the whole v2 decode step (bench_quant: parity, end-of-speech guard, replayed decode sweep, one
 # profiled step; no streaming runs) for each "MODE TRITON_FROM [bench_quant flags]" of STEP_RUNS (';'-separated;
 # TRITON_FROM 'none': FlashInfer's decode at every batch; e.g. "fp8/kv8 64 --no-fuse-fp8-quant"), in the same call.
@@ -12,9 +12,9 @@ set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_paged_decode_gpu.py \
+  timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-tests/kernels/test_paged_decode_gpu.py \
     tests/kernels/test_flashinfer_attention_gpu.py tests/engine/test_model_runner_gpu.py tests/kernels/test_fused_norm_gpu.py \
-    tests/kernels/test_activation_gpu.py tests/engine/test_quantize_gpu.py::test_fused_fp8_quantization_gives_the_same_logits \
+    tests/kernels/test_activation_gpu.py tests/engine/test_quantize_gpu.py::test_fused_fp8_quantization_gives_the_same_logits} \
     2>&1 | tee "$OUT/tests.log" | tail -8
 fi
 timeout "${ATTN_S:-240}" python3 scripts/bench_attention.py --batches "${BATCHES:-1,16,64,128,256}" \

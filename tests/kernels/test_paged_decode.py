@@ -7,6 +7,8 @@ tests/kernels/test_paged_decode_gpu.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -68,17 +70,23 @@ def test_definition_equals_the_ragged_reference():
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
 
 
+# the served configuration: v2's heads, a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, the whole form
+CONSTS = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,
+          "SLOTS": 1, "FP8_WORDS": False}
+
+
+def signature(pool: str) -> dict[str, str]:
+    return {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
+            "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
+            **dict.fromkeys(CONSTS, "constexpr")}
+
+
 @pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
 def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
-    """The served configuration (v2's heads: a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, 4
-    warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages, whole and ranged (16 programs, 64 slots of 64
-    tokens) with the merge, no GPU needed."""
-    sig = {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
-           "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
-           **dict.fromkeys(("HKV", "GROUP", "GROUP_PAD", "D", "PAGE", "BLOCK_N", "PROGRAMS", "RANGE", "SLOTS"),
-                           "constexpr")}
-    consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,
-              "SLOTS": 1}
+    """The served configuration (CONSTS, 4 warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages (those as
+    words), whole and ranged (16 programs, 64 slots of 64 tokens) with the merge, no GPU needed."""
+    sig = signature(pool)
+    consts = {**CONSTS, "FP8_WORDS": pool == "*fp8e4nv"}
     ptx = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1).asm["ptx"]
     ranged = compile_for_hopper(pd._kernel(), sig, {**consts, "PROGRAMS": 16, "RANGE": 64, "SLOTS": 64}, num_warps=4,
                                 num_stages=1)
@@ -88,6 +96,17 @@ def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
                                {"D": 128, "PAGE": 16, "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}, num_warps=4)
     assert ranged.asm["cubin"] and merge.asm["cubin"]  # ranged: the partial sums and their merge
     assert "mma" in ptx  # the scores and P @ V on tensor cores
+
+
+def test_e4m3_values_reach_the_tensor_cores_as_16_bit_words(compile_for_hopper):
+    """Over e4m3 pages the served form widens V where it was loaded (4-byte words, the exact e4m3 -> fp16 conversion,
+    two values an instruction) and hands the fp16 tile to the tensor cores through transposing matrix loads, as over
+    bf16 pages: no byte-wise loads from shared memory (the cast form read V's tile back one byte at a time to
+    transpose it: 64 one-byte loads a thread per block of 64 tokens, sm_90, Triton 3.6)."""
+    ptx = compile_for_hopper(pd._kernel(), signature("*fp8e4nv"), {**CONSTS, "FP8_WORDS": True}, num_warps=4, num_stages=1).asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert not re.search(r"ld\.shared(\.v\d)?\.(b8|u8|s8)", ptx)
 
 
 def test_programs_per_batch():

@@ -69,3 +69,34 @@ def test_agrees_with_flashinfer_on_fp8_pages():
     theirs = fi.run(q, k, v).float()
     ours = paged_decode(q, k, v, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, 128 ** -0.5).float()
     assert (ours - theirs).abs().max().item() / theirs.abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("programs", [None, 16])
+def test_e4m3_words_widen_every_value_exactly(programs):
+    """The served form over e4m3 pages (V as 4-byte words, widened where loaded): a sequence of one token returns
+    that token's V row, so every finite e4m3 value at every byte of a word comes back exactly (bf16 holds each),
+    for all 24 query heads of its K/V head; whole and ranged."""
+    n = 256  # sequences, one token each, one page of one token each
+    bits = torch.arange(n * 8 * 128, dtype=torch.int32).remainder(256).to(torch.uint8)
+    bits[(bits & 0x7F) == 0x7F] = 0  # e4m3fn's NaNs
+    v = bits.view(FP8_KV).reshape(n, 1, 8, 128).cuda()
+    k = torch.randn(n, 1, 8, 128).to(FP8_KV).cuda()
+    q = torch.randn(n, 24, 128).bfloat16().cuda()
+    lay = PagedLayout.build([[i] for i in range(n)], [1] * n, [1] * n, 1, "cuda")
+    ranged = {} if programs is None else {"max_kv_len": 64, "programs": programs}
+    got = paged_decode(q, k, v, lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len, 128 ** -0.5, **ranged)
+    want = v.float().reshape(n, 8, 1, 128).expand(n, 8, 3, 128).reshape(n, 24, 128)
+    assert torch.equal(got.float(), want)
+
+
+def test_the_two_e4m3_forms_agree():
+    """V as words with fp16 operands (served) and the pages cast to bf16 (the benchmark's baseline) on the same pages:
+    both within the definition's bound, and within 16-bit rounding of each other."""
+    q, k, v, lay = setup(FP8_KV, seed=4)
+    csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
+    want = paged_decode_ref(q.float(), k, v, *csr, 128 ** -0.5)
+    words, cast = (paged_decode(q, k, v, *csr, 128 ** -0.5, fp8_words=w).float() for w in (True, False))
+    peak = want.abs().max().item()
+    assert (words - want).abs().max().item() / peak < 1e-2
+    assert (cast - want).abs().max().item() / peak < 1e-2
+    assert (words - cast).abs().max().item() / peak < 1e-2
