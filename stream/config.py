@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.gpu_memory import HEADROOM_GB
+from higgs_stream.stream.codec_worker import CODEC_QUEUE_ROUNDS
 from higgs_stream.stream.pacing import PacingConfig
 
 SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
@@ -61,19 +62,12 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
 #   Session 20, two more v2 pairs: 22 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
 #   difference measurable (22 of 1,959 vs 45 of 1,897, the stalls of a run coming together in one burst).
-# - Higgs v2 / v3: 4 rounds queued for the codec (8 before session 20). H200, v2, 256 streams arriving over 2 s:
-#   TTFA p95 385 and 387 ms, 0 of 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same
-#   call and 457-837 ms with 0-22 underran in 7 other runs at 8 that session (calls 2-4); closed 128 p95 295 vs 355.
-#   The talker stops sooner while a codec call runs, so the codec's calls stay short (p95 71-80 ms vs 95-212; backlog
-#   at most 3.3k frames vs 5.3-5.7k) and a first chunk waits less behind one; without the bound (256 rounds) 41 and 63
-#   of ~512 underran (backlog up to 16.7k frames: the talker took the GPU from the codec). Qwen3-TTS keeps 8 (not
-#   measured).
-FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_queue_rounds")
+FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
-                  "max_first_chunk": 10, "codec_queue_rounds": 4}
+                  "max_first_chunk": 10}
 FAMILY_DEFAULTS = {
     "qwen3-tts": {"ramp_repeat": 1, "first_chunk_margin": 1.0, "codec_starting_ms": 12.0, "codec_starting_ahead_s": 0.2,
-                  "max_first_chunk": 8, "codec_queue_rounds": 8},
+                  "max_first_chunk": 8},
 }
 
 
@@ -164,9 +158,18 @@ class ServerConfig:
     codec_sms: int | None = None  # CUDA: the codec's kernels on a green context of this many SMs (None: every SM)
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     # rounds of decode work (one per engine step that made some) queued for the codec thread before the engine thread
-    # waits (back-pressure): while a codec call runs the talker makes this many steps, then stops until the call ends
-    # (None: the family's, FAMILY_DEFAULTS)
-    codec_queue_rounds: int | None = None
+    # waits (back-pressure): while a codec call runs the talker makes this many steps, then stops until the call ends.
+    # The default, 4 (stream/codec_worker.py: CODEC_QUEUE_ROUNDS; 8 before session 20, then the Higgs families', every
+    # family's since session 21). H200, v2, 256 streams arriving over 2 s (session 20): TTFA p95 385 and 387 ms, 0 of
+    # 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same call and 457-837 ms with 0-22
+    # underran in 7 other runs at 8; closed 128 p95 295 vs 355. The talker stops sooner while a codec call runs, so
+    # the codec's calls stay short (p95 71-80 ms vs 95-212; backlog at most 3.3k frames vs 5.3-5.7k) and a first chunk
+    # waits less behind one; without the bound (256 rounds) 41 and 63 of ~512 underran (backlog up to 16.7k frames:
+    # the talker took the GPU from the codec). Session 21, one call each, 4 / 2 / 8: v2 256 p95 454 / 403 / 451 ms (0
+    # underran in all), the later requests' p95 258 / 247 / 365; v3 256 p95 401 / 438 / 484 (0 underran); 20 req/s p95
+    # 123-129 (v2), 127-128 (v3); Qwen3-TTS 1.7B at 20 req/s p95 53 / 51 / 52 ms, 0 underran: no difference there, so
+    # one default for every family. 2 not adopted: one run each, worse on v3.
+    codec_queue_rounds: int = CODEC_QUEUE_ROUNDS
     codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; 0: no cap; None: the family's, FAMILY_DEFAULTS)
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
@@ -231,7 +234,8 @@ class ServerConfig:
         need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
         need(_int_or_none(self.max_first_chunk, 1, 64), "max_first_chunk must be an int in 1..64 or None")
-        need(_int_or_none(self.codec_queue_rounds, 1), "codec_queue_rounds must be an int >= 1 or None")
+        need(self.codec_queue_rounds is not None and _int_or_none(self.codec_queue_rounds, 1),
+             "codec_queue_rounds must be an int >= 1")
         need(_int_or_none(self.ramp_repeat, 1, 4), "ramp_repeat must be an int in 1..4 or None")
         need(self.first_chunk_margin is None or 1 <= self.first_chunk_margin <= 10,
              "first_chunk_margin must be in 1..10 or None")

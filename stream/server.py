@@ -353,9 +353,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec-queue-rounds", type=int, default=d.codec_queue_rounds, metavar="N",
                         help="rounds of decode work (one per engine step that made some) queued for the codec thread "
                              "before the engine thread waits for it: while one codec call runs, the talker makes N "
-                             "steps, then stops until the call ends (default: the family's, 4 for Higgs v2/v3, 8 for "
-                             "Qwen3-TTS; H200, 256 streams over 2 s: TTFA p95 385 / 387 ms at 4 vs 457-837 at 8, "
-                             "unbounded worse: docs/PERF.md)")
+                             "steps, then stops until the call ends (default 4; H200, v2, 256 streams over 2 s: TTFA p95 "
+                             "385-454 ms at 4 vs 451-837 at 8, unbounded worse; Qwen3-TTS at 20 req/s the same at 2, 4 "
+                             "and 8: docs/PERF.md)")
     parser.add_argument("--codec-starting-ms", type=float, default=d.codec_starting_ms, metavar="MS",
                         help="a codec call taken while a stream waits for its first audio holds its urgent jobs (due "
                              "within 0.3 s) and then as many frames as the codec's measured call time (a fixed cost plus "

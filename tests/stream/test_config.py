@@ -34,6 +34,7 @@ def test_defaults_are_production_safe():
     ("ice_servers", ("stun:u:p@stun.example",), "STUN takes none"),
     ("ice_servers", ("stun:stun.example?transport=tcp",), "only TURN"),
     ("codec_queue_rounds", 0, "codec_queue_rounds"),
+    ("codec_queue_rounds", None, "codec_queue_rounds"),
 ])
 def test_invalid_limits_are_refused(field, value, match):
     with pytest.raises(ConfigError, match=match):

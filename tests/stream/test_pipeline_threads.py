@@ -58,7 +58,7 @@ async def fake_pipeline(codec, rounds: int | None = None):
     engine = FakeEngine(step_s=0.001)
     p = Pipeline(engine, codec, ServerConfig(max_frames=60, history_segments=0,
                                              **({} if rounds is None else {"codec_queue_rounds": rounds})))
-    assert p.codec_worker.rounds.maxsize == (4 if rounds is None else rounds)  # codec_queue_rounds (the Higgs default)
+    assert p.codec_worker.rounds.maxsize == (4 if rounds is None else rounds)  # codec_queue_rounds' default
     await p.start()
     return engine, p
 
@@ -336,7 +336,7 @@ async def test_each_family_gets_its_own_serving_defaults():
         assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
         assert p.cfg.codec_queue_rounds == 4 and p.codec_worker.rounds.maxsize == 4
     q = pipeline("qwen3-tts")
-    assert q.cfg.codec_queue_rounds == 8 and q.codec_worker.rounds.maxsize == 8
+    assert q.cfg.codec_queue_rounds == 4 and q.codec_worker.rounds.maxsize == 4  # one default for every family
     assert pipeline("v2", codec_queue_rounds=16).codec_worker.rounds.maxsize == 16
     assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
     assert q.adapter_config("exact").schedule == (4, 8, 16, 25)  # 80 ms / (40 - 2 x 10 ms) = 4

@@ -461,7 +461,7 @@ def test_serve_flags_reach_the_codec_schedule_and_green_context():
     assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
     cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
     assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
-    assert cfg.codec_queue_rounds is None  # the family's
+    assert cfg.codec_queue_rounds == 4  # the default, every family's
     cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-queue-rounds", "64"]))
     assert cfg.codec_queue_rounds == 64
 
