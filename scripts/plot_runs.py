@@ -45,6 +45,7 @@ def main() -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(max(8, 0.6 * len(table) + 4), 4))
     a.bar(names, [r["underran"] for r in table], color=[colors[r["config"]] for r in table])
     a.set_ylabel("streams that underran")
+    a.set_ylim(0, max(1, max(r["underran"] for r in table) * 1.1))  # a run of zeros: an axis from 0, not around it
     a.set_title(f"{args.scenario}: streams with a gap")
     x = range(len(table))
     b.bar([i - 0.2 for i in x], [r["p50"] for r in table], 0.4, label="p50", color="0.7")
