@@ -17,23 +17,23 @@ sequence's pages BLOCK_N tokens at a time (one gather of page ids, one gather of
 row D contiguous elements), widens K and V to the queries' dtype in registers, and keeps an online
 softmax in fp32 (scores and the running max/sum in fp32, probabilities rounded to the queries' dtype
 for the P @ V product, as FlashInfer does). The group is padded to 16 rows for the tensor-core dots.
-Measured on the H100: fp16 operands over e4m3 pages (one conversion instruction per two values) were
-slower than bf16 (94.6 vs 88.4 us a layer at 256 rows); V's tile loaded beside K's at the top of each
-iteration, 85 vs 89 us over e4m3 pages (the same over bf16). Cast to bf16 (`fp8_words=False`), V's e4m3
-tile goes to shared memory as bytes and is read back one byte at a time to transpose it for the P @ V product (64
-one-byte loads a thread per 64 tokens, sm_90, Triton 3.6: Triton moves the cast behind the layout change); a form
-with both products on K/V-left warpgroup MMAs read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a
-layer at 300 tokens, 317 vs 251 at 1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed. The
-served form over e4m3 pages (`fp8_words`, session 21) loads V as 4-byte words and widens them where they were loaded
-(inline PTX, `cvt.rn.f16x2.e4m3x2`: exact, two values an instruction, which Triton cannot move), so the tile reaches
-shared memory as 16-bit values and the tensor cores through transposing matrix loads, as over bf16 pages; the
-operands are fp16 then (e4m3 -> bf16 costs two more conversions a value; fp16 holds every e4m3 value and has the finer
-mantissa), the queries clamped to fp16's range (+-65504) first. H200, v2's heads, 300 tokens, per layer: 256 rows 78.3 vs 83.0 us
-cast, 128 rows 41.7 vs 44.5, 64 rows 22.5 vs 23.9 (1,000 tokens at 256: 233 vs 251; the ranged form at 1 row 6.2 vs
-6.3); still 47 % of the e4m3 pages' copy floor at 256 x 300, where by a count of the compiled loop's instructions
+Measured on the H100: fp16 operands over e4m3 pages cast (one conversion instruction per two values) were slower
+than bf16 (94.6 vs 88.4 us a layer at 256 rows); V's tile loaded beside K's at the top of each iteration, 85 vs 89
+us over e4m3 pages (the same over bf16). Cast to bf16 (`fp8_words=False`), V's e4m3 tile goes to shared memory as
+bytes and is read back one byte at a time to transpose it for the P @ V product (64 one-byte loads a thread per 64
+tokens, sm_90, Triton 3.6: Triton moves the cast behind the layout change); a form with both products on K/V-left
+warpgroup MMAs read no byte back but was slower (H100, 256 rows: 104 vs 84.5 us a layer at 300 tokens, 317 vs 251 at
+1,000) and Triton 3.6 miscompiled it over bf16 pages (session 14): removed. The served form over e4m3 pages
+(`fp8_words`, session 21) loads V as 4-byte words and widens them where they were loaded (inline PTX,
+`cvt.rn.f16x2.e4m3x2`: exact, two values an instruction, which Triton cannot move), so the tile reaches shared
+memory as 16-bit values and the tensor cores through transposing matrix loads, as over bf16 pages; the operands are
+fp16 then (e4m3 -> bf16 costs two more conversions a value; fp16 holds every e4m3 value and has the finer mantissa),
+the queries clamped to fp16's range (+-65504) first. H200, v2's heads, 300 tokens, per layer: 256 rows 78.3 vs 83.0
+us cast, 128 rows 41.7 vs 44.5, 64 rows 22.5 vs 23.9 (1,000 tokens at 256: 233 vs 251; the ranged form at 1 row 6.2
+vs 6.3); still 47 % of the e4m3 pages' copy floor at 256 x 300, where by a count of the compiled loop's instructions
 (address arithmetic, widening, the 16-row softmax of a group of 3) issuing them takes about as long as the reads
-(estimated, not profiled). Triton's interpreter does
-not run inline PTX: the interpreted tests run the cast form; the GPU tests run both.
+(estimated, not profiled). Triton's interpreter does not run inline PTX: the interpreted tests run the cast form;
+the GPU tests run both.
 
 Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so the
 ranged form cuts each sequence's tokens into ranges of a fixed length (`RANGE_TOKENS`), each reduced on its own

@@ -52,7 +52,7 @@ from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
-CODEC_QUEUE_ROUNDS = 4  # engine steps whose decode work may wait for the codec thread (ServerConfig.codec_queue_rounds: why 4)
+CODEC_QUEUE_ROUNDS = 4  # engine steps whose decode work may wait for the codec thread (ServerConfig.codec_queue_rounds)
 CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
 # graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
