@@ -164,8 +164,22 @@ def _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len) -> None:
 
 
 @functools.cache
+def _words_in_order():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def words_in_order(e0, e1, e2, e3, ROWS: tl.constexpr, D: tl.constexpr):
+        """Four [ROWS, D // 4] tensors, e_k holding byte k of each 4-byte word (widened) -> [ROWS, D] in memory order.
+        `tl.join` puts its new axis last, so [.., w, i, j] of the nested joins is byte 2i + j of word w."""
+        return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (ROWS, D))
+
+    return words_in_order
+
+
+@functools.cache
 def _kernel():
     triton, tl = triton_modules()
+    words_in_order = _words_in_order()
 
     @triton.jit
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
@@ -214,8 +228,7 @@ def _kernel():
                         asm="{ .reg .b32 a, b; .reg .b16 l, h; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
                             "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
                         constraints="=h,=h,=h,=h,r", args=[words], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-                    # [.., w, i, j] = byte 2i + j of word w: the bytes' order
-                    v = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (BLOCK_N, D))
+                    v = words_in_order(e0, e1, e2, e3, BLOCK_N, D)
                 else:
                     v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
                 s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units

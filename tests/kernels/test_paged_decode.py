@@ -55,6 +55,35 @@ def test_kernel_in_the_interpreter(interpret):
         assert same
 
 
+WORDS_SCRIPT = r"""
+import json, torch, triton, triton.language as tl
+from higgs_stream.kernels import paged_decode as pd
+pd.tl = tl  # the interpreter wants triton.language among a device function's globals; paged_decode imports it lazily
+words_in_order = pd._words_in_order()
+
+@triton.jit
+def bytes_back(words_ptr, out_ptr, ROWS: tl.constexpr, D: tl.constexpr):
+    r = tl.arange(0, ROWS)
+    w = tl.load(words_ptr + r[:, None] * (D // 4) + tl.arange(0, D // 4)[None, :])
+    # byte k of each word in the k-th tensor, as the widening hands them over
+    out = words_in_order(w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF, (w >> 24) & 0xFF, ROWS, D)
+    tl.store(out_ptr + r[:, None] * D + tl.arange(0, D)[None, :], out)
+
+raw = torch.randint(0, 256, (16, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+out = torch.empty(16, 64, dtype=torch.int32)
+bytes_back[(1,)](raw.view(torch.int32), out, ROWS=16, D=64)
+print(json.dumps(torch.equal(out, raw.int())))
+"""
+
+
+def test_words_come_back_in_memory_order(interpret):
+    """The e4m3 words form's reassembly (its widening is inline PTX, which the interpreter cannot run: the GPU tests
+    check that): four tensors holding byte 0, 1, 2, 3 of each little-endian 4-byte word come back as the bytes in
+    memory order. Session 21's first build nested the joins the other way (bytes 0, 2, 1, 3) and only a GPU run
+    showed it."""
+    assert interpret(WORDS_SCRIPT) is True
+
+
 def test_definition_equals_the_ragged_reference():
     """`paged_decode_ref` is `paged_attention_ref` with every qo_len 1 (fp32, GQA group 3, fragmented pages)."""
     g = torch.Generator().manual_seed(1)
