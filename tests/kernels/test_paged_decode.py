@@ -99,7 +99,8 @@ def test_definition_equals_the_ragged_reference():
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
 
 
-# the served configuration: v2's heads, a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block, the whole form
+# the served configuration: v2's heads, a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block,
+# the whole form
 CONSTS = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,
           "SLOTS": 1, "FP8_WORDS": False}
 
@@ -132,7 +133,8 @@ def test_e4m3_values_reach_the_tensor_cores_as_16_bit_words(compile_for_hopper):
     two values an instruction) and hands the fp16 tile to the tensor cores through transposing matrix loads, as over
     bf16 pages: no byte-wise loads from shared memory (the cast form read V's tile back one byte at a time to
     transpose it: 64 one-byte loads a thread per block of 64 tokens, sm_90, Triton 3.6)."""
-    ptx = compile_for_hopper(pd._kernel(), signature("*fp8e4nv"), {**CONSTS, "FP8_WORDS": True}, num_warps=4, num_stages=1).asm["ptx"]
+    ptx = compile_for_hopper(pd._kernel(), signature("*fp8e4nv"), {**CONSTS, "FP8_WORDS": True}, num_warps=4,
+                             num_stages=1).asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert not re.search(r"ld\.shared(\.v\d)?\.(b8|u8|s8)", ptx)
