@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "write a random-weight checkpoint (talker + codec + tokenizer) in a real on-disk layout",
     ),
     "synth": ("higgs_stream.synth_cli", "offline text -> WAV (and/or codes)"),
-    "serve": ("higgs_stream.stream.server", "run the streaming server (WebSocket, HTTP, WebRTC, demo)"),
+    "serve": ("higgs_stream.stream.serve_command", "run the streaming server (WebSocket, HTTP, WebRTC, demo)"),
     "say": ("higgs_stream.clients.client", "stream speech from a running server into a WAV file"),
 }
 

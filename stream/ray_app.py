@@ -77,7 +77,7 @@ def flags_to_argv(flags: dict[str, Any]) -> list[str]:
 
 
 def replica_parser() -> argparse.ArgumentParser:
-    from higgs_stream.stream.server import add_arguments
+    from higgs_stream.stream.serve_command import add_arguments
 
     parser = argparse.ArgumentParser(prog="higgs-stream serve (replica)")
     add_arguments(parser)
@@ -92,7 +92,7 @@ class TTSReplica:
     """One replica: the engine + codec pipeline of `serve ARGV` behind the ASGI app."""
 
     async def __init__(self, argv: list[str]):
-        from higgs_stream.stream.server import build_state
+        from higgs_stream.stream.serve_command import build_state
 
         args = replica_parser().parse_args(argv)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -190,7 +190,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     """The application of serve_config.yaml: `args` are `higgs-stream serve` flags as a dict
     (`{"model": ..., "max_streams": 256}`), the Ray ones included (`replicas`, `max_queued`, ...)."""
     import ray
-    from higgs_stream.stream.server import RAY_FLAGS, add_arguments
+    from higgs_stream.stream.serve_command import RAY_FLAGS, add_arguments
 
     parser = argparse.ArgumentParser(prog="higgs_stream.stream.ray_app:build_app")
     add_arguments(parser)
@@ -388,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The `serve` flags given on the command line (values other than the defaults) as a dict;
     the proxy's address (`--host`, `--port`) is Serve's, not the replicas'."""
-    from higgs_stream.stream.server import add_arguments
+    from higgs_stream.stream.serve_command import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

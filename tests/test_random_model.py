@@ -19,7 +19,7 @@ from higgs_stream.engine.random_weights import (
     random_preset,
 )
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
-from higgs_stream.stream import server
+from higgs_stream.stream import serve_command, server
 
 MAX_FRAMES, HOP = 60, 960
 TEXT = "The quick brown fox jumps over the lazy dog"
@@ -28,7 +28,7 @@ SEED = 2  # the unsuppressed tiny models (v2 and v3, seed 0) stop after a few fr
 
 def args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_command.add_arguments(parser)
     return parser.parse_args(["--device", "cpu", *argv])
 
 
@@ -46,7 +46,7 @@ def test_model_names():
 ])
 def test_serve_argument_checks(argv, match):
     with pytest.raises(ConfigError, match=match):
-        server.build_state(args(*argv))
+        serve_command.build_state(args(*argv))
 
 
 @pytest.mark.parametrize("arch, fixture", [("v2", "tiny_ckpt"), ("v3", "tiny_v3_ckpt")])
@@ -57,7 +57,7 @@ async def test_random_tiny_serves_exactly_max_frames(arch, fixture, request, cap
     assert plain.generate(req).shape[1] < MAX_FRAMES  # codec frames
 
     with caplog.at_level("WARNING"):
-        state = server.build_state(args("--model", "random:tiny", "--arch", arch, "--max-frames", str(MAX_FRAMES)))
+        state = serve_command.build_state(args("--model", "random:tiny", "--arch", arch, "--max-frames", str(MAX_FRAMES)))
     assert "NOISE, NEVER SPEECH" in caplog.text
     assert state.pipeline.engine.generate(req).shape[1] == MAX_FRAMES
 
@@ -108,24 +108,24 @@ def test_in_memory_builder_of_random_full_at_tiny_size(arch):
 
 def test_serve_flags_reach_the_codec_and_the_pacing_config():
     """--codec-precision tf32 is an explicit opt-in on the codec; the pacing flags land in ServerConfig."""
-    state = server.build_state(args("--model", "random:tiny", "--codec-precision", "tf32", "--pause-ahead", "4",
+    state = serve_command.build_state(args("--model", "random:tiny", "--codec-precision", "tf32", "--pause-ahead", "4",
                                     "--resume-ahead", "1.5", "--admit-step-ratio", "0.6", "--yield-ahead", "0.5"))
     assert state.pipeline.codec.allow_tf32 is True
     assert (state.config.pause_ahead_s, state.config.resume_ahead_s, state.config.admit_step_ratio) == (4.0, 1.5, 0.6)
     assert state.config.yield_ahead_s == state.pipeline.pacing.yield_ahead_s == 0.5
-    default = server.build_state(args("--model", "random:tiny"))
+    default = serve_command.build_state(args("--model", "random:tiny"))
     assert default.pipeline.codec.allow_tf32 is False  # exact unless asked
     assert default.pipeline.pacing.yield_ahead_s == 1.0
-    assert server.build_state(args("--model", "random:tiny", "--yield-ahead", "-1")).pipeline.pacing.yield_ahead_s is None
+    assert serve_command.build_state(args("--model", "random:tiny", "--yield-ahead", "-1")).pipeline.pacing.yield_ahead_s is None
 
 
 def test_serve_quantize_flag_reaches_the_engine():
     from higgs_stream.engine.quantize import QuantLinear
 
-    state = server.build_state(args("--model", "random:tiny", "--arch", "v3", "--quantize", "int8"))
+    state = serve_command.build_state(args("--model", "random:tiny", "--arch", "v3", "--quantize", "int8"))
     talker = state.pipeline.engine.talker
     assert {n for n, m in talker.named_modules() if isinstance(m, QuantLinear)} == set(talker.backbone_linears())
     with pytest.raises(ConfigError, match="compute capability"):
-        server.build_state(args("--model", "random:tiny", "--quantize", "fp8"))
+        serve_command.build_state(args("--model", "random:tiny", "--quantize", "fp8"))
     with pytest.raises(SystemExit):  # argparse: not a mode
         args("--model", "random:tiny", "--quantize", "int4")

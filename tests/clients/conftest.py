@@ -12,7 +12,7 @@ import pytest
 
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import server
+from higgs_stream.stream import serve_command, server
 from higgs_stream.stream.adapter import to_s16le
 
 
@@ -33,14 +33,14 @@ class LiveServer:
 
 def server_args(model: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_command.add_arguments(parser)
     # admission by load off: a loaded 2-core CI machine may run the tiny model below 2x real time
     return parser.parse_args(["--model", str(model), "--device", "cpu", "--admit-step-ratio", "0", *extra])
 
 
 async def start_server(model: Path, *extra: str) -> tuple[LiveServer, object]:
     args = server_args(model, *extra)
-    state = server.build_state(args)
+    state = serve_command.build_state(args)
     runner = await server.serve(state, "127.0.0.1", 0)
     return LiveServer(state, server.bound_port(runner), args.token), runner
 

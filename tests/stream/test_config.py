@@ -8,7 +8,7 @@ import pytest
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream.codec_worker import CODEC_URGENT_S
 from higgs_stream.stream.config import ServerConfig
-from higgs_stream.stream.server import add_arguments, config_from_args
+from higgs_stream.stream.serve_command import add_arguments, config_from_args
 
 
 def test_defaults_are_production_safe():
@@ -83,7 +83,7 @@ def test_codec_schedule_is_eager_unless_asked():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", "m", "--ramp-repeat", "2", "--max-first-chunk", "12"])
-    from higgs_stream.stream.server import config_from_args
+    from higgs_stream.stream.serve_command import config_from_args
 
     cfg = config_from_args(args)
     assert cfg.ramp_repeat == 2 and cfg.max_first_chunk == 12
@@ -99,7 +99,7 @@ def test_prefill_pack_is_checked_before_the_model_loads():
     the checkpoint is read (the CPU's reference runner does not use it)."""
     from higgs_stream.engine.errors import ConfigError
     from higgs_stream.engine.model_runner import MAX_PREFILL_PACK, ModelRunnerConfig
-    from higgs_stream.stream.server import build_state
+    from higgs_stream.stream.serve_command import build_state
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -116,7 +116,7 @@ def test_triton_decode_from_is_parsed_and_checked_before_the_model_loads():
     checkpoint is read."""
     from higgs_stream.engine.errors import ConfigError
     from higgs_stream.engine.model_runner import ModelRunnerConfig
-    from higgs_stream.stream.server import build_state
+    from higgs_stream.stream.serve_command import build_state
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -134,7 +134,7 @@ def test_late_prompts_reach_the_engine_config():
     (a random tiny model on the CPU: the reference runner, which cannot take late prompts, runs classic
     steps)."""
     from higgs_stream.engine.engine import EngineConfig
-    from higgs_stream.stream.server import build_state
+    from higgs_stream.stream.serve_command import build_state
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -153,7 +153,7 @@ def test_codec_starting_ms_reaches_the_codec_worker_in_seconds():
     """--codec-starting-ms (the cap as a predicted call time) is checked by ServerConfig and reaches the worker, whose
     `starting` is the pipeline's own test (a stream waits for its first audio)."""
     from higgs_stream.engine.errors import ConfigError
-    from higgs_stream.stream.server import build_state
+    from higgs_stream.stream.serve_command import build_state
 
     assert ServerConfig().codec_starting_ms is None and ServerConfig(codec_starting_ms=12.5).codec_starting_ms == 12.5
     assert ServerConfig(codec_starting_ms=0).codec_starting_ms == 0  # 0: off (None: the family's)

@@ -436,7 +436,7 @@ async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
 def test_serve_warms_up_unless_told_not_to():
     import argparse
 
-    from higgs_stream.stream.server import add_arguments, config_from_args
+    from higgs_stream.stream.serve_command import add_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -249,13 +249,13 @@ async def test_base_clones_a_voice_from_reference_audio(base, servers, wav_bytes
 def test_serve_builds_the_speakers_into_its_voices(tiny_qwen_ckpt):
     import argparse
 
-    from higgs_stream.stream import server
+    from higgs_stream.stream import serve_command
 
     def args(*argv):
         parser = argparse.ArgumentParser()
-        server.add_arguments(parser)
+        serve_command.add_arguments(parser)
         return parser.parse_args(["--device", "cpu", *argv])
 
-    state = server.build_state(args("--model", str(tiny_qwen_ckpt), "--max-streams", "2"))
+    state = serve_command.build_state(args("--model", str(tiny_qwen_ckpt), "--max-streams", "2"))
     assert state.voices.describe()["speakers"] == ["aiden", "dylan"] and state.pipeline.geometry.hop == 1920
     assert type(state.pipeline.engine.runner).__name__ == "RefRunner"

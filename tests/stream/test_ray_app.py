@@ -198,7 +198,7 @@ def free(m: dict[str, float]) -> bool:
 def serve_args(*argv: str):
     import argparse
 
-    from higgs_stream.stream.server import add_arguments
+    from higgs_stream.stream.serve_command import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -19,7 +19,7 @@ import soundfile as sf
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import routes, server as server_mod
+from higgs_stream.stream import routes, serve_command, server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.encoders import Resampler, wav_header
@@ -432,7 +432,7 @@ def test_serve_help_shows_the_default_address():
     import argparse
 
     parser = argparse.ArgumentParser()
-    server_mod.add_arguments(parser)
+    serve_command.add_arguments(parser)
     text = " ".join(parser.format_help().split())
     d = ServerConfig()
     assert f"(default {d.host})" in text and f"(default {d.port})" in text
@@ -456,13 +456,13 @@ def test_serve_flags_reach_the_codec_schedule_and_green_context():
     import argparse
 
     parser = argparse.ArgumentParser()
-    server_mod.add_arguments(parser)
-    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x"]))
+    serve_command.add_arguments(parser)
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x"]))
     assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
-    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
     assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
     assert cfg.codec_queue_rounds == 4  # the default, every family's
-    cfg = server_mod.config_from_args(parser.parse_args(["--model", "x", "--codec-queue-rounds", "64"]))
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-queue-rounds", "64"]))
     assert cfg.codec_queue_rounds == 64
 
 

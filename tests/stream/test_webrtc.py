@@ -14,7 +14,7 @@ import pytest
 import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from higgs_stream.stream import server, webrtc
+from higgs_stream.stream import serve_command, server, webrtc
 from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -77,10 +77,10 @@ async def test_track_write_waits_while_full():
 @pytest.fixture
 async def live(tiny_ckpt):
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_command.add_arguments(parser)
     args = parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", "--max-frames", "100", "--token", "t0k",
                               "--admit-step-ratio", "0"])  # admission by load off (a loaded CI machine)
-    state = server.build_state(args)
+    state = serve_command.build_state(args)
     runner = await server.serve(state, "127.0.0.1", 0)
     try:
         yield state, f"http://127.0.0.1:{server.bound_port(runner)}"
