@@ -48,11 +48,11 @@ import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.gpu_memory import WARMUP_HEADROOM_GB, bound_process_memory, with_plan_headroom
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
+from higgs_stream.stream.config import CODEC_QUEUE_ROUNDS  # rounds of decode work queued for the codec thread
 from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
-CODEC_QUEUE_ROUNDS = 4  # engine steps whose decode work may wait for the codec thread (ServerConfig.codec_queue_rounds)
 CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
 # graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.

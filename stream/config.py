@@ -7,9 +7,9 @@ from dataclasses import dataclass, field, replace
 
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.gpu_memory import HEADROOM_GB
-from higgs_stream.stream.codec_worker import CODEC_QUEUE_ROUNDS
 from higgs_stream.stream.pacing import PacingConfig
 
+CODEC_QUEUE_ROUNDS = 4  # ServerConfig.codec_queue_rounds' default (why 4: beside the field)
 SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
 PROTOCOL_VERSION = 1
 MODES = ("exact", "low_latency")
@@ -159,7 +159,7 @@ class ServerConfig:
     codec_overdue_first: bool = False  # CUDA: a codec call holding an overdue job runs above the talker's priority
     # rounds of decode work (one per engine step that made some) queued for the codec thread before the engine thread
     # waits (back-pressure): while a codec call runs the talker makes this many steps, then stops until the call ends.
-    # The default, 4 (stream/codec_worker.py: CODEC_QUEUE_ROUNDS; 8 before session 20, then the Higgs families', every
+    # The default, 4 (CODEC_QUEUE_ROUNDS; 8 before session 20, then the Higgs families', every
     # family's since session 21). H200, v2, 256 streams arriving over 2 s (session 20): TTFA p95 385 and 387 ms, 0 of
     # 498 and 0 of 485 streams underran, against 578 ms and 0 of 508 at 8 in the same call and 457-837 ms with 0-22
     # underran in 7 other runs at 8; closed 128 p95 295 vs 355. The talker stops sooner while a codec call runs, so
