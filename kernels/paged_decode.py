@@ -33,15 +33,10 @@ us cast, 128 rows 41.7 vs 44.5, 64 rows 22.5 vs 23.9 (1,000 tokens at 256: 233 v
 vs 6.3); still 47 % of the e4m3 pages' copy floor at 256 x 300, where by a count of the compiled loop's instructions
 (address arithmetic, widening, the 16-row softmax of a group of 3) issuing them takes about as long as the reads
 (estimated, not profiled). Triton's interpreter does not run inline PTX: the interpreted tests run the cast form;
-the GPU tests run both.
-
-Two K/V heads a program (`heads=2`, session 21; built and tested, not yet timed, not served): the tile is the two heads'
-K (and V) rows side by side, 2 x D contiguous elements a token, and the queries block-diagonal: a row holds its head's
-D values in its K/V head's columns and zeros in the other's, so one product over all 2 x D columns gives each row its
-own head's scores (6 real rows of the 16 where v2's group is 3), and a row keeps only its own head's columns of
-P @ V. The tensor-core work per head is the same; what halves is the per-token work around it (page ids, addresses,
-the online softmax): by the compiled sm_90 code 18 % fewer instructions a head (fp8 words 1,193 for two heads vs 725
-for one, bf16 1,099 vs 663). With `heads=1` the code is the served kernel's (its PTX the same instructions).
+the GPU tests run both. Two K/V heads a program (block-diagonal queries over the two heads' side-by-side rows:
+18 % fewer compiled instructions a head) was built, interpreter-exact, and measured slower everywhere (H200, session
+22, 300 tokens: e4m3 pages 256 rows 80.1 vs 78.0 us, 128 rows 53.0 vs 41.6, 1 row ranged 6.7 vs 5.9; bf16 pages 99.2
+vs 88.0 at 256): half the programs, and the work a program saves does not pay for the parallelism lost; removed.
 
 Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so the
 ranged form cuts each sequence's tokens into ranges of a fixed length (`RANGE_TOKENS`), each reduced on its own
@@ -113,27 +108,25 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 max_kv_len: int | None = None, programs: int | None = None, fp8_words: bool = True,
-                 heads: int = 1) -> torch.Tensor:
+                 max_kv_len: int | None = None, programs: int | None = None, fp8_words: bool = True) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
     `max_kv_len`: None, the whole form (one program per sequence and K/V head); else the ranged form (the module
     docstring) for sequences of at most this many tokens, with `programs` programs per sequence and head (None:
     `decode_splits` for this batch). `fp8_words`: over e4m3 pages, V loaded as 4-byte words and widened where loaded,
     with fp16 operands (the module docstring); False: the pages cast to q's dtype as 16-bit pages are (the
-    interpreter's form, and the A/B's baseline). `heads`: K/V heads a program (the module docstring; 1 served).
-    CUDA-graph safe."""
+    interpreter's form, and the A/B's baseline). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     if max_kv_len is not None and programs is None:
         programs = decode_splits(q.shape[0], k_pool.shape[2])
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, max_kv_len, programs or 1, fp8_words=fp8_words, heads=heads)
+                  num_stages, max_kv_len, programs or 1, fp8_words=fp8_words)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS, fp8_words=False, heads=1):
+           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS, fp8_words=False):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests, where
     `fp8_words` must stay False: the interpreter does not run inline PTX)."""
     b, hq, d = q.shape
@@ -141,7 +134,6 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
     assert programs >= 1, f"programs must be >= 1, got {programs}"
-    assert heads >= 1 and hkv % heads == 0, f"{hkv} K/V heads do not split into programs of {heads}"
     group = hq // hkv
     words = fp8_words and k_pool.dtype == torch.float8_e4m3fn
     assert not words or d % 16 == 0, f"e4m3 pages as words need a head size divisible by 16, got {d}"
@@ -156,11 +148,11 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
         slots = max(1, -(-max_kv_len // range_tokens))
         part = torch.empty((b, hq, slots, d), dtype=torch.float32, device=q.device)
         ml = torch.empty((b, hq, slots, 2), dtype=torch.float32, device=q.device)
-    _kernel()[(b, hkv // heads, programs if ranged else 1)](
+    _kernel()[(b, hkv, programs if ranged else 1)](
         q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
-        GROUP=group, GROUP_PAD=max(16, 1 << (group * heads - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
+        GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
         PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots, FP8_WORDS=words,
-        HEADS=heads, num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages)
     if ranged:
         _merge_kernel()[(b, hq)](part, ml, out, kv_indptr, kv_last_page_len, D=d, PAGE=page,
                                  RANGE=range_tokens, SLOTS=slots, SLOTS_PAD=1 << (slots - 1).bit_length(), num_warps=4)
@@ -196,9 +188,9 @@ def _kernel():
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
                             scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                             D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
-                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr, HEADS: tl.constexpr):
+                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr):
         b = tl.program_id(0)
-        h = tl.program_id(1) * HEADS  # this program's first K/V head
+        h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
         num_pages = tl.load(indptr_ptr + b + 1) - first
         kv_len = (num_pages - 1) * PAGE + tl.load(last_ptr + b)
@@ -209,35 +201,29 @@ def _kernel():
             n_ranges = tl.minimum(tl.cdiv(kv_len, RANGE), SLOTS)
             span = RANGE
         g = tl.arange(0, GROUP_PAD)
-        c = tl.arange(0, HEADS * D)  # a tile's columns: HEADS K/V heads side by side (contiguous in the pools)
+        d = tl.arange(0, D)
         n = tl.arange(0, BLOCK_N)
-        heads = h * GROUP + g  # the query heads of this program's K/V heads, one a row
+        heads = h * GROUP + g
         base = b.to(tl.int64) * (HKV * GROUP * D)
-        if HEADS == 1:
-            cols = c
-            q_ok = g[:, None] < GROUP
-        else:  # block-diagonal: a query row holds its head's D values in its K/V head's columns, zeros elsewhere, so
-            # one product over all the columns gives each row its own head's scores (the module docstring)
-            cols = c % D
-            q_ok = (g[:, None] < HEADS * GROUP) & ((c // D)[None, :] == (g // GROUP)[:, None])
-        q_rows = base + heads[:, None] * D + cols[None, :]  # [GROUP_PAD, HEADS * D]
+        q_rows = base + heads[:, None] * D + d[None, :]  # [GROUP_PAD, D]
+        q_ok = g[:, None] < GROUP
         q = tl.load(q_ptr + q_rows, mask=q_ok, other=0.0)
         if FP8_WORDS:  # fp16 operands: e4m3 widens to fp16 exactly, one instruction per two values
             q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
-            w = tl.arange(0, HEADS * D // 4)
+            w = tl.arange(0, D // 4)
         for r in range(tl.program_id(2), n_ranges, PROGRAMS):  # this program's ranges, each reduced on its own
             lo = r * span
             hi = tl.minimum(kv_len, lo + span)
             m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
             l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-            acc = tl.zeros((GROUP_PAD, HEADS * D), dtype=tl.float32)  # a row's own head: its q_ok columns
+            acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
             for start in range(lo, hi, BLOCK_N):
                 tok = start + n
                 live = tok < hi
                 page = tl.load(indices_ptr + first + tok // PAGE, mask=live, other=0)
                 rows = (page.to(tl.int64) * PAGE + tok % PAGE) * (HKV * D) + h * D  # [BLOCK_N] element offsets
-                kv_off = rows[:, None] + c[None, :]
-                k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, HEADS * D]
+                kv_off = rows[:, None] + d[None, :]
+                k = tl.load(k_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
                 if FP8_WORDS:  # V as 4-byte words, widened where they were loaded (the module docstring)
                     words = tl.load(v_ptr.to(tl.pointer_type(tl.int32)) + (rows // 4)[:, None] + w[None, :],
                                     mask=live[:, None], other=0)
@@ -245,7 +231,7 @@ def _kernel():
                         asm="{ .reg .b32 a, b; .reg .b16 l, h; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
                             "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
                         constraints="=h,=h,=h,=h,r", args=[words], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-                    v = words_in_order(e0, e1, e2, e3, BLOCK_N, HEADS * D)
+                    v = words_in_order(e0, e1, e2, e3, BLOCK_N, D)
                 else:
                     v = tl.load(v_ptr + kv_off, mask=live[:, None], other=0.0).to(q.dtype)  # issued beside K's load
                 s = tl.dot(q, tl.trans(k)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32, log2 units
@@ -260,10 +246,10 @@ def _kernel():
                 tl.store(o_ptr + q_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok)
             else:  # the range's partial sums in its slot; the merge kernel normalises
                 row = b.to(tl.int64) * (HKV * GROUP) + heads  # [GROUP_PAD] query-head rows
-                ok = g < HEADS * GROUP
+                ok = g < GROUP
                 tl.store(ml_ptr + (row * SLOTS + r) * 2, m_i, mask=ok)
                 tl.store(ml_ptr + (row * SLOTS + r) * 2 + 1, l_i, mask=ok)
-                tl.store(part_ptr + (row[:, None] * SLOTS + r) * D + cols[None, :], acc, mask=q_ok)
+                tl.store(part_ptr + (row[:, None] * SLOTS + r) * D + d[None, :], acc, mask=q_ok)
 
     return paged_decode_kernel
 

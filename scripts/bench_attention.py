@@ -37,17 +37,15 @@ def pools(layers: int, pages: int, page: int, hkv: int, d: int, dtype: torch.dty
 
 
 def triton_spec(spec: str) -> tuple[str, dict]:
-    """'64x4x1' -> ("triton", paged_decode's block_n, num_warps, num_stages): the whole form; then 'hN': N K/V heads a
-    program (`heads`); then 'c': e4m3 pages cast to bf16 (`fp8_words=False`, the form before session 21) instead of
-    read as words; then 'r': its ranged form ("triton_ranges") with decode_splits' programs for the batch, 'rN': with N
-    programs (e.g. '64x4x1r4', '64x4x1cr', '64x4x1h2')."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:h(\d+))?(c)?(r(\d+)?)?", spec)
+    """'64x4x1' -> ("triton", paged_decode's block_n, num_warps, num_stages): the whole form; then 'c': e4m3 pages cast
+    to bf16 (`fp8_words=False`, the form before session 21) instead of read as words; then 'r': its ranged form
+    ("triton_ranges") with decode_splits' programs for the batch, 'rN': with N programs (e.g. '64x4x1r4', '64x4x1cr')."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(c)?(r(\d+)?)?", spec)
     if m is None:
-        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[hN][c][r[N]]")
-    block_n, warps, stages, heads, cast, ranged, programs = m.groups()
+        raise ValueError(f"bad Triton spec {spec!r}: expected BLOCKxWARPSxSTAGES[c][r[N]]")
+    block_n, warps, stages, cast, ranged, programs = m.groups()
     params = {"block_n": int(block_n), "num_warps": int(warps), "num_stages": int(stages),
-              **({"programs": int(programs)} if programs else {}), **({"fp8_words": False} if cast else {}),
-              **({"heads": int(heads)} if heads else {})}
+              **({"programs": int(programs)} if programs else {}), **({"fp8_words": False} if cast else {})}
     return ("triton_ranges" if ranged else "triton"), params
 
 

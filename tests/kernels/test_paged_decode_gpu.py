@@ -27,18 +27,15 @@ def setup(pool_dtype, hq=24, hkv=8, d=128, ps=16, seed=0):
 
 @pytest.mark.parametrize("pool", [torch.bfloat16, FP8_KV])
 @pytest.mark.parametrize("params", [(16, 4, 1, None), (64, 4, 1, None), (64, 2, 1, None), (128, 8, 3, None),
-                                    (64, 4, 1, 1), (64, 4, 1, 4), (64, 4, 1, 16), (64, 4, 1, "auto"),
-                                    (64, 4, 1, None, 2), (64, 8, 1, None, 2), (64, 4, 1, 16, 2)])
+                                    (64, 4, 1, 1), (64, 4, 1, 4), (64, 4, 1, 16), (64, 4, 1, "auto")])
 def test_matches_definition(pool, params):
-    """Whole (None) and ranged (programs per sequence and head; "auto": decode_splits) forms; a fifth entry: K/V heads
-    a program (2: the block-diagonal form, not served yet)."""
+    """Whole (None) and ranged (programs per sequence and head; "auto": decode_splits) forms."""
     q, k, v, lay = setup(pool)
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
     want = paged_decode_ref(q.float(), k, v, *csr, 128 ** -0.5)  # fp32 math over the same pages
-    block_n, warps, stages, programs, heads = (*params, 1)[:5]
+    block_n, warps, stages, programs = params
     ranged = {} if programs is None else {"max_kv_len": 1024, "programs": None if programs == "auto" else programs}
-    got = paged_decode(q, k, v, *csr, 128 ** -0.5, block_n=block_n, num_warps=warps, num_stages=stages, heads=heads,
-                       **ranged)
+    got = paged_decode(q, k, v, *csr, 128 ** -0.5, block_n=block_n, num_warps=warps, num_stages=stages, **ranged)
     err = (got.float() - want).abs().max().item() / want.abs().max().item()
     assert err < 1e-2, err  # 16-bit probabilities and output: ~0.4 % of the peak
 
