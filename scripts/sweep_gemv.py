@@ -37,6 +37,8 @@ L2_BYTES = 64 << 20
 CALLS = 24
 GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 5)))  # BN, BK, warps, stages
 GEMV_GRID = list(itertools.product((8, 16, 32), (512, 1024, 2048), (4,), (3,)))  # triton_gemv: BN, BK, warps, stages
+# --gemv-grid wide: warps and pipeline stages too (81 configurations; session 22, a card other than the H100)
+GEMV_GRID_WIDE = list(itertools.product((8, 16, 32), (512, 1024, 2048), (2, 4, 8), (2, 3, 4)))
 
 
 def timed(fns: list) -> float:
@@ -65,7 +67,8 @@ def served(mode: str):
     return fp8_linear if mode == "fp8" else int8_linear
 
 
-def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_core_grid: bool = True) -> list[dict]:
+def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_core_grid: bool = True,
+              gemv_grid: list = GEMV_GRID) -> list[dict]:
     copies = max(2, -(-2 * L2_BYTES // (n * k)))  # 8-bit bytes per copy: n * k
     ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(min(copies, 3))]
     qs = [quantize_weight(ws[i % len(ws)], mode) for i in range(copies)]
@@ -94,7 +97,7 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_c
             except Exception as exc:  # e.g. shared memory exceeded: say so, go on
                 row["grid"][str(cfg)] = repr(exc)[:120]
         if m <= GEMV_ROWS_MAX:  # the CUDA-core GEMV, keyed "gemv (BN, BK, warps, stages)"
-            for cfg in GEMV_GRID:
+            for cfg in gemv_grid:
                 try:
                     row["grid"][f"gemv {cfg}"] = timed([lambda q=q, c=cfg: triton_gemv(x, q.qweight, q.scale, blocks=c)
                                                         for q in qs])
@@ -205,13 +208,17 @@ def main() -> None:
     ap.add_argument("--w8a8-batches", default="", help="also the w8a8 GEMM sweep (sweep_w8a8) at these M (e.g. 64,256)")
     ap.add_argument("--gemv-only", action="store_true",
                     help="skip the tensor-core kernel's grid (the served ways and the CUDA-core GEMV's grid only)")
+    ap.add_argument("--gemv-grid", choices=("narrow", "wide"), default="narrow",
+                    help="the CUDA-core GEMV's grid: BN x BK at 4 warps, 3 stages (narrow); x warps 2/4/8 x stages "
+                    "2/3/4 (wide)")
     args = ap.parse_args()
+    gemv_grid = GEMV_GRID_WIDE if args.gemv_grid == "wide" else GEMV_GRID
     torch.manual_seed(0)
     t_start, rows = time.time(), []
     batches = [int(b) for b in args.batches.split(",") if b]
     for mode in filter(None, args.weights.split(",")):
         for name, (n, k) in V2_LINEARS.items():
-            rows += sweep_one(mode, name, n, k, batches, tensor_core_grid=not args.gemv_only)
+            rows += sweep_one(mode, name, n, k, batches, tensor_core_grid=not args.gemv_only, gemv_grid=gemv_grid)
     summary = layer_summary(rows) if rows else {}
     w8a8 = []
     for m in [int(b) for b in args.w8a8_batches.split(",") if b]:
