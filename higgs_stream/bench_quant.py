@@ -201,7 +201,8 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["graph_buckets"] = list(args.graph_buckets or graph_buckets_for(quant))
-    out["gemv_blocks"] = list(int8_linear_module.GEMV_BLOCKS)
+    out["gemv_blocks"] = {str(k): list(int8_linear_module.gemv_blocks(k))  # by K, v2's linears
+                          for k in sorted({k for _, k in V2_LINEARS.values()})}
     out["graph_capture_s"] = time.perf_counter() - t0
     wb = record_floor(engine, out, bw)
     out.update(talker_weight_bytes=weight_bytes(talker),
@@ -289,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="quantized modes: decode steps of at most N (<= 4) rows run their linears on the CUDA-core "
                          "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default %(default)s; 0: never)")
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
-                    metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run (default: "
-                    "int8_linear.GEMV_BLOCKS; scripts/sweep_gemv.py's best)")
+                    metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run, every K "
+                    "(default: int8_linear.gemv_blocks by K; scripts/sweep_gemv.py's best)")
     ap.add_argument("--graph-buckets", type=lambda v: tuple(int(x) for x in v.split(",")),
                     default=None, metavar="B,B,...",
                     help="CUDA: the decode graphs' batch buckets (a step of n rows replays the smallest bucket >= n; "

@@ -180,10 +180,20 @@ def _kernel():
 
 
 GEMV_ROWS_MAX = 4  # rows triton_gemv serves (one reduction per row, unrolled)
-# (BLOCK_N, BLOCK_K, warps, stages): the fastest over a v2 layer's four fp8 linears at one row of a 9-configuration
-# grid (BN 8/16/32 x BK 512/1024/2048; scripts/sweep_gemv.py, H100, session 15): 46.3 us a layer vs 62.2 for the
-# tensor-core kernel; at 4 rows 99.3 vs 76.3 (ModelRunnerConfig.cuda_core_gemv_rows is 2)
-GEMV_BLOCKS = (8, 1024, 4, 3)
+# (BLOCK_N, BLOCK_K, warps, stages) by K (`gemv_blocks`): (8, 1024, 4, 3) was the fastest over a v2 layer's four fp8
+# linears at one row of a 9-configuration grid (BN 8/16/32 x BK 512/1024/2048; scripts/sweep_gemv.py, H100, session 15):
+# 46.3 us a layer vs 62.2 for the tensor-core kernel; at 4 rows 99.3 vs 76.3 (ModelRunnerConfig.cuda_core_gemv_rows is
+# 2). Per linear, K = 8192 (v2's down projection) was faster with K tiles of 2048 on both cards: one row H100 11.6 vs
+# 12.7 us (session 15), H200 10.3 vs 11.6 (session 22; two rows 13.0 vs 16.1); the K = 3072 linears' best stayed 1024.
+GEMV_BLOCK_K_WIDE_FROM = 8192  # K from which the GEMV's K tiles are 2048 wide
+GEMV_BLOCKS: tuple[int, int, int, int] | None = None  # benchmarks: one configuration for every K (bench_quant --gemv-blocks)
+
+
+def gemv_blocks(k: int) -> tuple[int, int, int, int]:
+    """The CUDA-core GEMV's (BLOCK_N, BLOCK_K, warps, stages) for a reduction over `k` (GEMV_BLOCKS when set)."""
+    if GEMV_BLOCKS is not None:
+        return GEMV_BLOCKS
+    return (8, 2048 if k >= GEMV_BLOCK_K_WIDE_FROM else 1024, 4, 3)
 
 
 def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
@@ -196,16 +206,16 @@ def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     assert x2.is_contiguous() and q.is_contiguous(), "operands must be contiguous"
     out = torch.empty((m, q.shape[0]), dtype=x2.dtype, device=x2.device)
     if m:
-        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks or GEMV_BLOCKS)  # the module's value at call time
+        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks)
     return out
 
 
 def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-                blocks: tuple[int, int, int, int] = GEMV_BLOCKS) -> None:
-    """Launch the (compiled or interpreted) GEMV kernel over out [M, N]."""
+                blocks: tuple[int, int, int, int] | None = None) -> None:
+    """Launch the (compiled or interpreted) GEMV kernel over out [M, N] (`blocks` None: `gemv_blocks(K)`)."""
     m, k = x.shape
     n = q.shape[0]
-    bn, bk, warps, stages = blocks
+    bn, bk, warps, stages = blocks or gemv_blocks(k)
     kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point,
                            num_warps=warps, num_stages=stages)
 

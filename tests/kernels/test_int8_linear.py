@@ -122,16 +122,39 @@ def test_gemv_kernel_in_the_interpreter(interpret):
         assert err_int8 < 1e-6 and err_fp8 < 1e-5 and alone_equal, (err_int8, err_fp8, alone_equal)
 
 
-@pytest.mark.parametrize("weights, rows, blocks", [("*fp8e4nv", 1, (16, 1024, 4, 3)), ("*i8", 4, (16, 512, 4, 3)),
-                                                   ("*fp8e4nv", 1, (32, 2048, 8, 2))])
-def test_gemv_kernel_compiles_for_hopper(weights, rows, blocks, compile_for_hopper):
-    """The GEMV compiles for sm_90 (no GPU needed) at the tile sizes scripts/sweep_gemv.py starts from, over v2's
-    K = 3072, with no register spills to local memory."""
+@pytest.mark.parametrize("weights, rows, k, blocks", [("*fp8e4nv", 1, 3072, (16, 1024, 4, 3)),
+                                                      ("*i8", 4, 3072, (16, 512, 4, 3)),
+                                                      ("*fp8e4nv", 1, 3072, (32, 2048, 8, 2)),
+                                                      ("*fp8e4nv", 2, 3072, "served"), ("*fp8e4nv", 2, 8192, "served")])
+def test_gemv_kernel_compiles_for_hopper(weights, rows, k, blocks, compile_for_hopper):
+    """The GEMV compiles for sm_90 (no GPU needed) at the tile sizes scripts/sweep_gemv.py starts from and at the
+    served ones (`gemv_blocks`), over v2's K = 3072 and 8192, with no register spills to local memory."""
     from higgs_stream.kernels import int8_linear as m
 
-    bn, bk, warps, stages = blocks
+    bn, bk, warps, stages = m.gemv_blocks(k) if blocks == "served" else blocks
     sig = {"x_ptr": "*bf16", "q_ptr": weights, "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
            **dict.fromkeys(("K", "ROWS", "ROWS_PAD", "BLOCK_N", "BLOCK_K", "W_FLOAT"), "constexpr")}
-    consts = {"K": 3072, "ROWS": rows, "ROWS_PAD": rows, "BLOCK_N": bn, "BLOCK_K": bk, "W_FLOAT": weights != "*i8"}
+    consts = {"K": k, "ROWS": rows, "ROWS_PAD": rows, "BLOCK_N": bn, "BLOCK_K": bk, "W_FLOAT": weights != "*i8"}
     compiled = compile_for_hopper(m.build_gemv_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     assert compiled.asm["cubin"] and "ld.local" not in compiled.asm["ptx"]
+
+
+def test_gemv_blocks_follow_k_unless_a_benchmark_sets_one_for_all(monkeypatch):
+    """K tiles of 1024 below K = 8192 and of 2048 from it (v2's down projection: faster on an H100 and an H200);
+    a benchmark's GEMV_BLOCKS overrides every K, and a call's own `blocks` wins over both."""
+    from higgs_stream.kernels import int8_linear as m
+
+    assert m.gemv_blocks(3072) == (8, 1024, 4, 3) and m.gemv_blocks(8191) == (8, 1024, 4, 3)
+    assert m.gemv_blocks(8192) == (8, 2048, 4, 3) and m.gemv_blocks(9728) == (8, 2048, 4, 3)
+    monkeypatch.setattr(m, "GEMV_BLOCKS", (16, 512, 2, 2))
+    assert m.gemv_blocks(3072) == m.gemv_blocks(8192) == (16, 512, 2, 2)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((grid, kw["BLOCK_N"], kw["BLOCK_K"], kw["num_warps"]))
+
+    x, q = torch.zeros(1, 8192), torch.zeros(64, 8192, dtype=torch.int8)
+    m.launch_gemv(Kernel(), x, q, torch.ones(64), torch.zeros(1, 64))
+    m.launch_gemv(Kernel(), x, q, torch.ones(64), torch.zeros(1, 64), (32, 1024, 4, 3))
+    assert launched == [((4,), 16, 512, 2), ((2,), 32, 1024, 4)]
