@@ -185,6 +185,7 @@ GEMV_ROWS_MAX = 4  # rows triton_gemv serves (one reduction per row, unrolled)
 # 46.3 us a layer vs 62.2 for the tensor-core kernel; at 4 rows 99.3 vs 76.3 (ModelRunnerConfig.cuda_core_gemv_rows is
 # 2). Per linear, K = 8192 (v2's down projection) was faster with K tiles of 2048 on both cards: one row H100 11.6 vs
 # 12.7 us (session 15), H200 10.3 vs 11.6 (session 22; two rows 13.0 vs 16.1); the K = 3072 linears' best stayed 1024.
+# Higgs v3's down projection (K = 9728) follows the rule unmeasured; Qwen3-TTS's linears (K <= 6144) keep 1024.
 GEMV_BLOCK_K_WIDE_FROM = 8192  # K from which the GEMV's K tiles are 2048 wide
 GEMV_BLOCKS: tuple[int, int, int, int] | None = None  # benchmarks: one for every K (bench_quant --gemv-blocks)
 
