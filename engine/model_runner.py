@@ -83,7 +83,7 @@ from higgs_stream.engine.runner import LateCall, RowOut, samples_at
 from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, SchedulerConfig
 from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
-from higgs_stream.kernels._triton import KernelUnavailableError
+from higgs_stream.kernels._triton import KernelUnavailableError, set_pdl
 from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
@@ -143,6 +143,11 @@ class ModelRunnerConfig:
     # but do differ from the tensor-core kernel's: a quantized stream's codes are the same in batches of 1-2 and in
     # batches of 3-16, not across (bf16 talkers: unaffected). 0: never
     cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS
+    # CUDA, compute capability 9.0+: the decode step's Triton kernels launched with programmatic dependent launch
+    # (kernels/_triton.py: each may start while the kernel before it ends, and waits for it before reading or writing
+    # anything: the same results, launch latency hidden). Process-wide: the last ModelRunner built sets it. Off until
+    # timed (built in session 22; bench_quant --pdl)
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -157,6 +162,8 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
+        if self.pdl and self.kernels != "fast":
+            raise ConfigError("pdl needs kernels='fast' (it launches the Triton kernels)")
         if not 0 <= self.cuda_core_gemv_rows <= GEMV_ROWS_MAX:
             raise ConfigError(f"cuda_core_gemv_rows must be in 0..{GEMV_ROWS_MAX}, got {self.cuda_core_gemv_rows}")
         for name in ("tensor_core_decode_from", "triton_decode_from"):
@@ -193,6 +200,11 @@ class ModelRunner:
                                                                  if self.config.kernels == "fast" else 0)):
             raise ConfigError("the shared FastTalker was built for other kernels, fewer positions, another "
                               "fuse_fp8_quant or cuda_core_gemv_rows")
+        if self.config.kernels == "fast":
+            if self.config.pdl and torch.cuda.get_device_capability(dev) < (9, 0):
+                raise ConfigError("pdl (programmatic dependent launch) needs compute capability 9.0 or later, "
+                                  f"{torch.cuda.get_device_name(dev)} has {torch.cuda.get_device_capability(dev)}")
+            set_pdl(self.config.pdl)
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions,

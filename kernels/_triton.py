@@ -34,3 +34,26 @@ def require_cuda(*tensors: Any, what: str) -> None:
         if t is not None and not t.is_cuda:
             raise KernelUnavailableError(f"{what} is a CUDA kernel; got a tensor on {t.device} "
                                          f"(use the *_ref function on CPU)")
+
+
+# Programmatic dependent launch (Hopper and later; ModelRunnerConfig.pdl, bench_quant --pdl): the decode step's Triton
+# kernels are launched with CUDA's programmatic stream serialization, so each may start while the kernel before it on
+# its stream is still ending (in a CUDA graph too: the capture keeps the edges programmatic). The kernel's first
+# instruction waits until that kernel has finished and its writes are visible (`griddepcontrol.wait`; nothing is read
+# or written before it), the second lets the next kernel launch (`griddepcontrol.launch_dependents`): the same results,
+# launch latency hidden. Process-wide, set by the ModelRunner; off by default (built in session 22, not yet timed).
+_PDL = {"on": False}
+
+
+def set_pdl(on: bool) -> None:
+    """Launch the decode step's Triton kernels with programmatic dependent launch from now on (a CUDA device of
+    compute capability 9.0 or later; the caller checks)."""
+    _PDL["on"] = bool(on)
+
+
+def pdl_args() -> dict[str, bool]:
+    """A kernel launch's PDL arguments: its `PDL` constexpr (with it the kernel's first instructions are
+    `gdc_wait`, then `gdc_launch_dependents`) and Triton's `launch_pdl` option."""
+    on = _PDL["on"]
+    return {"PDL": on, "launch_pdl": on}
+

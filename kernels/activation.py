@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, INV_FP8_MAX, Fp8Rows
 
 
@@ -29,7 +29,10 @@ def _kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def silu_and_mul_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    def silu_and_mul_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -51,7 +54,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n, inter), dtype=gate_up.dtype, device=gate_up.device)
     if n:
         block = 1024
-        kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, num_warps=4)
+        kernel[(n, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, **pdl_args(), num_warps=4)
     return out
 
 
@@ -60,7 +63,11 @@ def _quant_kernel():
     triton, tl = triton_modules()
 
     @triton.jit
-    def silu_and_mul_fp8_kernel(x_ptr, q_ptr, s_ptr, inter, q_eps, inv_fp8_max, fp8_max, BLOCK: tl.constexpr):
+    def silu_and_mul_fp8_kernel(x_ptr, q_ptr, s_ptr, inter, q_eps, inv_fp8_max, fp8_max, BLOCK: tl.constexpr,
+                                PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)  # BLOCK >= inter: the whole row, read once
         mask = cols < inter
@@ -93,4 +100,4 @@ def launch_fp8(kernel, gate_up: torch.Tensor, q: torch.Tensor, scale: torch.Tens
     if n:
         block = 1 << max(0, inter - 1).bit_length()  # the row's width, to a power of two
         kernel[(n,)](gate_up, q, scale, inter, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=block,
-                     num_warps=16 if block >= 16384 else 8 if block >= 2048 else 4)
+                     **pdl_args(), num_warps=16 if block >= 16384 else 8 if block >= 2048 else 4)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, triton_gemv, triton_linear
 
 FP8 = torch.float8_e4m3fn
@@ -145,7 +145,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xq = torch.empty((m, k), dtype=FP8, device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m:
-        _kernel()[(m,)](x, xq, scale, k, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=1024, num_warps=4)
+        _kernel()[(m,)](x, xq, scale, k, EPS, INV_FP8_MAX, FP8_MAX, BLOCK=1024, **pdl_args(), num_warps=4)
     return xq, scale
 
 
@@ -161,7 +161,10 @@ def _kernel():
 
     @triton.jit
     def quantize_per_token_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, eps, inv_fp8_max, fp8_max,
-                                  BLOCK: tl.constexpr):
+                                  BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)

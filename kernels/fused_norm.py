@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, INV_FP8_MAX, Fp8Rows
 
 
@@ -57,7 +57,10 @@ def _kernel():
     @triton.jit
     def add_rms_norm_kernel(delta_ptr, res_ptr, w_ptr, sel_ptr, out_ptr, scale_ptr, H, eps, q_eps, inv_fp8_max,
                             fp8_max, HAS_DELTA: tl.constexpr, HAS_SELECT: tl.constexpr, QUANT: tl.constexpr,
-                            BLOCK: tl.constexpr):
+                            BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < H
@@ -124,4 +127,4 @@ def launch(compiled, delta, residual, weight, eps, select, out, scale) -> None:
     kernel[(n,)](delta if delta is not None else residual, residual, weight,
                  select if select is not None else residual, out, scale if scale is not None else residual, h, eps,
                  EPS, INV_FP8_MAX, FP8_MAX, HAS_DELTA=delta is not None, HAS_SELECT=select is not None,
-                 QUANT=scale is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+                 QUANT=scale is not None, BLOCK=block, **pdl_args(), num_warps=8 if block >= 2048 else 4)

@@ -33,7 +33,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 
 
 def _check(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -114,7 +114,7 @@ def launch(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: t
     grid = (-(-m // bm), -(-n // bn))
     kernel[grid](x, q, scale, scale if x_scale is None else x_scale, out, m, n, k, BLOCK_M=bm, BLOCK_N=bn,
                  BLOCK_K=bk, IEEE=x.dtype == torch.float32, W_FLOAT=q.dtype.is_floating_point,
-                 X_SCALED=x_scale is not None, ACC_EVERY=acc_every, num_warps=warps, num_stages=stages)
+                 X_SCALED=x_scale is not None, ACC_EVERY=acc_every, **pdl_args(), num_warps=warps, num_stages=stages)
 
 
 def build_kernel():
@@ -127,7 +127,10 @@ def build_kernel():
     def quantized_linear_kernel(x_ptr, q_ptr, s_ptr, xs_ptr, out_ptr, M, N, K: tl.constexpr,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 IEEE: tl.constexpr, W_FLOAT: tl.constexpr, X_SCALED: tl.constexpr,
-                                ACC_EVERY: tl.constexpr):
+                                ACC_EVERY: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         ks = tl.arange(0, BLOCK_K)
@@ -218,7 +221,7 @@ def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, o
     n = q.shape[0]
     bn, bk, warps, stages = blocks or gemv_blocks(k)
     kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point,
-                           num_warps=warps, num_stages=stages)
+                           **pdl_args(), num_warps=warps, num_stages=stages)
 
 
 def build_gemv_kernel():
@@ -227,7 +230,11 @@ def build_gemv_kernel():
 
     @triton.jit
     def quantized_gemv_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, ROWS: tl.constexpr,
-                              ROWS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FLOAT: tl.constexpr):
+                              ROWS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FLOAT: tl.constexpr,
+                              PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         col_ok = cols < N
         ks = tl.arange(0, BLOCK_K)

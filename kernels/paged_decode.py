@@ -58,7 +58,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 
 LOG2E = 1.4426950408889634
 # (block_n, warps, stages): the fastest on an H100 at 64-256 rows over both page types (scripts/bench_attention.py,
@@ -152,10 +152,11 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
         q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
         GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
         PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots, FP8_WORDS=words,
-        num_warps=num_warps, num_stages=num_stages)
+        **pdl_args(), num_warps=num_warps, num_stages=num_stages)
     if ranged:
         _merge_kernel()[(b, hq)](part, ml, out, kv_indptr, kv_last_page_len, D=d, PAGE=page,
-                                 RANGE=range_tokens, SLOTS=slots, SLOTS_PAD=1 << (slots - 1).bit_length(), num_warps=4)
+                                 RANGE=range_tokens, SLOTS=slots, SLOTS_PAD=1 << (slots - 1).bit_length(),
+                                 **pdl_args(), num_warps=4)
     return out
 
 
@@ -188,7 +189,11 @@ def _kernel():
     def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
                             scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                             D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
-                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr):
+                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr,
+                            PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0)
         h = tl.program_id(1)
         first = tl.load(indptr_ptr + b)
@@ -260,7 +265,11 @@ def _merge_kernel():
 
     @triton.jit
     def merge_splits_kernel(part_ptr, ml_ptr, o_ptr, indptr_ptr, last_ptr, D: tl.constexpr,
-                            PAGE: tl.constexpr, RANGE: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr):
+                            PAGE: tl.constexpr, RANGE: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr,
+                            PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0)
         row = b.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
         kv_len = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) - 1) * PAGE + tl.load(last_ptr + b)

@@ -31,7 +31,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 from higgs_stream.kernels.attention import FP8_KV, FP8_KV_MAX, store_rows
 
 
@@ -91,7 +91,10 @@ def _kernel():
     @triton.jit
     def rope_store_kv_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, w_ptr, eps,
                              HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV_FP8: tl.constexpr,
-                             KV_MAX: tl.constexpr, QK_NORM: tl.constexpr):
+                             KV_MAX: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         half: tl.constexpr = D // 2
@@ -157,5 +160,5 @@ def rope_store_kv(
                                                 cos_sin if qk_norm is None else qk_norm, eps,
                                                 HQ=num_q_heads, HKV=num_kv_heads, D=head_dim,
                                                 KV_FP8=k_cache.dtype == FP8_KV, KV_MAX=FP8_KV_MAX,
-                                                QK_NORM=qk_norm is not None, num_warps=1)
+                                                QK_NORM=qk_norm is not None, **pdl_args(), num_warps=1)
     return q

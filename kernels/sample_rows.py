@@ -37,7 +37,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 
 
 def warp_scores_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p_cut: torch.Tensor,
@@ -84,7 +84,11 @@ def _kernel():
 
     @triton.jit
     def sample_kernel(x_ptr, noise_ptr, temp_ptr, topk_ptr, cut_ptr, greedy_ptr, tok_ptr, finite_ptr,
-                      x_sb, x_sh, n_sb, n_sh, heads, vocab, BLOCK: tl.constexpr, CLEAN: tl.constexpr):
+                      x_sb, x_sh, n_sb, n_sh, heads, vocab, BLOCK: tl.constexpr, CLEAN: tl.constexpr,
+                      PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -161,5 +165,5 @@ def _launch(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor
         block = triton.next_power_of_2(v)
         kernel[(b, h)](logits, noise, temperature, top_k, top_p_cut, greedy.view(torch.int8), tokens, finite,
                        logits.stride(0), logits.stride(1), noise.stride(0), noise.stride(1), h, v,
-                       BLOCK=block, CLEAN=clean, num_warps=4 if block <= 2048 else 8)
+                       BLOCK=block, CLEAN=clean, **pdl_args(), num_warps=4 if block <= 2048 else 8)
     return tokens, finite.view(torch.bool) if clean else None

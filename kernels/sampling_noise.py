@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from higgs_stream.kernels._triton import require_cuda, triton_modules
+from higgs_stream.kernels._triton import pdl_args, require_cuda, triton_modules
 
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0x7FEB352D, 0x846CA68B
@@ -75,7 +75,10 @@ def _kernel():
         return x ^ (x >> 16)
 
     @triton.jit
-    def exp_noise_kernel(seed_ptr, counter_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    def exp_noise_kernel(seed_ptr, counter_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -100,5 +103,5 @@ def exp_noise(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tens
     out = torch.empty((seeds.shape[0], n), dtype=torch.float32, device=seeds.device)
     if seeds.shape[0]:
         block = 1024
-        kernel[(seeds.shape[0], triton.cdiv(n, block))](seeds, counters, out, n, BLOCK=block, num_warps=4)
+        kernel[(seeds.shape[0], triton.cdiv(n, block))](seeds, counters, out, n, BLOCK=block, **pdl_args(), num_warps=4)
     return out

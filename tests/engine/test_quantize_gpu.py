@@ -189,3 +189,25 @@ def test_cuda_core_gemv_tracks_the_tensor_core_kernel(model, mode):
     got, _ = fast_logits(gemv, prompt, 4, cols)
     rel = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
     assert rel < 2e-2, rel  # bf16 activations between layers: a few bf16 ulps of the logits' peak
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs compute capability >= 9.0")
+@pytest.mark.parametrize("mode", ["none", "fp8"])
+def test_programmatic_dependent_launch_gives_the_same_logits(model, mode):
+    """ModelRunnerConfig.pdl: the decode graphs captured with the Triton kernels' programmatic dependent launches give
+    the teacher-forced logits of the graphs without, bit for bit (the same kernels on the same inputs; only when each
+    may start changes), at one row (fp8: the CUDA-core GEMV; the ranged decode and its merge; norms, RoPE, SiLU)."""
+    from higgs_stream.kernels import _triton
+
+    plain = engine(model, mode)
+    assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}
+    prompt = plain.policy.build_prompt(parity_request())
+    want, cols = fast_logits(plain, prompt, 8)
+    try:
+        pdl = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), pdl=True), talker=plain.talker)
+        assert _triton.pdl_args() == {"PDL": True, "launch_pdl": True}
+        got, _ = fast_logits(pdl, prompt, 8, cols)
+    finally:
+        _triton.set_pdl(False)
+    assert torch.equal(got, want)
