@@ -35,7 +35,7 @@ def sass(compiled) -> list[str]:
 
 def kernels():
     """(name, jit function, signature, constexprs) of decode-step kernels at v2's served shapes."""
-    from higgs_stream.kernels import fused_norm, int8_linear, paged_decode
+    from higgs_stream.kernels import fused_norm, int8_linear, paged_decode, rope_kv
 
     gemv_sig = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
                 **dict.fromkeys(("K", "ROWS", "ROWS_PAD", "BLOCK_N", "BLOCK_K", "W_FLOAT", "PDL"), "constexpr")}
@@ -47,10 +47,21 @@ def kernels():
     merge_sig = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "indptr_ptr": "*i32", "last_ptr": "*i32",
                  **dict.fromkeys(("D", "PAGE", "RANGE", "SLOTS", "SLOTS_PAD", "PDL"), "constexpr")}
     merge_consts = {"D": 128, "PAGE": 16, "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}
+    decode_consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 16,
+                     "RANGE": 64, "SLOTS": 64, "FP8_WORDS": True}  # the ranged form over e4m3 pages read as words
+    decode_sig = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "o_ptr": "*bf16", "part_ptr": "*fp32",
+                  "ml_ptr": "*fp32", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32",
+                  "scale_log2": "fp32", **dict.fromkeys((*decode_consts, "PDL"), "constexpr")}
+    rope_consts = {"HQ": 24, "HKV": 8, "D": 128, "KV_FP8": True, "KV_MAX": 448.0, "QK_NORM": False}
+    rope_sig = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "slot_ptr": "*i64", "q_ptr": "*bf16",
+                "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "w_ptr": "*bf16", "eps": "fp32",
+                **dict.fromkeys((*rope_consts, "PDL"), "constexpr")}
     _, norm = fused_norm._kernel()
     return [("gemv", int8_linear.build_gemv_kernel(), gemv_sig, gemv_consts),
             ("add_rms_norm", norm, norm_sig, norm_consts),
-            ("merge_splits", paged_decode._merge_kernel(), merge_sig, merge_consts)]
+            ("paged_decode", paged_decode._kernel(), decode_sig, decode_consts),
+            ("merge_splits", paged_decode._merge_kernel(), merge_sig, merge_consts),
+            ("rope_store_kv", rope_kv._kernel(), rope_sig, rope_consts)]
 
 
 def test_the_switch_sets_both_launch_arguments():
@@ -63,7 +74,7 @@ def test_the_switch_sets_both_launch_arguments():
     assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}
 
 
-@pytest.mark.parametrize("which", ["gemv", "add_rms_norm", "merge_splits"])
+@pytest.mark.parametrize("which", ["gemv", "add_rms_norm", "paged_decode", "merge_splits", "rope_store_kv"])
 def test_with_pdl_the_kernel_waits_before_any_memory_access(which, compile_for_hopper):
     pytest.importorskip("triton")
     name, fn, sig, consts = next(k for k in kernels() if k[0] == which)
