@@ -37,6 +37,7 @@ from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker
 from higgs_stream.engine.gpu_sampling import DeviceStreamState
 from higgs_stream.engine.graph_capture import capture_buckets
+from higgs_stream.kernels._triton import pdl
 from higgs_stream.kernels.flashinfer_attention import GraphDecodeAttention, HostCSR, decode_kernel
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256)
@@ -73,13 +74,15 @@ class DecodeGraphs:
     def __init__(self, fast: FastTalker, state: DeviceStreamState, k_pool: torch.Tensor, v_pool: torch.Tensor,
                  scratch_page: int, page_size: int, max_pages: int, buckets: Sequence[int] = DEFAULT_BUCKETS,
                  enabled: bool = True, workspace_bytes: int = 256 << 20, tensor_core_from: int | None = None,
-                 triton_from: int | None = None, ranged_below: bool = False) -> None:
+                 triton_from: int | None = None, ranged_below: bool = False, pdl_max_rows: int = 0) -> None:
         """`tensor_core_from`: buckets of at least this many rows over 16-bit K/V pages attend with FlashInfer's
         tensor-core decode (ModelRunnerConfig.tensor_core_decode_from); `triton_from`: buckets of at least this
         many rows with our Triton decode kernel (ModelRunnerConfig.triton_decode_from; it wins over the former);
         `ranged_below`: smaller buckets with its ranged form, for sequences of up to `fast.max_positions` tokens
-        (ModelRunnerConfig.triton_ranged_decode)."""
+        (ModelRunnerConfig.triton_ranged_decode); `pdl_max_rows`: buckets of at most this many rows are captured with
+        programmatic dependent launches (ModelRunnerConfig.pdl_max_rows; the caller checks the device)."""
         self.fast, self.state, self.k_pool, self.v_pool = fast, state, k_pool, v_pool
+        self.pdl_max_rows = pdl_max_rows
         self.buckets = tuple(sorted(set(buckets)))
         assert self.buckets[0] >= 1, "buckets must be positive"
         self.max_batch = self.buckets[-1]
@@ -130,8 +133,11 @@ class DecodeGraphs:
         """Capture every bucket (largest first, sharing one memory pool)."""
         if not self.enabled:
             return
-        self._graphs, self._outputs = capture_buckets(
-            self.buckets, lambda b: self._stage(b, [], [], [], [], []), self._body)
+        def body(b: int) -> tuple[torch.Tensor, torch.Tensor]:
+            with pdl(b <= self.pdl_max_rows):  # warm-up and capture: the Triton launches read the switch
+                return self._body(b)
+
+        self._graphs, self._outputs = capture_buckets(self.buckets, lambda b: self._stage(b, [], [], [], [], []), body)
 
     # ------------------------------------------------------------------ replay
     def bucket_for(self, n: int) -> int:

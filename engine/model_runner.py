@@ -83,11 +83,12 @@ from higgs_stream.engine.runner import LateCall, RowOut, samples_at
 from higgs_stream.engine.scheduler import Chunk, PrefillScheduler, SchedulerConfig
 from higgs_stream.engine.sequence import Sequence
 from higgs_stream.engine.talker_config import BackboneConfig
-from higgs_stream.kernels._triton import KernelUnavailableError, set_pdl
+from higgs_stream.kernels._triton import KernelUnavailableError
 from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
+PDL_MAX_ROWS = 0  # ModelRunnerConfig.pdl_max_rows
 MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
@@ -143,11 +144,12 @@ class ModelRunnerConfig:
     # but do differ from the tensor-core kernel's: a quantized stream's codes are the same in batches of 1-2 and in
     # batches of 3-16, not across (bf16 talkers: unaffected). 0: never
     cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS
-    # CUDA, compute capability 9.0+: the decode step's Triton kernels launched with programmatic dependent launch
-    # (kernels/_triton.py: each may start while the kernel before it ends, and waits for it before reading or writing
-    # anything: the same results, launch latency hidden). Process-wide: the last ModelRunner built sets it. Off until
-    # timed (built in session 22; bench_quant --pdl)
-    pdl: bool = False
+    # CUDA, compute capability 9.0+ (older devices: never): the decode graphs of at most this many rows launch their
+    # Triton kernels with programmatic dependent launch (kernels/_triton.py: each may start while the kernel before
+    # it ends, and waits for it before reading or writing anything: the same logits, launch latency hidden). H200,
+    # v2, replayed, same call (session 23): one row 1.60 vs 1.76 ms (fp8 + e4m3 pages), 2.47 vs 2.54 (bf16); 128-256
+    # rows 2-4 % slower. 0: never
+    pdl_max_rows: int = PDL_MAX_ROWS
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -162,8 +164,8 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
-        if self.pdl and self.kernels != "fast":
-            raise ConfigError("pdl needs kernels='fast' (it launches the Triton kernels)")
+        if self.pdl_max_rows < 0:
+            raise ConfigError(f"pdl_max_rows must be >= 0, got {self.pdl_max_rows}")
         if not 0 <= self.cuda_core_gemv_rows <= GEMV_ROWS_MAX:
             raise ConfigError(f"cuda_core_gemv_rows must be in 0..{GEMV_ROWS_MAX}, got {self.cuda_core_gemv_rows}")
         for name in ("tensor_core_decode_from", "triton_decode_from"):
@@ -200,11 +202,9 @@ class ModelRunner:
                                                                  if self.config.kernels == "fast" else 0)):
             raise ConfigError("the shared FastTalker was built for other kernels, fewer positions, another "
                               "fuse_fp8_quant or cuda_core_gemv_rows")
-        if self.config.kernels == "fast":
-            if self.config.pdl and torch.cuda.get_device_capability(dev) < (9, 0):
-                raise ConfigError("pdl (programmatic dependent launch) needs compute capability 9.0 or later, "
-                                  f"{torch.cuda.get_device_name(dev)} has {torch.cuda.get_device_capability(dev)}")
-            set_pdl(self.config.pdl)
+        # the decode graphs captured with programmatic dependent launch: up to this many rows (0: none)
+        self.pdl_max_rows = (self.config.pdl_max_rows if self.config.cuda_graphs
+                             and torch.cuda.get_device_capability(dev) >= (9, 0) else 0)
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions,
@@ -236,7 +236,8 @@ class ModelRunner:
                                        alloc.page_size, min(max_pages, alloc.num_pages), self.config.graph_buckets,
                                        tensor_core_from=self.config.tensor_core_decode_from,
                                        triton_from=self.config.triton_decode_from,
-                                       ranged_below=self.config.triton_ranged_decode)
+                                       ranged_below=self.config.triton_ranged_decode,
+                                       pdl_max_rows=self.pdl_max_rows)
             with torch.no_grad():
                 self.graphs.capture()
         self.prompt_ends: PromptEndGraphs | None = None  # the sampling (and row completion) of prompt ends

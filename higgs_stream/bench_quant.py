@@ -195,13 +195,13 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                                       triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
                                       cuda_core_gemv_rows=args.cuda_core_gemv_rows,
-                                      pdl=args.pdl,
+                                      pdl_max_rows=args.pdl_max_rows,
                                       graph_buckets=args.graph_buckets or graph_buckets_for(quant)) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
-    out["pdl"] = args.pdl
+    out["pdl_max_rows"] = engine.runner.pdl_max_rows if gpu else 0
     out["graph_buckets"] = list(args.graph_buckets or graph_buckets_for(quant))
     out["gemv_blocks"] = {str(k): list(int8_linear_module.gemv_blocks(k))  # by K, v2's linears
                           for k in sorted({k for _, k in V2_LINEARS.values()})}
@@ -291,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-core-gemv-rows", type=int, default=ModelRunnerConfig.cuda_core_gemv_rows, metavar="N",
                     help="quantized modes: decode steps of at most N (<= 4) rows run their linears on the CUDA-core "
                          "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default %(default)s; 0: never)")
-    ap.add_argument("--pdl", action="store_true",
-                    help="CUDA 9.0+: launch the decode step's Triton kernels with programmatic dependent launch "
-                         "(ModelRunnerConfig.pdl; off by default)")
+    ap.add_argument("--pdl-max-rows", type=int, default=ModelRunnerConfig.pdl_max_rows, metavar="N",
+                    help="CUDA 9.0+: decode graphs of at most N rows launch their Triton kernels with programmatic "
+                         "dependent launch (ModelRunnerConfig.pdl_max_rows; default %(default)s; 0: never)")
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run, every K "
                     "(default: int8_linear.gemv_blocks by K; scripts/sweep_gemv.py's best)")

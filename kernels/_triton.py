@@ -7,6 +7,7 @@ to the plain-torch reference on its own (callers choose `kernels="ref"` explicit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -36,12 +37,15 @@ def require_cuda(*tensors: Any, what: str) -> None:
                                          f"(use the *_ref function on CPU)")
 
 
-# Programmatic dependent launch (Hopper and later; ModelRunnerConfig.pdl, bench_quant --pdl): the decode step's Triton
-# kernels are launched with CUDA's programmatic stream serialization, so each may start while the kernel before it on
-# its stream is still ending (in a CUDA graph too: the capture keeps the edges programmatic). The kernel's first
-# instruction waits until that kernel has finished and its writes are visible (`griddepcontrol.wait`; nothing is read
-# or written before it), the second lets the next kernel launch (`griddepcontrol.launch_dependents`): the same results,
-# launch latency hidden. Process-wide, set by the ModelRunner; off by default (built in session 22, not yet timed).
+# Programmatic dependent launch (Hopper and later; ModelRunnerConfig.pdl_max_rows, bench_quant --pdl-max-rows): the
+# decode step's Triton kernels are launched with CUDA's programmatic stream serialization, so each may start while the
+# kernel before it on its stream is still ending (in a CUDA graph too: the capture keeps the edges programmatic). The
+# kernel's first instruction waits until that kernel has finished and its writes are visible (`griddepcontrol.wait`;
+# nothing is read or written before it), the second lets the next kernel launch (`griddepcontrol.launch_dependents`):
+# the same results, launch latency hidden. Process-wide; the model runner turns it on only while it captures the
+# decode graphs of few rows (`pdl`). Measured (H200, session 23): the whole v2 step at one row 1.60 vs 1.76 ms (fp8),
+# 2.47 vs 2.54-2.56 (bf16), but 2-4 % slower at 128-256 rows. The GEMV prefetching its weight rows into L2 before its
+# wait (session 22) made one fp8 row slower instead (1.80 vs 1.77 ms): removed.
 _PDL = {"on": False}
 
 
@@ -49,6 +53,17 @@ def set_pdl(on: bool) -> None:
     """Launch the decode step's Triton kernels with programmatic dependent launch from now on (a CUDA device of
     compute capability 9.0 or later; the caller checks)."""
     _PDL["on"] = bool(on)
+
+
+@contextlib.contextmanager
+def pdl(on: bool):
+    """PDL on or off for the launches inside the block (a graph capture's), then as it was."""
+    was = _PDL["on"]
+    set_pdl(on)
+    try:
+        yield
+    finally:
+        set_pdl(was)
 
 
 def pdl_args() -> dict[str, bool]:

@@ -220,8 +220,8 @@ def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, o
     m, k = x.shape
     n = q.shape[0]
     bn, bk, warps, stages = blocks or gemv_blocks(k)
-    kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point,
-                           K_LINES=1 << (-(-k // 128) - 1).bit_length(), **pdl_args(), num_warps=warps,
+    kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn,
+                           BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point, **pdl_args(), num_warps=warps,
                            num_stages=stages)
 
 
@@ -232,17 +232,10 @@ def build_gemv_kernel():
     @triton.jit
     def quantized_gemv_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, ROWS: tl.constexpr,
                               ROWS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FLOAT: tl.constexpr,
-                              PDL: tl.constexpr = False, K_LINES: tl.constexpr = 1):
+                              PDL: tl.constexpr = False):
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         col_ok = cols < N
-        if PDL:  # programmatic dependent launch (kernels/_triton.py): the weights are constant, so while the kernel
-            # before ends this program asks L2 for its rows (a prefetch a 128-byte line: nothing read into registers,
-            # no other memory touched), then waits for that kernel as every PDL kernel does
-            w_row = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N: the last row again (in bounds)
-            at = tl.minimum(tl.arange(0, K_LINES) * 128, K - 1)  # K_LINES: ceil(K / 128) to a power of two
-            lines = w_row[:, None] * K + at[None, :]  # [BN, K_LINES] byte offsets (1-byte weights)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [q_ptr + lines],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+        if PDL:  # programmatic dependent launch (kernels/_triton.py)
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         ks = tl.arange(0, BLOCK_K)

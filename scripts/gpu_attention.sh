@@ -6,7 +6,8 @@
 #   [TRITON="64x4x1,64x4x1r,64x4x1r4"] [BATCHES=1,16,64,128,256] [CONTEXTS=300,1000] [TESTS="FILES"] bash scripts/gpu_attention.sh
 # Then, with STEP=1, the whole v2 decode step (bench_quant: parity, end-of-speech guard, replayed decode sweep, one
 # profiled step; no streaming runs) for each "MODE TRITON_FROM [bench_quant flags]" of STEP_RUNS (';'-separated;
-# TRITON_FROM 'none': FlashInfer's decode at every batch; e.g. "fp8/kv8 64 --no-fuse-fp8-quant"), in the same call.
+# TRITON_FROM 'none': FlashInfer's decode at every batch; e.g. "fp8/kv8 64 --no-fuse-fp8-quant"), in the same call, at
+# STEP_BATCHES rows (default 1,64,128,256).
 # Writes $OUT/{gpu.txt,tests.log,attn.json,attn.log,step_*.json,step.log}.
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
@@ -26,7 +27,7 @@ if [ "${STEP:-0}" = 1 ]; then
     set -- $run; mode=$1 from=$2; shift 2; tag=$(echo "$*" | tr -dc 'a-z0-9')
     f="$OUT/step_${mode//\//_}_triton${from}${tag:+_$tag}.json"
     timeout "${STEP_S:-110}" python3 -m higgs_stream.bench_quant --sections model --modes "$mode" --triton-decode-from "$from" "$@" \
-      --streams "" --greedy-steps 16 --batches 1,64,128,256 --profile-batches "${PROFILE:-256}" --out "$f" \
+      --streams "" --greedy-steps 16 --batches "${STEP_BATCHES:-1,64,128,256}" --profile-batches "${PROFILE:-256}" --out "$f" \
       2>&1 | tee -a "$OUT/step.log" | grep -E "engine ready|decode b=|profile b=.* by group|parity|Error|error" | cut -c1-200
   done
 fi

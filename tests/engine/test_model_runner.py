@@ -144,9 +144,8 @@ def test_config_and_input_errors(tiny_ckpt):
             ModelRunnerConfig(cuda_core_gemv_rows=bad)
     assert ModelRunnerConfig().cuda_core_gemv_rows == 2 and ModelRunnerConfig(cuda_core_gemv_rows=4).cuda_core_gemv_rows == 4
     assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
-    with pytest.raises(ConfigError, match="pdl needs kernels='fast'"):
-        ModelRunnerConfig(kernels="ref", cuda_graphs=False, pdl=True)
-    assert ModelRunnerConfig().pdl is False  # off until timed
+    with pytest.raises(ConfigError, match="pdl_max_rows"):
+        ModelRunnerConfig(pdl_max_rows=-1)
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):
         Engine(base.talker, base.cfg, base.tokenizer, base.cache, None, ModelRunnerConfig(kernels="fast", cuda_graphs=False))

@@ -195,19 +195,19 @@ def test_cuda_core_gemv_tracks_the_tensor_core_kernel(model, mode):
                     reason="programmatic dependent launch needs compute capability >= 9.0")
 @pytest.mark.parametrize("mode", ["none", "fp8"])
 def test_programmatic_dependent_launch_gives_the_same_logits(model, mode):
-    """ModelRunnerConfig.pdl: the decode graphs captured with the Triton kernels' programmatic dependent launches give
-    the teacher-forced logits of the graphs without, bit for bit (the same kernels on the same inputs; only when each
-    may start changes), at one row (fp8: the CUDA-core GEMV; the ranged decode and its merge; norms, RoPE, SiLU)."""
+    """ModelRunnerConfig.pdl_max_rows: the decode graphs captured with the Triton kernels' programmatic dependent
+    launches give the teacher-forced logits of the graphs without, bit for bit (the same kernels on the same inputs;
+    only when each may start changes), at one row (fp8: the CUDA-core GEMV; the ranged decode and its merge; norms,
+    RoPE, SiLU). The switch is on only while the graphs are captured."""
     from higgs_stream.kernels import _triton
 
-    plain = engine(model, mode)
-    assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}
+    buckets = (1, 2, 4, 8)
+    plain = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=buckets, pdl_max_rows=0))
+    assert plain.runner.pdl_max_rows == 0
     prompt = plain.policy.build_prompt(parity_request())
     want, cols = fast_logits(plain, prompt, 8)
-    try:
-        pdl = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), pdl=True), talker=plain.talker)
-        assert _triton.pdl_args() == {"PDL": True, "launch_pdl": True}
-        got, _ = fast_logits(pdl, prompt, 8, cols)
-    finally:
-        _triton.set_pdl(False)
+    pdl = engine(model, mode, gpu=ModelRunnerConfig(graph_buckets=buckets, pdl_max_rows=8), talker=plain.talker)
+    assert pdl.runner.pdl_max_rows == 8
+    assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}  # eager launches (prompts) keep it off
+    got, _ = fast_logits(pdl, prompt, 8, cols)
     assert torch.equal(got, want)

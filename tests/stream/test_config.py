@@ -110,6 +110,21 @@ def test_prefill_pack_is_checked_before_the_model_loads():
             build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--prefill-pack", bad]))
 
 
+def test_pdl_max_rows_is_parsed_and_checked_before_the_model_loads():
+    """--pdl-max-rows N (CUDA decode graphs of at most N rows with programmatic dependent launch): default the
+    runner's, 0 turns it off, below 0 a ConfigError on any device before the checkpoint is read."""
+    from higgs_stream.engine.errors import ConfigError
+    from higgs_stream.engine.model_runner import ModelRunnerConfig
+    from higgs_stream.stream.serve_command import build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--model", "m"]).pdl_max_rows == ModelRunnerConfig().pdl_max_rows
+    assert parser.parse_args(["--model", "m", "--pdl-max-rows", "0"]).pdl_max_rows == 0
+    with pytest.raises(ConfigError, match="pdl_max_rows must be >= 0"):
+        build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--pdl-max-rows", "-1"]))
+
+
 def test_triton_decode_from_is_parsed_and_checked_before_the_model_loads():
     """--triton-decode-from N|none (CUDA decode graphs of N rows and more on the Triton attention kernel): default
     the runner's, 'none' turns it off, a bad value is refused by argparse or, below 1, a ConfigError before the
