@@ -88,7 +88,11 @@ from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
-PDL_MAX_ROWS = 0  # ModelRunnerConfig.pdl_max_rows
+# ModelRunnerConfig.pdl_max_rows by quantization (`pdl_max_rows_for`). H200, v2, the replayed step with PDL vs
+# without, same call (session 23): bf16 1-32 rows 0.7-2.8 % faster (2.45 vs 2.52 ms at one row, 3.02 vs 3.10 at
+# 32), 64 the same, 128 +0.9 %, 256 +2.6 %; fp8 + e4m3 pages 1 row 1.62 vs 1.77, 2 rows 2.22 vs 2.33 (the CUDA-core
+# GEMV), but the 16-row graph (3-16 rows: the fp8 linears' Triton kernels) 2.84 vs 2.64 and 128-256 rows +2-4 %
+PDL_MAX_ROWS = {"none": 32, "fp8": 2, "int8": 2}
 MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
@@ -148,8 +152,8 @@ class ModelRunnerConfig:
     # Triton kernels with programmatic dependent launch (kernels/_triton.py: each may start while the kernel before
     # it ends, and waits for it before reading or writing anything: the same logits, launch latency hidden). H200,
     # v2, replayed, same call (session 23): one row 1.60 vs 1.76 ms (fp8 + e4m3 pages), 2.47 vs 2.54 (bf16); 128-256
-    # rows 2-4 % slower. 0: never
-    pdl_max_rows: int = PDL_MAX_ROWS
+    # rows 2-4 % slower; by quantization: `pdl_max_rows_for`. 0: never
+    pdl_max_rows: int = PDL_MAX_ROWS["fp8"]
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -173,12 +177,18 @@ class ModelRunnerConfig:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
 
 
+def pdl_max_rows_for(quantize: str) -> int:
+    """ModelRunnerConfig.pdl_max_rows for a talker quantized with `quantize` (none | int8 | fp8; int8 as fp8: the same
+    CUDA-core GEMV at 1-2 rows, not timed)."""
+    return PDL_MAX_ROWS[quantize]
+
+
 def runner_config(quantize: str, cuda_graphs: bool = True, kernels: str = "fast",
                   options: Mapping[str, Any] | None = None) -> ModelRunnerConfig:
     """The ModelRunnerConfig `serve` and `synth` run for a talker quantized with `quantize`: graphs only with the fast
-    kernels, the decode graphs' buckets for that quantization (`graph_buckets_for`) unless `options` (the config's
-    other fields) name some."""
-    opts = {"graph_buckets": graph_buckets_for(quantize), **(options or {})}
+    kernels, the decode graphs' buckets and PDL's rows for that quantization (`graph_buckets_for`, `pdl_max_rows_for`)
+    unless `options` (the config's other fields) name them."""
+    opts = {"graph_buckets": graph_buckets_for(quantize), "pdl_max_rows": pdl_max_rows_for(quantize), **(options or {})}
     return ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, **opts)
 
 

@@ -105,10 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=ModelRunnerConfig.triton_ranged_decode,
                         help="CUDA: steps below --triton-decode-from run the Triton kernel's ranged form "
                              "(--no-triton-ranged-decode: FlashInfer's CUDA-core decode there)")
-    parser.add_argument("--pdl-max-rows", type=int, default=ModelRunnerConfig.pdl_max_rows, metavar="N",
+    parser.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                         help="CUDA 9.0+: decode steps of at most N rows launch their Triton kernels with programmatic "
-                             "dependent launch (each starts as the one before ends; the same codes) (default "
-                             "%(default)s; 0: never). H200, v2, one row: 1.60 vs 1.76 ms fp8, 2.47 vs 2.54 bf16")
+                             "dependent launch (each starts as the one before ends; the same codes) (default: 32 for "
+                             "bf16 talkers, 2 quantized; 0: never). H200, v2, one row: 1.62 vs 1.77 ms fp8, 2.45 vs "
+                             "2.52 bf16 (docs/PERF.md)")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
                              "longest codec call before chunk 1), up to this many frames (default: the family's, 10 for "
@@ -282,7 +283,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
                               late_prompts=args.late_prompts, late_prompts_in_bursts=args.late_prompts_in_bursts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
-                      "triton_ranged_decode": args.triton_ranged_decode, "pdl_max_rows": args.pdl_max_rows}
+                      "triton_ranged_decode": args.triton_ranged_decode,
+                      **({} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows})}
     ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from / --pdl-max-rows fails here
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,

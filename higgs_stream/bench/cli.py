@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--low-latency-streams", default="16,128", help="N that also run in low-latency mode")
     ap.add_argument("--quantize", choices=("none", "fp8", "int8"), default="none",
                     help="quantize the talker's backbone linears before every section (side by side: bench_quant)")
+    ap.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
+                    help="CUDA 9.0+: decode graphs of at most N rows with programmatic dependent launch (default: the "
+                         "quantization's, engine.model_runner.pdl_max_rows_for; 0: never)")
     ap.add_argument("--arch", choices=[f.arch for f in FAMILIES], default=DEFAULT_ARCH,
                     help=f"model family; other than {DEFAULT_ARCH}: the decode and profile sections only")
     ap.add_argument("--preset", default="full", help="the family's random-weight preset (not for the default arch)")
@@ -104,16 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{result['card']}: copy bandwidth {bw/1e9:.0f} GB/s")
 
     config = engine_config(args.kv_pages)
-    result.update(quantize=args.quantize, arch=args.arch)
+    runner_options = {} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows}
+    result.update(quantize=args.quantize, arch=args.arch, runner_options=runner_options)
     if args.arch != DEFAULT_ARCH:  # the family's random model, drawn in memory, EOS suppressed
         result["preset"] = args.preset
         t0 = time.perf_counter()
         engine = in_memory_engine(args.arch, args.preset, "cuda", torch.bfloat16, config,
-                                  cuda_graphs=not args.no_graphs, quantize=args.quantize)
+                                  cuda_graphs=not args.no_graphs, quantize=args.quantize, runner_options=runner_options)
         result["build_and_capture_s"] = time.perf_counter() - t0
         return _other_arch(engine, result, args, bw, save)
     tok, cfg, hf, talker = random_v2(args.quantize)
-    engine, result["graph_capture_s"] = v2_engine(talker, cfg, tok, config, cuda_graphs=not args.no_graphs)
+    engine, result["graph_capture_s"] = v2_engine(talker, cfg, tok, config, cuda_graphs=not args.no_graphs,
+                                                  quantize=args.quantize, runner_options=runner_options)
     weight_bytes = record_floor(engine, result, bw)
     log(f"engine ready (capture {result['graph_capture_s']:.1f} s); audio step reads {weight_bytes/1e9:.2f} GB "
         f"-> floor {weight_bytes/bw*1e3:.3f} ms")

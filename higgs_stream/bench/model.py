@@ -11,7 +11,7 @@ import torch
 from higgs_stream.bench.measure import log
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.model_runner import ModelRunnerConfig
+from higgs_stream.engine.model_runner import runner_config
 from higgs_stream.engine.models.higgs_v2.random_weights import (
     random_reference,
     talker_from_reference,
@@ -43,10 +43,12 @@ def random_v2(quantize: str) -> tuple[Any, Any, torch.nn.Module, Any]:
     return tok, cfg, hf, talker
 
 
-def v2_engine(talker: Any, cfg: Any, tok: Any, config: EngineConfig, cuda_graphs: bool) -> tuple[Engine, float]:
-    """The talker's engine on a bf16 K/V pool of `config.kv_pages` pages, and the seconds its build
-    (graph capture) took."""
+def v2_engine(talker: Any, cfg: Any, tok: Any, config: EngineConfig, cuda_graphs: bool, quantize: str = "none",
+              runner_options: dict | None = None) -> tuple[Engine, float]:
+    """The talker's (quantized with `quantize`) engine on a bf16 K/V pool of `config.kv_pages` pages, with `serve`'s
+    runner configuration (`runner_config`; `runner_options` over it), and the seconds its build (graph capture)
+    took."""
     cache = KVCache.create(cfg, num_pages=config.kv_pages, page_size=16, dtype=torch.bfloat16, device="cuda")
     t0 = time.perf_counter()
-    engine = Engine(talker, cfg, tok, cache, config, ModelRunnerConfig(cuda_graphs=cuda_graphs))
+    engine = Engine(talker, cfg, tok, cache, config, runner_config(quantize, cuda_graphs, options=runner_options))
     return engine, time.perf_counter() - t0
