@@ -196,7 +196,9 @@ class ModelFamily(Protocol):
     model_types: tuple[str, ...]  # config.json model_type values it reads
     config_type: type  # its talker config class
     layouts: tuple[str, ...]  # on-disk layouts `make_checkpoint` writes; the first is the default
-    # optional: `presets: tuple[str, ...]`, the presets `make_checkpoint` takes (default ("tiny", "full"))
+    # optional: `presets: tuple[str, ...]`, the presets `make_checkpoint` takes (default ("tiny", "full"));
+    # `decode_pdl: bool`, whether its decode graphs take programmatic dependent launch by default (default True;
+    # model_runner.default_pdl_max_rows)
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, Any, Any]:

@@ -144,6 +144,7 @@ class FastTalker:
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
         self.layers = w.layers
+        self.quantized = any(isinstance(x, quantize.QuantizedWeight) for x in (w.layers[0].qkv, *w.layers[0].down))
         self.final_norm = w.final_norm  # [1, H]
         self.embed_text = w.embed_text  # [V, H]
         self.embed_audio = w.embed_audio  # [K*1026, H]

@@ -88,11 +88,13 @@ from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX
 from higgs_stream.kernels.attention import FP8_KV, PagedLayout
 from higgs_stream.kernels.flashinfer_attention import FlashInferAttention, HostCSR, RefAttention
 
-# ModelRunnerConfig.pdl_max_rows by quantization (`pdl_max_rows_for`). H200, v2, the replayed step with PDL vs
-# without, same call (session 23): bf16 1-32 rows 0.7-2.8 % faster (2.45 vs 2.52 ms at one row, 3.02 vs 3.10 at
-# 32), 64 the same, 128 +0.9 %, 256 +2.6 %; fp8 + e4m3 pages 1 row 1.62 vs 1.77, 2 rows 2.22 vs 2.33 (the CUDA-core
-# GEMV), but the 16-row graph (3-16 rows: the fp8 linears' Triton kernels) 2.84 vs 2.64 and 128-256 rows +2-4 %
-PDL_MAX_ROWS = {"none": 32, "fp8": 2, "int8": 2}
+# ModelRunnerConfig.pdl_max_rows when not given (`default_pdl_max_rows`): bf16 and quantized talkers. H200, v2, the
+# replayed step with PDL vs without, same call (session 23): bf16 1-32 rows 0.7-2.8 % faster (2.45 vs 2.52 ms at one
+# row, 3.02 vs 3.10 at 32), 64 the same, 128 +0.9 %, 256 +2.6 %; fp8 + e4m3 pages 1 row 1.62 vs 1.77, 2 rows 2.22 vs
+# 2.33 (the CUDA-core GEMV), but the 16-row graph (3-16 rows: the fp8 linears' Triton kernels) 2.84 vs 2.64 and
+# 128-256 rows +2-4 %. int8 as fp8 (the same GEMV at 1-2 rows; not timed). A family whose step does not gain sets
+# `decode_pdl = False` (Qwen3-TTS)
+PDL_MAX_ROWS_BF16, PDL_MAX_ROWS_QUANTIZED = 32, 2
 MAX_PREFILL_PACK = 32  # prompts per prefill replay: at most the smallest prefill bucket
 SCRATCH_SEQ = -1  # allocator id of the page padded graph rows write into
 LAG_SLACK = 1  # extra KV positions a stream may be scheduled for after it finished (one step of lag)
@@ -152,8 +154,8 @@ class ModelRunnerConfig:
     # Triton kernels with programmatic dependent launch (kernels/_triton.py: each may start while the kernel before
     # it ends, and waits for it before reading or writing anything: the same logits, launch latency hidden). H200,
     # v2, replayed, same call (session 23): one row 1.60 vs 1.76 ms (fp8 + e4m3 pages), 2.47 vs 2.54 (bf16); 128-256
-    # rows 2-4 % slower; by quantization: `pdl_max_rows_for`. 0: never
-    pdl_max_rows: int = PDL_MAX_ROWS["fp8"]
+    # rows 2-4 % slower. None: the talker's default (`default_pdl_max_rows`); 0: never
+    pdl_max_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -168,7 +170,7 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not 1 <= self.prefill_pack <= MAX_PREFILL_PACK:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
-        if self.pdl_max_rows < 0:
+        if self.pdl_max_rows is not None and self.pdl_max_rows < 0:
             raise ConfigError(f"pdl_max_rows must be >= 0, got {self.pdl_max_rows}")
         if not 0 <= self.cuda_core_gemv_rows <= GEMV_ROWS_MAX:
             raise ConfigError(f"cuda_core_gemv_rows must be in 0..{GEMV_ROWS_MAX}, got {self.cuda_core_gemv_rows}")
@@ -177,18 +179,20 @@ class ModelRunnerConfig:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
 
 
-def pdl_max_rows_for(quantize: str) -> int:
-    """ModelRunnerConfig.pdl_max_rows for a talker quantized with `quantize` (none | int8 | fp8; int8 as fp8: the same
-    CUDA-core GEMV at 1-2 rows, not timed)."""
-    return PDL_MAX_ROWS[quantize]
+def default_pdl_max_rows(family: ModelFamily, quantized: bool) -> int:
+    """ModelRunnerConfig.pdl_max_rows when not given: 0 for a family that declares `decode_pdl = False`, else
+    PDL_MAX_ROWS_QUANTIZED for a quantized talker (int8, fp8), PDL_MAX_ROWS_BF16 for a plain one."""
+    if not getattr(family, "decode_pdl", True):
+        return 0
+    return PDL_MAX_ROWS_QUANTIZED if quantized else PDL_MAX_ROWS_BF16
 
 
 def runner_config(quantize: str, cuda_graphs: bool = True, kernels: str = "fast",
                   options: Mapping[str, Any] | None = None) -> ModelRunnerConfig:
     """The ModelRunnerConfig `serve` and `synth` run for a talker quantized with `quantize`: graphs only with the fast
-    kernels, the decode graphs' buckets and PDL's rows for that quantization (`graph_buckets_for`, `pdl_max_rows_for`)
-    unless `options` (the config's other fields) name them."""
-    opts = {"graph_buckets": graph_buckets_for(quantize), "pdl_max_rows": pdl_max_rows_for(quantize), **(options or {})}
+    kernels, the decode graphs' buckets for that quantization (`graph_buckets_for`) unless `options` (the config's
+    other fields) name some."""
+    opts = {"graph_buckets": graph_buckets_for(quantize), **(options or {})}
     return ModelRunnerConfig(cuda_graphs=cuda_graphs and kernels == "fast", kernels=kernels, **opts)
 
 
@@ -212,14 +216,16 @@ class ModelRunner:
                                                                  if self.config.kernels == "fast" else 0)):
             raise ConfigError("the shared FastTalker was built for other kernels, fewer positions, another "
                               "fuse_fp8_quant or cuda_core_gemv_rows")
-        # the decode graphs captured with programmatic dependent launch: up to this many rows (0: none)
-        self.pdl_max_rows = (self.config.pdl_max_rows if self.config.cuda_graphs
-                             and torch.cuda.get_device_capability(dev) >= (9, 0) else 0)
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions,
                                        fuse_fp8_quant=self.config.fuse_fp8_quant,
                                        cuda_core_gemv_rows=self.config.cuda_core_gemv_rows)
+        # the decode graphs captured with programmatic dependent launch: up to this many rows (0: none)
+        self.pdl_max_rows = 0
+        if self.config.cuda_graphs and torch.cuda.get_device_capability(dev) >= (9, 0):
+            rows = self.config.pdl_max_rows
+            self.pdl_max_rows = default_pdl_max_rows(family, self.fast.quantized) if rows is None else rows
         if completes and self.fast.complete_rows is None:
             raise ConfigError(f"{family.name} samples {policy.head_codebooks} of {cfg.num_codebooks} codebooks per row "
                               f"but its talker has no complete_rows for the fast path (FastWeights.complete_rows)")

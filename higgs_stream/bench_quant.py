@@ -47,7 +47,7 @@ from higgs_stream.bench_model import end_of_speech_guard, logprob_parity
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.cuda_graph import graph_buckets_for
-from higgs_stream.engine.model_runner import ModelRunnerConfig, pdl_max_rows_for
+from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, fp8_linear
@@ -195,8 +195,7 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                                       triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
                                       cuda_core_gemv_rows=args.cuda_core_gemv_rows,
-                                      pdl_max_rows=pdl_max_rows_for(quant) if args.pdl_max_rows is None
-                                      else args.pdl_max_rows,
+                                      pdl_max_rows=args.pdl_max_rows,
                                       graph_buckets=args.graph_buckets or graph_buckets_for(quant)) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
@@ -294,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                          "GEMV (ModelRunnerConfig.cuda_core_gemv_rows; default %(default)s; 0: never)")
     ap.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                     help="CUDA 9.0+: decode graphs of at most N rows launch their Triton kernels with programmatic "
-                         "dependent launch (default: the mode's, model_runner.pdl_max_rows_for; 0: never)")
+                         "dependent launch (default: the talker's, model_runner.default_pdl_max_rows; 0: never)")
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run, every K "
                     "(default: int8_linear.gemv_blocks by K; scripts/sweep_gemv.py's best)")

@@ -108,8 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                         help="CUDA 9.0+: decode steps of at most N rows launch their Triton kernels with programmatic "
                              "dependent launch (each starts as the one before ends; the same codes) (default: 32 for "
-                             "bf16 talkers, 2 quantized; 0: never). H200, v2, one row: 1.62 vs 1.77 ms fp8, 2.45 vs "
-                             "2.52 bf16 (docs/PERF.md)")
+                             "bf16 Higgs talkers, 2 quantized, 0 for Qwen3-TTS; 0: never). H200, v2, one row: 1.62 vs "
+                             "1.77 ms fp8, 2.45 vs 2.52 bf16 (docs/PERF.md)")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
                              "longest codec call before chunk 1), up to this many frames (default: the family's, 10 for "

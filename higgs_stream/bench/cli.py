@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="quantize the talker's backbone linears before every section (side by side: bench_quant)")
     ap.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                     help="CUDA 9.0+: decode graphs of at most N rows with programmatic dependent launch (default: the "
-                         "quantization's, engine.model_runner.pdl_max_rows_for; 0: never)")
+                         "talker's, engine.model_runner.default_pdl_max_rows; 0: never)")
     ap.add_argument("--arch", choices=[f.arch for f in FAMILIES], default=DEFAULT_ARCH,
                     help=f"model family; other than {DEFAULT_ARCH}: the decode and profile sections only")
     ap.add_argument("--preset", default="full", help="the family's random-weight preset (not for the default arch)")

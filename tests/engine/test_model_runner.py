@@ -146,12 +146,24 @@ def test_config_and_input_errors(tiny_ckpt):
     assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
     with pytest.raises(ConfigError, match="pdl_max_rows"):
         ModelRunnerConfig(pdl_max_rows=-1)
+    assert ModelRunnerConfig().pdl_max_rows is None  # the talker's default, below
     base = Engine.from_pretrained(str(tiny_ckpt))
     with pytest.raises(KernelUnavailable, match="CUDA"):
         Engine(base.talker, base.cfg, base.tokenizer, base.cache, None, ModelRunnerConfig(kernels="fast", cuda_graphs=False))
     _, gpu = engines(tiny_ckpt)
     with pytest.raises(InvalidInputError, match="ras_window"):
         gpu.add(GenerationRequest(text="Hi.", sampling=SamplingParams(ras_window=40)))
+
+
+def test_programmatic_dependent_launch_defaults_follow_the_measurements():
+    """default_pdl_max_rows (H200, session 23): bf16 Higgs talkers' decode graphs up to 32 rows, quantized ones up to
+    2 (their 16-row graph was slower with it), never for Qwen3-TTS (its frame step did not gain)."""
+    from higgs_stream.engine.model_runner import default_pdl_max_rows
+    from higgs_stream.engine.models.registry import family_named
+
+    v2, v3, qwen = (family_named(a) for a in ("v2", "v3", "qwen3-tts"))
+    assert [default_pdl_max_rows(f, False) for f in (v2, v3, qwen)] == [32, 32, 0]
+    assert [default_pdl_max_rows(f, True) for f in (v2, v3, qwen)] == [2, 2, 0]
 
 
 def test_add_and_admission_commit_the_same_kv_pages(tiny_ckpt):

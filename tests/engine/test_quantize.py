@@ -95,6 +95,7 @@ def test_the_fast_path_reads_the_quantized_storage(request, arch):
     # the audio step's weight bytes: each fp32 weight (4 bytes) of the linears it reads became 1 byte,
     # plus a 4-byte scale per output row
     plain = load(request, arch, "none", REF).runner.fast
+    assert fast.quantized and not plain.quantized  # what the runner's PDL default reads (default_pdl_max_rows)
     saved = sum(3 * w.numel() - 4 * w.shape[0] for lay in plain.layers
                 for w in (lay.qkv, lay.o, lay.gate_up[-1], lay.down[-1]))
     assert plain.audio_step_bytes() - fast.audio_step_bytes() == saved > 0

@@ -112,16 +112,16 @@ def test_prefill_pack_is_checked_before_the_model_loads():
 
 def test_pdl_max_rows_is_parsed_and_checked_before_the_model_loads():
     """--pdl-max-rows N (CUDA decode graphs of at most N rows with programmatic dependent launch): default none given
-    (the quantization's, model_runner.pdl_max_rows_for), 0 turns it off, below 0 a ConfigError on any device before
-    the checkpoint is read."""
+    (the talker's: model_runner.default_pdl_max_rows), 0 turns it off, below 0 a ConfigError on any device before the
+    checkpoint is read."""
     from higgs_stream.engine.errors import ConfigError
-    from higgs_stream.engine.model_runner import runner_config
+    from higgs_stream.engine.model_runner import ModelRunnerConfig, runner_config
     from higgs_stream.stream.serve_command import build_state
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args(["--model", "m"]).pdl_max_rows is None
-    assert [runner_config(q).pdl_max_rows for q in ("none", "fp8", "int8")] == [32, 2, 2]
+    assert ModelRunnerConfig().pdl_max_rows is None and runner_config("fp8").pdl_max_rows is None
     assert runner_config("none", options={"pdl_max_rows": 0}).pdl_max_rows == 0
     assert parser.parse_args(["--model", "m", "--pdl-max-rows", "0"]).pdl_max_rows == 0
     with pytest.raises(ConfigError, match="pdl_max_rows must be >= 0"):

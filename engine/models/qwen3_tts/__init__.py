@@ -46,6 +46,10 @@ class Qwen3TTS:
     layouts = ("hf",)
     presets = ("tiny", "full", "0.6b", "1.7b", "tiny-base", "full-base", "0.6b-base", "1.7b-base", "tiny-design",
                "full-design", "0.6b-design", "1.7b-design")  # make_checkpoint.PRESETS
+    # the frame step (talker, then 15 code-predictor sub-steps) gains nothing from programmatic dependent launch:
+    # H200, 1.7B, replayed, two pairs in one call (session 23): 1 row 5.76 / 5.76 ms with it vs 5.76 / 5.76 without,
+    # 4-32 rows 0.3-1.1 % slower (ModelRunnerConfig.pdl_max_rows: 0 unless given)
+    decode_pdl = False
 
     def load(self, root: Path, device: str | torch.device, dtype: torch.dtype | None,
              max_positions: int) -> tuple[torch.nn.Module, QwenTTSConfig, Any]:
