@@ -4,13 +4,19 @@ The v2 ones hold the talker, the text tokenizer and the codec (`<dir>/audio_toke
 as `higgs-stream make-checkpoint DIR --preset tiny --layout hf|original --seed 0` writes them; the
 v3 one is `make-checkpoint DIR --arch v3 --preset tiny --seed 0` (codec bundled in the weights);
 the Qwen3-TTS one `make-checkpoint DIR --arch qwen3-tts --preset tiny --seed 0` (CustomVoice).
-Session-scoped and read-only: copy a checkpoint before modifying it.
+Session-scoped and read-only: copy a checkpoint before modifying it. `interpret`: a script run under Triton's
+interpreter (the kernel tests, and any test of a module's Triton launch on the CPU).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,3 +96,32 @@ def _flac_announcing(total_frames: int, sr: int = 48000, channels: int = 2) -> b
 def flac_announcing():
     """`flac_announcing(total_frames, sr=48000, channels=2)` -> FLAC bytes whose header lies."""
     return _flac_announcing
+
+
+# Triton 3.6's interpreter holds scalars as 1-element arrays, and NumPy >= 2.3 refuses int() of one: a loop bounded
+# by a loaded value (kernels/paged_decode.py's sequence length) fails there, not on the GPU. Read the element.
+INTERPRETER_PRELUDE = r"""
+import triton.runtime.interpreter as _ti
+_patch_tensor = _ti._patch_lang_tensor
+def _index_from_one_element(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+_ti._patch_lang_tensor = _index_from_one_element
+"""
+
+
+def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
+    """Run `script` in a fresh Python under Triton's interpreter (TRITON_INTERPRET must be set before Triton loads)
+    and return the JSON of the last line it prints; skips the test without Triton."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", INTERPRETER_PRELUDE + script, *args], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def interpret():
+    """`run_interpreted`, for the tests of the Triton kernels on the CPU."""
+    return run_interpreted

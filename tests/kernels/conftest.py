@@ -3,12 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from typing import Any
-
 import pytest
 import torch
 
@@ -88,32 +82,3 @@ def _compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict, **o
 def compile_for_hopper():
     """`_compile_for_hopper` above: a kernel's compile errors show on a CPU-only CI machine."""
     return _compile_for_hopper
-
-
-# Triton 3.6's interpreter holds scalars as 1-element arrays, and NumPy >= 2.3 refuses int() of one: a loop bounded
-# by a loaded value (kernels/paged_decode.py's sequence length) fails there, not on the GPU. Read the element.
-INTERPRETER_PRELUDE = r"""
-import triton.runtime.interpreter as _ti
-_patch_tensor = _ti._patch_lang_tensor
-def _index_from_one_element(tensor, scope):
-    _patch_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-_ti._patch_lang_tensor = _index_from_one_element
-"""
-
-
-def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
-    """Run `script` in a fresh Python under Triton's interpreter (TRITON_INTERPRET must be set before Triton loads)
-    and return the JSON of the last line it prints; skips the test without Triton."""
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", INTERPRETER_PRELUDE + script, *args], env=env, capture_output=True,
-                         text=True, timeout=timeout)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def interpret():
-    """`run_interpreted`, for the tests of the Triton kernels on the CPU."""
-    return run_interpreted

@@ -10,8 +10,10 @@ store), graph-capturable (fixed shapes, no host synchronisation).
 
 Its K/V live for one frame in a static buffer [layers, B, 16, Hkv, D] that the fused RoPE + K/V
 store treats as a page pool of B pages of 16 slots (stream b, position p -> slot 16 b + p);
-`FrameAttention` attends over the filled prefix. The plain-torch `talker.CodePredictor.run` is its
-reference (the RefRunner's); kernels="ref" runs the same steps with the `*_ref` kernels.
+`FrameAttention` attends over the filled prefix with the talker's paged decode kernel, the buffer read in place as
+that pool (until session 23: torch's SDPA, whose call needed the buffer's prefix and the queries laid out for it).
+The plain-torch `talker.CodePredictor.run` is its reference (the RefRunner's); kernels="ref" runs the same steps
+with the `*_ref` kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 from higgs_stream.engine.fast_talker import FastInputs, FastTalker, FastWeights, fuse_linears, qwen3_layer, stack_norms
 from higgs_stream.engine.family import Pick
+from higgs_stream.kernels import paged_decode
 
 
 @dataclass(frozen=True)
@@ -60,23 +63,42 @@ class _PredictorView:
                            embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head))  # no text rows
 
 
-class FrameAttention:
-    """Causal attention of a sub-step's `t` rows per stream over the first `s` positions of the frame
-    buffer (t == s at sub-step 1, else t == 1: every position is visible). Plain torch (SDPA)."""
+class FrameLayout:
+    """The frame buffer as a page pool, for `FrameAttention`: stream s's positions 0..n-1 on page s (its
+    `[B, n, Hkv, D]` slice of every layer's buffer), each row attending to the first `lens` positions of its page.
+    Built once a frame step (device tensors: the graph replays them); `csr(g)` is sub-step g's layout."""
 
-    def __init__(self, t: int, s: int, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        assert t == 1 or t == s, f"sub-steps feed 1 row, or the first {s} rows at once; got {t}"
-        self.t, self.s, self.hq, self.hkv, self.d = t, s, num_q_heads, num_kv_heads, head_dim
+    def __init__(self, streams: int, positions: int, device: torch.device | str) -> None:
+        i32 = torch.int32
+        self.b = streams
+        self.indptr = torch.arange(2 * streams + 1, dtype=i32, device=device)  # one page a row
+        self.pages = torch.arange(streams, dtype=i32, device=device)
+        # [n, B]: a row at position p sees p + 1 positions; the first sub-step's rows (2 s, 2 s + 1) see 1 and 2
+        self.lens = torch.arange(1, positions + 1, dtype=i32, device=device)[:, None].repeat(1, streams)
+        self.first = (self.indptr, self.pages.repeat_interleave(2), self.lens[:2].t().reshape(-1))
+
+    def csr(self, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sub-step g's (indptr, pages, lens): g = 1, two rows a stream at positions 0, 1; later one at position g."""
+        return self.first if g == 1 else (self.indptr[: self.b + 1], self.pages, self.lens[g])
+
+
+class FrameAttention:
+    """Attention of a sub-step's rows over the frame buffer, as paged decode (kernels/paged_decode.py) over the
+    `FrameLayout`: at the first sub-step the causal prefix, later every filled position. On the fast path one Triton
+    program per row and K/V head reads the buffer in place (a frame's 16 positions: one block); kernels="ref": its
+    plain-torch definition. Graph-capturable: the layout lives on the device."""
+
+    BLOCK_N = 16  # tokens per block (a power of two >= 16)
+
+    def __init__(self, csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor], head_dim: int, fast: bool) -> None:
+        """csr: `FrameLayout.csr(g)`, (indptr [N + 1], pages [N], lens [N]) int32."""
+        self.csr, self.scale, self.fast = csr, head_dim**-0.5, fast
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q [B t, Hq, D], buffers [B, 16, Hkv, D] -> [B t, Hq, D]. K/V heads are shared by SDPA itself
-        (`enable_gqa`), not copied out per query head."""
-        b = k_cache.shape[0]
-        q = q.view(b, self.t, self.hq, self.d).transpose(1, 2)  # [B, Hq, t, D]
-        k, v = (c[:, : self.s].transpose(1, 2).to(q.dtype) for c in (k_cache, v_cache))  # [B, Hkv, s, D] views
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.t > 1, scale=self.d**-0.5,
-                                           enable_gqa=self.hq != self.hkv)  # [B, Hq, t, D]
-        return o.transpose(1, 2).reshape(b * self.t, self.hq, self.d)
+        """q [N, Hq, D], buffers [B, 16, Hkv, D] -> [N, Hq, D]."""
+        if self.fast:
+            return paged_decode.paged_decode(q, k_cache, v_cache, *self.csr, self.scale, block_n=self.BLOCK_N)
+        return paged_decode.paged_decode_ref(q, k_cache, v_cache, *self.csr, self.scale)
 
 
 class FastCodePredictor:
@@ -108,6 +130,8 @@ class FastCodePredictor:
         slots = streams[:, None] * n + torch.arange(n, device=dev)  # [B, 16]
         by_position = slots.t().contiguous()  # [16, B]: row p holds position p's slots, contiguous
         positions = by_position % n  # [16, B]
+        layout, fast_kernels = FrameLayout(b, n, dev), fast.k.name == "fast"
+        attn = FrameAttention(layout.csr(1), d, fast_kernels)
         no_codes = torch.zeros((2 * b, 0), dtype=torch.long, device=dev)
         first = FastInputs(text_ids=None, codes=no_codes, positions=positions[:2].t().reshape(-1),
                            kv_slots=slots[:, :2].reshape(-1), out_rows=2 * streams + 1)  # positions 0, 1
@@ -115,7 +139,7 @@ class FastCodePredictor:
         codes, inp = [head[:, 0]], first
         for g in range(1, n):
             t = x.shape[1]
-            out = fast.hidden(inp, FrameAttention(t, g + 1, hq, hkv, d), k_pool, v_pool,
+            out = fast.hidden(inp, attn, k_pool, v_pool,
                               x=self.proj(x).reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
             ids = pick(g, self.head(out, g))  # [B]
             codes.append(ids)
@@ -123,4 +147,5 @@ class FastCodePredictor:
             if g + 1 < n:  # the next sub-step's one row per stream, at position g + 1
                 inp = FastInputs(text_ids=None, codes=no_codes[:b], positions=positions[g + 1],
                                  kv_slots=by_position[g + 1], out_rows=streams)
+                attn = FrameAttention(layout.csr(g + 1), d, fast_kernels)
         return torch.stack(codes, dim=1)  # [B, 16]
