@@ -5,7 +5,8 @@ as `higgs-stream make-checkpoint DIR --preset tiny --layout hf|original --seed 0
 v3 one is `make-checkpoint DIR --arch v3 --preset tiny --seed 0` (codec bundled in the weights);
 the Qwen3-TTS one `make-checkpoint DIR --arch qwen3-tts --preset tiny --seed 0` (CustomVoice).
 Session-scoped and read-only: copy a checkpoint before modifying it. `interpret`: a script run under Triton's
-interpreter (the kernel tests, and any test of a module's Triton launch on the CPU).
+interpreter, `compile_for_hopper`: a Triton kernel compiled for sm_90 without a GPU (the kernel tests, and any test
+of a module's Triton launch on the CPU).
 """
 
 from __future__ import annotations
@@ -125,3 +126,27 @@ def run_interpreted(script: str, *args: str, timeout: float = 300) -> Any:
 def interpret():
     """`run_interpreted`, for the tests of the Triton kernels on the CPU."""
     return run_interpreted
+
+
+def _compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict, **options):
+    """Triton's compile of `kernel` for sm_90 with its bundled ptxas, no GPU needed; pointer arguments
+    marked 16-byte aligned, as the launcher specializes torch's allocations. Skips where Triton has no
+    CUDA tools."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    except RuntimeError as exc:  # pragma: no cover - a Triton without its bundled CUDA tools
+        if "ptxas" in str(exc):
+            pytest.skip(f"no ptxas: {exc}")
+        raise
+
+
+@pytest.fixture
+def compile_for_hopper():
+    """`_compile_for_hopper` above: a kernel's compile errors show on a CPU-only CI machine."""
+    return _compile_for_hopper

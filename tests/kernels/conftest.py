@@ -58,27 +58,3 @@ def ambiguous(logits: torch.Tensor, noise: torch.Tensor, p: dict[str, torch.Tens
 def sampling_cases():
     """(params, ambiguous) above, for the tests of the fused draw."""
     return params, ambiguous
-
-
-def _compile_for_hopper(kernel, signature: dict[str, str], constexprs: dict, **options):
-    """Triton's compile of `kernel` for sm_90 with its bundled ptxas, no GPU needed; pointer arguments
-    marked 16-byte aligned, as the launcher specializes torch's allocations. Skips where Triton has no
-    CUDA tools."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    aligned = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    except RuntimeError as exc:  # pragma: no cover - a Triton without its bundled CUDA tools
-        if "ptxas" in str(exc):
-            pytest.skip(f"no ptxas: {exc}")
-        raise
-
-
-@pytest.fixture
-def compile_for_hopper():
-    """`_compile_for_hopper` above: a kernel's compile errors show on a CPU-only CI machine."""
-    return _compile_for_hopper

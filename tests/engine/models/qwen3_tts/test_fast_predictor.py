@@ -1,8 +1,8 @@
 """The code predictor's frame attention (fast_predictor.FrameAttention over a FrameLayout): the page layout of
 every sub-step, and the attention over it equal to attention over K/V copied out per query head, for the first
 sub-step (2 causal rows a stream) and later ones (1 row over the filled prefix): the plain-torch definition
-(kernels="ref") and the Triton kernel under Triton's interpreter (fp32). GPU twin (bf16, the 1.7B predictor's
-heads): test_fast_predictor_gpu.py."""
+(kernels="ref") and the Triton kernel under Triton's interpreter (fp32); the launch at the 1.7B predictor's heads
+compiles for sm_90. GPU twin (bf16, those heads): test_fast_predictor_gpu.py."""
 
 from __future__ import annotations
 
@@ -63,3 +63,18 @@ print(json.dumps(out))
 def test_the_kernel_over_the_layout_in_the_interpreter(interpret):
     for err, peak in interpret(SCRIPT):
         assert err < 1e-5 * max(peak, 1.0) and peak > 0.3, (err, peak)  # fp32 rounding of O(1) outputs
+
+
+def test_the_launch_compiles_for_hopper_at_the_predictors_heads(compile_for_hopper):
+    """The 1.7B code predictor's heads (16 query heads over 8 K/V heads, head_dim 128) over bf16 frame pages of 16
+    slots, one 16-token block: the scores and P @ V on tensor cores (the group of 2 padded to 16 rows)."""
+    from higgs_stream.kernels import paged_decode as pd
+
+    consts = {"HKV": 8, "GROUP": 2, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": FrameAttention.BLOCK_N,
+              "PROGRAMS": 1, "RANGE": 0, "SLOTS": 1, "FP8_WORDS": False}
+    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "part_ptr": "*bf16",
+           "ml_ptr": "*bf16", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
+           **dict.fromkeys((*consts, "PDL"), "constexpr")}
+    compiled = compile_for_hopper(pd._kernel(), sig, {**consts, "PDL": False}, num_warps=pd.TRITON_DECODE_PARAMS[1],
+                                  num_stages=pd.TRITON_DECODE_PARAMS[2])
+    assert "mma" in compiled.asm["ptx"]
