@@ -51,6 +51,7 @@ from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.engine.quantize import quantize_talker, quantize_weight
 from higgs_stream.engine.random_weights import random_full_codec, suppress_eos
 from higgs_stream.kernels.fp8_linear import EPS, FP8, FP8_MAX, fp8_linear
+from higgs_stream.kernels import fp8_linear as fp8_linear_module
 from higgs_stream.kernels import int8_linear as int8_linear_module
 from higgs_stream.kernels.int8_linear import int8_linear
 from higgs_stream.stream.config import rows_or_none
@@ -203,6 +204,7 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["pdl_max_rows"] = engine.runner.pdl_max_rows if gpu else 0
     out["graph_buckets"] = list(args.graph_buckets or graph_buckets_for(quant))
+    out["fp8_weight_only_rows"] = fp8_linear_module.GEMV_MAX_M
     out["gemv_blocks"] = {str(k): list(int8_linear_module.gemv_blocks(k))  # by K, v2's linears
                           for k in sorted({k for _, k in V2_LINEARS.values()})}
     out["graph_capture_s"] = time.perf_counter() - t0
@@ -297,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run, every K "
                     "(default: int8_linear.gemv_blocks by K; scripts/sweep_gemv.py's best)")
+    ap.add_argument("--fp8-weight-only-rows", type=int, default=None, metavar="N",
+                    help="fp8: linears over at most N rows multiply weight-only on the Triton kernel, more rows "
+                         "quantize their activations for the scaled GEMM (default: fp8_linear.GEMV_MAX_M, 16)")
     ap.add_argument("--graph-buckets", type=lambda v: tuple(int(x) for x in v.split(",")),
                     default=None, metavar="B,B,...",
                     help="CUDA: the decode graphs' batch buckets (a step of n rows replays the smallest bucket >= n; "
@@ -317,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gemv_blocks:
         assert len(args.gemv_blocks) == 4, "--gemv-blocks takes BN,BK,WARPS,STAGES"
         int8_linear_module.GEMV_BLOCKS = args.gemv_blocks
+    if args.fp8_weight_only_rows is not None:
+        fp8_linear_module.GEMV_MAX_M = args.fp8_weight_only_rows
     if args.dry_run:
         sections, args.kv_pages, args.greedy_steps = sections - {"gemm"}, 256, 8
     else:

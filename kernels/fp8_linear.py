@@ -47,7 +47,9 @@ FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 INV_FP8_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))  # its fp32 reciprocal, exactly
 GEMM_ALIGN = 16  # torch._scaled_mm: both matrix dimensions multiples of 16
 EPS = 1e-12  # amax floor: an all-zero row gets a tiny scale instead of a division by zero
-GEMV_MAX_M = 16  # rows up to which the Triton kernel multiplies weight-only (the w8a8 scaled GEMM above)
+# rows up to which the Triton kernel multiplies weight-only (the w8a8 scaled GEMM above); read at each call, so a
+# benchmark may set it (bench_quant --fp8-weight-only-rows) before the graphs are captured
+GEMV_MAX_M = 16
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,13 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 quantize_per_token_ref = quantize_rows_ref  # activations: one row per token
 
 
-def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv_max_m: int = GEMV_MAX_M
+def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv_max_m: int | None = None
                    ) -> torch.Tensor:
     """x [..., K] float, q [N, K] e4m3, w_scale [N] fp32 -> [..., N] in x's dtype (emulated in fp32):
-    weight-only up to `gemv_max_m` rows, activations quantized per token above (the module docstring)."""
+    weight-only up to `gemv_max_m` rows (None: GEMV_MAX_M), activations quantized per token above (the module
+    docstring)."""
     _check(x, q, w_scale)
+    gemv_max_m = GEMV_MAX_M if gemv_max_m is None else gemv_max_m
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     if x2.shape[0] <= gemv_max_m:
@@ -99,13 +103,14 @@ def fp8_linear_ref(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, gemv
 
 
 def fp8_linear(x: torch.Tensor | Fp8Rows, q: torch.Tensor, w_scale: torch.Tensor, fast_accum: bool = False,
-               gemv_max_m: int = GEMV_MAX_M, cuda_core_rows: int = 0) -> torch.Tensor:
-    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` rows the Triton
+               gemv_max_m: int | None = None, cuda_core_rows: int = 0) -> torch.Tensor:
+    """The fast version of `fp8_linear_ref` (CUDA, sm89+; x bf16): up to `gemv_max_m` (None: GEMV_MAX_M) rows the Triton
     kernel (weight-only; up to `cuda_core_rows` rows, at most int8_linear.GEMV_ROWS_MAX, the CUDA-core
     `triton_gemv` instead, the same weight-only product), above them the per-token quantization and the scaled
     GEMM (`gemv_max_m=0`: always the latter; benchmarks). `fast_accum`: cuBLAS/CUTLASS fast accumulation (Hopper's
     reduced-precision fp8 accumulator) in the scaled GEMM; off by default. `x` may be `Fp8Rows` (more than
     `gemv_max_m` rows, quantized by a fused kernel before): the GEMM alone then, bf16 out."""
+    gemv_max_m = GEMV_MAX_M if gemv_max_m is None else gemv_max_m
     if isinstance(x, Fp8Rows):
         assert x.q.dim() == 2 and x.q.shape[0] > gemv_max_m, "Fp8Rows are for the scaled GEMM's row counts"
         return _scaled_gemm(x.q, x.scale, q, w_scale, torch.bfloat16, fast_accum)

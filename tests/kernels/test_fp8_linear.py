@@ -61,6 +61,21 @@ def test_emulated_product_is_within_the_rounding_bound(gemv_max_m):
     assert 1e-3 < rel < 5e-2, rel  # quantized (not silently dense), and typical e4m3 error on random data
 
 
+def test_the_weight_only_rows_are_read_at_each_call(monkeypatch):
+    """fp8_linear.GEMV_MAX_M is read when the linear runs, not when it was defined (bench_quant
+    --fp8-weight-only-rows sets it): 7 rows are weight-only at 16 (x w^, exact in fp32 here), w8a8 at 4."""
+    from higgs_stream.kernels import fp8_linear as f
+
+    torch.manual_seed(3)
+    x, qw = torch.randn(7, 32), quantize_weight(torch.randn(9, 32), "fp8")
+    weight_only = x @ qw.dequantize().t()
+    assert torch.allclose(fp8_linear_ref(x, qw.qweight, qw.scale), weight_only, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(f, "GEMV_MAX_M", 4)
+    w8a8 = fp8_linear_ref(x, qw.qweight, qw.scale)
+    assert torch.equal(w8a8, fp8_linear_ref(x, qw.qweight, qw.scale, gemv_max_m=0))
+    assert not torch.allclose(w8a8, weight_only, rtol=1e-3, atol=1e-3)  # the activations were quantized
+
+
 def test_dtype_and_shapes_follow_the_activations():
     qw = quantize_weight(torch.randn(8, 16), "fp8")
     x = torch.randn(2, 3, 16).bfloat16()
