@@ -1,6 +1,7 @@
 """The code predictor's frame attention on CUDA in bf16 at the 1.7B predictor's shape (16 query heads, 8 K/V heads,
 head_dim 128): the Triton paged decode over the FrameLayout equals attention over copied heads, at the first
-sub-step (2 causal rows a stream) and later ones, and runs inside a CUDA graph."""
+sub-step (2 causal rows a stream) and later ones; the layout is built and the kernel run inside a CUDA graph's capture
+(as the frame step's graph does: nothing may wait for the device there)."""
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ def test_the_kernel_equals_copied_heads(g, copied_heads):
     assert (got.float() - want).abs().max().item() < 3e-2  # bf16 inputs, probabilities and output, O(1) values
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        replayed = attn.run(q, k_cache, v_cache)
+        replayed = FrameAttention(FrameLayout(b, 16, "cuda").csr(g), d, fast=True).run(q, k_cache, v_cache)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)  # the same kernel on the same inputs
