@@ -122,7 +122,7 @@ class FastCodePredictor:
     def __call__(self, hidden: torch.Tensor, head: torch.Tensor, pick: Pick) -> torch.Tensor:
         """hidden [B, H] (the talker's final-normed state), head [B, 1] (group 0) -> rows [B, 16]."""
         b, dev, fast, n = hidden.shape[0], hidden.device, self.fast, self.groups + 1
-        hq, hkv, d = fast.heads
+        _, hkv, d = fast.heads
         pool = (len(fast.layers), b, n, hkv, d)  # [L, B pages, 16 slots, Hkv, D]
         k_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
         v_pool = torch.empty(pool, dtype=fast.dtype, device=dev)
