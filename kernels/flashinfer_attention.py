@@ -219,6 +219,9 @@ class GraphDecodeAttention:
         self._last = self._csr[batch_size + 1: 2 * batch_size + 1]
         self._indices = self._csr[2 * batch_size + 1:]
         self._last.fill_(1)
+        # the ranged form's counts (one per (row, K/V head)): zero between launches, so one buffer serves every layer
+        self._counts = (torch.zeros(batch_size * num_kv_heads, dtype=torch.int32, device=device)
+                        if kernel == "triton_ranges" else None)
         self._wrapper = None
         if not kernel.startswith("triton"):
             self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices
@@ -249,5 +252,5 @@ class GraphDecodeAttention:
         assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"
         if self._wrapper is None:
             return paged_decode(q, k_cache, v_cache, self._indptr, self._indices, self._last, self.heads[2] ** -0.5,
-                                max_kv_len=self.max_kv_len, **self.triton_params)
+                                max_kv_len=self.max_kv_len, counts_buf=self._counts, **self.triton_params)
         return self._wrapper.run(q, (k_cache, v_cache))
