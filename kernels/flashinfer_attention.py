@@ -148,6 +148,7 @@ class FlashInferAttention:
         self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self._active: Any = None
+        self._counts: torch.Tensor | None = None  # the ranged form's counts (zero between launches), grown as needed
 
     def plan(self, csr: HostCSR, decode: bool) -> None:
         hq, hkv, d = self.heads
@@ -165,6 +166,8 @@ class FlashInferAttention:
                 dev = self._csr_host.to(self.workspace.device, non_blocking=True)
                 self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
                 self._triton_max_kv_len = self.ranged_max_kv_len if kernel == "triton_ranges" else None
+                if kernel == "triton_ranges" and (self._counts is None or self._counts.numel() < b * hkv):
+                    self._counts = torch.zeros(max(b, 64) * hkv, dtype=torch.int32, device=self.workspace.device)
                 self._active = "triton"
             else:
                 self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
@@ -179,7 +182,7 @@ class FlashInferAttention:
         require_cuda(q, k_cache, v_cache, what="FlashInfer attention")
         if self._active == "triton":
             return paged_decode(q, k_cache, v_cache, *self._csr_dev, self.heads[2] ** -0.5,
-                                max_kv_len=self._triton_max_kv_len)
+                                max_kv_len=self._triton_max_kv_len, counts_buf=self._counts)
         return self._active.run(q, (k_cache, v_cache))
 
 
