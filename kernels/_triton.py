@@ -71,4 +71,3 @@ def pdl_args() -> dict[str, bool]:
     `gdc_wait`, then `gdc_launch_dependents`) and Triton's `launch_pdl` option."""
     on = _PDL["on"]
     return {"PDL": on, "launch_pdl": on}
-
