@@ -148,7 +148,6 @@ class FlashInferAttention:
         self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
         self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self._active: Any = None
-        self._counts: torch.Tensor | None = None  # the ranged form's counts (zero between launches), grown as needed
 
     def plan(self, csr: HostCSR, decode: bool) -> None:
         hq, hkv, d = self.heads
@@ -166,8 +165,6 @@ class FlashInferAttention:
                 dev = self._csr_host.to(self.workspace.device, non_blocking=True)
                 self._csr_dev = (dev[: b + 1], dev[2 * b + 1:], dev[b + 1: 2 * b + 1])  # indptr, indices, last
                 self._triton_max_kv_len = self.ranged_max_kv_len if kernel == "triton_ranges" else None
-                if kernel == "triton_ranges" and (self._counts is None or self._counts.numel() < b * hkv):
-                    self._counts = torch.zeros(max(b, 64) * hkv, dtype=torch.int32, device=self.workspace.device)
                 self._active = "triton"
             else:
                 self._decode.plan(csr.kv_indptr, csr.kv_indices, csr.kv_last_page_len, hq, hkv, d, self.page_size,
@@ -182,7 +179,7 @@ class FlashInferAttention:
         require_cuda(q, k_cache, v_cache, what="FlashInfer attention")
         if self._active == "triton":
             return paged_decode(q, k_cache, v_cache, *self._csr_dev, self.heads[2] ** -0.5,
-                                max_kv_len=self._triton_max_kv_len, counts_buf=self._counts)
+                                max_kv_len=self._triton_max_kv_len)
         return self._active.run(q, (k_cache, v_cache))
 
 
@@ -222,9 +219,6 @@ class GraphDecodeAttention:
         self._last = self._csr[batch_size + 1: 2 * batch_size + 1]
         self._indices = self._csr[2 * batch_size + 1:]
         self._last.fill_(1)
-        # the ranged form's counts (one per (row, K/V head)): zero between launches, so one buffer serves every layer
-        self._counts = (torch.zeros(batch_size * num_kv_heads, dtype=torch.int32, device=device)
-                        if kernel == "triton_ranges" else None)
         self._wrapper = None
         if not kernel.startswith("triton"):
             self._indices_in = torch.zeros(max_pages, dtype=torch.int32, device=device)  # the step's indices
@@ -255,5 +249,5 @@ class GraphDecodeAttention:
         assert q.shape[0] == self.batch_size, f"q has {q.shape[0]} rows, the graph batch is {self.batch_size}"
         if self._wrapper is None:
             return paged_decode(q, k_cache, v_cache, self._indptr, self._indices, self._last, self.heads[2] ** -0.5,
-                                max_kv_len=self.max_kv_len, counts_buf=self._counts, **self.triton_params)
+                                max_kv_len=self.max_kv_len, **self.triton_params)
         return self._wrapper.run(q, (k_cache, v_cache))

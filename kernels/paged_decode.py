@@ -40,12 +40,10 @@ vs 88.0 at 256): half the programs, and the work a program saves does not pay fo
 
 Small batches: one program per (sequence, head) leaves most SMs idle (v2 at one row: 8 programs), so the
 ranged form cuts each sequence's tokens into ranges of a fixed length (`RANGE_TOKENS`), each reduced on its own
-(running max, sum, unnormalised output; fp32) and written to its slot, then merged over a fixed number of slots
-(`max_kv_len` / RANGE_TOKENS), in slot order. `programs` programs per (sequence, head) share the ranges round-robin
-(`decode_splits` picks the count per batch); the last of them to finish (an int32 count per (sequence, head),
-acquire / release, zeroed again by that program) merges them in the same launch. Until session 23 a second kernel
-merged (v2 at one row: 28 launches of 2.4 us a step, H200). How many programs there are changes which program
-reduces a range or merges, not how: a sequence's output depends on its own tokens only, the same bits in any batch
+(running max, sum, unnormalised output; fp32) and written to its slot, and a second launch merges a sequence's
+ranges over a fixed number of slots (`max_kv_len` / RANGE_TOKENS). `programs` programs per (sequence, head) share
+the ranges round-robin (`decode_splits` picks the count per batch); how many there are changes which program
+reduces a range, not how: a sequence's output depends on its own tokens only, the same bits in any batch
 (batch-invariant, unlike cutting each sequence into a number of ranges that follows the batch, which session 14
 measured: a stream's codes then changed with its step's bucket). H100, v2's heads, per layer (session 14's
 batch-sized ranges): 1 row 5.9 us vs 12.7 whole and 9.6 for FlashInfer's best; 16 rows 14.0 vs 16.1 and 17.8;
@@ -110,30 +108,27 @@ def paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv
                  kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, sm_scale: float,
                  out: torch.Tensor | None = None, block_n: int = TRITON_DECODE_PARAMS[0],
                  num_warps: int = TRITON_DECODE_PARAMS[1], num_stages: int = TRITON_DECODE_PARAMS[2],
-                 max_kv_len: int | None = None, programs: int | None = None, fp8_words: bool = True,
-                 counts_buf: torch.Tensor | None = None) -> torch.Tensor:
+                 max_kv_len: int | None = None, programs: int | None = None, fp8_words: bool = True) -> torch.Tensor:
     """The Triton version of `paged_decode_ref` (CUDA; pools bf16/fp16/fp32 or e4m3, q 16-bit or fp32).
     `block_n` tokens per iteration (a power of two >= 16; each token finds its own page, so any page size works).
     `max_kv_len`: None, the whole form (one program per sequence and K/V head); else the ranged form (the module
     docstring) for sequences of at most this many tokens, with `programs` programs per sequence and head (None:
     `decode_splits` for this batch). `fp8_words`: over e4m3 pages, V loaded as 4-byte words and widened where loaded,
     with fp16 operands (the module docstring); False: the pages cast to q's dtype as 16-bit pages are (the
-    interpreter's form, and the A/B's baseline). `counts_buf`: `launch`'s (a graph keeps one). CUDA-graph safe."""
+    interpreter's form, and the A/B's baseline). CUDA-graph safe."""
     _check(q, k_pool, v_pool, kv_indptr, kv_last_page_len)
     require_cuda(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, what="paged_decode")
     if max_kv_len is not None and programs is None:
         programs = decode_splits(q.shape[0], k_pool.shape[2])
     return launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out, block_n, num_warps,
-                  num_stages, max_kv_len, programs or 1, fp8_words=fp8_words, counts_buf=counts_buf)
+                  num_stages, max_kv_len, programs or 1, fp8_words=fp8_words)
 
 
 def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale, out=None,
            block_n=TRITON_DECODE_PARAMS[0], num_warps=TRITON_DECODE_PARAMS[1], num_stages=TRITON_DECODE_PARAMS[2],
-           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS, fp8_words=False, counts_buf=None):
+           max_kv_len=None, programs=1, range_tokens=RANGE_TOKENS, fp8_words=False):
     """The launch itself (no device check: Triton's interpreter runs it on CPU tensors in the tests, where
-    `fp8_words` must stay False: the interpreter does not run inline PTX). `counts_buf`: the ranged form's
-    int32 counters, one per (sequence, K/V head), zero before the launch and after it (a CUDA graph's caller keeps
-    one: `GraphDecodeAttention`); None: zeros allocated for this launch."""
+    `fp8_words` must stay False: the interpreter does not run inline PTX)."""
     b, hq, d = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
@@ -145,7 +140,7 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     out = torch.empty_like(q) if out is None else out
     if not b:
         return out
-    part = ml = counts = out
+    part = ml = out
     ranged = max_kv_len is not None
     slots = 1
     if ranged:  # per (sequence, query head, range slot): the unnormalised output and (running max, sum), fp32
@@ -153,17 +148,15 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
         slots = max(1, -(-max_kv_len // range_tokens))
         part = torch.empty((b, hq, slots, d), dtype=torch.float32, device=q.device)
         ml = torch.empty((b, hq, slots, 2), dtype=torch.float32, device=q.device)
-        if programs > 1:  # the programs of a (sequence, K/V head) that have finished (each launch leaves zeros)
-            if counts_buf is None:
-                counts_buf = torch.zeros(b * hkv, dtype=torch.int32, device=q.device)
-            assert counts_buf.dtype == torch.int32 and counts_buf.numel() >= b * hkv, "an int32 count a (row, head)"
-            counts = counts_buf
     _kernel()[(b, hkv, programs if ranged else 1)](
-        q, k_pool, v_pool, out, part, ml, counts, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
+        q, k_pool, v_pool, out, part, ml, kv_indptr, kv_indices, kv_last_page_len, sm_scale * LOG2E, HKV=hkv,
         GROUP=group, GROUP_PAD=max(16, 1 << (group - 1).bit_length()), D=d, PAGE=page, BLOCK_N=block_n,
-        PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots,
-        SLOTS_PAD=1 << (slots - 1).bit_length(), FP8_WORDS=words, **pdl_args(), num_warps=num_warps,
-        num_stages=num_stages)
+        PROGRAMS=programs if ranged else 1, RANGE=range_tokens if ranged else 0, SLOTS=slots, FP8_WORDS=words,
+        **pdl_args(), num_warps=num_warps, num_stages=num_stages)
+    if ranged:
+        _merge_kernel()[(b, hq)](part, ml, out, kv_indptr, kv_last_page_len, D=d, PAGE=page,
+                                 RANGE=range_tokens, SLOTS=slots, SLOTS_PAD=1 << (slots - 1).bit_length(),
+                                 **pdl_args(), num_warps=4)
     return out
 
 
@@ -193,11 +186,11 @@ def _kernel():
     words_in_order = _words_in_order()
 
     @triton.jit
-    def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, count_ptr, indptr_ptr, indices_ptr,
-                            last_ptr, scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    def paged_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, ml_ptr, indptr_ptr, indices_ptr, last_ptr,
+                            scale_log2, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                             D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROGRAMS: tl.constexpr,
-                            RANGE: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr,
-                            FP8_WORDS: tl.constexpr, PDL: tl.constexpr = False):
+                            RANGE: tl.constexpr, SLOTS: tl.constexpr, FP8_WORDS: tl.constexpr,
+                            PDL: tl.constexpr = False):
         if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -256,36 +249,39 @@ def _kernel():
                 m_i = m_new
             if RANGE == 0:
                 tl.store(o_ptr + q_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=q_ok)
-            else:  # the range's partial sums in its slot; the (sequence, head)'s last program merges them
+            else:  # the range's partial sums in its slot; the merge kernel normalises
                 row = b.to(tl.int64) * (HKV * GROUP) + heads  # [GROUP_PAD] query-head rows
                 ok = g < GROUP
                 tl.store(ml_ptr + (row * SLOTS + r) * 2, m_i, mask=ok)
                 tl.store(ml_ptr + (row * SLOTS + r) * 2 + 1, l_i, mask=ok)
                 tl.store(part_ptr + (row[:, None] * SLOTS + r) * D + d[None, :], acc, mask=q_ok)
-        if RANGE != 0:
-            if PROGRAMS > 1:  # count this program done; the one that makes it PROGRAMS merges (the others' sums
-                # are visible to it: every thread's stores before the barrier, the count's release / acquire)
-                tl.debug_barrier()
-                done = tl.atomic_add(count_ptr + b * HKV + h, 1, sem="acq_rel", scope="gpu")
-                last = done == PROGRAMS - 1
-            else:
-                last = True
-            if last:
-                tl.debug_barrier()
-                sl = tl.arange(0, SLOTS_PAD)
-                slot_ok = sl < n_ranges  # the sequence's ranges (slots past them were not written)
-                for gi in tl.static_range(GROUP):  # each query head of the group over every range, in slot order
-                    qrow = b.to(tl.int64) * (HKV * GROUP) + h * GROUP + gi
-                    m = tl.load(ml_ptr + (qrow * SLOTS + sl) * 2, mask=slot_ok, other=float("-inf"),
-                                cache_modifier=".cg")
-                    l_s = tl.load(ml_ptr + (qrow * SLOTS + sl) * 2 + 1, mask=slot_ok, other=0.0, cache_modifier=".cg")
-                    wt = tl.exp2(m - tl.max(m, axis=0))  # range 0 always holds tokens: a finite max
-                    wt = tl.where(slot_ok, wt, 0.0)
-                    sums = tl.load(part_ptr + (qrow * SLOTS + sl[:, None]) * D + d[None, :], mask=slot_ok[:, None],
-                                   other=0.0, cache_modifier=".cg")
-                    merged = tl.sum(sums * wt[:, None], axis=0) / tl.sum(l_s * wt, axis=0)
-                    tl.store(o_ptr + qrow * D + d, merged.to(o_ptr.dtype.element_ty))
-                if PROGRAMS > 1:
-                    tl.store(count_ptr + b * HKV + h, 0)  # zero again for the next launch
 
     return paged_decode_kernel
+
+
+@functools.cache
+def _merge_kernel():
+    triton, tl = triton_modules()
+
+    @triton.jit
+    def merge_splits_kernel(part_ptr, ml_ptr, o_ptr, indptr_ptr, last_ptr, D: tl.constexpr,
+                            PAGE: tl.constexpr, RANGE: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PAD: tl.constexpr,
+                            PDL: tl.constexpr = False):
+        if PDL:  # programmatic dependent launch (kernels/_triton.py): first wait for the kernel before
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        b = tl.program_id(0)
+        row = b.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)  # (sequence, query head)
+        kv_len = (tl.load(indptr_ptr + b + 1) - tl.load(indptr_ptr + b) - 1) * PAGE + tl.load(last_ptr + b)
+        s = tl.arange(0, SLOTS_PAD)
+        ok = s < tl.minimum(tl.cdiv(kv_len, RANGE), SLOTS)  # the sequence's ranges (slots past them were not written)
+        m = tl.load(ml_ptr + (row * SLOTS + s) * 2, mask=ok, other=float("-inf"))
+        l_s = tl.load(ml_ptr + (row * SLOTS + s) * 2 + 1, mask=ok, other=0.0)
+        w = tl.exp2(m - tl.max(m, axis=0))  # range 0 always holds tokens: a finite max
+        w = tl.where(ok, w, 0.0)
+        d = tl.arange(0, D)
+        acc = tl.load(part_ptr + (row * SLOTS + s[:, None]) * D + d[None, :], mask=ok[:, None], other=0.0)
+        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+        tl.store(o_ptr + row * D + d, out.to(o_ptr.dtype.element_ty))
+
+    return merge_splits_kernel

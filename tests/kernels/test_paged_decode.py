@@ -55,32 +55,6 @@ def test_kernel_in_the_interpreter(interpret):
         assert same
 
 
-COUNTS_SCRIPT = r"""
-import json, torch
-from higgs_stream.kernels import paged_decode as pd
-from higgs_stream.kernels.attention import PagedLayout
-g = torch.Generator().manual_seed(1)
-k, v = torch.randn(12, 16, 2, 16, generator=g), torch.randn(12, 16, 2, 16, generator=g)
-lay = PagedLayout.build([[0, 1, 2], [3], [4, 5, 6, 7, 8]], [40, 5, 70], [1, 1, 1], 16)
-q = torch.randn(3, 4, 16, generator=g)
-csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
-counts = torch.zeros(3 * 2 + 5, dtype=torch.int32)  # a graph's buffer may be larger than the batch needs
-want = pd.paged_decode_ref(q, k, v, *csr, 0.25)
-errs = []
-for _ in range(2):  # the same buffer twice: each launch leaves it as it found it
-    got = pd.launch(q, k, v, *csr, 0.25, block_n=16, max_kv_len=80, programs=3, range_tokens=16, counts_buf=counts)
-    errs.append((got - want).abs().max().item())
-print(json.dumps([errs, counts.tolist()]))
-"""
-
-
-def test_the_ranged_forms_counts_come_back_to_zero(interpret):
-    """The ranged form's last program per (sequence, head) merges and zeroes its count: one buffer serves launch after
-    launch (a CUDA graph's layers and replays), with the right output each time."""
-    errs, counts = interpret(COUNTS_SCRIPT)
-    assert max(errs) < 1e-5 and counts == [0] * 11, (errs, counts)
-
-
 WORDS_SCRIPT = r"""
 import json, torch, triton, triton.language as tl
 from higgs_stream.kernels import paged_decode as pd
@@ -128,31 +102,30 @@ def test_definition_equals_the_ragged_reference():
 # the served configuration: v2's heads, a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block,
 # the whole form
 CONSTS = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,
-          "SLOTS": 1, "SLOTS_PAD": 1, "FP8_WORDS": False}
+          "SLOTS": 1, "FP8_WORDS": False}
 
 
 def signature(pool: str) -> dict[str, str]:
     return {"q_ptr": "*bf16", "k_ptr": pool, "v_ptr": pool, "o_ptr": "*bf16", "part_ptr": "*fp32", "ml_ptr": "*fp32",
-            "count_ptr": "*i32", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
+            "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
             **dict.fromkeys(CONSTS, "constexpr")}
 
 
 @pytest.mark.parametrize("pool", ["*bf16", "*fp8e4nv"])
 def test_the_kernel_compiles_for_hopper(pool, compile_for_hopper):
     """The served configuration (CONSTS, 4 warps, 1 stage) compiles for sm_90 over bf16 and e4m3 pages (those as
-    words), whole and ranged (16 programs, 64 slots of 64 tokens: each program counts itself done with an acquire /
-    release atomic, the last merges; 1 program: no count), no GPU needed."""
+    words), whole and ranged (16 programs, 64 slots of 64 tokens) with the merge, no GPU needed."""
     sig = signature(pool)
     consts = {**CONSTS, "FP8_WORDS": pool == "*fp8e4nv"}
     ptx = compile_for_hopper(pd._kernel(), sig, consts, num_warps=4, num_stages=1).asm["ptx"]
-    ranged = {"RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}
-    shared = compile_for_hopper(pd._kernel(), sig, {**consts, **ranged, "PROGRAMS": 16}, num_warps=4,
-                                num_stages=1).asm["ptx"]
-    alone = compile_for_hopper(pd._kernel(), sig, {**consts, **ranged, "PROGRAMS": 1}, num_warps=4,
-                               num_stages=1).asm["ptx"]
-    assert "mma" in ptx and "atom" not in ptx  # the scores and P @ V on tensor cores; the whole form counts nothing
-    assert "atom.global.gpu.acq_rel.add" in shared and "atom" not in alone, re.findall(r"atom[.\w]*", shared)
-    assert "ld.global.cg" in shared  # the merge reads the other programs' sums from L2, not a stale L1 line
+    ranged = compile_for_hopper(pd._kernel(), sig, {**consts, "PROGRAMS": 16, "RANGE": 64, "SLOTS": 64}, num_warps=4,
+                                num_stages=1)
+    merge = compile_for_hopper(pd._merge_kernel(), {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16",
+                               "indptr_ptr": "*i32", "last_ptr": "*i32", "D": "constexpr", "PAGE": "constexpr",
+                               "RANGE": "constexpr", "SLOTS": "constexpr", "SLOTS_PAD": "constexpr"},
+                               {"D": 128, "PAGE": 16, "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}, num_warps=4)
+    assert ranged.asm["cubin"] and merge.asm["cubin"]  # ranged: the partial sums and their merge
+    assert "mma" in ptx  # the scores and P @ V on tensor cores
 
 
 def test_e4m3_values_reach_the_tensor_cores_as_16_bit_words(compile_for_hopper):

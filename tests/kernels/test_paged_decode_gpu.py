@@ -43,8 +43,7 @@ def test_matches_definition(pool, params):
 @pytest.mark.parametrize("pool", [torch.bfloat16, FP8_KV])
 def test_the_ranged_form_is_batch_invariant(pool):
     """The ranged form, compiled: every sequence alone (its own CSR, a batch of one, decode_splits' 16 programs) and
-    the six together at 1, 4 and 16 programs give the same bits; in a graph too, replayed 50 times over one kept
-    count buffer (each (sequence, head)'s last program merges the others' sums and zeroes its count)."""
+    the six together at 1, 4 and 16 programs give the same bits; in a graph too."""
     q, k, v, lay = setup(pool, seed=3)
     csr = (lay.kv_indptr, lay.kv_indices, lay.kv_last_page_len)
     together = [paged_decode(q, k, v, *csr, 128 ** -0.5, max_kv_len=1024, programs=p) for p in (1, 4, 16)]
@@ -55,15 +54,12 @@ def test_the_ranged_form_is_batch_invariant(pool):
                              128 ** -0.5, max_kv_len=1024)
         assert torch.equal(alone[0], together[0][i]), i
     out = torch.empty_like(q)
-    counts = torch.zeros(q.shape[0] * k.shape[2], dtype=torch.int32, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged_decode(q, k, v, *csr, 128 ** -0.5, out=out, max_kv_len=1024, counts_buf=counts)
-    for _ in range(50):
-        out.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, together[0]) and not counts.any()
+        paged_decode(q, k, v, *csr, 128 ** -0.5, out=out, max_kv_len=1024)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, together[0])
 
 
 def test_agrees_with_flashinfer_on_fp8_pages():

@@ -45,11 +45,14 @@ def kernels():
                 "scale_ptr": "*fp32", "H": "i32", "eps": "fp32", "q_eps": "fp32", "inv_fp8_max": "fp32",
                 "fp8_max": "fp32", **dict.fromkeys(("HAS_DELTA", "HAS_SELECT", "QUANT", "BLOCK", "PDL"), "constexpr")}
     norm_consts = {"HAS_DELTA": True, "HAS_SELECT": False, "QUANT": False, "BLOCK": 4096}
+    merge_sig = {"part_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "indptr_ptr": "*i32", "last_ptr": "*i32",
+                 **dict.fromkeys(("D", "PAGE", "RANGE", "SLOTS", "SLOTS_PAD", "PDL"), "constexpr")}
+    merge_consts = {"D": 128, "PAGE": 16, "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64}
     decode_consts = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 16,
-                     "RANGE": 64, "SLOTS": 64, "SLOTS_PAD": 64, "FP8_WORDS": True}  # ranged, e4m3 pages as words
+                     "RANGE": 64, "SLOTS": 64, "FP8_WORDS": True}  # the ranged form over e4m3 pages read as words
     decode_sig = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "o_ptr": "*bf16", "part_ptr": "*fp32",
-                  "ml_ptr": "*fp32", "count_ptr": "*i32", "indptr_ptr": "*i32", "indices_ptr": "*i32",
-                  "last_ptr": "*i32", "scale_log2": "fp32", **dict.fromkeys((*decode_consts, "PDL"), "constexpr")}
+                  "ml_ptr": "*fp32", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32",
+                  "scale_log2": "fp32", **dict.fromkeys((*decode_consts, "PDL"), "constexpr")}
     rope_consts = {"HQ": 24, "HKV": 8, "D": 128, "KV_FP8": True, "KV_MAX": 448.0, "QK_NORM": False}
     rope_sig = {"qkv_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "slot_ptr": "*i64", "q_ptr": "*bf16",
                 "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "w_ptr": "*bf16", "eps": "fp32",
@@ -58,6 +61,7 @@ def kernels():
     return [("gemv", int8_linear.build_gemv_kernel(), gemv_sig, gemv_consts),
             ("add_rms_norm", norm, norm_sig, norm_consts),
             ("paged_decode", paged_decode._kernel(), decode_sig, decode_consts),
+            ("merge_splits", paged_decode._merge_kernel(), merge_sig, merge_consts),
             ("rope_store_kv", rope_kv._kernel(), rope_sig, rope_consts)]
 
 
@@ -83,7 +87,7 @@ def test_the_block_form_restores_the_switch_even_on_an_error():
     assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}
 
 
-@pytest.mark.parametrize("which", ["gemv", "add_rms_norm", "paged_decode", "rope_store_kv"])
+@pytest.mark.parametrize("which", ["gemv", "add_rms_norm", "paged_decode", "merge_splits", "rope_store_kv"])
 def test_with_pdl_the_kernel_waits_before_any_memory_access(which, compile_for_hopper):
     pytest.importorskip("triton")
     name, fn, sig, consts = next(k for k in kernels() if k[0] == which)

@@ -71,10 +71,9 @@ def test_the_launch_compiles_for_hopper_at_the_predictors_heads(compile_for_hopp
     from higgs_stream.kernels import paged_decode as pd
 
     consts = {"HKV": 8, "GROUP": 2, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": FrameAttention.BLOCK_N,
-              "PROGRAMS": 1, "RANGE": 0, "SLOTS": 1, "SLOTS_PAD": 1, "FP8_WORDS": False}
+              "PROGRAMS": 1, "RANGE": 0, "SLOTS": 1, "FP8_WORDS": False}
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "part_ptr": "*bf16",
-           "ml_ptr": "*bf16", "count_ptr": "*bf16", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32",
-           "scale_log2": "fp32",
+           "ml_ptr": "*bf16", "indptr_ptr": "*i32", "indices_ptr": "*i32", "last_ptr": "*i32", "scale_log2": "fp32",
            **dict.fromkeys((*consts, "PDL"), "constexpr")}
     compiled = compile_for_hopper(pd._kernel(), sig, {**consts, "PDL": False}, num_warps=pd.TRITON_DECODE_PARAMS[1],
                                   num_stages=pd.TRITON_DECODE_PARAMS[2])
