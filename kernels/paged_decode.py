@@ -133,6 +133,8 @@ def launch(q, k_pool, v_pool, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     assert block_n >= 16 and block_n & (block_n - 1) == 0, f"block_n must be a power of two >= 16, got {block_n}"
     assert q.is_contiguous() and k_pool.is_contiguous() and v_pool.is_contiguous(), "contiguous q and pools"
+    # the kernel reads the layout by element offsets: a strided (e.g. expanded) table would be read past its end
+    assert all(t.is_contiguous() for t in (kv_indptr, kv_indices, kv_last_page_len)), "contiguous CSR tensors"
     assert programs >= 1, f"programs must be >= 1, got {programs}"
     group = hq // hkv
     words = fp8_words and k_pool.dtype == torch.float8_e4m3fn

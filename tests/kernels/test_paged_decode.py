@@ -99,6 +99,18 @@ def test_definition_equals_the_ragged_reference():
     assert pd.kv_lens_of(lay.kv_indptr, lay.kv_last_page_len, 8).tolist() == lens
 
 
+
+def test_the_launch_refuses_a_strided_layout():
+    """The kernel reads the CSR tensors by element offsets: a stride-0 page list (an expanded view) is refused before
+    any launch, not read past its one element (session 24's illegal address at one Qwen3-TTS stream)."""
+    q, k, v = torch.zeros(2, 4, 16), torch.zeros(1, 16, 2, 16), torch.zeros(1, 16, 2, 16)
+    indptr, last = torch.arange(3, dtype=torch.int32), torch.tensor([1, 2], dtype=torch.int32)
+    pages = torch.zeros(1, 1, dtype=torch.int32).expand(1, 2).reshape(-1)  # [0, 0] as a view of one element
+    assert pages.stride() == (0,)
+    with pytest.raises(AssertionError, match="contiguous CSR"):
+        pd.launch(q, k, v, indptr, pages, last, 0.25)
+
+
 # the served configuration: v2's heads, a group of 3 padded to 16, head 128, pages of 16, 64 tokens a block,
 # the whole form
 CONSTS = {"HKV": 8, "GROUP": 3, "GROUP_PAD": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "PROGRAMS": 1, "RANGE": 0,

@@ -23,6 +23,18 @@ def test_the_layout_of_each_sub_step():
     assert layout.csr(15)[2].tolist() == [16, 16, 16]
 
 
+@pytest.mark.parametrize("streams", [1, 2, 5])
+def test_the_layout_tensors_are_contiguous_at_any_stream_count(streams):
+    """The kernel reads them by element offsets: at one stream an expanded page list would be a stride-0 view of one
+    element, and the second row's page id would be read past it (an illegal address on the GPU, session 24)."""
+    layout = FrameLayout(streams, 16, "cpu")
+    for g in (1, 2, 15):
+        for t in layout.csr(g):
+            assert t.is_contiguous() and t.untyped_storage().nbytes() >= t.numel() * 4
+    assert layout.csr(1)[1].tolist() == [s for s in range(streams) for _ in range(2)]
+    assert layout.csr(1)[2].tolist() == [1, 2] * streams
+
+
 def frame_case(g: int, hq: int, hkv: int, b: int = 3, d: int = 16, seed: int = 0):
     """Sub-step g's queries [B t, Hq, D] and a random frame buffer [B, 16, Hkv, D] (t = 2 at g = 1, else 1)."""
     gen = torch.Generator().manual_seed(seed + g)
@@ -47,12 +59,12 @@ import json, torch
 from higgs_stream.kernels import paged_decode as pd
 from higgs_stream.engine.models.qwen3_tts.fast_predictor import FrameAttention, FrameLayout
 out = []
-for g in (1, 2, 15):
+for b, g in ((3, 1), (3, 2), (3, 15), (1, 1), (1, 15)):
     gen = torch.Generator().manual_seed(g)
     t = 2 if g == 1 else 1
-    q = torch.randn(3 * t, 4, 16, generator=gen)
-    k, v = (torch.randn(3, 16, 2, 16, generator=gen) for _ in range(2))
-    csr = FrameLayout(3, 16, "cpu").csr(g)
+    q = torch.randn(b * t, 4, 16, generator=gen)
+    k, v = (torch.randn(b, 16, 2, 16, generator=gen) for _ in range(2))
+    csr = FrameLayout(b, 16, "cpu").csr(g)
     got = pd.launch(q, k, v, *csr, 16 ** -0.5, block_n=FrameAttention.BLOCK_N)  # the fast path's launch
     want = pd.paged_decode_ref(q, k, v, *csr, 16 ** -0.5)
     out.append([(got - want).abs().max().item(), want.abs().max().item()])
