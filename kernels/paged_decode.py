@@ -47,7 +47,10 @@ reduces a range, not how: a sequence's output depends on its own tokens only, th
 (batch-invariant, unlike cutting each sequence into a number of ranges that follows the batch, which session 14
 measured: a stream's codes then changed with its step's bucket). H100, v2's heads, per layer (session 14's
 batch-sized ranges): 1 row 5.9 us vs 12.7 whole and 9.6 for FlashInfer's best; 16 rows 14.0 vs 16.1 and 17.8;
-from 64 rows the whole form is fastest.
+from 64 rows the whole form is fastest. Merging in the same launch instead (the last program of each (sequence, head)
+to finish, counted by an acquire/release atomic, merges its group) was built and measured slower (H200, session 24,
+v2 bf16 step: 1 row 2.543 vs 2.462 ms, 32 rows 3.149 vs 3.041; a serial tail where the merge kernel spreads the
+heads over programs): removed.
 
 `paged_decode_ref` is the definition (plain torch, any device); `paged_decode` the fast path (CUDA).
 """
