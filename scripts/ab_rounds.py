@@ -1,0 +1,75 @@
+"""Summarise an A/B of decode benchmarks run in alternating rounds (`ROUNDS=N bash scripts/gpu_bench_ab.sh`).
+
+Each run is one process, and processes of the same code on the same card can differ by several per cent (H200,
+session 24: a Qwen3-TTS 1.7B bucket replayed without PDL moved 6.48 -> 6.14 ms between two processes of one tree).
+Alternating the trees (this, base, this, base, ...) lets that offset show as the spread within a tree. For each batch
+this prints every run's replay time, each tree's median, the ratio of the medians, and whether the two trees' ranges
+overlap (then the difference is not told apart from the spread).
+
+Usage: python scripts/ab_rounds.py OUT_DIR [--json SUMMARY.json]   (reads OUT_DIR/{bench,baseline}_r*.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+TREES = ("bench", "baseline")  # the files' prefixes: this tree, the baseline tree
+
+
+def load_runs(out_dir: Path) -> dict[str, list[dict[int, float]]]:
+    """{tree: [one dict per round: batch -> replay ms]}, rounds in order; a run that wrote no decode rows (it
+    crashed or ran out of time) is left out."""
+    runs: dict[str, list[dict[int, float]]] = {t: [] for t in TREES}
+    for tree in TREES:
+        for path in sorted(out_dir.glob(f"{tree}_r*.json"), key=lambda p: int(p.stem.rsplit("_r", 1)[1])):
+            rows = json.loads(path.read_text()).get("decode") or []
+            if rows:
+                runs[tree].append({int(r["batch"]): float(r["replay_ms"]) for r in rows})
+    return runs
+
+
+def summarise(runs: dict[str, list[dict[int, float]]]) -> list[dict[str, Any]]:
+    """One row per batch this tree measured: each run's ms and the median; where the baseline measured it too, its
+    runs and median, this / baseline, and `separated` (the trees' ranges do not overlap); else those are None."""
+    out = []
+    for b in sorted(set().union(*runs["bench"])):
+        this = [r[b] for r in runs["bench"] if b in r]
+        base = [r[b] for r in runs["baseline"] if b in r]
+        row = {"batch": b, "this_ms": this, "base_ms": base, "this_median": statistics.median(this),
+               "base_median": None, "ratio": None, "separated": None}
+        if base:
+            row["base_median"] = statistics.median(base)
+            row["ratio"] = row["this_median"] / row["base_median"]
+            row["separated"] = max(this) < min(base) or max(base) < min(this)
+        out.append(row)
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'batch':>5}  {'this ms (runs)':<28} {'base ms (runs)':<28} {'this/base':>9}  apart"]
+    for r in rows:
+        runs = lambda xs: " ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        apart = "-" if r["separated"] is None else ("yes" if r["separated"] else "no")
+        lines.append(f"{r['batch']:>5}  {runs(r['this_ms']):<28} {runs(r['base_ms']):<28} {ratio:>9}  {apart}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    rows = summarise(load_runs(args.out_dir))
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
