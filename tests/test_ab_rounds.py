@@ -36,8 +36,11 @@ def test_rounds_give_medians_ratios_and_whether_the_trees_are_apart(tmp_path, ca
     assert four["base_median"] == pytest.approx(2.565) and four["separated"] is False
     assert ab_rounds.main([str(tmp_path), "--json", str(tmp_path / "s.json")]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed[1].split() == ["1", "2.400", "2.440", "2.420", "2.500", "2.520", "0.964", "yes"]
-    assert json.loads((tmp_path / "s.json").read_text())[1]["separated"] is False
+    assert printed[0] == "replay_ms:" and printed[4] == "step_ms:"
+    assert printed[2].split() == ["1", "2.400", "2.440", "2.420", "2.500", "2.520", "0.964", "yes"]
+    assert printed[6].split()[1:4] == ["2.420", "2.460", "2.440"]  # the step times (replay + 0.02 here)
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["replay_ms"][1]["separated"] is False and saved["step_ms"][0]["this_median"] == pytest.approx(2.44)
 
 
 def test_this_tree_alone_has_no_ratio(tmp_path):
