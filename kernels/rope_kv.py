@@ -152,6 +152,8 @@ def rope_store_kv(
     require_cuda(qkv, positions, cos_sin, slots, k_cache, v_cache, qk_norm, what="rope_store_kv")
     assert qkv.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert qk_norm is None or qk_norm.is_contiguous()
+    # read by element offsets: an expanded (stride-0) index list would be read past its end (paged_decode.launch)
+    assert positions.is_contiguous() and slots.is_contiguous() and cos_sin.is_contiguous(), "contiguous index tensors"
     kernel = _kernel()
     n = qkv.shape[0]
     q = torch.empty((n, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)

@@ -158,6 +158,9 @@ def _launch(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor
     assert noise.shape == logits.shape and logits.stride(2) == 1 and noise.stride(2) == 1, "rows must be contiguous"
     assert logits.dtype == torch.float32 and noise.dtype == torch.float32, "fp32 logits and noise"
     assert top_k.dtype == torch.long and greedy.dtype == torch.bool, "top_k int64, greedy bool"
+    # one value a row, read at the row's element offset: an expanded (stride-0) or strided view would be misread
+    assert all(t.shape == (b,) and t.is_contiguous() for t in (temperature, top_k, top_p_cut, greedy)), \
+        "temperature, top_k, top_p_cut, greedy: contiguous [B]"
     triton, kernel = _kernel()
     tokens = torch.empty((b, h), dtype=torch.long, device=logits.device)
     finite = torch.empty((b, h), dtype=torch.int8, device=logits.device)  # bools, as bytes the kernel writes
