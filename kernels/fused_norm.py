@@ -113,6 +113,7 @@ def _launch(delta, residual, weight, eps, select, out, scale) -> None:
     _check(delta, residual, weight, select)
     require_cuda(delta, residual, weight, select, what="add_rms_norm")
     assert residual.is_contiguous() and (delta is None or delta.is_contiguous()) and weight.is_contiguous()
+    assert select is None or select.is_contiguous(), "select: read by element offsets"
     launch(_kernel(), delta, residual, weight, eps, select, out, scale)
 
 

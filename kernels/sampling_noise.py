@@ -98,6 +98,7 @@ def exp_noise(seeds: torch.Tensor, counters: torch.Tensor, n: int) -> torch.Tens
     """Triton version of `exp_noise_ref` (int64 CUDA tensors)."""
     assert seeds.shape == counters.shape and seeds.dim() == 1, "seeds/counters must be [B]"
     assert seeds.dtype == torch.long and counters.dtype == torch.long, "seeds/counters must be int64"
+    assert seeds.is_contiguous() and counters.is_contiguous(), "seeds/counters: read by element offsets"
     require_cuda(seeds, counters, what="exp_noise")
     triton, kernel = _kernel()
     out = torch.empty((seeds.shape[0], n), dtype=torch.float32, device=seeds.device)
