@@ -81,3 +81,17 @@ def test_the_kernel_compiles_for_hopper(block, clean, warps, compile_for_hopper)
            "n_sb": "i32", "n_sh": "i32", "heads": "i32", "vocab": "i32", "BLOCK": "constexpr", "CLEAN": "constexpr"}
     compiled = compile_for_hopper(kernel, sig, {"BLOCK": block, "CLEAN": clean}, num_warps=warps)
     assert compiled.asm["cubin"] and "ld.local" not in compiled.asm["ptx"]
+
+
+def test_the_launch_refuses_per_row_values_that_are_not_contiguous():
+    """The kernel reads each row's temperature, top-k, top-p cut and greedy flag at the row's element offset: an
+    expanded (stride-0) or strided view is refused before any launch, not misread."""
+    from higgs_stream.kernels import sample_rows as sr
+
+    logits = torch.zeros(3, 1, 8)
+    ok = dict(temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.long), top_p_cut=torch.full((3,), -1.0),
+              greedy=torch.zeros(3, dtype=torch.bool))
+    bad = {"temperature": torch.ones(1).expand(3), "top_k": torch.zeros(6, dtype=torch.long)[::2]}
+    for name, value in bad.items():
+        with pytest.raises(AssertionError, match="contiguous"):
+            sr._launch(logits, torch.ones_like(logits), **{**ok, name: value}, clean=True)

@@ -3,9 +3,10 @@ this reference on CUDA: test_sampling_noise_gpu.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from higgs_stream.kernels.sampling_noise import exp_from_bits, exp_noise_ref
+from higgs_stream.kernels.sampling_noise import exp_from_bits, exp_noise, exp_noise_ref
 
 
 def test_noise_is_never_zero_or_infinite_at_the_extreme_bits():
@@ -25,3 +26,13 @@ def test_noise_is_exp1_and_depends_on_seed_and_counter_only():
     assert torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
     assert abs(noise.mean().item() - 1.0) < 0.01 and abs(noise.var().item() - 1.0) < 0.02  # Exp(1): mean = var = 1
     assert (noise > 0).all()
+
+
+def test_the_fast_path_refuses_strided_seeds_before_it_needs_cuda():
+    """exp_noise reads seed b and counter b at offset b: a stride-0 (expanded) or strided view is refused."""
+
+    seeds = torch.arange(4, dtype=torch.long)
+    with pytest.raises(AssertionError, match="element offsets"):
+        exp_noise(torch.zeros(1, dtype=torch.long).expand(4), seeds, 16)
+    with pytest.raises(AssertionError, match="element offsets"):
+        exp_noise(seeds, torch.zeros(8, dtype=torch.long)[::2], 16)
