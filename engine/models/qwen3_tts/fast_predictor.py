@@ -75,8 +75,9 @@ class FrameLayout:
         self.pages = torch.arange(streams, dtype=i32, device=device)
         # [n, B]: a row at position p sees p + 1 positions; the first sub-step's rows (2 s, 2 s + 1) see 1 and 2
         self.lens = torch.arange(1, positions + 1, dtype=i32, device=device)[:, None].repeat(1, streams)
-        # the first sub-step's pages 0, 0, 1, 1, ..: computed, not repeat_interleave'd (a tensor's repeats make the host
-        # wait inside a graph capture) nor expanded (at one stream that reshape is a stride-0 view the kernel reads past)
+        # the first sub-step's pages 0, 0, 1, 1, ..: computed, not repeat_interleave'd (a tensor's repeats make the
+        # host wait inside a graph capture) nor expanded (at one stream that reshape is a stride-0 view the kernel
+        # reads past)
         first_pages = torch.arange(2 * streams, dtype=i32, device=device) // 2
         self.first = (self.indptr, first_pages, self.lens[:2].t().contiguous().reshape(-1))
 
