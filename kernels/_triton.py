@@ -49,21 +49,16 @@ def require_cuda(*tensors: Any, what: str) -> None:
 _PDL = {"on": False}
 
 
-def set_pdl(on: bool) -> None:
-    """Launch the decode step's Triton kernels with programmatic dependent launch from now on (a CUDA device of
-    compute capability 9.0 or later; the caller checks)."""
-    _PDL["on"] = bool(on)
-
-
 @contextlib.contextmanager
 def pdl(on: bool):
-    """PDL on or off for the launches inside the block (a graph capture's), then as it was."""
+    """PDL on or off for the launches inside the block (a graph capture's; a CUDA device of compute capability 9.0
+    or later, the caller checks), then as it was."""
     was = _PDL["on"]
-    set_pdl(on)
+    _PDL["on"] = bool(on)
     try:
         yield
     finally:
-        set_pdl(was)
+        _PDL["on"] = was
 
 
 def pdl_args() -> dict[str, bool]:

@@ -20,16 +20,14 @@ base=${BASELINE:-.baseline}
 args=(--sections "${SECTIONS:-decode,stream}" --batches "${BATCHES:-1,16,64,128}" --streams "${STREAMS:-16,64,128}"
       ${MODEL_ARGS:-})
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+# both trees through shim packages, run from /tmp (from the repo root its own higgs_stream/ folder would be imported
+# first); with a baseline the editable install goes: its finder wins over PYTHONPATH
+shim_tree . /tmp/shim_bench
 trees=(bench)
 if [ -d "$base" ]; then
-  # both trees through shim packages, run from /tmp (from the repo root its own higgs_stream/ folder would be
-  # imported first); the editable install goes: its finder wins over PYTHONPATH
   python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  shim_tree . /tmp/shim_bench
   shim_tree "$base" /tmp/shim_baseline
   trees=(bench baseline)
-else
-  shim_tree . /tmp/shim_bench
 fi
 runs_left=$(( rounds * ${#trees[@]} ))
 for r in $(seq 1 "$rounds"); do

@@ -67,11 +67,8 @@ def kernels():
 
 def test_the_switch_sets_both_launch_arguments():
     assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}  # off by default
-    try:
-        _triton.set_pdl(True)
+    with _triton.pdl(True):
         assert _triton.pdl_args() == {"PDL": True, "launch_pdl": True}
-    finally:
-        _triton.set_pdl(False)
     assert _triton.pdl_args() == {"PDL": False, "launch_pdl": False}
 
 
