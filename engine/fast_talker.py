@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.engine import quantize
+from higgs_stream.engine import gemv_choice, quantize
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.quantize import Weight
 from higgs_stream.kernels import activation, fp8_linear, fused_norm, rope_kv
@@ -79,8 +79,10 @@ class Kernels:
     silu_and_mul_fp8: Callable[[torch.Tensor], fp8_linear.Fp8Rows] | None = None
 
     @classmethod
-    def named(cls, name: str, device: torch.device, cuda_core_gemv_rows: int = 0) -> Kernels:
-        """`cuda_core_gemv_rows`: quantized linears over at most this many rows on the CUDA-core GEMV (fast)."""
+    def named(cls, name: str, device: torch.device, cuda_core_gemv_rows: int = 0,
+              gemv: gemv_choice.GemvChoice = gemv_choice.NONE) -> Kernels:
+        """`cuda_core_gemv_rows`: quantized linears over at most this many rows on the CUDA-core GEMV (fast);
+        `gemv`: which plain linears run on it (fast)."""
         if name == "ref":
             return cls("ref", fused_norm.add_rms_norm_ref, activation.silu_and_mul_ref, rope_kv.rope_store_kv_ref,
                        functools.partial(quantize.linear, kernels="ref"))
@@ -94,7 +96,8 @@ class Kernels:
         except KernelUnavailableError as exc:
             raise KernelUnavailable(str(exc)) from exc
         return cls("fast", fused_norm.add_rms_norm, activation.silu_and_mul, rope_kv.rope_store_kv,
-                   functools.partial(quantize.linear, kernels="fast", cuda_core_rows=cuda_core_gemv_rows),
+                   functools.partial(quantize.linear, kernels="fast", cuda_core_rows=cuda_core_gemv_rows,
+                                     plain=gemv.linear),
                    fused_norm.add_rms_norm_fp8,
                    activation.silu_and_mul_fp8)
 
@@ -121,24 +124,35 @@ class FastInputs:
         return self.audio_rows is None
 
 
-# Defaults of the two quantized-path options (ModelRunnerConfig documents the measurements behind them)
+# Defaults of the linears' options (ModelRunnerConfig documents the measurements behind them)
 FUSE_FP8_QUANT = True
 CUDA_CORE_GEMV_ROWS = 2
+BF16_GEMV_ROWS = 4
 
 
 class FastTalker:
     def __init__(self, talker: Any, kernels: str = "fast", max_positions: int = 8192,
-                 fuse_fp8_quant: bool = FUSE_FP8_QUANT, cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS) -> None:
+                 fuse_fp8_quant: bool = FUSE_FP8_QUANT, cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS,
+                 bf16_gemv_rows: int = BF16_GEMV_ROWS) -> None:
         """`talker`: any family's plain-torch talker; its `fast_weights()` packs its weights. `fuse_fp8_quant`
         (fast kernels): the norms before the QKV and gate/up projections and the SiLU before the down projection
         write their fp8 linear's per-token e4m3 activations themselves (above the weight-only GEMV's rows), in
         place of a quantization launch per linear; the same values. `cuda_core_gemv_rows`: quantized linears over
-        at most this many rows (<= 4) run on the CUDA-core GEMV (ModelRunnerConfig.cuda_core_gemv_rows)."""
+        at most this many rows (<= 4) run on the CUDA-core GEMV (ModelRunnerConfig.cuda_core_gemv_rows);
+        `bf16_gemv_rows`: plain (bf16 / fp16) linears over at most this many rows (<= 4) run on it where it beats
+        cuBLAS on this device, timed here per weight shape (engine/gemv_choice.py; ModelRunnerConfig.bf16_gemv_rows;
+        0: never)."""
         cfg = talker.cfg
         self.cfg = cfg
         w = talker.fast_weights()
         self.device, self.dtype = w.audio_head.device, talker.dtype
-        self.k = Kernels.named(kernels, self.device, cuda_core_gemv_rows)
+        self.k = Kernels.named(kernels, self.device, cuda_core_gemv_rows)  # refuses kernels that cannot run here
+        self.bf16_gemv_rows = bf16_gemv_rows if kernels == "fast" else 0
+        self.gemv = gemv_choice.NONE
+        if self.bf16_gemv_rows:
+            self.gemv = gemv_choice.measure([*self.linear_weights(w), *w.extra_linears], self.bf16_gemv_rows,
+                                            self.dtype, self.device)
+            self.k = Kernels.named(kernels, self.device, cuda_core_gemv_rows, self.gemv)
         self.cuda_core_gemv_rows = cuda_core_gemv_rows if kernels == "fast" else 0
         self.fuse_fp8 = fuse_fp8_quant and self.k.add_rms_norm_fp8 is not None
         self.eps = cfg.rms_norm_eps
@@ -151,13 +165,18 @@ class FastTalker:
         self.audio_head = w.audio_head  # [K*1026, H] (v3: the same matrix as embed_audio)
         self.embed_rows = w.embed_rows  # the family's own row embedding, or None (the sum of K table rows)
         self.extra_step_bytes = w.extra_step_bytes
-        self.complete_rows = (w.complete_rows(kernels, cuda_core_gemv_rows) if w.complete_rows is not None
-                              else None)
+        self.complete_rows = (w.complete_rows(kernels, cuda_core_gemv_rows, bf16_gemv_rows)
+                              if w.complete_rows is not None else None)
         self.offsets = (torch.arange(cfg.num_codebooks, device=self.device) * cfg.audio_vocab)[None]  # [1, K]
         assert max_positions >= 1, f"max_positions must be >= 1, got {max_positions}"
         inv_freq = llama3_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.max_positions = max_positions  # the engine's context cap (see the module docstring)
         self.cos_sin = rope_kv.cos_sin_table(inv_freq, self.max_positions, self.device)  # [P, D] fp32
+
+    @staticmethod
+    def linear_weights(w: FastWeights) -> list[Weight]:
+        """Every layer linear's weight (both branches of a DualFFN)."""
+        return [x for layer in w.layers for x in (layer.qkv, layer.o, *layer.gate_up, *layer.down)]
 
     # ------------------------------------------------------------------ pieces
     def embed(self, inp: FastInputs) -> torch.Tensor:
@@ -280,10 +299,13 @@ class FastWeights:
     # fp32 (Qwen3-TTS: projected text track + codec id + the 16 group tables of a frame + vectors).
     embed_rows: Callable[[FastInputs], torch.Tensor] | None = None
     extra_step_bytes: int = 0  # weights a decode step reads beyond these (Qwen3-TTS: code predictor, text projection)
-    # A family whose head samples fewer codebooks than a row holds: (kernels name, cuda_core_gemv_rows) -> its row
-    # completion on the fast path (family.RowCompleter.complete_rows' signature; Qwen3-TTS: its code predictor on
-    # this stack)
-    complete_rows: Callable[[str, int], Callable[..., torch.Tensor]] | None = None
+    # A family whose head samples fewer codebooks than a row holds: (kernels name, cuda_core_gemv_rows,
+    # bf16_gemv_rows) -> its row completion on the fast path (family.RowCompleter.complete_rows' signature;
+    # Qwen3-TTS: its code predictor on this stack)
+    complete_rows: Callable[[str, int, int], Callable[..., torch.Tensor]] | None = None
+    # the family's other plain linears a decode step runs through `FastTalker.gemv.linear` (timed with the layers';
+    # Qwen3-TTS's code predictor: its input projection)
+    extra_linears: tuple[torch.Tensor, ...] = ()
 
 
 def fuse_linears(*linears: Any) -> Weight:

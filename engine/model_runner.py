@@ -73,7 +73,8 @@ from higgs_stream.engine.cuda_graph import (DEFAULT_BUCKETS, PROMPT_END_BUCKETS,
 from higgs_stream.engine.device_copy import upload
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily
-from higgs_stream.engine.fast_talker import CUDA_CORE_GEMV_ROWS, FUSE_FP8_QUANT, FastInputs, FastTalker, KernelUnavailable
+from higgs_stream.engine.fast_talker import (BF16_GEMV_ROWS, CUDA_CORE_GEMV_ROWS, FUSE_FP8_QUANT, FastInputs,
+                                             FastTalker, KernelUnavailable)
 from higgs_stream.engine.gpu_sampling import DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.launch_queue import Launched, LaunchQueue
@@ -150,6 +151,11 @@ class ModelRunnerConfig:
     # but do differ from the tensor-core kernel's: a quantized stream's codes are the same in batches of 1-2 and in
     # batches of 3-16, not across (bf16 talkers: unaffected). 0: never
     cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS
+    # plain (bf16) linears of at most this many rows (<= 4): on the CUDA-core GEMV for each weight shape and row count
+    # where, timed at load on this device, it took at most 85 % of cuBLAS's time (engine/gemv_choice.py; the talker's
+    # and Qwen3-TTS's code predictor's layers and the predictor's input projection). H200 (session 25): the code
+    # predictor's o and input projections (N 1024, K 2048) 12.9 -> 5.6 us at one row, 8.5 -> 5.3 at four. 0: never
+    bf16_gemv_rows: int = BF16_GEMV_ROWS
     # CUDA, compute capability 9.0+ (older devices: never): the decode graphs of at most this many rows launch their
     # Triton kernels with programmatic dependent launch (kernels/_triton.py: each may start while the kernel before
     # it ends, and waits for it before reading or writing anything: the same logits, launch latency hidden). H200,
@@ -172,8 +178,9 @@ class ModelRunnerConfig:
             raise ConfigError(f"prefill_pack must be in 1..{MAX_PREFILL_PACK}, got {self.prefill_pack}")
         if self.pdl_max_rows is not None and self.pdl_max_rows < 0:
             raise ConfigError(f"pdl_max_rows must be >= 0, got {self.pdl_max_rows}")
-        if not 0 <= self.cuda_core_gemv_rows <= GEMV_ROWS_MAX:
-            raise ConfigError(f"cuda_core_gemv_rows must be in 0..{GEMV_ROWS_MAX}, got {self.cuda_core_gemv_rows}")
+        for name in ("cuda_core_gemv_rows", "bf16_gemv_rows"):
+            if not 0 <= getattr(self, name) <= GEMV_ROWS_MAX:
+                raise ConfigError(f"{name} must be in 0..{GEMV_ROWS_MAX}, got {getattr(self, name)}")
         for name in ("tensor_core_decode_from", "triton_decode_from"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
@@ -210,17 +217,19 @@ class ModelRunner:
         if self.config.kernels == "fast" and dev.type != "cuda":
             raise KernelUnavailable(f"the model runner with kernels='fast' needs the model on CUDA, it is on {dev}")
         positions = max_seq_len + LAG_SLACK + 1
+        fast_only = (lambda v: v if self.config.kernels == "fast" else 0)  # noqa: E731
         if fast is not None and (fast.k.name != self.config.kernels or fast.max_positions < positions
                                  or fast.fuse_fp8 != (self.config.fuse_fp8_quant and self.config.kernels == "fast")
-                                 or fast.cuda_core_gemv_rows != (self.config.cuda_core_gemv_rows
-                                                                 if self.config.kernels == "fast" else 0)):
+                                 or fast.cuda_core_gemv_rows != fast_only(self.config.cuda_core_gemv_rows)
+                                 or fast.bf16_gemv_rows != fast_only(self.config.bf16_gemv_rows)):
             raise ConfigError("the shared FastTalker was built for other kernels, fewer positions, another "
-                              "fuse_fp8_quant or cuda_core_gemv_rows")
+                              "fuse_fp8_quant, cuda_core_gemv_rows or bf16_gemv_rows")
         if cache.pool.k.dtype == FP8_KV and self.config.kernels == "fast":
             check_fp8_device(dev, "--kv-cache-dtype fp8")  # Triton's e4m3 stores, FlashInfer's fp8 pages
         self.fast = fast or FastTalker(talker, self.config.kernels, max_positions=positions,
                                        fuse_fp8_quant=self.config.fuse_fp8_quant,
-                                       cuda_core_gemv_rows=self.config.cuda_core_gemv_rows)
+                                       cuda_core_gemv_rows=self.config.cuda_core_gemv_rows,
+                                       bf16_gemv_rows=self.config.bf16_gemv_rows)
         # the decode graphs captured with programmatic dependent launch: up to this many rows (0: none)
         self.pdl_max_rows = 0
         if self.config.cuda_graphs and torch.cuda.get_device_capability(dev) >= (9, 0):

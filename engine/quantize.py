@@ -27,6 +27,7 @@ kernels/, fp8 emulated in fp32: any device, for tests and `--kernels ref` debugg
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -122,13 +123,14 @@ def takes_fp8_rows(w: Weight, rows: int) -> bool:
     return isinstance(w, QuantizedWeight) and w.mode == "fp8" and rows > fp8_linear.GEMV_MAX_M
 
 
-def linear(x: torch.Tensor | fp8_linear.Fp8Rows, w: Weight, kernels: str = "ref", cuda_core_rows: int = 0
-           ) -> torch.Tensor:
+def linear(x: torch.Tensor | fp8_linear.Fp8Rows, w: Weight, kernels: str = "ref", cuda_core_rows: int = 0,
+           plain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """x [..., K] @ w^T -> [..., N] in x's dtype, for a plain or a quantized weight (`Fp8Rows`: an fp8 weight's
     activations already quantized, fast kernels). `cuda_core_rows` (fast kernels, CUDA): quantized weights over at
-    most this many rows go through the CUDA-core GEMV (kernels/int8_linear.py `triton_gemv`; 0: never)."""
+    most this many rows go through the CUDA-core GEMV (kernels/int8_linear.py `triton_gemv`; 0: never). `plain`: the
+    linear of a plain weight (None: F.linear; the fast path's: engine/gemv_choice.py's choice of cuBLAS or the GEMV)."""
     if isinstance(w, torch.Tensor):
-        return F.linear(x, w)
+        return F.linear(x, w) if plain is None else plain(x, w)
     if kernels != "fast":
         fn = int8_linear.int8_linear_ref if w.mode == "int8" else fp8_linear.fp8_linear_ref
         return fn(x, w.qweight, w.scale)

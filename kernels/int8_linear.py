@@ -19,7 +19,9 @@ The Triton tile sizes depend only on the batch-size class (M <= 16 or not) and n
 row's result does not depend on the other rows of a small batch (batch-invariant decode steps).
 
 `triton_gemv` (decode steps of 1-2 rows by default, ModelRunnerConfig.cuda_core_gemv_rows; scripts/sweep_gemv.py): the
-same product for 1-4 rows on CUDA cores, each weight tile widened to fp32 and reduced along wide K tiles (512-2048),
+same product for 1-4 rows on CUDA cores (also over plain bf16 weights, unscaled, with an optional bias: the plain
+linears engine/gemv_choice.py finds faster on it than cuBLAS), each weight tile widened to fp32 and reduced along wide
+K tiles (512-2048),
 so a program keeps more of its weight rows in flight and walks K in few steps. Why: at M = 1 the tensor-core kernel pads M to 16 and walks K in 256/512-wide steps
 with 3 in flight, one program per 32 output channels; v2's o and down projections then run 96 programs on 132 SMs,
 each a chain of 12-16 dependent steps, and take 9.4 / 18.6 us against 3.1 / 8.4 us of weight reading (H100, fp8;
@@ -200,39 +202,59 @@ def gemv_blocks(k: int) -> tuple[int, int, int, int]:
     return (8, 2048 if k >= GEMV_BLOCK_K_WIDE_FROM else 1024, 4, 3)
 
 
-def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                blocks: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """x2 [M <= GEMV_ROWS_MAX, K] @ q^T * scale[None, :] -> [M, N] in x2's dtype (CUDA, contiguous; int8 or e4m3
-    weights) on CUDA cores: fp32 products and sums, one reduction over each BLOCK_K-wide tile per row. Each row's
-    sums run in the same order whatever M is (the rows are separate reductions of the same tile)."""
+# Plain bf16 weights (engine/gemv_choice.py): K tiles of 2048 from K = 2048, else 1024. scripts/sweep_gemv.py
+# --weights bf16 --linears qwen3-1.7b, H200, session 25, us at 1 / 2 / 4 rows: the code predictor's o projection
+# (N 1024, K 2048) 5.6 / 4.3 / 5.3 with 2048-wide tiles vs 7.9 / 5.4 / 7.3 with 1024 (cuBLAS 12.9 / 12.9 / 8.5); at
+# K = 1024 the two equal within 0.3.
+PLAIN_GEMV_BLOCK_K_WIDE_FROM = 2048
+
+
+def plain_gemv_blocks(k: int) -> tuple[int, int, int, int]:
+    """The GEMV's (BLOCK_N, BLOCK_K, warps, stages) for a plain (bf16) weight over `k`."""
+    return (8, 2048 if k >= PLAIN_GEMV_BLOCK_K_WIDE_FROM else 1024, 4, 3)
+
+
+def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None,
+                blocks: tuple[int, int, int, int] | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [M <= GEMV_ROWS_MAX, K] @ q^T * scale[None, :] (+ bias) -> [M, N] in x2's dtype (CUDA, contiguous; int8 or
+    e4m3 weights with their fp32 scales, or a plain float weight, bf16/fp16, with `scale` None) on CUDA cores: fp32
+    products and sums, one reduction over each BLOCK_K-wide tile per row, then the scale and the bias (`bias` [N], any
+    float dtype) in fp32 and one rounding. Each row's sums run in the same order whatever M is (the rows are separate
+    reductions of the same tile)."""
     m, k = x2.shape
     assert m <= GEMV_ROWS_MAX, f"triton_gemv serves up to {GEMV_ROWS_MAX} rows, got {m}"
     assert x2.is_contiguous() and q.is_contiguous(), "operands must be contiguous"
+    assert (scale is None) == (q.dtype in (torch.bfloat16, torch.float16, torch.float32)), \
+        "a scale goes with an int8 / e4m3 weight, none with a float one"
+    assert bias is None or (bias.shape == (q.shape[0],) and bias.is_contiguous()), "bias must be [N], contiguous"
     out = torch.empty((m, q.shape[0]), dtype=x2.dtype, device=x2.device)
     if m:
-        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks)
+        launch_gemv(_gemv_kernel(), x2, q, scale, out, blocks, bias)
     return out
 
 
-def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-                blocks: tuple[int, int, int, int] | None = None) -> None:
-    """Launch the (compiled or interpreted) GEMV kernel over out [M, N] (`blocks` None: `gemv_blocks(K)`)."""
+def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
+                blocks: tuple[int, int, int, int] | None = None, bias: torch.Tensor | None = None) -> None:
+    """Launch the (compiled or interpreted) GEMV kernel over out [M, N] (`blocks` None: `gemv_blocks(K)`; `scale`
+    None: unscaled, a float weight; `bias` None: none)."""
     m, k = x.shape
     n = q.shape[0]
     bn, bk, warps, stages = blocks or gemv_blocks(k)
-    kernel[(-(-n // bn),)](x, q, scale, out, m, n, k, ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn,
-                           BLOCK_K=bk, W_FLOAT=q.dtype.is_floating_point, **pdl_args(), num_warps=warps,
-                           num_stages=stages)
+    kernel[(-(-n // bn),)](x, q, out if scale is None else scale, out if bias is None else bias, out, m, n, k,
+                           ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk,
+                           W_FLOAT=q.dtype.is_floating_point, SCALED=scale is not None, BIAS=bias is not None,
+                           **pdl_args(), num_warps=warps, num_stages=stages)
 
 
 def build_gemv_kernel():
-    """The GEMV kernel (uncached: the interpreter test builds it under TRITON_INTERPRET=1)."""
+    """The GEMV kernel (uncached: the interpreter test builds it under TRITON_INTERPRET=1). SCALED: multiply by the
+    per-column scales (`s_ptr`, fp32 [N]); BIAS: add `b_ptr` [N] (each unread otherwise)."""
     triton, tl = triton_modules()
 
     @triton.jit
-    def quantized_gemv_kernel(x_ptr, q_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, ROWS: tl.constexpr,
+    def quantized_gemv_kernel(x_ptr, q_ptr, s_ptr, b_ptr, out_ptr, M, N, K: tl.constexpr, ROWS: tl.constexpr,
                               ROWS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FLOAT: tl.constexpr,
-                              PDL: tl.constexpr = False):
+                              SCALED: tl.constexpr = True, BIAS: tl.constexpr = False, PDL: tl.constexpr = False):
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         col_ok = cols < N
         if PDL:  # programmatic dependent launch (kernels/_triton.py)
@@ -245,7 +267,7 @@ def build_gemv_kernel():
             kk = i * BLOCK_K + ks
             k_ok = kk < K
             w_ptrs = q_ptr + cols[:, None].to(tl.int64) * K + kk[None, :]
-            if W_FLOAT:  # e4m3 (a float fill)
+            if W_FLOAT:  # e4m3 or a float weight (a float fill)
                 w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             else:
                 w = tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
@@ -254,7 +276,11 @@ def build_gemv_kernel():
                 xr = tl.load(x_ptr + row * K + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
                 part = tl.sum(wf * xr[None, :], axis=1)  # [BN]
                 acc = tl.where(r[:, None] == row, acc + part[None, :], acc)
-        y = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        y = acc
+        if SCALED:
+            y = y * tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if BIAS:
+            y = y + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + r[:, None].to(tl.int64) * N + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=(r[:, None] < M) & col_ok[None, :])
 

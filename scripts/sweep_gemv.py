@@ -1,14 +1,19 @@
 """Device script (one H100/H200): the quantized small-batch linears of the full-size v2 talker, and the
 Triton kernel's block sizes for them.
 
-    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8] [--batches 1,16] [--gemv-only] [--w8a8-batches 64,256]
+    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8,bf16] [--linears v2|qwen3-1.7b|qwen3-0.6b]
+        [--batches 1,16] [--gemv-only] [--w8a8-batches 64,256]
 
 For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; the quantized linear's tensor-core path ("served": what
 `--quantize` runs from 3 rows; `fp8_linear`: weight-only in the Triton kernel at its `gemv_blocks` up to 16 rows,
 `int8_linear`: the Triton kernel at `block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's
 scaled GEMM, what fp8 runs above 16 rows); then the Triton kernel at every block configuration of a grid (not with
 `--gemv-only`), and up to 4 rows the CUDA-core GEMV (`triton_gemv`, served for 1-2 rows) at every configuration of its
-own grid. `--w8a8-batches`: torch's scaled GEMM vs the Triton kernel's fp8 tiles (`triton_scaled_linear`) at several
+own grid. `--weights bf16`: the plain bf16 weight (scale 1) through the same Triton kernels, against cuBLAS
+(`F.linear`, what is served) and cuBLAS given the operands swapped (`W @ x^T`, transposed back: other tiles).
+`--linears`: v2's four layer linears, or a Qwen3-TTS size's talker and code-predictor linears (keys `talker.*`,
+`cp.*`: the predictor's projection from the talker, its layer's four, its head). `--w8a8-batches`: torch's scaled
+GEMM vs the Triton kernel's fp8 tiles (`triton_scaled_linear`) at several
 promotion intervals, with each one's error against the exact product. Each timing is 24 calls in one CUDA graph over
 enough weight copies to exceed the L2 cache (every call reads its weight from HBM, as a decode step does). Also each
 way's max error against the fp32 product, relative to its peak. Writes DIR/gemv_sweep.json and prints the table and,
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from higgs_stream.bench.measure import device_seconds
 from higgs_stream.bench_quant import V2_LINEARS
+from higgs_stream.engine.models.qwen3_tts.config import preset
 from higgs_stream.engine.quantize import quantize_weight
 from higgs_stream.kernels.fp8_linear import _scaled_gemm, fp8_linear, quantize_per_token
 from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, int8_linear, triton_gemv, triton_linear, triton_scaled_linear
@@ -62,16 +68,59 @@ W8A8_TILES = ((64, 64, 128, 8, 4), (64, 64, 128, 4, 4), (64, 128, 128, 8, 4), (1
 W8A8_GRID = list(itertools.product(W8A8_TILES, (0, 128, 32)))
 
 
+def qwen3_linears(size: str) -> dict[str, tuple[int, int]]:
+    """A Qwen3-TTS size's linears (N, K) as the fast path fuses them: the talker's layer and head, the code
+    predictor's input projection (1.7B), layer and head (fp32 out, timed here in bf16)."""
+    c = preset(size)
+    out = {}
+    for pre, d in (("talker", c), ("cp", c.code_predictor)):
+        q = d.num_heads * d.head_dim
+        out.update({f"{pre}.qkv": ((d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.hidden_size),
+                    f"{pre}.o": (d.hidden_size, q), f"{pre}.gate_up": (2 * d.intermediate_size, d.hidden_size),
+                    f"{pre}.down": (d.hidden_size, d.intermediate_size)})
+    out["talker.head"] = (c.vocab_size, c.hidden_size)
+    if c.hidden_size != c.code_predictor.hidden_size:
+        out["cp.proj"] = (c.code_predictor.hidden_size, c.hidden_size)
+    out["cp.head"] = (c.codebook_size, c.code_predictor.hidden_size)
+    return out
+
+
+LINEARS = {"v2": lambda: V2_LINEARS, "qwen3-1.7b": lambda: qwen3_linears("1.7b"),
+           "qwen3-0.6b": lambda: qwen3_linears("0.6b")}
+
+
+class Bf16Weight:
+    """A plain bf16 weight as the quantized linears' kernels take one: itself, no scale (the tensor-core kernel's:
+    ones, exact)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.qweight, self.scale = w, None
+        self.tc_scale = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
+
+
 def served(mode: str):
-    """The linear `--quantize mode` runs."""
-    return fp8_linear if mode == "fp8" else int8_linear
+    """The linear `--quantize mode` runs (bf16: cuBLAS)."""
+    return {"fp8": fp8_linear, "int8": int8_linear}.get(mode, lambda x, w, _s: F.linear(x, w))
+
+
+def tc_scale(q) -> torch.Tensor:
+    """The tensor-core kernel's scales for a weight of the sweep (a plain one: ones)."""
+    return q.tc_scale if isinstance(q, Bf16Weight) else q.scale
+
+
+def swapped(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T as cuBLAS computes (w @ x^T)^T: the problem transposed, so its heuristics see M = N (one row: the
+    result's transpose is already contiguous)."""
+    return torch.mm(w, x.t()).t().contiguous()
 
 
 def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_core_grid: bool = True,
               gemv_grid: list = GEMV_GRID) -> list[dict]:
     copies = max(2, -(-2 * L2_BYTES // (n * k)))  # 8-bit bytes per copy: n * k
-    ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(min(copies, 3))]
-    qs = [quantize_weight(ws[i % len(ws)], mode) for i in range(copies)]
+    # bf16 copies: distinct ones enough to exceed the L2 (each twice the 8-bit bytes)
+    ws = [(torch.randn(n, k, device="cuda") * 0.02).bfloat16() for _ in range(max(2, copies // 2))]
+    qs = [Bf16Weight(ws[i % len(ws)]) if mode == "bf16" else quantize_weight(ws[i % len(ws)], mode)
+          for i in range(copies)]
     rows = []
     for m in batches:
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -86,13 +135,15 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_c
                "bf16_cublas": timed([lambda w=w: F.linear(x, w) for w in ws]),
                "served": timed([lambda q=q: fn(x, q.qweight, q.scale) for q in qs]),
                "err_served": err(fn(x, qs[0].qweight, qs[0].scale)), "err_bf16": err(F.linear(x, ws[0])), "grid": {}}
+        if mode == "bf16":
+            row["bf16_cublas_swapped"] = timed([lambda w=w: swapped(x, w) for w in ws])
         if mode == "fp8":
             row["w8a8_scaled_gemm"] = timed([lambda q=q: fp8_linear(x, q.qweight, q.scale, gemv_max_m=0) for q in qs])
             row["err_w8a8"] = err(fp8_linear(x, qs[0].qweight, qs[0].scale, gemv_max_m=0))
         for bn, bk, warps, stages in GRID if tensor_core_grid else ():
             cfg = (16, bn, bk, warps, stages)
             try:
-                row["grid"][str(cfg)] = timed([lambda q=q, c=cfg: triton_linear(x, q.qweight, q.scale, blocks=c)
+                row["grid"][str(cfg)] = timed([lambda q=q, c=cfg: triton_linear(x, q.qweight, tc_scale(q), blocks=c)
                                                for q in qs])
             except Exception as exc:  # e.g. shared memory exceeded: say so, go on
                 row["grid"][str(cfg)] = repr(exc)[:120]
@@ -107,9 +158,10 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_c
         ok = {c: t for c, t in row["grid"].items() if isinstance(t, float)}
         row["best"] = [(c, ok[c]) for c in sorted(ok, key=ok.get)[:2]]
         rows.append(row)
-        extra = f"w8a8 {row['w8a8_scaled_gemm']:5.1f} | " if mode == "fp8" else ""
+        extra = (f"w8a8 {row['w8a8_scaled_gemm']:5.1f} | " if mode == "fp8" else
+                 f"swapped {row['bf16_cublas_swapped']:5.1f} | " if mode == "bf16" else "")
         best = " ".join(f"{c} {t:5.1f}" for c, t in row["best"]) or "-"
-        print(f"{mode} {name:8s} m={m:3d} floor {row['floor_us']:5.1f} us | bf16 {row['bf16_cublas']:5.1f} | "
+        print(f"{mode} {name:12s} m={m:3d} floor {row['floor_us']:5.1f} us | bf16 {row['bf16_cublas']:5.1f} | "
               f"served {row['served']:5.1f} | {extra}best {best} | "
               f"err served {row['err_served']:.1e} bf16 {row['err_bf16']:.1e}", flush=True)
     return rows
@@ -162,22 +214,32 @@ def layer_totals(per: list[dict]) -> tuple[dict[str, float], str | None]:
 
 
 def layer_summary(rows: list[dict]) -> dict:
-    """Per (weights, M): a decode layer's four linears summed, served vs the best single configuration."""
+    """Per (weights, linear group, M): the group's linears summed (v2: a decode layer's four; Qwen3-TTS: the talker's
+    and the code predictor's, by their key's prefix), served vs the best single configuration and vs the best way
+    of each linear (what a per-linear choice would run)."""
     out = {}
-    for mode, m in sorted({(r["weights"], r["m"]) for r in rows}):
-        per = [r for r in rows if r["weights"] == mode and r["m"] == m]
+    group = lambda r: r["linear"].split(".")[0] if "." in r["linear"] else "layer"  # noqa: E731
+    for mode, g, m in sorted({(r["weights"], group(r), r["m"]) for r in rows}):
+        per = [r for r in rows if r["weights"] == mode and group(r) == g and r["m"] == m]
         tot, b = layer_totals(per)
-        key = f"{mode} m={m}"
+        key = f"{mode} {g} m={m}" if g != "layer" else f"{mode} m={m}"
+        each = {r["linear"]: min([(r["served"], "served"), (r.get("bf16_cublas_swapped", 1e9), "cublas swapped")]
+                                 + [(t, c) for c, t in r["grid"].items() if isinstance(t, float)]) for r in per}
         out[key] = {"best_cfg": b, "best_layer_us": tot.get(b), "served_layer_us": sum(r["served"] for r in per),
-                    "bf16_layer_us": sum(r["bf16_cublas"] for r in per)}
+                    "bf16_layer_us": sum(r["bf16_cublas"] for r in per),
+                    "best_each_layer_us": sum(t for t, _ in each.values()), "best_each": each}
+        if mode == "bf16":
+            out[key]["swapped_layer_us"] = sum(r["bf16_cublas_swapped"] for r in per)
         gemv = {c: t for c, t in tot.items() if c.startswith("gemv ")}
         if gemv:  # the CUDA-core GEMV's best, as `bench_quant --gemv-blocks` takes it
             g = min(gemv, key=gemv.get)
             out[key].update(best_gemv_cfg=g, best_gemv_layer_us=gemv[g],
                             best_gemv_blocks=",".join(c.strip() for c in g[len("gemv ("):-1].split(",")))
-        print(f"{key}: one layer's 4 linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
+        print(f"{key}: {len(per)} linears: bf16 {out[key]['bf16_layer_us']:.1f} us, served "
               f"{out[key]['served_layer_us']:.1f}" + (f", best single configuration {b} {tot[b]:.1f}" if tot else "")
-              + (f", best GEMV {out[key]['best_gemv_cfg']} {out[key]['best_gemv_layer_us']:.1f}" if gemv else ""))
+              + (f", best GEMV {out[key]['best_gemv_cfg']} {out[key]['best_gemv_layer_us']:.1f}" if gemv else "")
+              + f", best of each {out[key]['best_each_layer_us']:.1f}: "
+              + "; ".join(f"{n} {c} {t:.1f}" for n, (t, c) in each.items()))
     return out
 
 
@@ -203,7 +265,8 @@ def w8a8_summary(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--weights", default="fp8,int8")
+    ap.add_argument("--weights", default="fp8,int8", help="fp8, int8, bf16 (comma-separated)")
+    ap.add_argument("--linears", choices=sorted(LINEARS), default="v2")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--w8a8-batches", default="", help="also the w8a8 GEMM sweep (sweep_w8a8) at these M (e.g. 64,256)")
     ap.add_argument("--gemv-only", action="store_true",
@@ -216,13 +279,14 @@ def main() -> None:
     torch.manual_seed(0)
     t_start, rows = time.time(), []
     batches = [int(b) for b in args.batches.split(",") if b]
+    linears = LINEARS[args.linears]()
     for mode in filter(None, args.weights.split(",")):
-        for name, (n, k) in V2_LINEARS.items():
+        for name, (n, k) in linears.items():
             rows += sweep_one(mode, name, n, k, batches, tensor_core_grid=not args.gemv_only, gemv_grid=gemv_grid)
     summary = layer_summary(rows) if rows else {}
     w8a8 = []
     for m in [int(b) for b in args.w8a8_batches.split(",") if b]:
-        for name, (n, k) in V2_LINEARS.items():
+        for name, (n, k) in linears.items():
             w8a8 += sweep_w8a8(name, n, k, [m])
     summary.update(w8a8_summary(w8a8))
     dev = torch.cuda.get_device_name()

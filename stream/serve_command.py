@@ -110,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "dependent launch (each starts as the one before ends; the same codes) (default: 32 for "
                              "bf16 Higgs talkers, 2 quantized, 0 for Qwen3-TTS; 0: never). H200, v2, one row: 1.62 vs "
                              "1.77 ms fp8, 2.45 vs 2.52 bf16 (docs/PERF.md)")
+    parser.add_argument("--bf16-gemv-rows", type=int, default=ModelRunnerConfig.bf16_gemv_rows, metavar="N",
+                        help="CUDA: plain bf16 linears of at most N rows (<= 4) run on our CUDA-core GEMV where, timed "
+                             "at start-up per weight shape, it beats cuBLAS by 15 %% or more (default %(default)s; 0: "
+                             "never). H200, Qwen3-TTS's code predictor's o projection: 12.9 -> 5.6 us at one row")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
                         help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
                              "longest codec call before chunk 1), up to this many frames (default: the family's, 10 for "
@@ -283,9 +287,9 @@ def build_state(args: argparse.Namespace) -> ServerState:
                               late_prompts=args.late_prompts, late_prompts_in_bursts=args.late_prompts_in_bursts,
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
-                      "triton_ranged_decode": args.triton_ranged_decode,
+                      "triton_ranged_decode": args.triton_ranged_decode, "bf16_gemv_rows": args.bf16_gemv_rows,
                       **({} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows})}
-    ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from / --pdl-max-rows fails here
+    ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from / --pdl-max-rows / .. fails here
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,
                    "runner_options": runner_options}

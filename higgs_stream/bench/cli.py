@@ -53,6 +53,22 @@ from higgs_stream.engine.random_weights import (
 )
 
 
+
+def gemv_choices(engine) -> dict:
+    """What engine/gemv_choice.py timed and chose at load: for the talker's layers and (Qwen3-TTS) its code
+    predictor's, each shape and row count's cuBLAS and GEMV times, and the shapes the GEMV serves."""
+    fasts = {"talker": engine.runner.fast}
+    predictor = getattr(engine.runner.fast.complete_rows, "fast", None)
+    if predictor is not None:
+        fasts["code_predictor"] = predictor
+    out = {name: {"max_rows": f.gemv.max_rows, "shapes": sorted(f.gemv.shapes), "timings": list(f.gemv.timings)}
+           for name, f in fasts.items()}
+    for name, f in fasts.items():
+        for n, k in sorted(f.gemv.shapes):
+            us = [f"{t['cublas_us']:.1f} -> {t['gemv_us']:.1f}" for t in f.gemv.timings if (t["n"], t["k"]) == (n, k)]
+            log(f"bf16 GEMV ({name}): [{n}, {k}] at 1-{f.gemv.max_rows} rows, us cuBLAS -> GEMV: {', '.join(us)}")
+    return out
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                     help="CUDA 9.0+: decode graphs of at most N rows with programmatic dependent launch (default: the "
                          "talker's, engine.model_runner.default_pdl_max_rows; 0: never)")
+    ap.add_argument("--bf16-gemv-rows", type=int, default=None, metavar="N",
+                    help="plain bf16 linears of at most N rows on the CUDA-core GEMV where it beats cuBLAS (default: "
+                         "ModelRunnerConfig.bf16_gemv_rows; 0: never)")
     ap.add_argument("--arch", choices=[f.arch for f in FAMILIES], default=DEFAULT_ARCH,
                     help=f"model family; other than {DEFAULT_ARCH}: the decode and profile sections only")
     ap.add_argument("--preset", default="full", help="the family's random-weight preset (not for the default arch)")
@@ -107,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{result['card']}: copy bandwidth {bw/1e9:.0f} GB/s")
 
     config = engine_config(args.kv_pages)
-    runner_options = {} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows}
+    runner_options = {key: getattr(args, key) for key in ("pdl_max_rows", "bf16_gemv_rows")
+                      if getattr(args, key) is not None}
     result.update(quantize=args.quantize, arch=args.arch, runner_options=runner_options)
     if args.arch != DEFAULT_ARCH:  # the family's random model, drawn in memory, EOS suppressed
         result["preset"] = args.preset
@@ -115,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         engine = in_memory_engine(args.arch, args.preset, "cuda", torch.bfloat16, config,
                                   cuda_graphs=not args.no_graphs, quantize=args.quantize, runner_options=runner_options)
         result["build_and_capture_s"] = time.perf_counter() - t0
+        result["bf16_gemv"] = gemv_choices(engine)
         return _other_arch(engine, result, args, bw, save)
     tok, cfg, hf, talker = random_v2(args.quantize)
     engine, result["graph_capture_s"] = v2_engine(talker, cfg, tok, config, cuda_graphs=not args.no_graphs,
                                                   quantize=args.quantize, runner_options=runner_options)
     weight_bytes = record_floor(engine, result, bw)
+    result["bf16_gemv"] = gemv_choices(engine)
     log(f"engine ready (capture {result['graph_capture_s']:.1f} s); audio step reads {weight_bytes/1e9:.2f} GB "
         f"-> floor {weight_bytes/bw*1e3:.3f} ms")
     save()

@@ -142,6 +142,9 @@ def test_config_and_input_errors(tiny_ckpt):
     for bad in (-1, 5):  # the CUDA-core GEMV serves 1-4 rows
         with pytest.raises(ConfigError, match="cuda_core_gemv_rows"):
             ModelRunnerConfig(cuda_core_gemv_rows=bad)
+        with pytest.raises(ConfigError, match="bf16_gemv_rows"):
+            ModelRunnerConfig(bf16_gemv_rows=bad)
+    assert ModelRunnerConfig().bf16_gemv_rows == 4 and ModelRunnerConfig(bf16_gemv_rows=0).bf16_gemv_rows == 0
     assert ModelRunnerConfig().cuda_core_gemv_rows == 2 and ModelRunnerConfig(cuda_core_gemv_rows=4).cuda_core_gemv_rows == 4
     assert ModelRunnerConfig(tensor_core_decode_from=None).tensor_core_decode_from is None
     with pytest.raises(ConfigError, match="pdl_max_rows"):

@@ -109,32 +109,44 @@ for rows, n, k, bn, bk in [(1, 40, 300, 16, 128), (2, 64, 128, 16, 64), (3, 33, 
     err_fp8 = ((out8 - want8).abs().max() / want8.abs().max()).item()
     one = torch.full((1, n), float("nan"))  # row 0 alone: the same sums as in the batch
     m.launch_gemv(kernel, x[:1].contiguous(), q, s, one, (bn, bk, 4, 1))
-    out_rows.append([err_int8, err_fp8, bool(torch.equal(one[0], out[0]))])
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)  # a float weight, unscaled, with a bias
+    outf = torch.full((rows, n), float("nan"))
+    m.launch_gemv(kernel, x, w, None, outf, (bn, bk, 4, 1), bias=b)
+    wantf = x.double() @ w.double().t() + b.double()
+    err_float = ((outf.double() - wantf).abs().max() / (x.abs().double() @ w.abs().double().t()).max()).item()
+    out_rows.append([err_int8, err_fp8, bool(torch.equal(one[0], out[0])), err_float])
 print(json.dumps(out_rows))
 """
 
 
 def test_gemv_kernel_in_the_interpreter(interpret):
-    """The CUDA-core GEMV (`triton_gemv`, 1-4 rows; not served until timed) over int8 and e4m3 weights: its N and K
-    tails, the padded row count (3 rows in a block of 4), the scale epilogue, against the definitions in fp32; and row
-    0 computed alone equals row 0 in a batch, bit for bit (each row its own reduction of the same tile)."""
-    for err_int8, err_fp8, alone_equal in interpret(GEMV_SCRIPT):
-        assert err_int8 < 1e-6 and err_fp8 < 1e-5 and alone_equal, (err_int8, err_fp8, alone_equal)
+    """The CUDA-core GEMV (`triton_gemv`, 1-4 rows) over int8 and e4m3 weights: its N and K tails, the padded row
+    count (3 rows in a block of 4), the scale epilogue, against the definitions in fp32; row 0 computed alone equals
+    row 0 in a batch, bit for bit (each row its own reduction of the same tile); and a float weight, unscaled, with a
+    bias (the plain linears engine/gemv_choice.py routes to it) against the fp64 product, to fp32 rounding."""
+    for err_int8, err_fp8, alone_equal, err_float in interpret(GEMV_SCRIPT):
+        assert err_int8 < 1e-6 and err_fp8 < 1e-5 and alone_equal and err_float < 1e-6, \
+            (err_int8, err_fp8, alone_equal, err_float)
 
 
 @pytest.mark.parametrize("weights, rows, k, blocks", [("*fp8e4nv", 1, 3072, (16, 1024, 4, 3)),
                                                       ("*i8", 4, 3072, (16, 512, 4, 3)),
                                                       ("*fp8e4nv", 1, 3072, (32, 2048, 8, 2)),
-                                                      ("*fp8e4nv", 2, 3072, "served"), ("*fp8e4nv", 2, 8192, "served")])
+                                                      ("*fp8e4nv", 2, 3072, "served"), ("*fp8e4nv", 2, 8192, "served"),
+                                                      ("*bf16", 1, 2048, "served"), ("*bf16", 4, 6144, "served")])
 def test_gemv_kernel_compiles_for_hopper(weights, rows, k, blocks, compile_for_hopper):
     """The GEMV compiles for sm_90 (no GPU needed) at the tile sizes scripts/sweep_gemv.py starts from and at the
-    served ones (`gemv_blocks`), over v2's K = 3072 and 8192, with no register spills to local memory."""
+    served ones (`gemv_blocks`), over v2's K = 3072 and 8192 and, for plain bf16 weights (unscaled, with a bias:
+    engine/gemv_choice.py), Qwen3-TTS's 2048 and 6144, with no register spills to local memory."""
     from higgs_stream.kernels import int8_linear as m
 
-    bn, bk, warps, stages = m.gemv_blocks(k) if blocks == "served" else blocks
-    sig = {"x_ptr": "*bf16", "q_ptr": weights, "s_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-           **dict.fromkeys(("K", "ROWS", "ROWS_PAD", "BLOCK_N", "BLOCK_K", "W_FLOAT"), "constexpr")}
-    consts = {"K": k, "ROWS": rows, "ROWS_PAD": rows, "BLOCK_N": bn, "BLOCK_K": bk, "W_FLOAT": weights != "*i8"}
+    plain = weights == "*bf16"
+    bn, bk, warps, stages = (m.plain_gemv_blocks(k) if plain else m.gemv_blocks(k)) if blocks == "served" else blocks
+    sig = {"x_ptr": "*bf16", "q_ptr": weights, "s_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32",
+           "N": "i32",
+           **dict.fromkeys(("K", "ROWS", "ROWS_PAD", "BLOCK_N", "BLOCK_K", "W_FLOAT", "SCALED", "BIAS"), "constexpr")}
+    consts = {"K": k, "ROWS": rows, "ROWS_PAD": rows, "BLOCK_N": bn, "BLOCK_K": bk, "W_FLOAT": weights != "*i8",
+              "SCALED": not plain, "BIAS": plain}
     compiled = compile_for_hopper(m.build_gemv_kernel(), sig, consts, num_warps=warps, num_stages=stages)
     assert compiled.asm["cubin"] and "ld.local" not in compiled.asm["ptx"]
 
@@ -158,3 +170,19 @@ def test_gemv_blocks_follow_k_unless_a_benchmark_sets_one_for_all(monkeypatch):
     m.launch_gemv(Kernel(), x, q, torch.ones(64), torch.zeros(1, 64))
     m.launch_gemv(Kernel(), x, q, torch.ones(64), torch.zeros(1, 64), (32, 1024, 4, 3))
     assert launched == [((4,), 16, 512, 2), ((2,), 32, 1024, 4)]
+
+
+def test_plain_gemv_blocks_and_the_scale_contract():
+    """Plain bf16 weights: K tiles of 2048 from K = 2048 (Qwen3-TTS's code predictor's o projection: 5.6 vs 7.9 us
+    at one row with 1024, H200), 1024 below; a float weight takes no scale and an int8 / e4m3 one needs its own."""
+    from higgs_stream.kernels import int8_linear as m
+
+    assert m.plain_gemv_blocks(1024) == (8, 1024, 4, 3) and m.plain_gemv_blocks(2047) == (8, 1024, 4, 3)
+    assert m.plain_gemv_blocks(2048) == (8, 2048, 4, 3) and m.plain_gemv_blocks(6144) == (8, 2048, 4, 3)
+    x = torch.zeros(1, 64)
+    with pytest.raises(AssertionError, match="a scale goes with"):
+        m.triton_gemv(x, torch.zeros(8, 64), torch.ones(8))
+    with pytest.raises(AssertionError, match="a scale goes with"):
+        m.triton_gemv(x, torch.zeros(8, 64, dtype=torch.int8), None)
+    with pytest.raises(AssertionError, match="bias must be"):
+        m.triton_gemv(x, torch.zeros(8, 64), None, bias=torch.zeros(4))

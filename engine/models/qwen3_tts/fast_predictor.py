@@ -59,8 +59,10 @@ class _PredictorView:
         matrix [15 * codebook_size, .] (the modules' weights become views of them)."""
         m = self.cp.model
         tables = fuse_linears(*m.codec_embedding)  # [15 * Vc, H] (nn.Embedding keeps its weight as Linear does)
+        proj = self.cp.small_to_mtp_projection  # nn.Linear (1.7B), nn.Identity (0.6B) or a quantized linear
         return FastWeights(layers=[qwen3_layer(b) for b in m.layers], final_norm=stack_norms(m.norm), embed_text=tables,
-                           embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head))  # no text rows
+                           embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head),  # no text rows
+                           extra_linears=(proj.weight,) if isinstance(proj, torch.nn.Linear) else ())
 
 
 class FrameLayout:
@@ -108,12 +110,21 @@ class FrameAttention:
 class FastCodePredictor:
     """family.RowCompleter on the fast path (`FastWeights.complete_rows` of the Qwen3-TTS talker)."""
 
-    def __init__(self, model: Any, kernels: str, cuda_core_gemv_rows: int = 0) -> None:
+    def __init__(self, model: Any, kernels: str, cuda_core_gemv_rows: int = 0, bf16_gemv_rows: int = 0) -> None:
         self.fast = FastTalker(_PredictorView(model), kernels, max_positions=model.cfg.num_codebooks,
-                               cuda_core_gemv_rows=cuda_core_gemv_rows)
+                               cuda_core_gemv_rows=cuda_core_gemv_rows, bf16_gemv_rows=bf16_gemv_rows)
         self.groups, self.vc = model.cfg.num_codebooks - 1, model.cfg.codebook_size
         self.codec_embed = model.codec_embed  # the talker's group-0 table
         self.proj = model.talker.code_predictor.small_to_mtp_projection
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The talker-sized inputs [B, t, H] -> [B t, Hc] fp32 (a fresh tensor: the layers update it in place)."""
+        p, rows = self.proj, x.shape[0] * x.shape[1]
+        if isinstance(p, torch.nn.Linear):  # the fast path's plain linear (cuBLAS or the GEMV: engine/gemv_choice.py)
+            y = self.fast.gemv.linear(x.reshape(rows, -1), p.weight, p.bias)
+        else:  # nn.Identity (0.6B)
+            y = p(x).reshape(rows, -1)
+        return y.to(torch.float32, copy=True)
 
     def head(self, hidden: torch.Tensor, g: int) -> torch.Tensor:
         """Group g's logits [B, Vc] fp32 (bf16 weights, fp32 accumulation and output)."""
@@ -142,9 +153,7 @@ class FastCodePredictor:
         x = torch.stack([hidden, self.codec_embed(head[:, 0])], dim=1)  # [B, 2, H]
         codes, inp = [head[:, 0]], first
         for g in range(1, n):
-            t = x.shape[1]
-            out = fast.hidden(inp, attn, k_pool, v_pool,
-                              x=self.proj(x).reshape(b * t, -1).to(torch.float32, copy=True))  # [B, Hc]
+            out = fast.hidden(inp, attn, k_pool, v_pool, x=self.project(x))  # [B, Hc]
             ids = pick(g, self.head(out, g))  # [B]
             codes.append(ids)
             x = fast.embed_audio[(g - 1) * self.vc : g * self.vc][ids][:, None]  # [B, 1, H]: group g's table (a view)

@@ -291,10 +291,11 @@ class QwenTTSModel(nn.Module):
                            audio_head=self.talker.codec_head.weight.detach(), embed_rows=self.fast_embed,
                            extra_step_bytes=extra, complete_rows=self._fast_predictor)
 
-    def _fast_predictor(self, kernels: str, cuda_core_gemv_rows: int = 0) -> Callable[..., torch.Tensor]:
+    def _fast_predictor(self, kernels: str, cuda_core_gemv_rows: int = 0, bf16_gemv_rows: int = 0
+                        ) -> Callable[..., torch.Tensor]:
         from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
 
-        return FastCodePredictor(self, kernels, cuda_core_gemv_rows)
+        return FastCodePredictor(self, kernels, cuda_core_gemv_rows, bf16_gemv_rows)
 
     def fast_embed(self, inp: FastInputs) -> torch.Tensor:
         """`embed_rows` on device tensors, no host synchronisation: rows [N] -> [N, H] fp32, summed in

@@ -126,17 +126,13 @@ def test_fast_kernels_track_the_ref_kernels(model):
     assert max(rels) <= 0.10 and agree >= 10, (rels, agree)
 
 
-def test_fast_code_predictor_tracks_the_plain_one(model):
-    """Groups 1..15's logits, teacher-forced with the same ids: the predictor on FastTalker's stack with
-    the fast kernels and with the `*_ref` kernels vs the plain-torch `CodePredictor.run` (the
-    RefRunner's), bf16, 8 rows: max |delta logit| <= 10% of the logits' std, argmax equal on >= 90%."""
-    from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
-
-    talker, _ = model
+def _predictor_vs_plain(talker, predictor, rows: int = 8) -> tuple[float, float]:
+    """Groups 1..15's logits of `predictor` (a FastCodePredictor), teacher-forced with the same ids, vs the plain-torch
+    `CodePredictor.run`, bf16, `rows` rows: (max |delta logit| / std, share of equal argmaxes)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    hidden = torch.randn(8, CFG.hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
-    head = torch.randint(0, CFG.codebook_size, (8, 1), generator=gen, device="cuda")
-    forced = torch.randint(0, CFG.codebook_size, (8, 16), generator=gen, device="cuda")
+    hidden = torch.randn(rows, CFG.hidden_size, generator=gen, device="cuda").to(torch.bfloat16)
+    head = torch.randint(0, CFG.codebook_size, (rows, 1), generator=gen, device="cuda")
+    forced = torch.randint(0, CFG.codebook_size, (rows, 16), generator=gen, device="cuda")
 
     def logits_of(run) -> list[torch.Tensor]:
         seen = []
@@ -151,12 +147,21 @@ def test_fast_code_predictor_tracks_the_plain_one(model):
 
     want = logits_of(lambda pick: talker.talker.code_predictor.run(hidden, head[:, 0], talker.codec_embed(head[:, 0]),
                                                                    pick))
+    got = logits_of(lambda pick: predictor(hidden, head, pick))
+    assert len(got) == len(want) == 15
+    agree = np.mean([float((a.argmax(-1) == b.argmax(-1)).float().mean()) for a, b in zip(got, want)])
+    return max(float((a - b).abs().max() / b.std()) for a, b in zip(got, want)), float(agree)
+
+
+def test_fast_code_predictor_tracks_the_plain_one(model):
+    """Groups 1..15's logits, teacher-forced with the same ids: the predictor on FastTalker's stack with
+    the fast kernels and with the `*_ref` kernels vs the plain-torch `CodePredictor.run` (the
+    RefRunner's), bf16, 8 rows: max |delta logit| <= 10% of the logits' std, argmax equal on >= 90%."""
+    from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
+
+    talker, _ = model
     for kernels in ("fast", "ref"):
-        predictor = FastCodePredictor(talker, kernels)
-        got = logits_of(lambda pick, p=predictor: p(hidden, head, pick))
-        assert len(got) == len(want) == 15
-        agree = np.mean([float((a.argmax(-1) == b.argmax(-1)).float().mean()) for a, b in zip(got, want)])
-        rel = max(float((a - b).abs().max() / b.std()) for a, b in zip(got, want))
+        rel, agree = _predictor_vs_plain(talker, FastCodePredictor(talker, kernels))
         print(f"code predictor ({kernels} kernels) vs plain: max |delta logit| = {rel:.4f} x std, argmax agree {agree:.3f}")
         assert rel <= 0.10 and agree >= 0.90, (kernels, rel, agree)
 
@@ -258,9 +263,12 @@ def test_base_prompts_replay_their_prefill_and_first_frame_from_graphs(model):
 def test_batched_greedy_frames_equal_each_stream_alone(model):
     """6 streams of different prompt lengths admitted together (graphs, bucket 8), up to 100 greedy
     frames each: every stream's frames equal the eager batch-1 engine's (`prefill_pack=1`: prompts
-    prefilled one per forward, the batch-invariant prefill)."""
-    graphed = engine(model, ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1))
-    alone = engine(model, ModelRunnerConfig(cuda_graphs=False, prefill_pack=1), max_batch=1, fast=graphed.runner.fast)
+    prefilled one per forward, the batch-invariant prefill). `bf16_gemv_rows=0`: the linears on cuBLAS at every row
+    count (the GEMV engine/gemv_choice.py may pick for 1-4 rows: test_gemv_choice_keeps_a_stream_alone_equal_to_
+    pairs)."""
+    graphed = engine(model, ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1, bf16_gemv_rows=0))
+    alone = engine(model, ModelRunnerConfig(cuda_graphs=False, prefill_pack=1, bf16_gemv_rows=0), max_batch=1,
+                   fast=graphed.runner.fast)
     requests = [greedy(t, 100, seed=20 + i) for i, t in enumerate(TEXTS)]
     together = run(graphed, requests)
     for i, r in enumerate(requests):
@@ -268,6 +276,36 @@ def test_batched_greedy_frames_equal_each_stream_alone(model):
         assert together[i].shape == want.shape == (100, 16), (i, together[i].shape, want.shape)
         diff = np.nonzero((together[i] != want).any(axis=1))[0]
         assert diff.size == 0, f"stream {i} differs from frame {diff[0]}"
+
+
+def test_gemv_choice_keeps_a_stream_alone_equal_to_pairs(model, monkeypatch):
+    """Every plain linear of the talker and the code predictor forced onto the CUDA-core GEMV at 1-4 rows
+    (engine/gemv_choice.py's margin set so that it wins everywhere): the predictor's logits still track the
+    plain-torch one (two rows: the sub-steps' 4 and 2 rows on the GEMV), within
+    test_fast_code_predictor_tracks_the_plain_one's bound; and 4 streams in graphed pairs (bucket 2: the
+    predictor's sub-steps of 4 and 2 rows) give each stream the frames of the eager batch-1 engine (2 and 1 rows),
+    for 60 greedy frames."""
+    from higgs_stream.engine import gemv_choice
+    from higgs_stream.engine.models.qwen3_tts.fast_predictor import FastCodePredictor
+
+    monkeypatch.setattr(gemv_choice, "MARGIN", 1e9)
+    talker, _ = model
+    one = FastCodePredictor(talker, "fast", bf16_gemv_rows=4)
+    assert len(one.fast.gemv.shapes) == 4  # q/k/v, o, gate/up, down (the input projection: the down's shape)
+    rel, agree = _predictor_vs_plain(talker, one, rows=2)  # sub-steps of 4 and 2 rows: the GEMV's
+    print(f"code predictor (GEMV) vs plain: max |delta logit| = {rel:.4f} x std, argmax agree {agree:.3f}")
+    assert rel <= 0.10 and agree >= 0.90, (rel, agree)
+    pairs = engine(model, ModelRunnerConfig(graph_buckets=(1, 2), prefill_pack=1), max_batch=2)
+    assert len(pairs.runner.fast.gemv.shapes) == 4 and len(pairs.runner.fast.complete_rows.fast.gemv.shapes) == 4
+    alone = engine(model, ModelRunnerConfig(cuda_graphs=False, prefill_pack=1), max_batch=1, fast=pairs.runner.fast)
+    requests = [greedy(t, 60, seed=40 + i) for i, t in enumerate(TEXTS[:4])]
+    for i in (0, 2):
+        together = run(pairs, requests[i:i + 2])
+        for j in (0, 1):
+            want = run(alone, [requests[i + j]])[0]
+            assert together[j].shape == want.shape == (60, 16)
+            diff = np.nonzero((together[j] != want).any(axis=1))[0]
+            assert diff.size == 0, f"stream {i + j} differs from frame {diff[0]}"
 
 
 # ---------------------------------------------------------------------- late prompts
