@@ -131,7 +131,7 @@ def sweep_one(mode: str, name: str, n: int, k: int, batches: list[int], tensor_c
 
         fn = served(mode)
         row = {"weights": mode, "linear": name, "n": n, "k": k, "m": m, "weight_copies": copies,
-               "floor_us": n * k / 3.0e6,  # at ~3 TB/s (an H100's copy bandwidth)
+               "floor_us": n * k * (2 if mode == "bf16" else 1) / 3.0e6,  # at ~3 TB/s (an H100's copy bandwidth)
                "bf16_cublas": timed([lambda w=w: F.linear(x, w) for w in ws]),
                "served": timed([lambda q=q: fn(x, q.qweight, q.scale) for q in qs]),
                "err_served": err(fn(x, qs[0].qweight, qs[0].scale)), "err_bf16": err(F.linear(x, ws[0])), "grid": {}}

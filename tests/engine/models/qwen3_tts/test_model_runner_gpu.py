@@ -313,7 +313,9 @@ def test_late_prompts_on_cuda_give_the_frames_of_classic_steps(model):
     """Prompts added while the host waits for a graphed step (EngineConfig.late_prompts: prefilled in a
     launch of their own behind the step just launched, polled on real CUDA events) give the greedy frames
     of the same prompts admitted at the next step; one prompt per prefill replay (prefill_pack 1) so a
-    stream's K/V do not depend on what shares its launch. Every page and slot comes back."""
+    stream's K/V do not depend on what shares its launch. Every page and slot comes back. `bf16_gemv_rows=0`: the
+    linears on cuBLAS at every row count (the two ways batch the streams' steps differently, and the GEMV that
+    engine/gemv_choice.py may pick for 1-4 rows sums in another order than cuBLAS at 5-8)."""
     arrivals = {0: [0], 3: [1, 2], 5: [3], 9: [4, 5]}
     requests = [greedy(t, 12 + 5 * i) for i, t in enumerate(TEXTS)]
 
@@ -322,7 +324,7 @@ def test_late_prompts_on_cuda_give_the_frames_of_classic_steps(model):
         cache = KVCache.create(CFG, num_pages=300, page_size=16, dtype=torch.bfloat16, device="cuda")
         eng = Engine(talker, CFG, tok, cache, EngineConfig(max_batch=8, kv_pages=300, max_seq_len=1024,
                                                            late_prompts=late, late_prompts_in_bursts=True),
-                     ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1))
+                     ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), prefill_pack=1, bf16_gemv_rows=0))
         run_, sids, frames, calls = eng.runner.run, {}, {}, [0]
 
         def hooked(plan, **kw):  # the event loop adds prompts while the engine thread is in the runner
