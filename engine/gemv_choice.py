@@ -45,7 +45,7 @@ class GemvChoice:
 
     shapes: frozenset[Shape] = frozenset()
     max_rows: int = 0
-    timings: tuple[dict, ...] = ()  # what `measure` timed: {"n", "k", "m", "cublas_us", "gemv_us"}
+    timings: tuple[dict, ...] = ()  # what `measure` timed: {"n", "k", "m", "cublas_us", "gemv_us"} or {"n", "k", "error"}
 
     def serves(self, w: torch.Tensor, m: int) -> bool:
         return 1 <= m <= self.max_rows and (w.shape[0], w.shape[1]) in self.shapes
@@ -76,12 +76,19 @@ def plain_shapes(weights: Iterable[object]) -> list[Shape]:
 
 def choose(shapes: Iterable[Shape], max_rows: int, timer: Timer) -> GemvChoice:
     """Time both ways for each shape at 1..max_rows rows; the GEMV for the shapes whose summed time was at most
-    MARGIN of cuBLAS's."""
+    MARGIN of cuBLAS's. A shape whose timing fails (out of memory for the weight's copies, a kernel that does not
+    compile on this device) stays on cuBLAS, with the error logged and kept in `timings`: an optimisation never
+    stops a start-up."""
     assert 0 <= max_rows <= GEMV_ROWS_MAX, f"max_rows must be in 0..{GEMV_ROWS_MAX}, got {max_rows}"
     won, timings = set(), []
     for n, k in shapes:
-        rows = [{"n": n, "k": k, "m": m, "cublas_us": timer((n, k), m, "cublas"), "gemv_us": timer((n, k), m, "gemv")}
-                for m in range(1, max_rows + 1)]
+        try:
+            rows = [{"n": n, "k": k, "m": m, "cublas_us": timer((n, k), m, "cublas"),
+                     "gemv_us": timer((n, k), m, "gemv")} for m in range(1, max_rows + 1)]
+        except Exception as exc:  # noqa: BLE001 - any failure keeps this shape on cuBLAS
+            log.warning("timing the CUDA-core GEMV for [%d, %d] failed (%r): cuBLAS serves it", n, k, exc)
+            timings.append({"n": n, "k": k, "error": repr(exc)[:200]})
+            continue
         timings += rows
         if rows and sum(r["gemv_us"] for r in rows) <= MARGIN * sum(r["cublas_us"] for r in rows):
             won.add((n, k))
@@ -96,7 +103,7 @@ def measure(weights: Iterable[object], max_rows: int, dtype: torch.dtype, device
     with torch.cuda.device(device):
         choice = choose(shapes, max_rows, DeviceTimer(dtype, device))
     for n, k in sorted(choice.shapes):
-        t = [r for r in choice.timings if (r["n"], r["k"]) == (n, k)]
+        t = [r for r in choice.timings if (r["n"], r["k"]) == (n, k)]  # a chosen shape has no error
         log.info("plain linear [%d, %d] on the CUDA-core GEMV at 1-%d rows (us, cuBLAS -> GEMV: %s)", n, k, max_rows,
                  ", ".join(f"{r['cublas_us']:.1f} -> {r['gemv_us']:.1f}" for r in t))
     return choice

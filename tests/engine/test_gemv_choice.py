@@ -38,6 +38,21 @@ def test_the_gemv_serves_the_shapes_whose_summed_time_was_at_most_the_margin_of_
         gc.choose([(8, 8)], 5, timer)
 
 
+def test_a_shape_whose_timing_fails_stays_on_cublas(caplog):
+    """Out of memory for the weight's copies, or a GEMV that does not compile here: that shape keeps cuBLAS, the
+    others are still chosen, and the start-up goes on."""
+    def timer(shape, m, way):
+        if shape == (64, 64) and way == "gemv":
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return 10.0 if way == "cublas" else 4.0
+
+    with caplog.at_level("WARNING", logger="higgs_stream.engine.gemv_choice"):
+        choice = gc.choose([(64, 64), (32, 64)], 2, timer)
+    assert choice.shapes == {(32, 64)}
+    assert choice.timings[0]["error"].startswith("OutOfMemoryError") and len(choice.timings) == 3
+    assert "cuBLAS serves it" in caplog.text
+
+
 def test_plain_shapes_are_the_distinct_bf16_matrices():
     w = [torch.zeros(8, 16, dtype=torch.bfloat16), torch.zeros(8, 16, dtype=torch.bfloat16),
          torch.zeros(4, 16, dtype=torch.float16), torch.zeros(4, 8),  # fp32: cuBLAS's own (never timed)
