@@ -45,7 +45,8 @@ class GemvChoice:
 
     shapes: frozenset[Shape] = frozenset()
     max_rows: int = 0
-    timings: tuple[dict, ...] = ()  # what `measure` timed: {"n", "k", "m", "cublas_us", "gemv_us"} or {"n", "k", "error"}
+    # what `measure` timed: {"n", "k", "m", "cublas_us", "gemv_us"}, or {"n", "k", "error"} for a shape that failed
+    timings: tuple[dict, ...] = ()
 
     def serves(self, w: torch.Tensor, m: int) -> bool:
         return 1 <= m <= self.max_rows and (w.shape[0], w.shape[1]) in self.shapes
