@@ -151,9 +151,9 @@ class ModelRunnerConfig:
     # but do differ from the tensor-core kernel's: a quantized stream's codes are the same in batches of 1-2 and in
     # batches of 3-16, not across (bf16 talkers: unaffected). 0: never
     cuda_core_gemv_rows: int = CUDA_CORE_GEMV_ROWS
-    # plain (bf16) linears of at most this many rows (<= 4): on the CUDA-core GEMV for each weight shape and row count
-    # where, timed at load on this device, it took at most 85 % of cuBLAS's time (engine/gemv_choice.py; the talker's
-    # and Qwen3-TTS's code predictor's layers and the predictor's input projection). H200 (session 25): the code
+    # plain (bf16) linears of at most this many rows (<= 4): on the CUDA-core GEMV for each weight shape whose times at
+    # 1..N rows, measured at load on this device, summed to at most 85 % of cuBLAS's (engine/gemv_choice.py; the
+    # talker's and Qwen3-TTS's code predictor's layers and the predictor's input projection). H200 (session 25): the code
     # predictor's o and input projections (N 1024, K 2048) 12.9 -> 5.6 us at one row, 8.5 -> 5.3 at four. 0: never
     bf16_gemv_rows: int = BF16_GEMV_ROWS
     # CUDA, compute capability 9.0+ (older devices: never): the decode graphs of at most this many rows launch their

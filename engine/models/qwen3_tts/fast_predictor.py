@@ -59,7 +59,7 @@ class _PredictorView:
         matrix [15 * codebook_size, .] (the modules' weights become views of them)."""
         m = self.cp.model
         tables = fuse_linears(*m.codec_embedding)  # [15 * Vc, H] (nn.Embedding keeps its weight as Linear does)
-        proj = self.cp.small_to_mtp_projection  # nn.Linear (1.7B), nn.Identity (0.6B) or a quantized linear
+        proj = self.cp.small_to_mtp_projection  # nn.Linear (1.7B) or nn.Identity (0.6B); --quantize leaves it
         return FastWeights(layers=[qwen3_layer(b) for b in m.layers], final_norm=stack_norms(m.norm), embed_text=tables,
                            embed_audio=tables, audio_head=fuse_linears(*self.cp.lm_head),  # no text rows
                            extra_linears=(proj.weight,) if isinstance(proj, torch.nn.Linear) else ())
