@@ -1,17 +1,17 @@
-"""Device script (one H100/H200): the quantized small-batch linears of the full-size v2 talker, and the
-Triton kernel's block sizes for them.
+"""Device script (one H100/H200): the small-batch linears of a full-size talker (v2 by default) quantized or plain,
+and the Triton kernels' block sizes for them.
 
-    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8,bf16] [--linears v2|qwen3-1.7b|qwen3-0.6b]
+    python scripts/sweep_gemv.py --out DIR [--weights fp8,int8,bf16] [--linears v2|v3|qwen3-1.7b|qwen3-0.6b]
         [--batches 1,16] [--gemv-only] [--w8a8-batches 64,256]
 
-For each weight dtype, v2 linear (N, K) and M: bf16 cuBLAS; the quantized linear's tensor-core path ("served": what
+For each weight dtype, linear (N, K) and M: bf16 cuBLAS; the quantized linear's tensor-core path ("served": what
 `--quantize` runs from 3 rows; `fp8_linear`: weight-only in the Triton kernel at its `gemv_blocks` up to 16 rows,
 `int8_linear`: the Triton kernel at `block_sizes(M)`); for fp8 also the w8a8 path (per-token quantization + torch's
 scaled GEMM, what fp8 runs above 16 rows); then the Triton kernel at every block configuration of a grid (not with
 `--gemv-only`), and up to 4 rows the CUDA-core GEMV (`triton_gemv`, served for 1-2 rows) at every configuration of its
 own grid. `--weights bf16`: the plain bf16 weight (scale 1) through the same Triton kernels, against cuBLAS
 (`F.linear`, what is served) and cuBLAS given the operands swapped (`W @ x^T`, transposed back: other tiles).
-`--linears`: v2's four layer linears, or a Qwen3-TTS size's talker and code-predictor linears (keys `talker.*`,
+`--linears`: v2's or v3's four layer linears, or a Qwen3-TTS size's talker and code-predictor linears (keys `talker.*`,
 `cp.*`: the predictor's projection from the talker, its layer's four, its head). `--w8a8-batches`: torch's scaled
 GEMM vs the Triton kernel's fp8 tiles (`triton_scaled_linear`) at several
 promotion intervals, with each one's error against the exact product. Each timing is 24 calls in one CUDA graph over
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from higgs_stream.bench.measure import device_seconds
 from higgs_stream.bench_quant import V2_LINEARS
+from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
 from higgs_stream.engine.models.qwen3_tts.config import preset
 from higgs_stream.engine.quantize import quantize_weight
 from higgs_stream.kernels.fp8_linear import _scaled_gemm, fp8_linear, quantize_per_token
@@ -85,7 +86,15 @@ def qwen3_linears(size: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-LINEARS = {"v2": lambda: V2_LINEARS, "qwen3-1.7b": lambda: qwen3_linears("1.7b"),
+def v3_linears() -> dict[str, tuple[int, int]]:
+    """Higgs v3's layer linears (N, K), fused as the fast path reads them."""
+    c = TalkerV3Config.full()
+    return {"qkv": ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size),
+            "o": (c.hidden_size, c.num_heads * c.head_dim), "gate_up": (2 * c.intermediate_size, c.hidden_size),
+            "down": (c.hidden_size, c.intermediate_size)}
+
+
+LINEARS = {"v2": lambda: V2_LINEARS, "v3": v3_linears, "qwen3-1.7b": lambda: qwen3_linears("1.7b"),
            "qwen3-0.6b": lambda: qwen3_linears("0.6b")}
 
 
