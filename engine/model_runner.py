@@ -75,6 +75,7 @@ from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.engine.family import GenerationPolicy, ModelFamily
 from higgs_stream.engine.fast_talker import (BF16_GEMV_ROWS, CUDA_CORE_GEMV_ROWS, FUSE_FP8_QUANT, FastInputs,
                                              FastTalker, KernelUnavailable)
+from higgs_stream.engine.gemv_choice import GemvChoice
 from higgs_stream.engine.gpu_sampling import DeviceStreamState, StreamStart
 from higgs_stream.engine.kv_cache import KVCache
 from higgs_stream.engine.launch_queue import Launched, LaunchQueue
@@ -339,6 +340,15 @@ class ModelRunner:
         (`LaunchQueue.run`: one launch stays in flight; `sync`: none; `late`: prompts launched while the host waits,
         `late_prompts`)."""
         return self.queue.run(self._launch(plan) if plan else None, sync, late)
+
+    def gemv_choices(self) -> dict[str, GemvChoice]:
+        """engine/gemv_choice.py's choice for each FastTalker of this runner: the talker's and, for a family that
+        completes rows on its own stack, that one's (Qwen3-TTS: "code_predictor")."""
+        out = {"talker": self.fast.gemv}
+        predictor = getattr(self.fast.complete_rows, "fast", None)  # FastCodePredictor's FastTalker
+        if predictor is not None:
+            out["code_predictor"] = predictor.gemv
+        return out
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:

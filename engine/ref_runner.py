@@ -48,6 +48,10 @@ class RefRunner:
     def check(self, request: GenerationRequest) -> None:
         """Every request the engine accepts runs here."""
 
+    def gemv_choices(self) -> dict:
+        """None: the plain-torch path runs every linear through torch (engine/gemv_choice.py is the fast path's)."""
+        return {}
+
     def release(self, seq: Sequence) -> None:
         """Nothing is held per sequence beyond what the engine frees."""
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from higgs_stream.engine.family import GenerationPolicy, Row
+from higgs_stream.engine.gemv_choice import GemvChoice
 from higgs_stream.engine.request import GenerationRequest
 from higgs_stream.engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from higgs_stream.engine.sequence import Sequence
@@ -50,6 +51,8 @@ class Runner(Protocol):
     def late_prompts(self) -> bool: ...  # run() can take `late`
 
     def release(self, seq: Sequence) -> None: ...  # the sequence ended: free what the runner holds for it
+
+    def gemv_choices(self) -> dict[str, GemvChoice]: ...  # engine/gemv_choice.py's, per FastTalker (none: {})
 
 
 def samples_at(c: Chunk, policy: GenerationPolicy) -> bool:

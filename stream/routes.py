@@ -107,12 +107,24 @@ def failure_reply(error: HiggsStreamError, state: ServerState, status: int | Non
 
 def healthz(state: ServerState) -> Reply:
     """`200` while the engine loop is alive and the server is not shutting down ("draining": a load balancer should
-    send nobody new), else `503`; with the codec's state (`CodecWorker.health`)."""
+    send nobody new), else `503`; with the codec's state (`CodecWorker.health`) and the talker's linears' choice
+    (`linear_choices`)."""
     p = state.pipeline
     status = "unhealthy" if not p.healthy else "draining" if p.draining else "ok"
     body = {"status": status, "active_streams": p.active,
-            "max_streams": state.config.max_streams, "steps": p.steps, "codec": p.codec_worker.health()}
+            "max_streams": state.config.max_streams, "steps": p.steps, "codec": p.codec_worker.health(),
+            "linears": linear_choices(p.engine)}
     return json_reply(body, 200 if status == "ok" else 503)
+
+
+def linear_choices(engine) -> dict:
+    """Which plain linears run on the CUDA-core GEMV (engine/gemv_choice.py, `--bf16-gemv-rows`), per FastTalker
+    ("talker", Qwen3-TTS's "code_predictor"): the rows it serves and the weight shapes [N, K] it took ({} off the
+    fast path). A card's choice can differ from another's: this says what this process runs."""
+    runner = getattr(engine, "runner", None)  # a test's stand-in engine may have none
+    choices = runner.gemv_choices() if hasattr(runner, "gemv_choices") else {}
+    return {name: {"bf16_gemv_rows": c.max_rows, "gemv_shapes": [list(x) for x in sorted(c.shapes)]}
+            for name, c in choices.items()}
 
 
 def metrics(state: ServerState) -> Reply:

@@ -57,16 +57,13 @@ from higgs_stream.engine.random_weights import (
 def gemv_choices(engine) -> dict:
     """What engine/gemv_choice.py timed and chose at load: for the talker's layers and (Qwen3-TTS) its code
     predictor's, each shape and row count's cuBLAS and GEMV times, and the shapes the GEMV serves."""
-    fasts = {"talker": engine.runner.fast}
-    predictor = getattr(engine.runner.fast.complete_rows, "fast", None)
-    if predictor is not None:
-        fasts["code_predictor"] = predictor
-    out = {name: {"max_rows": f.gemv.max_rows, "shapes": sorted(f.gemv.shapes), "timings": list(f.gemv.timings)}
-           for name, f in fasts.items()}
-    for name, f in fasts.items():
-        for n, k in sorted(f.gemv.shapes):
-            us = [f"{t['cublas_us']:.1f} -> {t['gemv_us']:.1f}" for t in f.gemv.timings if (t["n"], t["k"]) == (n, k)]
-            log(f"bf16 GEMV ({name}): [{n}, {k}] at 1-{f.gemv.max_rows} rows, us cuBLAS -> GEMV: {', '.join(us)}")
+    choices = engine.runner.gemv_choices()
+    out = {name: {"max_rows": c.max_rows, "shapes": sorted(c.shapes), "timings": list(c.timings)}
+           for name, c in choices.items()}
+    for name, c in choices.items():
+        for n, k in sorted(c.shapes):
+            us = [f"{t['cublas_us']:.1f} -> {t['gemv_us']:.1f}" for t in c.timings if (t["n"], t["k"]) == (n, k)]
+            log(f"bf16 GEMV ({name}): [{n}, {k}] at 1-{c.max_rows} rows, us cuBLAS -> GEMV: {', '.join(us)}")
     return out
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,6 +302,7 @@ async def test_health_metrics_voices_and_demo(start_server, tmp_path, monkeypatc
             body = await r.json()
             assert r.status == 200 and body["status"] == "ok" and body["steps"] > 0 and body["max_streams"] == 32
             assert body["codec"] == {"cudnn": None, "native_check": None}  # a CPU codec: no cuDNN, no check
+            assert body["linears"] == {}  # the CPU server's plain-torch RefRunner: no GEMV timed or chosen
         async with http.get(f"http://{host}/metrics") as r:
             text = await r.text()
             assert r.headers["Content-Type"].startswith("text/plain")
@@ -541,3 +542,19 @@ async def test_profile_out_samples_the_loop_engine_and_codec_threads(engine, cod
     engine_fns = {k.split(" ")[0] for k, _ in threads["higgs-engine"]["cum"]}
     assert "_engine_loop" in engine_fns
     assert any(k.startswith("_run ") for k, _ in threads["higgs-codec"]["cum"])
+
+
+def test_healthz_says_which_linears_run_on_the_gemv():
+    """`/healthz`'s `linears`: per FastTalker the rows the CUDA-core GEMV serves and the weight shapes it took
+    (engine/gemv_choice.py; what a GPU server's ModelRunner reports), {} for an engine without a fast path."""
+    from types import SimpleNamespace
+
+    from higgs_stream.engine.gemv_choice import NONE, GemvChoice
+    from higgs_stream.stream.routes import linear_choices
+
+    chosen = GemvChoice(frozenset({(1024, 2048), (512, 256)}), 4)
+    runner = SimpleNamespace(gemv_choices=lambda: {"talker": NONE, "code_predictor": chosen})
+    assert linear_choices(SimpleNamespace(runner=runner)) == {
+        "talker": {"bf16_gemv_rows": 0, "gemv_shapes": []},
+        "code_predictor": {"bf16_gemv_rows": 4, "gemv_shapes": [[512, 256], [1024, 2048]]}}
+    assert linear_choices(SimpleNamespace()) == {}  # a stand-in engine without a runner

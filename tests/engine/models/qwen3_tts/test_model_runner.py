@@ -73,12 +73,18 @@ def check_equal(ref_engine, fast_engine, requests, admit_at, run_staggered) -> l
 
 
 def test_the_model_runner_packs_the_qwen_talker(model, tokenizer):
-    _, fast = pair(model, tokenizer, "custom_voice")
+    ref, fast = pair(model, tokenizer, "custom_voice")
     assert isinstance(fast.runner.fast, FastTalker) and fast.runner.fast.layers[0].qk_norm is not None
     assert fast.runner.fast.embed_rows is not None and fast.runner.prefill_graphs is None
     assert isinstance(fast.runner.state.rules, QwenDeviceRules)
     assert isinstance(fast.runner.state.complete, FastCodePredictor)  # the code predictor on the fast stack
     assert fast.runner.state.v == model.cfg.vocab_size
+    # one GEMV choice per FastTalker, the code predictor's too; on the plain-torch kernels nothing is timed
+    choices = fast.runner.gemv_choices()
+    assert set(choices) == {"talker", "code_predictor"}
+    assert choices["code_predictor"] is fast.runner.state.complete.fast.gemv
+    assert all(c.max_rows == 0 and not c.shapes for c in choices.values())
+    assert ref.runner.gemv_choices() == {}  # the RefRunner: plain torch
 
 
 @pytest.mark.parametrize("admit_at", [[0, 0, 4, 9], [0, 2, 2, 30]])
