@@ -53,10 +53,11 @@ class GemvChoice:
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ w^T (+ bias) -> [..., N] in x's dtype: the GEMV where chosen (a choice is measured on CUDA
-        only), else F.linear."""
+        only; the GEMV reads a contiguous bf16 / fp16 weight), else F.linear."""
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
-        if x.dtype == w.dtype and self.serves(w, x2.shape[0]):
+        plain = x.dtype == w.dtype and w.dtype in PLAIN_DTYPES and w.is_contiguous()
+        if plain and self.serves(w, x2.shape[0]):
             return triton_gemv(x2.contiguous(), w, None, plain_gemv_blocks(k), bias).view(*x.shape[:-1], w.shape[0])
         return F.linear(x, w, bias)
 

@@ -83,7 +83,9 @@ def test_a_chosen_shape_and_row_count_runs_the_gemv_with_its_bias(monkeypatch):
     strided = torch.randn(2048, 1, generator=g).bfloat16().t()  # one row, a transposed view: made contiguous
     choice.linear(strided, w)
     assert launched[-1][0] == (1, 2048) and launched[-1][4]
-    assert torch.equal(choice.linear(x.float(), w.float()), F.linear(x.float(), w.float()))  # other dtype: cuBLAS
+    assert torch.equal(choice.linear(x.float(), w.float()), F.linear(x.float(), w.float()))  # fp32: cuBLAS
+    wt = torch.randn(2048, 8, generator=g).bfloat16().t()  # the chosen shape as a transposed view: cuBLAS
+    assert torch.equal(choice.linear(x, wt), F.linear(x, wt)) and len(launched) == 2
     assert gc.NONE.shapes == frozenset() and not gc.NONE.serves(w, 1)
 
 
