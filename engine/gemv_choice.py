@@ -48,6 +48,20 @@ class GemvChoice:
     # what `measure` timed: {"n", "k", "m", "cublas_us", "gemv_us"}, or {"n", "k", "error"} for a shape that failed
     timings: tuple[dict, ...] = ()
 
+    def describe(self) -> dict:
+        """The choice as JSON: the rows the GEMV serves and the shapes [N, K] it took (`/healthz`, the bench)."""
+        return {"bf16_gemv_rows": self.max_rows, "gemv_shapes": [list(x) for x in sorted(self.shapes)]}
+
+    def report(self) -> list[str]:
+        """One line per shape on the GEMV, with its times at 1..max_rows rows (the start-up log, the bench)."""
+        lines = []
+        for n, k in sorted(self.shapes):
+            us = ", ".join(f"{r['cublas_us']:.1f} -> {r['gemv_us']:.1f}" for r in self.timings
+                           if (r["n"], r["k"]) == (n, k))  # a chosen shape has no error
+            lines.append(f"plain linear [{n}, {k}] on the CUDA-core GEMV at 1-{self.max_rows} rows "
+                         f"(us, cuBLAS -> GEMV: {us})")
+        return lines
+
     def serves(self, w: torch.Tensor, m: int) -> bool:
         return 1 <= m <= self.max_rows and (w.shape[0], w.shape[1]) in self.shapes
 
@@ -104,10 +118,8 @@ def measure(weights: Iterable[object], max_rows: int, dtype: torch.dtype, device
         return NONE
     with torch.cuda.device(device):
         choice = choose(shapes, max_rows, DeviceTimer(dtype, device))
-    for n, k in sorted(choice.shapes):
-        t = [r for r in choice.timings if (r["n"], r["k"]) == (n, k)]  # a chosen shape has no error
-        log.info("plain linear [%d, %d] on the CUDA-core GEMV at 1-%d rows (us, cuBLAS -> GEMV: %s)", n, k, max_rows,
-                 ", ".join(f"{r['cublas_us']:.1f} -> {r['gemv_us']:.1f}" for r in t))
+    for line in choice.report():
+        log.info("%s", line)
     return choice
 
 

@@ -123,8 +123,7 @@ def linear_choices(engine) -> dict:
     fast path). A card's choice can differ from another's: this says what this process runs."""
     runner = getattr(engine, "runner", None)  # a test's stand-in engine may have none
     choices = runner.gemv_choices() if hasattr(runner, "gemv_choices") else {}
-    return {name: {"bf16_gemv_rows": c.max_rows, "gemv_shapes": [list(x) for x in sorted(c.shapes)]}
-            for name, c in choices.items()}
+    return {name: c.describe() for name, c in choices.items()}
 
 
 def metrics(state: ServerState) -> Reply:

@@ -58,13 +58,10 @@ def gemv_choices(engine) -> dict:
     """What engine/gemv_choice.py timed and chose at load: for the talker's layers and (Qwen3-TTS) its code
     predictor's, each shape and row count's cuBLAS and GEMV times, and the shapes the GEMV serves."""
     choices = engine.runner.gemv_choices()
-    out = {name: {"max_rows": c.max_rows, "shapes": sorted(c.shapes), "timings": list(c.timings)}
-           for name, c in choices.items()}
     for name, c in choices.items():
-        for n, k in sorted(c.shapes):
-            us = [f"{t['cublas_us']:.1f} -> {t['gemv_us']:.1f}" for t in c.timings if (t["n"], t["k"]) == (n, k)]
-            log(f"bf16 GEMV ({name}): [{n}, {k}] at 1-{c.max_rows} rows, us cuBLAS -> GEMV: {', '.join(us)}")
-    return out
+        for line in c.report():
+            log(f"{name}: {line}")
+    return {name: {**c.describe(), "timings": list(c.timings)} for name, c in choices.items()}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m higgs_stream.bench", description=__doc__,

@@ -28,6 +28,10 @@ def test_the_gemv_serves_the_shapes_whose_summed_time_was_at_most_the_margin_of_
     assert choice.shapes == {(1024, 2048), (2048, 2048)} and choice.max_rows == 4
     assert len(calls) == 32 and len(choice.timings) == 16
     assert choice.timings[0] == {"n": 1024, "k": 2048, "m": 1, "cublas_us": 12.9, "gemv_us": 5.6}
+    assert choice.describe() == {"bf16_gemv_rows": 4, "gemv_shapes": [[1024, 2048], [2048, 2048]]}
+    assert choice.report()[0] == ("plain linear [1024, 2048] on the CUDA-core GEMV at 1-4 rows "
+                                  "(us, cuBLAS -> GEMV: 12.9 -> 5.6, 12.9 -> 4.3, 8.5 -> 7.3, 8.5 -> 5.3)")
+    assert len(choice.report()) == 2 and gc.NONE.report() == []
     w = torch.zeros(1024, 2048, dtype=torch.bfloat16)
     assert [choice.serves(w, m) for m in range(6)] == [False, True, True, True, True, False]  # every count 1..4
     assert not choice.serves(torch.zeros(4096, 1024, dtype=torch.bfloat16), 1)
