@@ -25,14 +25,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 # both trees through shim packages, run from /tmp (from the repo root its own higgs_stream/ folder would be imported
 # first); with a baseline the editable install goes: its finder wins over PYTHONPATH
 shim_tree . /tmp/shim_bench
-trees=(bench)
-if [ -d "$base" ]; then
+trees=(bench) base_tree=
+if [ -d "$base" ]; then base_tree=$base; elif [ -n "${BASE_ARGS:-}" ]; then base_tree=.; fi  # ".": other flags
+if [ -n "$base_tree" ]; then
   python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  shim_tree "$base" /tmp/shim_baseline
-  trees=(bench baseline)
-elif [ -n "${BASE_ARGS:-}" ]; then  # the same tree, other flags
-  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
-  shim_tree . /tmp/shim_baseline
+  shim_tree "$base_tree" /tmp/shim_baseline
   trees=(bench baseline)
 fi
 # shellcheck disable=SC2206  # BASE_ARGS is a list of flags
