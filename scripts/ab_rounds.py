@@ -39,7 +39,8 @@ def load_runs(out_dir: Path, metric: str = "replay_ms") -> Runs:
 
 def summarise(runs: Runs) -> list[dict[str, Any]]:
     """One row per batch this tree measured: each run's ms and the median; where the baseline measured it too, its
-    runs and median, this / baseline, and `separated` (the trees' ranges do not overlap); else those are None."""
+    runs and median, this / baseline, and `separated` (the trees' ranges do not overlap; None unless each tree ran
+    at least twice: one run has no spread to tell the difference from); else those are None."""
     out = []
     for b in sorted(set().union(*runs["bench"])):
         this = [r[b] for r in runs["bench"] if b in r]
@@ -49,7 +50,8 @@ def summarise(runs: Runs) -> list[dict[str, Any]]:
         if base:
             row["base_median"] = statistics.median(base)
             row["ratio"] = row["this_median"] / row["base_median"]
-            row["separated"] = max(this) < min(base) or max(base) < min(this)
+            if len(this) >= 2 and len(base) >= 2:
+                row["separated"] = max(this) < min(base) or max(base) < min(this)
         out.append(row)
     return out
 

@@ -48,3 +48,12 @@ def test_this_tree_alone_has_no_ratio(tmp_path):
     (row,) = ab_rounds.summarise(ab_rounds.load_runs(tmp_path))
     assert row["this_median"] == 3.0 and row["base_ms"] == [] and row["ratio"] is None and row["separated"] is None
     assert "-" in ab_rounds.table([row]).splitlines()[1].split()
+
+
+def test_one_run_a_tree_tells_no_spread(tmp_path):
+    """A single round gives the ratio but not whether the trees are apart: one run has no spread to compare with."""
+    write(tmp_path, "bench_r1", {1: 2.0})
+    write(tmp_path, "baseline_r1", {1: 2.5})
+    (row,) = ab_rounds.summarise(ab_rounds.load_runs(tmp_path))
+    assert row["ratio"] == pytest.approx(0.8) and row["separated"] is None
+    assert ab_rounds.table([row]).splitlines()[1].split()[-1] == "-"
