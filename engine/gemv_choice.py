@@ -10,8 +10,9 @@ not listed: `measure` times both ways for each distinct weight shape (N, K) at e
 graph of calls cycling over enough copies of the weight to exceed the L2, so each call reads its weight from memory as
 a decode step does), and the GEMV serves a shape, at every row count up to max_rows, where its times summed over those
 row counts are at most MARGIN of cuBLAS's: a near-tie keeps cuBLAS, so the choice does not flip from one start to the
-next. The GEMV compiles once per K and row count: ~12 s at load on a machine whose Triton cache is cold (H200, v2 or
-Qwen3-TTS 1.7B), under a second once the cache holds them.
+next. The GEMV compiles once per K and row count: ~12 s at load, one compile after another, on a machine whose Triton
+cache is cold (H200, v2 or Qwen3-TTS 1.7B), under a second once the cache holds them; `compile_ahead` runs those
+compiles side by side in threads before the timing.
 
 Numerics: both accumulate in fp32 and round once to the weight's dtype; the sums' order differs, so a row's result
 can differ in the last bit between the two ways. The GEMV's rows are separate reductions in one order whatever the
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, plain_gemv_blocks, triton_gemv
+from higgs_stream.kernels.int8_linear import GEMV_ROWS_MAX, compile_plain_gemv, plain_gemv_blocks, triton_gemv
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +119,26 @@ def measure(weights: Iterable[object], max_rows: int, dtype: torch.dtype, device
     if not shapes or max_rows == 0:
         return NONE
     with torch.cuda.device(device):
+        compile_ahead(shapes, max_rows, dtype)
         choice = choose(shapes, max_rows, DeviceTimer(dtype, device))
     for line in choice.report():
         log.info("%s", line)
     return choice
+
+
+def compile_ahead(shapes: list[Shape], max_rows: int, dtype: torch.dtype,
+                  compile_fn: Callable[[list[tuple[int, int, int]], torch.dtype], None] = compile_plain_gemv) -> None:
+    """Compile the GEMV variants the timing will launch ((rows, N, K) for each shape and 1..max_rows rows) side by
+    side before it (kernels/int8_linear.py `compile_plain_gemv`). A failure only costs time: it is logged, and each
+    timing then compiles its own variant (and `choose` keeps a shape that fails there on cuBLAS)."""
+    cases = [(m, n, k) for n, k in shapes for m in range(1, max_rows + 1)]
+    start = time.perf_counter()
+    try:
+        compile_fn(cases, dtype)
+    except Exception as exc:  # noqa: BLE001 - an optimisation of the start-up never stops it
+        log.warning("compiling the CUDA-core GEMV ahead failed (%r): the timing compiles it as it goes", exc)
+        return
+    log.info("compiled the CUDA-core GEMV for %d (rows, N, K) in %.1f s", len(cases), time.perf_counter() - start)
 
 
 class DeviceTimer:

@@ -30,7 +30,9 @@ docs/PERF.md session 14).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -234,16 +236,44 @@ def triton_gemv(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None,
 
 
 def launch_gemv(kernel, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
-                blocks: tuple[int, int, int, int] | None = None, bias: torch.Tensor | None = None) -> None:
+                blocks: tuple[int, int, int, int] | None = None, bias: torch.Tensor | None = None,
+                warmup: bool = False) -> None:
     """Launch the (compiled or interpreted) GEMV kernel over out [M, N] (`blocks` None: `gemv_blocks(K)`; `scale`
-    None: unscaled, a float weight; `bias` None: none)."""
+    None: unscaled, a float weight; `bias` None: none). `warmup`: compile it for these arguments, launch nothing
+    (the tensors may be Triton's MockTensors: dtype and shape only)."""
     m, k = x.shape
     n = q.shape[0]
     bn, bk, warps, stages = blocks or gemv_blocks(k)
-    kernel[(-(-n // bn),)](x, q, out if scale is None else scale, out if bias is None else bias, out, m, n, k,
-                           ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk,
-                           W_FLOAT=q.dtype.is_floating_point, SCALED=scale is not None, BIAS=bias is not None,
-                           **pdl_args(), num_warps=warps, num_stages=stages)
+    grid = (-(-n // bn),)
+    run = functools.partial(kernel.warmup, grid=grid) if warmup else kernel[grid]
+    run(x, q, out if scale is None else scale, out if bias is None else bias, out, m, n, k,
+        ROWS=m, ROWS_PAD=1 << (m - 1).bit_length(), BLOCK_N=bn, BLOCK_K=bk,
+        W_FLOAT=q.dtype.is_floating_point, SCALED=scale is not None, BIAS=bias is not None,
+        **pdl_args(), num_warps=warps, num_stages=stages)
+
+
+COMPILE_WORKERS = 16  # compile_plain_gemv's threads at most
+
+
+def compile_plain_gemv(cases: list[tuple[int, int, int]], dtype: torch.dtype, workers: int | None = None) -> None:
+    """Compile the GEMV over a plain `dtype` weight (unscaled, no bias, `plain_gemv_blocks`) for each (rows, N, K) of
+    `cases`, in up to `workers` threads at once (None: one a CPU core, at most COMPILE_WORKERS), launching nothing.
+    Why: each (K, rows) is its own compile (~1.5 s on an empty Triton cache, most of it in LLVM and ptxas, which run
+    beside each other in threads), and engine/gemv_choice.py's timing asked for them one after another. Triton's
+    AsyncCompileMode runs the compiles in the pool and files each kernel under the key a real call computes
+    (aligned pointers, M's and N's values), so those calls compile nothing; PDL as `pdl_args` says now. A compile
+    that fails raises here (CUDA, on the current device)."""
+    from triton.runtime.jit import MockTensor
+
+    triton, _ = triton_modules()
+    kernel = _gemv_kernel()
+    workers = workers or min(COMPILE_WORKERS, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(cases)))) as pool, \
+            triton.AsyncCompileMode(pool):
+        for m, n, k in cases:
+            assert 1 <= m <= GEMV_ROWS_MAX, f"rows must be in 1..{GEMV_ROWS_MAX}, got {m}"
+            x, out = MockTensor(dtype, [m, k]), MockTensor(dtype, [m, n])
+            launch_gemv(kernel, x, MockTensor(dtype, [n, k]), None, out, plain_gemv_blocks(k), warmup=True)
 
 
 def build_gemv_kernel():

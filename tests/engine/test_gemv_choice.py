@@ -4,6 +4,8 @@ on the GPU in tests/engine/test_gemv_choice_gpu.py)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,3 +104,19 @@ def test_fast_talker_times_nothing_on_the_reference_kernels():
 
     fast = FastTalker(Talker(TalkerConfig.tiny()).eval(), "ref", bf16_gemv_rows=4)
     assert fast.bf16_gemv_rows == 0 and fast.gemv is gc.NONE
+
+
+def test_compile_ahead_asks_for_every_variant_the_timing_launches():
+    asked = []
+    gc.compile_ahead([(1024, 2048), (512, 512)], 3, torch.bfloat16, lambda cases, dtype: asked.append((cases, dtype)))
+    assert asked == [([(1, 1024, 2048), (2, 1024, 2048), (3, 1024, 2048), (1, 512, 512), (2, 512, 512),
+                       (3, 512, 512)], torch.bfloat16)]
+
+
+def test_a_failed_compile_ahead_is_logged_and_start_up_goes_on(caplog):
+    def fails(cases, dtype):
+        raise RuntimeError("ptxas died")
+
+    with caplog.at_level(logging.WARNING, logger="higgs_stream.engine.gemv_choice"):
+        gc.compile_ahead([(1024, 2048)], 2, torch.bfloat16, fails)  # returns: no exception
+    assert "compiling the CUDA-core GEMV ahead failed" in caplog.text and "ptxas died" in caplog.text

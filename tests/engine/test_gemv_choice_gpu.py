@@ -47,3 +47,24 @@ def test_a_chosen_linear_tracks_the_exact_product_and_is_the_same_in_any_batch(n
             assert float((y.double() - exact).abs().max() / exact.abs().max()) <= 2**-8
             assert torch.equal(y, full[:m]), (m, bias is not None)
     assert torch.equal(choice.linear(x[None, :2], w, b)[0], full[:2])  # leading dims
+
+
+def test_compile_ahead_files_the_variants_the_timing_then_launches():
+    """`compile_plain_gemv` compiles the (rows, N, K) variants without launching them, under the keys real calls
+    compute: the calls after it add no kernel to the cache, and compute the product (an N and K no other test uses,
+    so the compiles are this test's)."""
+    from higgs_stream.kernels import int8_linear
+
+    n, k = 1040, 1216
+    cache = int8_linear._gemv_kernel().device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    int8_linear.compile_plain_gemv([(m, n, k) for m in (1, 2, 3)], torch.bfloat16, workers=3)
+    assert len(cache) == before + 3
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).bfloat16()
+    for m in (1, 2, 3):
+        x = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+        y = int8_linear.triton_gemv(x, w, None, int8_linear.plain_gemv_blocks(k))
+        exact = x.double() @ w.double().t()
+        assert (y.double() - exact).abs().max().item() <= 2 ** -8 * exact.abs().max().item()
+    assert len(cache) == before + 3  # nothing compiled by the launches
