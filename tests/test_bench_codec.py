@@ -1,0 +1,45 @@
+"""The codec benchmark's one-shot ceiling and its table (higgs_stream/bench_codec.py), on the CPU with a stand-in
+codec: under a memory bound the whole utterances go through in the largest sub-batch that fits, each decoded once;
+a row that could not run prints its error instead of breaking the table."""
+
+from __future__ import annotations
+
+import torch
+
+from higgs_stream import bench_codec as bc
+
+
+class BoundedCodec:
+    """Decodes [B, 8, T] codes into [B, 1, T * 960] zeros; more than `fits` utterances at once: out of memory."""
+
+    def __init__(self, fits: int) -> None:
+        self.fits, self.calls = fits, []
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        if codes.shape[0] > self.fits:
+            raise torch.cuda.OutOfMemoryError("stand-in")
+        self.calls.append(codes.shape[0])
+        return torch.zeros(codes.shape[0], 1, codes.shape[2] * 960)
+
+
+def test_one_shot_halves_its_sub_batch_until_the_utterances_fit():
+    codec = BoundedCodec(fits=40)
+    row = bc.one_shot(codec, 128, torch.device("cpu"))
+    assert row["sub_batch"] == 32 and row["batch"] == 128 and row["frames_per_call"] == bc.UTTERANCE
+    assert codec.calls == [32] * 4 * 4  # warm-up + 3 timed calls, each the 128 utterances once in 4 sub-batches
+    assert row["frames_per_s"] > 0 and "error" not in row
+
+
+def test_one_shot_whole_batch_when_it_fits_and_an_error_when_nothing_does():
+    assert bc.one_shot(BoundedCodec(fits=16), 16, torch.device("cpu"))["sub_batch"] == 16
+    row = bc.one_shot(BoundedCodec(fits=0), 4, torch.device("cpu"))
+    assert row == {"kind": "one_shot", "batch": 4, "frames_per_call": bc.UTTERANCE, "error": "out of memory"}
+
+
+def test_the_table_prints_an_error_row(capsys):
+    rows = [{"kind": "one_shot", "batch": 1, "frames_per_call": 250, "frames_per_s": 31551.9},
+            {"kind": "one_shot", "batch": 128, "frames_per_call": 250, "error": "out of memory"}]
+    bc.summarize({"card": "stand-in", "preset": "full", "state_bytes_per_stream": 1, "batches": [1, 16, 128],
+                  "rows": rows, "parity": {"graphed_max_rel_err": 1.3e-6}})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("one_shot"))
+    assert line.split()[2:] == ["31552", "—", "out", "of", "memory"]
