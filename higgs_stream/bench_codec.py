@@ -154,7 +154,7 @@ def one_shot(codec: Codec, batch: int, device: torch.device) -> dict:
             torch.cuda.empty_cache()
             if sub == 1:
                 return {"kind": "one_shot", "batch": batch, "frames_per_call": UTTERANCE, "error": "out of memory"}
-            sub = max(1, sub // 2)
+            sub //= 2  # >= 1: sub was >= 2 here
 
 
 # ---------------------------------------------------------------------------- main
