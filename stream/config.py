@@ -62,12 +62,19 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
 #   Session 20, two more v2 pairs: 22 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
 #   difference measurable (22 of 1,959 vs 45 of 1,897, the stalls of a run coming together in one burst).
-FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk")
+# - Higgs v2 / v3: one codec call decodes at most 32 streams (64 before session 27). H200, 128 streams arriving over
+#   2 s, 10 s utterances, session 27 (four calls on the same kind of machine): v2 TTFA p95 268, 218, 280 ms at 32
+#   against 306, 273, 378, 311, 302, 283 at 64, and 319, 353 at 16; 0 of 1,129 streams underran at 32, 3 of 2,288 at
+#   64. v3 260, 220 at 32 against 250, 341. The longest calls shorten (p95 61-62 vs 81-88 ms), so a first chunk waits
+#   less behind one; the codec spends 8-26 % more time a frame (less batched) and v2's closed-loop audio-s/s was
+#   300-328 against 319-340. v2 at 20 req/s with 32: p95 119 ms, 0 of 190 underran (session 26's run at 64: 134).
+#   Qwen3-TTS keeps 64 (not measured at 32).
+FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_max_windows")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
-                  "max_first_chunk": 10}
+                  "max_first_chunk": 10, "codec_max_windows": 32}
 FAMILY_DEFAULTS = {
     "qwen3-tts": {"ramp_repeat": 1, "first_chunk_margin": 1.0, "codec_starting_ms": 12.0, "codec_starting_ahead_s": 0.2,
-                  "max_first_chunk": 8},
+                  "max_first_chunk": 8, "codec_max_windows": 64},
 }
 
 
@@ -90,8 +97,9 @@ def for_family(cfg: "ServerConfig", arch: str | None) -> "ServerConfig":
 
 
 def _int_or_none(value: object, lo: int, hi: int | None = None) -> bool:
-    """Whether `value` is None or an int in lo..hi (no upper bound without `hi`)."""
-    return value is None or (isinstance(value, int) and lo <= value and (hi is None or value <= hi))
+    """Whether `value` is None or an int (not a bool) in lo..hi (no upper bound without `hi`)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and lo <= value
+                             and (hi is None or value <= hi))
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,7 @@ class ServerConfig:
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int | None = None  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame; None: the family's)
+    codec_max_windows: int | None = None  # streams one codec call decodes at most (None: the family's, FAMILY_DEFAULTS)
     # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
     # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (FAMILY_DEFAULTS)
     first_chunk_margin: float | None = None
@@ -234,6 +243,7 @@ class ServerConfig:
         need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
         need(_int_or_none(self.max_first_chunk, 1, 64), "max_first_chunk must be an int in 1..64 or None")
+        need(_int_or_none(self.codec_max_windows, 1), "codec_max_windows must be an int >= 1 or None")
         need(self.codec_queue_rounds is not None and _int_or_none(self.codec_queue_rounds, 1),
              "codec_queue_rounds must be an int >= 1")
         need(_int_or_none(self.ramp_repeat, 1, 4), "ramp_repeat must be an int in 1..4 or None")

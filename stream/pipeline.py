@@ -54,7 +54,6 @@ from higgs_stream.stream.adapter import (
 )
 from higgs_stream.stream.chunking import AdapterConfig
 from higgs_stream.stream.codec_worker import (
-    CODEC_MAX_WINDOWS,
     CodecWorker,
     Round,
     cuda_device,
@@ -88,16 +87,15 @@ from higgs_stream.stream.handle import End, StreamHandle, _Segment
 
 class Pipeline:
     def __init__(self, engine, codec, cfg: ServerConfig, metrics: Metrics | None = None, warm_codec: bool = True,
-                 codec_graphs: bool = True, codec_stream: str = "separate",
-                 codec_max_windows: int = CODEC_MAX_WINDOWS):
+                 codec_graphs: bool = True, codec_stream: str = "separate"):
         """GPU codec: `warm_codec` decodes every bucketed shape once at start, `codec_graphs` then
         captures those up to CODEC_GRAPH_MAX_BATCH windows; `codec_stream` "separate" decodes on a
         low-priority stream beside the talker, "engine" on the talker's stream (the device runs them
-        one after the other; the host work still overlaps); `codec_max_windows` caps a merged call."""
+        one after the other; the host work still overlaps)."""
         cfg = for_family(cfg, getattr(getattr(engine, "family", None), "arch", None))  # the family's defaults filled in
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
-                                        max_windows=codec_max_windows, max_streams=cfg.max_streams,
+                                        max_windows=cfg.codec_max_windows, max_streams=cfg.max_streams,
                                         busy=self._starting if cfg.codec_schedule == "just_in_time" else lambda: False,
                                         codec_sms=cfg.codec_sms, overdue_first=cfg.codec_overdue_first,
                                         starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,

@@ -12,7 +12,6 @@ from aiohttp import web
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.model_runner import ModelRunnerConfig
-from higgs_stream.stream.codec_worker import CODEC_MAX_WINDOWS
 from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import PacingConfig
@@ -67,9 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--saturated-step-ratio", type=float, default=d.saturated_step_ratio, metavar="R",
                         help="the GPU counts as saturated (pausing streams far ahead is on) while an engine step "
                              "takes more than R x one frame (default %(default)s)")
-    parser.add_argument("--codec-max-windows", type=int, default=CODEC_MAX_WINDOWS, metavar="N",
-                        help="streams one codec call decodes at most (default %(default)s): fewer makes the longest "
-                             "call shorter (a first chunk waits for the call in flight) and the codec less efficient")
+    parser.add_argument("--codec-max-windows", type=int, default=d.codec_max_windows, metavar="N",
+                        help="streams one codec call decodes at most (default: the family's, 32 for Higgs v2/v3, 64 for "
+                             "Qwen3-TTS): fewer makes the longest call shorter (a first chunk waits for the call in "
+                             "flight) and the codec less efficient (H200, v2, 128 streams: TTFA p95 218-280 ms at 32, "
+                             "273-378 at 64, 319-353 at 16; docs/PERF.md)")
     parser.add_argument("--codec-schedule", choices=("eager", "just_in_time"), default=d.codec_schedule,
                         help="eager: decode audio as the talker makes it (batched over 50 ms); just_in_time: while "
                              "streams are starting, decode each stream's audio only when its listener needs it within "
@@ -267,6 +268,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
                         codec_starting_exempt_s=args.codec_starting_exempt, codec_queue_rounds=args.codec_queue_rounds,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
+                        codec_max_windows=args.codec_max_windows,
                         first_chunk_margin=args.first_chunk_margin,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,
@@ -313,7 +315,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
-    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_, codec_max_windows=args.codec_max_windows), voices, metrics_)
+    return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -314,9 +314,9 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
 async def test_each_family_gets_its_own_serving_defaults():
     """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
     first_chunk_margin 3, first chunks of up to 10 frames, no codec cap and 4 rounds queued for the codec (v2's
-    256-stream bursts); Qwen3-TTS 1 / 1, up to 8 frames, the codec cap 12 ms held while a listener has < 0.2 s of
-    audio (its 20 req/s TTFA) and 8 rounds. A set value
-    wins for any family; 0 turns the cap off."""
+    256-stream bursts), codec calls of up to 32 streams (v2's closed-loop TTFA p95, session 27); Qwen3-TTS 1 / 1, up
+    to 8 frames, the codec cap 12 ms held while a listener has < 0.2 s of audio (its 20 req/s TTFA), 4 rounds and calls
+    of up to 64 streams. A set value wins for any family; 0 turns the cap off."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     def pipeline(arch, **cfg):
@@ -335,7 +335,11 @@ async def test_each_family_gets_its_own_serving_defaults():
         p.codec_worker.call_peak_s = 0.300  # a burst's calls: the rule asks for 30 frames, the family's cap holds
         assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
         assert p.cfg.codec_queue_rounds == 4 and p.codec_worker.rounds.maxsize == 4
+        assert p.cfg.codec_max_windows == 32 and p.codec_worker.max_windows == 32
     q = pipeline("qwen3-tts")
+    assert q.cfg.codec_max_windows == 64 and q.codec_worker.max_windows == 64
+    assert pipeline("v2", codec_max_windows=48).codec_worker.max_windows == 48
+    assert pipeline("qwen3-tts", codec_max_windows=16).codec_worker.max_windows == 16
     assert q.cfg.codec_queue_rounds == 4 and q.codec_worker.rounds.maxsize == 4  # one default for every family
     assert pipeline("v2", codec_queue_rounds=16).codec_worker.rounds.maxsize == 16
     assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
@@ -375,6 +379,9 @@ async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
         assert p.adapter_config("exact").schedule == want
     with pytest.raises(ConfigError, match="max_first_chunk"):
         ServerConfig(max_first_chunk=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match="codec_max_windows"):
+            ServerConfig(codec_max_windows=bad)
 
 
 async def test_the_codec_cap_can_hold_while_a_listener_is_in_its_first_chunks():
