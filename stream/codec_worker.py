@@ -53,7 +53,9 @@ from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
-CODEC_MAX_WINDOWS = 64  # streams one codec call serves (merged from several queued rounds)
+# streams one codec call serves (merged from several queued rounds) when built directly; the server passes its family's
+# (ServerConfig.codec_max_windows: 32 for the Higgs families, 64 for Qwen3-TTS; config.FAMILY_DEFAULTS)
+CODEC_MAX_WINDOWS = 64
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
 # graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
