@@ -17,6 +17,10 @@
 #   the sampler takes a little GIL time: profile a copy of a config, e.g. CONFIGS="now=;prof=" PROFILE=prof);
 #   MODEL=random:tiny DEVICE=cpu try the script's plumbing without a GPU; CHECKPOINT="ARCH PRESET" (e.g. "qwen3-tts 1.7b")
 #   serves a random checkpoint that `make-checkpoint` writes first in the real on-disk layout (MODEL and ARCH unused).
+# Repeats: a load listed twice runs twice on the same server (CLOSED=128,128,128: three closed@128 runs; a run costs
+#   its ~12 s scenario instead of a fresh server's ~65 s with its codec warm-up, session 27); alternate the configs
+#   too (CONFIGS="a=;b=...;a2=;b2=...") so the machine's drift shows as spread. `scripts/plot_runs.py` takes every
+#   repeat as a run and prints each config's median p95 and a rank-sum test against the first.
 # Writes $OUT/configs.tgz (lg_<label>.json, server_<label>.log, trace_<label>.json); prints one line per
 # scenario and run, where in the audio the stalls came, and each trace's summary (GC pauses included).
 set -uo pipefail

@@ -2,25 +2,60 @@
 
     python scripts/plot_runs.py --scenario closed@256 --plot out.png default=a.json,a2.json new=rr.json,rr2.json
 
-Each `LABEL=FILE,FILE,...` is one configuration; each file one run (`lg_*.json` of `higgs_stream.loadgen`). Draws
-the streams that underran and the TTFA p50 / p95 of every run, grouped by configuration, and prints the same table.
-(`loadgen --plot-from` draws curves over the load, which need several loads.)
+Each `LABEL=FILE,FILE,...` is one configuration; each file holds one run or several (`lg_*.json` of
+`higgs_stream.loadgen`; a scenario listed more than once, e.g. `--closed 128,128,128`, runs again on the same server:
+each repeat is a run here). Draws the streams that underran and the TTFA p50 / p95 of every run, grouped by
+configuration, and prints the same table, then each configuration's median p95 and, against the first
+configuration, the chance that its runs' p95s rank this low or lower by luck alone (an exact one-sided rank-sum test:
+every way of dealing the pooled runs into two groups of these sizes equally likely; runs are not independent draws
+when machines differ, so read it as a guide, not a proof). (`loadgen --plot-from` draws curves over the load, which
+need several loads.)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 
 
 def rows(groups: list[tuple[str, list[str]]], scenario: str) -> list[dict]:
     out = []
     for label, files in groups:
-        for i, f in enumerate(files):
-            s = next(s for s in json.load(open(f))["scenarios"] if s["name"] == scenario)
+        runs = [s for f in files for s in json.load(open(f))["scenarios"] if s["name"] == scenario]
+        if not runs:
+            raise SystemExit(f"{label}: no {scenario} run in {', '.join(files)}")
+        for i, s in enumerate(runs):
             out.append({"config": label, "run": i + 1, "served": s["completed"], "busy": s["busy"],
                         "underran": s["streams_with_underrun"], "p50": s["ttfa_ms"]["p50"], "p95": s["ttfa_ms"]["p95"]})
     return out
+
+
+def rank_sum_p(low: list[float], high: list[float]) -> float:
+    """P(a random split of the pooled values gives the first group a rank sum <= that of `low`): small when `low`'s
+    values rank below `high`'s (ties share their mean rank). Exact, by enumerating the splits (at most 24 values)."""
+    pooled = sorted(low + high)
+    if len(pooled) > 24:
+        raise ValueError("rank_sum_p enumerates every split: at most 24 values")
+    rank = {}
+    for v in set(pooled):  # mean of the 1-based positions a tied value holds
+        at = [i + 1 for i, w in enumerate(pooled) if w == v]
+        rank[v] = sum(at) / len(at)
+    ranks = [rank[v] for v in pooled]
+    mine = sum(rank[v] for v in low)
+    splits = list(itertools.combinations(ranks, len(low)))
+    return sum(1 for c in splits if sum(c) <= mine + 1e-9) / len(splits)
+
+
+def summary(table: list[dict]) -> list[dict]:
+    """Per configuration, in order: runs, median p95, and (all but the first) rank_sum_p of its p95s vs the first's."""
+    by: dict[str, list[float]] = {}
+    for r in table:
+        by.setdefault(r["config"], []).append(r["p95"])
+    first = next(iter(by.values()))
+    return [{"config": c, "runs": len(v), "p95_median": statistics.median(v),
+             "p_lower": None if i == 0 else rank_sum_p(v, first)} for i, (c, v) in enumerate(by.items())]
 
 
 def main() -> None:
@@ -35,6 +70,9 @@ def main() -> None:
     print(f"{'config':<12} run served busy underran  TTFA p50   p95")
     for r in table:
         print(f"{r['config']:<12} {r['run']:>3} {r['served']:>6} {r['busy']:>4} {r['underran']:>8} {r['p50']:>9.0f} {r['p95']:>5.0f}")
+    for r in summary(table):
+        vs = "" if r["p_lower"] is None else f"; p95s this low by chance vs {groups[0][0]}: {r['p_lower']:.3f}"
+        print(f"{r['config']:<12} {r['runs']} runs, median p95 {r['p95_median']:.0f}{vs}")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -253,6 +253,22 @@ async def test_busy_refusals_are_counted_apart_from_errors(tiny):
     assert all(r["samples"] == MAX_FRAMES * HOP for r in s["streams"] if r["outcome"] == "completed")
 
 
+
+async def test_a_load_listed_twice_runs_twice_on_the_same_server(tiny):
+    """`--closed 1,1`: two runs of closed@1, one after the other, each its own result (scripts/plot_runs.py reads each
+    repeat as a run; scripts/gpu_loadgen_configs.sh repeats on one server instead of starting another)."""
+    runner, url = await _serve(tiny)
+    try:
+        cfg = LoadConfig(url=url, open_rates=(), closed=(1, 1), duration_s=1.0, count=1, procs=0, warmup=0,
+                         ramp_s=0.0, request_timeout_s=30.0, drain_s=30.0)
+        result = await asyncio.to_thread(run, cfg)
+    finally:
+        await runner.cleanup()
+    assert [s["name"] for s in result["scenarios"]] == ["closed@1", "closed@1"] and not result["skipped"]
+    assert [(s["requests"], s["completed"], s["errored"]) for s in result["scenarios"]] == [(1, 1, 0), (1, 1, 0)]
+    first, second = (s["streams"][0] for s in result["scenarios"])
+    assert first["samples"] == second["samples"] == MAX_FRAMES * HOP
+
 # ------------------------------------------------------------------------------ --spawn
 def test_spawned_server_is_waited_for_and_stopped(tmp_path):
     app = ("from aiohttp import web\n"
