@@ -384,6 +384,34 @@ def test_the_warm_up_runs_every_shape_once_eagerly_then_keeps_open_streams_intac
     assert rel_to_peak(torch.cat([first, rest]).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
 
 
+
+def test_the_warm_up_prepares_only_the_batch_buckets_a_call_can_fill():
+    """A call decodes at most `max_windows` streams, one stateful row each, so the warm-up prepares (and a GPU worker
+    graphs) the batch buckets up to the smallest holding that many: the Higgs families' 32 skip the 64-row bucket;
+    64 and more keep every bucket. A stop's flush of 40 held streams at 32 a call runs as calls of 32 and 8."""
+    from higgs_stream.engine.codec import Codec, CodecConfig
+    from higgs_stream.engine.codec.load import codec_from_state_dict
+    from higgs_stream.engine.codec.make import build_reference_model
+    from higgs_stream.stream.codec_worker import CODEC_BATCH_BUCKETS, batch_buckets
+
+    assert batch_buckets(1) == (1,) and batch_buckets(32) == (1, 2, 4, 8, 16, 32)
+    assert batch_buckets(33) == batch_buckets(64) == batch_buckets(500) == CODEC_BATCH_BUCKETS
+    cfg = CodecConfig.tiny()
+    codec: Codec = codec_from_state_dict(build_reference_model(cfg, seed=7).state_dict(), cfg, with_encoder=False)
+    w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, graphs=False, max_windows=32,
+                    max_streams=64, memory_headroom_gb=16.0)
+    dec, steps = w.code2wav.streaming, []
+    dec.run_padding_steps = lambda b, f: steps.append(tuple(b)) or 0
+    w.warm_up()
+    assert steps == [(1, 2, 4, 8, 16, 32)] and {b for b, _ in dec._buckets} == {1, 2, 4, 8, 16, 32}
+    flush = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=32)
+    flush.code2wav = stub = StubCode2Wav()
+    flush._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+    now = time.monotonic()
+    flush.pending = [Pending(SimpleNamespace(sid=i), 0, now + 5.0, taken=now) for i in range(40)]
+    flush._decode_due(everything=True)
+    assert [len({id(o) for o in owners}) for owners in stub.owners] == [32, 8] and flush.pending == []
+
 def test_the_warm_up_turns_cudnn_off_when_its_graphs_disagree_with_native_convolutions(caplog):
     """When the captured graphs differ from the same steps on PyTorch's native convolutions by more than
     NATIVE_TOLERANCE (a wrong cuDNN plan: engine/gpu_memory.py), the warm-up turns cuDNN off for the codec, captures
