@@ -11,6 +11,10 @@ Full-size Higgs v2 codec, random weights, strict fp32 (no TF32), one GPU, every 
   one_shot   whole 250-frame utterances through `codec.decode`: the ceiling (no redundancy, no steps)
 at batch 1, 16 and 128. Throughput is codec frames/s (25 frames = 1 audio second) per wall-clock second,
 codes handed over from the host as the pipeline does. `--tiny --device cpu` is a quick smoke run.
+`--stage-times B:C,...` first times each decoder stage of an eager B x C step and the FLOP rate it ran at
+(`stage_times`): the full decoder does 13.6 GFLOP per audio second (0.544 a frame; counted on the CPU, session 27),
+so the H200's 37.4k frames/s at 128 streams (session 26) ran its convolutions at ~20 TFLOP/s overall, about 30 % of
+the card's 67 TFLOP/s of fp32 (CUDA cores, no tensor cores in strict fp32).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from higgs_stream.bench.measure import timed
@@ -126,6 +131,87 @@ def profile_step(dec: StreamingDecoder, batch: int, frames: int) -> dict:
             "kernel_ms": sum(k["ms"] for k in top), "top": top[:20]}
 
 
+
+def stage_flops(stage, buf: torch.Tensor, out: torch.Tensor) -> float:
+    """Multiply-adds x 2 of one decoder stage's convolutions for input buffer `buf` [B, Cin, H + n] and its
+    output `out` [B, Cout, n * stride] (engine/codec/streaming.py `_advance`): a conv's k taps per output sample; a
+    transposed conv's k outputs per input sample (every input of the buffer, the history's one too); a residual
+    unit's dilated conv and its pointwise one per output sample. Snake and the skip's add are not counted."""
+    m, b = stage.module, buf.shape[0]
+    if stage.kind == "conv":
+        cout, cin, k = m.weight.shape
+        return 2.0 * b * out.shape[2] * cout * cin * k
+    if stage.kind == "conv_t":
+        cin, cout, k = m.weight.shape
+        return 2.0 * b * buf.shape[2] * cin * cout * k
+    c1, c2 = m.conv1.weight.shape, m.conv2.weight.shape
+    return 2.0 * b * out.shape[2] * (c1[0] * c1[1] * c1[2] + c2[0] * c2[1] * c2[2])
+
+
+def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.device, iters: int = 3) -> dict:
+    """Where one eager stateful step (B rows x C frames) spends its time, by decoder stage: each stage's `_advance`
+    (its snake and convolutions) timed apart (CUDA events; on a CPU the wall clock), its FLOPs (`stage_flops`) and
+    the rate they ran at; the rest of the step (quantizer, fc2, the states' gathers and scatters, the masks) is the
+    step's time less the stages'. Medians of `iters` steps after one unrecorded step. Which convolutions run far
+    below the card's fp32 rate is where an exact codec could still get faster (issue #10: its GPU time limits the
+    streams a GPU carries)."""
+    from higgs_stream.engine.codec import streaming
+
+    slots = [dec.open() for _ in range(batch)]
+    codes = torch.randint(0, 1024, (batch, 8, frames))
+    advance, cuda = streaming._advance, device.type == "cuda"
+    marks: list[tuple] = []  # per stage call: (stage, flops, start, end)
+
+    def clock():
+        if not cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def timed_advance(stage, buf: torch.Tensor, n: int) -> torch.Tensor:
+        t0 = clock()
+        y = advance(stage, buf, n)
+        marks.append((stage, stage_flops(stage, buf, y), t0, clock()))
+        return y
+
+    def seconds(t0, t1) -> float:
+        return t0.elapsed_time(t1) / 1e3 if cuda else t1 - t0
+
+    per_step: list[list[float]] = []
+    totals: list[float] = []
+    flops: list[float] = []
+    streaming._advance = timed_advance
+    try:
+        for i in range(iters + 1):
+            marks.clear()
+            t0 = clock()
+            dec.step(slots, codes, [frames] * batch, [False] * batch)
+            t1 = clock()
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i:  # the first step is a warm-up (plans, allocations)
+                per_step.append([seconds(a, b) for _, _, a, b in marks])
+                totals.append(seconds(t0, t1))
+                flops = [f for _, f, _, _ in marks]
+    finally:
+        streaming._advance = advance
+        for s in slots:
+            dec.close(s)
+    med = [float(np.median(col)) for col in zip(*per_step)]
+    g, rows = dec.geometry, []
+    for j, ((stage, *_), sec, f) in enumerate(zip(marks, med, flops)):
+        m = stage.module
+        cin = stage.channels
+        cout = m.out_channels if stage.kind != "res" else m.conv2.out_channels
+        rows.append({"stage": j, "kind": stage.kind, "in_channels": cin, "out_channels": cout,
+                     "rate_hz": stage.rate_out * g.sample_rate / g.hop, "ms": 1e3 * sec, "gflop": f / 1e9,
+                     "tflops": f / sec / 1e12})
+    total = float(np.median(totals))
+    return {"batch": batch, "frames": frames, "step_ms": 1e3 * total, "stages_ms": sum(r["ms"] for r in rows),
+            "rest_ms": 1e3 * total - sum(r["ms"] for r in rows), "gflop": sum(flops) / 1e9,
+            "tflops": sum(flops) / total / 1e12, "stages": rows}
+
 def windowed(decode: Callable[[torch.Tensor], torch.Tensor], kind: str, batch: int, device: torch.device) -> dict:
     codes = torch.randint(0, 1024, (batch, 8, 2 * WINDOW_CONTEXT + WINDOW_NEW))
     hop = 960
@@ -169,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tf32", action="store_true", help="skip the opt-in TF32 codec section")
     ap.add_argument("--profile", default="", metavar="B:C,...",
                     help="CUDA: kernel breakdown (torch.profiler) of one eager stateful step per B rows x C frames")
+    ap.add_argument("--stage-times", default="", metavar="B:C,...",
+                    help="time and FLOP rate of each decoder stage in an eager stateful step per B rows x C frames "
+                         "(`stage_times`; any device)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -209,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         for p in result["profile"]:
             log(f"profile B={p['batch']} C={p['frames']}: {p['kernels']} kernels {p['kernel_ms']:.2f} ms; top "
                 + "; ".join(f"{k['ms']:.2f}ms x{k['count']} {k['name'][:60]}" for k in p["top"][:10]))
+        save()
+    if args.stage_times:
+        result["stage_times"] = [stage_times(eager, *map(int, bc.split(":")), device)
+                                 for bc in args.stage_times.split(",")]
+        for st in result["stage_times"]:
+            print_stage_times(st)
         save()
     log(f"{result['card']}: codec ready in {time.perf_counter() - t0:.1f} s; state "
         f"{graphed.state_bytes_per_stream} B/stream; graphs {graphed.graphed} "
@@ -287,6 +382,15 @@ def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device)
     finally:
         codec.allow_tf32 = False
 
+
+
+def print_stage_times(st: dict) -> None:
+    print(f"\nstateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, {st['gflop']:.1f} GFLOP, "
+          f"{st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
+    print(f"{'stage':>5} {'kind':<6} {'Cin':>5} {'Cout':>5} {'Hz':>6} {'ms':>8} {'GFLOP':>8} {'TFLOP/s':>8}")
+    for r in st["stages"]:
+        print(f"{r['stage']:>5} {r['kind']:<6} {r['in_channels']:>5} {r['out_channels']:>5} {r['rate_hz']:>6.0f} "
+              f"{r['ms']:>8.3f} {r['gflop']:>8.3f} {r['tflops']:>8.3f}")
 
 def summarize(r: dict) -> None:
     print(f"\n{r['card']} ({r['preset']} codec): frames/s (25 frames = 1 audio s); "

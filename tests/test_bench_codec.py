@@ -43,3 +43,36 @@ def test_the_table_prints_an_error_row(capsys):
                   "rows": rows, "parity": {"graphed_max_rel_err": 1.3e-6}})
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("one_shot"))
     assert line.split()[2:] == ["31552", "—", "out", "of", "memory"]
+
+
+def test_stage_times_counts_every_stage_once_and_restores_the_decoder():
+    """`stage_times` on the tiny codec (CPU): a row per decoder stage in order, FLOPs as counted from the layer plan
+    (C frames feed C x rate_in new inputs to a stage: a conv's and a residual unit's outputs, a transposed conv's
+    inputs plus its one-sample history), the rest of the step non-negative, and the decoder's `_advance` put back."""
+    import math
+
+    from higgs_stream.engine.codec import CodecConfig, StreamingDecoder, codec_from_state_dict, streaming
+    from higgs_stream.engine.codec.make import build_reference_model
+
+    cfg = CodecConfig.tiny()
+    codec = codec_from_state_dict(build_reference_model(cfg, seed=3).state_dict(), cfg, with_encoder=False)
+    dec = StreamingDecoder(codec, 4)
+    original = streaming._advance
+    b, c = 2, 5
+    st = bc.stage_times(dec, b, c, torch.device("cpu"), iters=2)
+    assert streaming._advance is original and dec.free_slots == 4
+    assert [r["stage"] for r in st["stages"]] == list(range(len(dec.stages)))
+    want = 0.0
+    for stage, row in zip(dec.stages, st["stages"]):
+        n, m = c * stage.rate_in, stage.module
+        if stage.kind == "conv":
+            want_stage = 2 * b * n * math.prod(m.weight.shape)
+        elif stage.kind == "conv_t":
+            want_stage = 2 * b * (n + 1) * math.prod(m.weight.shape)
+        else:
+            want_stage = 2 * b * n * (math.prod(m.conv1.weight.shape) + math.prod(m.conv2.weight.shape))
+        assert row["kind"] == stage.kind and abs(row["gflop"] * 1e9 - want_stage) <= 1e-6 * want_stage
+        assert row["ms"] > 0 and row["rate_hz"] == stage.rate_out * 25
+        want += want_stage
+    assert abs(st["gflop"] * 1e9 - want) <= 1e-6 * want
+    assert st["step_ms"] >= st["stages_ms"] > 0 and abs(st["rest_ms"] - (st["step_ms"] - st["stages_ms"])) < 1e-9
