@@ -13,8 +13,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 python3 -m pip install -q --no-index --no-deps --target /tmp/diag .diag/*.whl 2>/dev/null && export PATH=/tmp/diag/bin:$PATH
 if [ -n "${CODEC:-}" ]; then
   timeout 120 python3 -m higgs_stream.bench_codec --out "$OUT/d/codec.json" --batches 1,16,64,128 --steps 25,1 \
-    --no-tf32 --profile 64:1,64:25 > "$OUT/d/codec.log" 2>&1
-  grep -E "stateful|one_shot" "$OUT/d/codec.log" | tail -8
+    --no-tf32 --profile 64:1,64:25 --stage-times 128:25,16:25 > "$OUT/d/codec.log" 2>&1
+  grep -E "stateful|one_shot|^ *[0-9]+ (conv|res)" "$OUT/d/codec.log" | tail -60
 fi
 python3 -m higgs_stream.bench --sections stream --streams "${STREAMS:-128,256}" --low-latency-streams "" --trace \
   ${BENCH_ARGS:---compare-codec-sms 32,48} --out "$OUT/d/bench.json" > "$OUT/d/bench.log" 2>&1 &
