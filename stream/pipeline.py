@@ -59,7 +59,7 @@ from higgs_stream.stream.codec_worker import (
     cuda_device,
     on_stream,
 )
-from higgs_stream.stream.config import SAMPLE_RATE, ServerConfig, for_family
+from higgs_stream.stream.config import FAMILY_FIELDS, SAMPLE_RATE, ServerConfig, for_family
 from higgs_stream.stream.errors import ShuttingDownError
 from higgs_stream.stream.gc_pauses import GcWatch
 from higgs_stream.stream.messages import ContextOptions
@@ -92,7 +92,11 @@ class Pipeline:
         captures those up to CODEC_GRAPH_MAX_BATCH windows; `codec_stream` "separate" decodes on a
         low-priority stream beside the talker, "engine" on the talker's stream (the device runs them
         one after the other; the host work still overlaps)."""
-        cfg = for_family(cfg, getattr(getattr(engine, "family", None), "arch", None))  # the family's defaults filled in
+        arch = getattr(getattr(engine, "family", None), "arch", None)
+        cfg = for_family(cfg, arch)  # the family's defaults filled in
+        log.info("serving %s with %s, codec_starting_ahead_s=%s, codec_queue_rounds=%d", arch or "an unnamed family",
+                 ", ".join(f"{k}={getattr(cfg, k)}" for k in FAMILY_FIELDS), cfg.codec_starting_ahead_s,
+                 cfg.codec_queue_rounds)  # what the family's defaults and the flags made of the per-family settings
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
                                         max_windows=cfg.codec_max_windows, max_streams=cfg.max_streams,

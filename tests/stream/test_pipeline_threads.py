@@ -311,7 +311,7 @@ async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak(
         assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
 
 
-async def test_each_family_gets_its_own_serving_defaults():
+async def test_each_family_gets_its_own_serving_defaults(caplog):
     """ServerConfig's None: the served family's defaults (config.FAMILY_DEFAULTS): the Higgs families ramp_repeat 2,
     first_chunk_margin 3, first chunks of up to 10 frames, no codec cap and 4 rounds queued for the codec (v2's
     256-stream bursts), codec calls of up to 32 streams (v2's closed-loop TTFA p95, session 27); Qwen3-TTS 1 / 1, up
@@ -336,8 +336,11 @@ async def test_each_family_gets_its_own_serving_defaults():
         assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
         assert p.cfg.codec_queue_rounds == 4 and p.codec_worker.rounds.maxsize == 4
         assert p.cfg.codec_max_windows == 32 and p.codec_worker.max_windows == 32
-    q = pipeline("qwen3-tts")
+    with caplog.at_level("INFO", logger="higgs_stream.stream.pipeline"):
+        q = pipeline("qwen3-tts")
     assert q.cfg.codec_max_windows == 64 and q.codec_worker.max_windows == 64
+    assert ("serving qwen3-tts with ramp_repeat=1, first_chunk_margin=1.0, codec_starting_ms=12.0, max_first_chunk=8, "
+            "codec_max_windows=64, codec_starting_ahead_s=0.2, codec_queue_rounds=4") in caplog.text  # operators see it
     assert pipeline("v2", codec_max_windows=48).codec_worker.max_windows == 48
     assert pipeline("qwen3-tts", codec_max_windows=16).codec_worker.max_windows == 16
     assert q.cfg.codec_queue_rounds == 4 and q.codec_worker.rounds.maxsize == 4  # one default for every family
