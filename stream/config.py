@@ -67,7 +67,7 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   against 306, 273, 378, 311, 302, 283 at 64, and 319, 353 at 16; 0 of 1,129 streams underran at 32, 3 of 2,288 at
 #   64. v3 260, 220 at 32 against 250, 341. The longest calls shorten (p95 61-62 vs 81-88 ms), so a first chunk waits
 #   less behind one; the codec spends 8-26 % more time a frame (less batched) and v2's closed-loop audio-s/s was
-#   300-328 against 319-340. v2 at 20 req/s with 32: p95 119 ms, 0 of 190 underran (session 26's run at 64: 134).
+#   301-328 against 319-340. v2 at 20 req/s with 32: p95 119 ms, 0 of 190 underran (session 26's run at 64: 134).
 #   Qwen3-TTS keeps 64 (not measured at 32).
 FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_max_windows")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
