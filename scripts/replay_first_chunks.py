@@ -14,7 +14,7 @@ streams that underran and the rest, with the first chunk that the loop and calls
 (`needed_first_chunk`, for chunk 1 as large as chunk 0 and twice as large: how session 16 chose its rule), and the
 admission rule replayed at each arrival (`LoopModel.admits` at `--admit-step-ratio`: the traces hold the admitted
 streams only, so it tells which of them a rule would have refused; how session 17 found v3's burst admitted on a
-loop model that read ~26 ms cycles as ~12 ms steps); `--json` writes every row."""
+loop model that read ~26 ms cycles as ~12 ms steps); `--peak-half-life S` replays a call peak that forgets at another rate (a what-if); `--json` writes every row."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ ARRIVAL_WINDOW_S = 1.0
 def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_DEFAULT["max_first_chunk"],
            ramp_repeat: int = FAMILY_DEFAULT["ramp_repeat"], frame_s: float = FRAME_S,
            first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"],
-           admit_ratio: float | None = PacingConfig.admit_ratio) -> list[dict]:
+           admit_ratio: float | None = PacingConfig.admit_ratio,
+           peak_half_life_s: float = CALL_PEAK_HALF_LIFE_S) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
@@ -60,10 +61,10 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
             c = calls[ci]
             took = c[2] - c[1]
             call.call_s += 0.05 * (took - call.call_s)
-            fade = 0.5 ** ((c[2] - call.peak_at) / CALL_PEAK_HALF_LIFE_S)
+            fade = 0.5 ** ((c[2] - call.peak_at) / peak_half_life_s)
             call.call_peak_s, call.peak_at = max(took, call.call_peak_s * fade), c[2]
             ci += 1
-        fade = 0.5 ** ((t - call.peak_at) / CALL_PEAK_HALF_LIFE_S) if call.peak_at else 1.0
+        fade = 0.5 ** ((t - call.peak_at) / peak_half_life_s) if call.peak_at else 1.0
         peak = call.call_peak_s
         call.call_peak_s = peak * fade  # as read at t (the worker stores the faded value at its next call)
         open_now = sum(1 for o in streams if o[1] <= t < o[3])
@@ -171,10 +172,13 @@ def main() -> None:
     ap.add_argument("--frame-s", type=float, default=FRAME_S, help="seconds of audio per codec frame")
     ap.add_argument("--admit-step-ratio", type=float, default=PacingConfig.admit_ratio,
                     help="the admission rule replayed at each arrival (the server's --admit-step-ratio)")
+    ap.add_argument("--peak-half-life", type=float, default=CALL_PEAK_HALF_LIFE_S, metavar="S",
+                    help="how fast the replayed codec call peak forgets a long call (the server's CALL_PEAK_HALF_LIFE_S "
+                         "by default; a what-if: the first chunks a slower-forgetting peak would have chosen)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat,
-                  args.frame_s, args.first_chunk_margin, args.admit_step_ratio)
+                  args.frame_s, args.first_chunk_margin, args.admit_step_ratio, args.peak_half_life)
     if args.loadgen:
         match(rows, json.load(open(args.loadgen)), args.scenario)
     summary(rows, args.frame_s)

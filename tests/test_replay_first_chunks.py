@@ -56,6 +56,19 @@ def test_the_replay_makes_the_pipelines_decision():
     assert [row["admitted_by_rule"] for row in strict] == [True, False, False]
 
 
+def test_a_slower_forgetting_call_peak_makes_later_first_chunks_larger():
+    """`peak_half_life_s` (what-if): the long call at 0.38 s fades 0.07 s until the second stream's text; with a longer
+    half-life it has faded less there, so the rule's first chunk is at least as large (and the faded peak is exactly
+    0.08 x 0.5 ** (0.07 / half-life))."""
+    r = load()
+    quick = r.replay(trace(), horizon_s=None, ramp_repeat=1, first_chunk_margin=1.0, peak_half_life_s=0.05)
+    slow = r.replay(trace(), horizon_s=None, ramp_repeat=1, first_chunk_margin=1.0, peak_half_life_s=5.0)
+    for rows, half in ((quick, 0.05), (slow, 5.0)):
+        assert abs(rows[1]["call_peak_s"] - 0.08 * 0.5 ** ((0.45 - 0.38) / half)) < 1e-12
+    assert slow[1]["schedule"][0] > quick[1]["schedule"][0]
+    assert r.replay(trace(), horizon_s=None) == r.replay(trace(), horizon_s=None, peak_half_life_s=r.CALL_PEAK_HALF_LIFE_S)
+
+
 def test_streams_are_matched_to_the_clients_in_arrival_order():
     r = load()
     rows = r.replay(trace(), horizon_s=None)
