@@ -20,6 +20,7 @@ the card's 67 TFLOP/s of fp32 (CUDA cores, no tensor cores in strict fp32).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import time
@@ -93,16 +94,22 @@ def parity(codec: Codec, decs: dict[str, StreamingDecoder], lengths: list[int], 
     return out
 
 
-def stateful(dec: StreamingDecoder, kind: str, batch: int, step: int, device: torch.device) -> dict:
+@contextlib.contextmanager
+def open_rows(dec: StreamingDecoder, batch: int, frames: int):
+    """`batch` streams opened on `dec` and random codes [batch, 8, frames] for their steps; the streams closed after."""
     slots = [dec.open() for _ in range(batch)]
-    codes = torch.randint(0, 1024, (batch, 8, step))
-    valid, final = [step] * batch, [False] * batch
-    replays = dec.replays
     try:
-        seconds = timed(lambda: dec.step(slots, codes, valid, final), STEP_ITERS.get(step, 20), device)
+        yield slots, torch.randint(0, 1024, (batch, 8, frames))
     finally:
         for s in slots:
             dec.close(s)
+
+
+def stateful(dec: StreamingDecoder, kind: str, batch: int, step: int, device: torch.device) -> dict:
+    valid, final = [step] * batch, [False] * batch
+    replays = dec.replays
+    with open_rows(dec, batch, step) as (slots, codes):
+        seconds = timed(lambda: dec.step(slots, codes, valid, final), STEP_ITERS.get(step, 20), device)
     return rate(kind, batch, step, seconds, replayed=dec.replays > replays)
 
 
@@ -110,18 +117,13 @@ def profile_step(dec: StreamingDecoder, batch: int, frames: int) -> dict:
     """Kernel time of one eager stateful step (B rows x C frames), grouped by kernel name."""
     from torch.profiler import ProfilerActivity, profile
 
-    slots = [dec.open() for _ in range(batch)]
-    codes = torch.randint(0, 1024, (batch, 8, frames))
-    try:
+    with open_rows(dec, batch, frames) as (slots, codes):
         for _ in range(2):
             dec.step(slots, codes, [frames] * batch, [False] * batch)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             dec.step(slots, codes, [frames] * batch, [False] * batch)
             torch.cuda.synchronize()
-    finally:
-        for s in slots:
-            dec.close(s)
     kernels: dict[str, list[float]] = {}
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -131,21 +133,17 @@ def profile_step(dec: StreamingDecoder, batch: int, frames: int) -> dict:
             "kernel_ms": sum(k["ms"] for k in top), "top": top[:20]}
 
 
-
 def stage_flops(stage, buf: torch.Tensor, out: torch.Tensor) -> float:
     """Multiply-adds x 2 of one decoder stage's convolutions for input buffer `buf` [B, Cin, H + n] and its
     output `out` [B, Cout, n * stride] (engine/codec/streaming.py `_advance`): a conv's k taps per output sample; a
     transposed conv's k outputs per input sample (every input of the buffer, the history's one too); a residual
     unit's dilated conv and its pointwise one per output sample. Snake and the skip's add are not counted."""
-    m, b = stage.module, buf.shape[0]
+    m, b = stage.module, buf.shape[0]  # (groups = 1: streaming.plan accepts no other)
     if stage.kind == "conv":
-        cout, cin, k = m.weight.shape
-        return 2.0 * b * out.shape[2] * cout * cin * k
+        return 2.0 * b * out.shape[2] * m.weight.numel()
     if stage.kind == "conv_t":
-        cin, cout, k = m.weight.shape
-        return 2.0 * b * buf.shape[2] * cin * cout * k
-    c1, c2 = m.conv1.weight.shape, m.conv2.weight.shape
-    return 2.0 * b * out.shape[2] * (c1[0] * c1[1] * c1[2] + c2[0] * c2[1] * c2[2])
+        return 2.0 * b * buf.shape[2] * m.weight.numel()
+    return 2.0 * b * out.shape[2] * (m.conv1.weight.numel() + m.conv2.weight.numel())
 
 
 def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.device, iters: int = 3) -> dict:
@@ -157,8 +155,6 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
     streams a GPU carries)."""
     from higgs_stream.engine.codec import streaming
 
-    slots = [dec.open() for _ in range(batch)]
-    codes = torch.randint(0, 1024, (batch, 8, frames))
     advance, cuda = streaming._advance, device.type == "cuda"
     marks: list[tuple] = []  # per stage call: (stage, flops, start, end)
 
@@ -183,21 +179,20 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
     flops: list[float] = []
     streaming._advance = timed_advance
     try:
-        for i in range(iters + 1):
-            marks.clear()
-            t0 = clock()
-            dec.step(slots, codes, [frames] * batch, [False] * batch)
-            t1 = clock()
-            if cuda:
-                torch.cuda.synchronize(device)
-            if i:  # the first step is a warm-up (plans, allocations)
-                per_step.append([seconds(a, b) for _, _, a, b in marks])
-                totals.append(seconds(t0, t1))
-                flops = [f for _, f, _, _ in marks]
+        with open_rows(dec, batch, frames) as (slots, codes):
+            for i in range(iters + 1):
+                marks.clear()
+                t0 = clock()
+                dec.step(slots, codes, [frames] * batch, [False] * batch)
+                t1 = clock()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                if i:  # the first step is a warm-up (plans, allocations)
+                    per_step.append([seconds(a, b) for _, _, a, b in marks])
+                    totals.append(seconds(t0, t1))
+                    flops = [f for _, f, _, _ in marks]
     finally:
         streaming._advance = advance
-        for s in slots:
-            dec.close(s)
     med = [float(np.median(col)) for col in zip(*per_step)]
     g, rows = dec.geometry, []
     for j, ((stage, *_), sec, f) in enumerate(zip(marks, med, flops)):
@@ -211,6 +206,7 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
     return {"batch": batch, "frames": frames, "step_ms": 1e3 * total, "stages_ms": sum(r["ms"] for r in rows),
             "rest_ms": 1e3 * total - sum(r["ms"] for r in rows), "gflop": sum(flops) / 1e9,
             "tflops": sum(flops) / total / 1e12, "stages": rows}
+
 
 def windowed(decode: Callable[[torch.Tensor], torch.Tensor], kind: str, batch: int, device: torch.device) -> dict:
     codes = torch.randint(0, 1024, (batch, 8, 2 * WINDOW_CONTEXT + WINDOW_NEW))
@@ -383,7 +379,6 @@ def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device)
         codec.allow_tf32 = False
 
 
-
 def print_stage_times(st: dict) -> None:
     print(f"\nstateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, {st['gflop']:.1f} GFLOP, "
           f"{st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
@@ -391,6 +386,7 @@ def print_stage_times(st: dict) -> None:
     for r in st["stages"]:
         print(f"{r['stage']:>5} {r['kind']:<6} {r['in_channels']:>5} {r['out_channels']:>5} {r['rate_hz']:>6.0f} "
               f"{r['ms']:>8.3f} {r['gflop']:>8.3f} {r['tflops']:>8.3f}")
+
 
 def summarize(r: dict) -> None:
     print(f"\n{r['card']} ({r['preset']} codec): frames/s (25 frames = 1 audio s); "

@@ -14,7 +14,8 @@ streams that underran and the rest, with the first chunk that the loop and calls
 (`needed_first_chunk`, for chunk 1 as large as chunk 0 and twice as large: how session 16 chose its rule), and the
 admission rule replayed at each arrival (`LoopModel.admits` at `--admit-step-ratio`: the traces hold the admitted
 streams only, so it tells which of them a rule would have refused; how session 17 found v3's burst admitted on a
-loop model that read ~26 ms cycles as ~12 ms steps); `--peak-half-life S` replays a call peak that forgets at another rate (a what-if); `--json` writes every row."""
+loop model that read ~26 ms cycles as ~12 ms steps); `--peak-half-life S` replays a call peak that forgets at
+another rate (a what-if); `--json` writes every row."""
 
 from __future__ import annotations
 

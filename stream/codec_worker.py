@@ -61,18 +61,6 @@ CODEC_MAX_WINDOWS = 64
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CODEC_WINDOW_BUCKETS = (1, 2, 4, 8, 16)  # low-latency ramp windows: batch buckets (warmed, graphed)
 
-
-def batch_buckets(max_windows: int) -> tuple[int, ...]:
-    """The stateful decoder's batch buckets a worker warms up and graphs: CODEC_BATCH_BUCKETS up to the smallest that
-    holds `max_windows` rows (all of them above the largest). A call decodes at most `max_windows` streams, one row
-    each (`_decode_due` cuts even a stop's flush into such calls), so a larger bucket would never be replayed: the
-    Higgs families' 32 leave the 64-row graphs, the largest, uncaptured."""
-    out = []
-    for b in CODEC_BATCH_BUCKETS:
-        out.append(b)
-        if b >= max_windows:
-            break
-    return tuple(out)
 CODEC_STATE_SLOTS_MIN = 64  # stateful decoder slots at least (else 2 x max streams)
 # Just-in-time batching: a call runs once some listener would run dry within CODEC_URGENT_S (first
 # chunks at once) and takes every job needed within CODEC_AHEAD_S.
@@ -85,6 +73,19 @@ NATIVE_TOLERANCE = 1e-3
 NATIVE_TOLERANCE_TF32 = 2e-2
 CALL_PEAK_HALF_LIFE_S = 1.0  # CodecWorker.call_peak_s forgets a long call this fast
 CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low priority) or the talker's
+
+
+def batch_buckets(max_windows: int) -> tuple[int, ...]:
+    """The stateful decoder's batch buckets a worker warms up and graphs: CODEC_BATCH_BUCKETS up to the smallest that
+    holds `max_windows` rows (all of them above the largest). A call decodes at most `max_windows` streams, one row
+    each (`_decode_due` cuts even a stop's flush into such calls), so a larger bucket would never be replayed: the
+    Higgs families' 32 leave the 64-row graphs, the largest, uncaptured."""
+    out = []
+    for b in CODEC_BATCH_BUCKETS:
+        out.append(b)
+        if b >= max_windows:
+            break
+    return tuple(out)
 
 
 @dataclass
@@ -199,7 +200,6 @@ class CodecWorker:
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
         self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
-        self.batch_buckets = batch_buckets(max_windows)  # the stateful steps' (graphed) batch sizes
         if codec_sms is not None and stream_mode != "separate":
             raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
         self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
@@ -445,6 +445,7 @@ class CodecWorker:
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
+            batches = batch_buckets(self.max_windows)  # the stateful steps' (graphed) batch sizes
             green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
             planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
             lengths: set[int] = set()
@@ -459,7 +460,7 @@ class CodecWorker:
                         self.codec.decode(torch.zeros((b, k, w), dtype=torch.long)).cpu()
 
             def every_shape() -> None:  # each shape's first call: its convolutions pick their cuDNN plans
-                dec.run_padding_steps(self.batch_buckets, frames)
+                dec.run_padding_steps(batches, frames)
                 windows()
 
             if self.memory_headroom_gb is None:
@@ -469,7 +470,7 @@ class CodecWorker:
                 with_plan_headroom(self.device, every_shape)
                 bound_process_memory(self.device, max(self.memory_headroom_gb, WARMUP_HEADROOM_GB))
             def capture() -> float:  # the stateful steps' graphs (again if the native check turns cuDNN off)
-                return dec.capture(self.batch_buckets, frames, graphs=self._use_graphs, stream=green)
+                return dec.capture(batches, frames, graphs=self._use_graphs, stream=green)
 
             diff = capture()
             if diff:
@@ -480,7 +481,7 @@ class CodecWorker:
                 (b0, f0), (b1, f1) = min(timings), max(timings)
                 log.info("stateful codec step replays: %.2f ms at %d stream x %d frame ... %.2f ms at %d x %d",
                          1e3 * timings[b0, f0], b0, f0, 1e3 * timings[b1, f1], b1, f1)
-            count = len(self.batch_buckets) * len(frames) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
+            count = len(batches) * len(frames) + len(CODEC_WINDOW_BUCKETS) * len(lengths)
             if self._use_graphs:
                 from higgs_stream.stream.codec_graphs import CodecGraphs
 

@@ -384,7 +384,6 @@ def test_the_warm_up_runs_every_shape_once_eagerly_then_keeps_open_streams_intac
     assert rel_to_peak(torch.cat([first, rest]).numpy(), want.numpy()) <= EXACT_REL_TO_PEAK
 
 
-
 def test_the_warm_up_prepares_only_the_batch_buckets_a_call_can_fill():
     """A call decodes at most `max_windows` streams, one stateful row each, so the warm-up prepares (and a GPU worker
     graphs) the batch buckets up to the smallest holding that many: the Higgs families' 32 skip the 64-row bucket;
@@ -411,6 +410,7 @@ def test_the_warm_up_prepares_only_the_batch_buckets_a_call_can_fill():
     flush.pending = [Pending(SimpleNamespace(sid=i), 0, now + 5.0, taken=now) for i in range(40)]
     flush._decode_due(everything=True)
     assert [len({id(o) for o in owners}) for owners in stub.owners] == [32, 8] and flush.pending == []
+
 
 def test_the_warm_up_turns_cudnn_off_when_its_graphs_disagree_with_native_convolutions(caplog):
     """When the captured graphs differ from the same steps on PyTorch's native convolutions by more than
