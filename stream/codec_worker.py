@@ -6,7 +6,8 @@ its deadline: when the stream's listener runs dry without it (monotonic seconds;
 deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
 decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
 deadline; then one call takes every job due within `CODEC_AHEAD_S`, most urgent first,
-`max_windows` streams per call. The talker runs streams seconds ahead of their listeners while it
+`calm_windows` streams per call while the codec keeps up, `max_windows` once it has fallen behind (it holds more
+frames than one full call of `max_windows` streams' steady chunks). The talker runs streams seconds ahead of their listeners while it
 can, and decoding all of that at once would take the GPU from the talker exactly when new streams
 wait for their first audio; just in time, the codec's share of the GPU follows real time. When no
 stream is starting, everything held is decoded once the oldest job waited `CODEC_HOLD_S` (or at once
@@ -48,14 +49,13 @@ import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.gpu_memory import WARMUP_HEADROOM_GB, bound_process_memory, with_plan_headroom
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
+from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Window
+from higgs_stream.stream.config import CODEC_MAX_WINDOWS  # the most streams one call decodes
 from higgs_stream.stream.config import CODEC_QUEUE_ROUNDS  # rounds of decode work queued for the codec thread
 from higgs_stream.stream.pacing import LoopModel
 
 log = logging.getLogger(__name__)
 
-# streams one codec call serves (merged from several queued rounds) when built directly; the server passes its family's
-# (ServerConfig.codec_max_windows: 32 for the Higgs families, 64 for Qwen3-TTS; config.FAMILY_DEFAULTS)
-CODEC_MAX_WINDOWS = 64
 # GPU stateful decoder: steps are padded to these (streams, frames) buckets and replayed from CUDA
 # graphs; a step outside them runs eagerly. Frame buckets: `frame_buckets()`.
 CODEC_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -78,8 +78,8 @@ CODEC_STREAMS = ("separate", "engine")  # the codec's CUDA stream: its own (low 
 def batch_buckets(max_windows: int) -> tuple[int, ...]:
     """The stateful decoder's batch buckets a worker warms up and graphs: CODEC_BATCH_BUCKETS up to the smallest that
     holds `max_windows` rows (all of them above the largest). A call decodes at most `max_windows` streams, one row
-    each (`_decode_due` cuts even a stop's flush into such calls), so a larger bucket would never be replayed: the
-    Higgs families' 32 leave the 64-row graphs, the largest, uncaptured."""
+    each (`_decode_due` cuts even a stop's flush into such calls), so a larger bucket would never be replayed: a
+    `--codec-max-windows 32` leaves the 64-row graphs, the largest, uncaptured."""
     out = []
     for b in CODEC_BATCH_BUCKETS:
         out.append(b)
@@ -180,7 +180,7 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
+                 max_windows: int = CODEC_MAX_WINDOWS, calm_windows: int | None = None, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
                  starting_s: float | None = None, starting_exempt_s: float | None = None,
@@ -189,6 +189,8 @@ class CodecWorker:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
             raise ConfigError(f"codec_max_windows must be >= 1, got {max_windows}")
+        if calm_windows is not None and calm_windows < 1:
+            raise ConfigError(f"codec_calm_windows must be >= 1 or None, got {calm_windows}")
         if queue_rounds < 1:
             raise ConfigError(f"codec_queue_rounds must be >= 1, got {queue_rounds}")
         if memory_headroom_gb is not None and memory_headroom_gb <= 0:
@@ -200,6 +202,10 @@ class CodecWorker:
                                  window_buckets=CODEC_WINDOW_BUCKETS if self.device is not None else None)
         self._cancel, self._deliver = cancel, deliver
         self.stream_mode, self.max_windows, self.busy = stream_mode, max_windows, busy
+        # streams a call takes while the codec keeps up: at most `behind_frames` held (one full call of max_windows
+        # streams' steady chunks); more, and calls take max_windows (config.py: why, measured)
+        self.calm_windows = max_windows if calm_windows is None else min(calm_windows, max_windows)
+        self.behind_frames = max_windows * AdapterConfig().schedule[-1]
         if codec_sms is not None and stream_mode != "separate":
             raise ConfigError("codec_sms needs the codec on its own stream (codec_stream='separate')")
         self.codec_sms = codec_sms  # CUDA: decode on a green context of this many SMs (None: every SM)
@@ -353,9 +359,10 @@ class CodecWorker:
         for p in take:
             per_seg.setdefault(id(p.seg), []).append(p)
         order = list(per_seg.values())  # by each segment's most urgent job (`take` is sorted)
-        stop = len(order) if everything else min(len(order), self.max_windows)
-        for at in range(0, stop, self.max_windows):
-            call = [p for jobs in order[at : at + self.max_windows] for p in jobs]
+        cap = self.max_windows if everything else self.streams_per_call()
+        stop = len(order) if everything else min(len(order), cap)
+        for at in range(0, stop, cap):
+            call = [p for jobs in order[at : at + cap] for p in jobs]
             taken = {id(p) for p in call}
             self.pending = [p for p in self.pending if id(p) not in taken]
             t = time.monotonic()  # its most overdue job waited this long (a deadline of 0: a round that gave none)
@@ -369,6 +376,15 @@ class CodecWorker:
             for e in ready:  # after all their audio; a segment that ends frees its decoder state
                 self.code2wav.release(e[1])
             self._send(ready)
+
+    def streams_per_call(self) -> int:
+        """`calm_windows` while the codec holds at most `behind_frames` codec frames, else `max_windows`: short calls
+        while it keeps up (a first chunk waits less behind the call in flight), the larger calls' throughput once
+        it has fallen behind (codec thread)."""
+        if self.calm_windows == self.max_windows:
+            return self.max_windows
+        held = sum(p.job.codes.shape[1] for p in self.pending)
+        return self.max_windows if held > self.behind_frames else self.calm_windows
 
     def _decode_call(self, pairs: list[tuple[Any, Job]], overdue: bool = False, late_s: float = 0.0) -> None:
         """One codec call over `pairs`; `late_s` (the trace's 9th field): how long past its deadline the call's most
@@ -440,8 +456,6 @@ class CodecWorker:
         graph) the low-latency ramp windows' shapes. With a memory headroom, every shape's convolutions pick
         their cuDNN plans with little memory free first (engine/gpu_memory.py); the graphs are then checked
         against PyTorch's native convolutions (`_check_against_native`). Returns the number of shapes prepared."""
-        from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Window
-
         dec = self.code2wav.streaming
         with on_stream(self._stream), torch.no_grad():
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])

@@ -10,6 +10,7 @@ from higgs_stream.engine.gpu_memory import HEADROOM_GB
 from higgs_stream.stream.pacing import PacingConfig
 
 CODEC_QUEUE_ROUNDS = 4  # ServerConfig.codec_queue_rounds' default (why 4: beside the field)
+CODEC_MAX_WINDOWS = 64  # ServerConfig.codec_max_windows' default: the most streams one codec call decodes
 SAMPLE_RATE = 24000  # the codec's rate; the only rate served in protocol version 1
 PROTOCOL_VERSION = 1
 MODES = ("exact", "low_latency")
@@ -62,19 +63,25 @@ gb_or_none = _number_or_none(float, "a number of GB", "gb_or_none")  # a command
 #   steps (closed 128 TTFA p95 448 vs 370 ms for v2, 254 vs 353 for v3: within run-to-run spread). Qwen3-TTS keeps 8.
 #   Session 20, two more v2 pairs: 22 of 512 and 0 of 509 at 10, 0 of 490 and 17 of 504 at 8; over both sessions no
 #   difference measurable (22 of 1,959 vs 45 of 1,897, the stalls of a run coming together in one burst).
-# - Higgs v2 / v3: one codec call decodes at most 32 streams (64 before session 27). H200, 128 streams arriving over
-#   2 s, 10 s utterances, session 27 (four calls on the same kind of machine): v2 TTFA p95 268, 218, 280 ms at 32
-#   against 306, 273, 378, 311, 302, 283 at 64, and 319, 353 at 16; 0 of 1,129 streams underran at 32, 3 of 2,288 at
-#   64. v3 260, 220 at 32 against 250, 341. The longest calls shorten (p95 61-62 vs 81-88 ms), so a first chunk waits
-#   less behind one; the codec spends 8-26 % more time a frame (less batched) and v2's closed-loop audio-s/s was
-#   301-328 against 319-340. v2 at 20 req/s with 32: p95 119 ms, 0 of 190 underran (session 26's run at 64: 134).
-#   Qwen3-TTS keeps 64 (not measured at 32).
-FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_max_windows")
+# - Higgs v2 / v3: while the codec keeps up, one codec call decodes at most 32 streams (`codec_calm_windows`); once
+#   it falls behind (more frames held than one full largest call), up to codec_max_windows (64). Session 27 (H200,
+#   128 streams arriving over 2 s, 10 s utterances): v2 TTFA p95 268, 218, 280 ms with every call at 32 against 306,
+#   273, 378, 311, 302, 283 at 64 (319, 353 at 16); 0 of 1,129 streams underran at 32, 3 of 2,288 at 64; v3 260, 220
+#   against 250, 341. The longest calls shorten (p95 61-62 vs 81-88 ms), so a first chunk waits less behind one; the
+#   codec spends 8-26 % more time a frame. Session 28 (H200, 256 streams over 2 s, two runs each): every call at 32
+#   fell behind (frames held p95 4,600 vs 1,086; 279 and 31 streams refused `busy` against 21 and 20; TTFA p95 580,
+#   451 against 386, 380 ms at 64; 0 underran in all four). With the switch at 1,600 held frames: 256 streams p95
+#   425, 419, 535, 486 ms (3, 1, 22, 21 busy) against 386, 380, 447, 474, 399, 477 at 64 (21, 20, 35, 7, 17, 61 busy;
+#   0 underran in any); 128 streams 256, 286, 233, 330, 323 against 353, 316, 210 at 64 (0 underran); v3 at 256 478,
+#   470, 473 against 451, 453, 469. At 128 it keeps what 32 gave (weakly: sessions 27-28 pooled, medians 274 vs 306,
+#   12 % by chance); at 256 it stays within 64's spread, with fewer refusals. Qwen3-TTS calls take 64 streams (not
+#   measured at 32).
+FAMILY_FIELDS = ("ramp_repeat", "first_chunk_margin", "codec_starting_ms", "max_first_chunk", "codec_calm_windows")
 FAMILY_DEFAULT = {"ramp_repeat": 2, "first_chunk_margin": 3.0, "codec_starting_ms": 0.0, "codec_starting_ahead_s": None,
-                  "max_first_chunk": 10, "codec_max_windows": 32}
+                  "max_first_chunk": 10, "codec_calm_windows": 32}
 FAMILY_DEFAULTS = {
     "qwen3-tts": {"ramp_repeat": 1, "first_chunk_margin": 1.0, "codec_starting_ms": 12.0, "codec_starting_ahead_s": 0.2,
-                  "max_first_chunk": 8, "codec_max_windows": 64},
+                  "max_first_chunk": 8, "codec_calm_windows": 64},
 }
 
 
@@ -182,7 +189,10 @@ class ServerConfig:
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
     max_first_chunk: int | None = None  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame; None: the family's)
-    codec_max_windows: int | None = None  # streams one codec call decodes at most (None: the family's, FAMILY_DEFAULTS)
+    codec_max_windows: int = CODEC_MAX_WINDOWS  # streams one codec call decodes at most (the warm-up graphs up to it)
+    # streams a call decodes while the codec keeps up (it holds at most codec_max_windows x the steady chunk's frames;
+    # more: calls take up to codec_max_windows); None: the family's (FAMILY_DEFAULTS); above codec_max_windows: that
+    codec_calm_windows: int | None = None
     # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
     # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (FAMILY_DEFAULTS)
     first_chunk_margin: float | None = None
@@ -243,7 +253,9 @@ class ServerConfig:
         need(self.codec_starting_exempt_s is None or 0 <= self.codec_starting_exempt_s <= 0.3,
              "codec_starting_exempt_s must lie in 0..0.3 (the codec's urgent horizon) or be None")
         need(_int_or_none(self.max_first_chunk, 1, 64), "max_first_chunk must be an int in 1..64 or None")
-        need(_int_or_none(self.codec_max_windows, 1), "codec_max_windows must be an int >= 1 or None")
+        need(self.codec_max_windows is not None and _int_or_none(self.codec_max_windows, 1),
+             "codec_max_windows must be an int >= 1")
+        need(_int_or_none(self.codec_calm_windows, 1), "codec_calm_windows must be an int >= 1 or None")
         need(self.codec_queue_rounds is not None and _int_or_none(self.codec_queue_rounds, 1),
              "codec_queue_rounds must be an int >= 1")
         need(_int_or_none(self.ramp_repeat, 1, 4), "ramp_repeat must be an int in 1..4 or None")

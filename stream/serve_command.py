@@ -67,10 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the GPU counts as saturated (pausing streams far ahead is on) while an engine step "
                              "takes more than R x one frame (default %(default)s)")
     parser.add_argument("--codec-max-windows", type=int, default=d.codec_max_windows, metavar="N",
-                        help="streams one codec call decodes at most (default: the family's, 32 for Higgs v2/v3, 64 for "
-                             "Qwen3-TTS): fewer makes the longest call shorter (a first chunk waits for the call in "
-                             "flight) and the codec less efficient (H200, v2, 128 streams: TTFA p95 218-280 ms at 32, "
-                             "273-378 at 64, 319-353 at 16; docs/PERF.md)")
+                        help="streams one codec call decodes at most, once the codec has fallen behind (default "
+                             "%(default)s; the warm-up graphs calls up to N streams)")
+    parser.add_argument("--codec-calm-windows", type=int, default=d.codec_calm_windows, metavar="N",
+                        help="streams one codec call decodes while the codec keeps up: it holds at most one full call "
+                             "of --codec-max-windows streams' steady chunks (default: the family's, 32 for Higgs "
+                             "v2/v3, 64 for Qwen3-TTS): fewer makes the longest call shorter (a first chunk waits for "
+                             "the call in flight) and the codec less efficient (H200, v2, 128 streams: TTFA p95 "
+                             "218-280 ms at 32, 273-378 at 64; docs/PERF.md)")
     parser.add_argument("--codec-schedule", choices=("eager", "just_in_time"), default=d.codec_schedule,
                         help="eager: decode audio as the talker makes it (batched over 50 ms); just_in_time: while "
                              "streams are starting, decode each stream's audio only when its listener needs it within "
@@ -268,7 +272,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         codec_starting_ms=args.codec_starting_ms, codec_starting_ahead_s=args.codec_starting_ahead,
                         codec_starting_exempt_s=args.codec_starting_exempt, codec_queue_rounds=args.codec_queue_rounds,
                         ramp_repeat=args.ramp_repeat, max_first_chunk=args.max_first_chunk,
-                        codec_max_windows=args.codec_max_windows,
+                        codec_max_windows=args.codec_max_windows, codec_calm_windows=args.codec_calm_windows,
                         first_chunk_margin=args.first_chunk_margin,
                         saturated_step_ratio=args.saturated_step_ratio,
                         yield_ahead_s=None if args.yield_ahead is None or args.yield_ahead < 0 else args.yield_ahead,

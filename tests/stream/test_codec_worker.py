@@ -197,6 +197,49 @@ def test_a_backlog_goes_one_call_at_a_time_so_a_first_chunk_is_not_queued_behind
     assert got == [[0, 1], [5], [2, 3], [4]] and w.pending == []
 
 
+def test_calls_take_the_calm_streams_until_the_codec_falls_behind():
+    """calm_windows 2, max_windows 4 (steady chunk 25: behind past 4 x 25 = 100 held frames): six due streams of
+    10 frames each (60 held) go 2 a call; of 30 frames each (180 held) 4, then the last two (60 held) 2. A stop's
+    flush takes max_windows a call. With no calm_windows every call takes max_windows."""
+    def worker(**kw) -> tuple[CodecWorker, StubCode2Wav]:
+        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=4, **kw)
+        w.code2wav = SimpleNamespace(steps=1, run=stub.run, release=stub.release)
+        w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
+        return w, stub
+
+    def hold(w: CodecWorker, frames: int) -> None:
+        now = time.monotonic()
+        job = SimpleNamespace(codes=np.zeros((8, frames), np.int64))
+        w.pending = [Pending(SimpleNamespace(sid=i), job, now + 1.0 + i, taken=now - 1.0) for i in range(6)]
+
+    def streams_per_call(w: CodecWorker, everything: bool = False) -> list[int]:
+        start = len(stub.owners)
+        while w.pending:
+            w._decode_due(everything)
+        return [len(o) for o in stub.owners[start:]]
+
+    class Stub(StubCode2Wav):
+        def run(self, owners, jobs):
+            return super().run(owners, [0] * len(jobs))
+
+    stub = Stub()
+    w, _ = worker(calm_windows=2)
+    assert (w.calm_windows, w.behind_frames) == (2, 100)
+    hold(w, 10)
+    assert streams_per_call(w) == [2, 2, 2]
+    hold(w, 30)
+    assert streams_per_call(w) == [4, 2]
+    hold(w, 10)
+    assert streams_per_call(w, everything=True) == [4, 2]
+    w, _ = worker()
+    assert w.calm_windows == 4
+    hold(w, 10)
+    assert streams_per_call(w) == [4, 2]
+    assert worker(calm_windows=9)[0].calm_windows == 4  # never above the largest call
+    with pytest.raises(ConfigError, match="codec_calm_windows"):
+        worker(calm_windows=0)
+
+
 def test_only_calls_holding_an_overdue_job_are_marked_for_the_first_stream():
     """The trace's 7th field says whether a call held an overdue job (a first chunk, a dry listener):
     those calls, and only those, run on the highest-priority stream with `overdue_first` on CUDA. The 8th, and

@@ -335,14 +335,19 @@ async def test_each_family_gets_its_own_serving_defaults(caplog):
         p.codec_worker.call_peak_s = 0.300  # a burst's calls: the rule asks for 30 frames, the family's cap holds
         assert p.cfg.max_first_chunk == 10 and p.adapter_config("exact").schedule == (10, 10, 20, 25)
         assert p.cfg.codec_queue_rounds == 4 and p.codec_worker.rounds.maxsize == 4
-        assert p.cfg.codec_max_windows == 32 and p.codec_worker.max_windows == 32
+        assert p.cfg.codec_calm_windows == 32 and p.codec_worker.calm_windows == 32  # 32 a call while it keeps up,
+        assert p.cfg.codec_max_windows == 64 and p.codec_worker.max_windows == 64  # 64 once it has fallen behind
+        assert p.codec_worker.behind_frames == 64 * 25
     with caplog.at_level("INFO", logger="higgs_stream.stream.pipeline"):
         q = pipeline("qwen3-tts")
-    assert q.cfg.codec_max_windows == 64 and q.codec_worker.max_windows == 64
+    assert q.cfg.codec_calm_windows == 64 and (q.codec_worker.calm_windows, q.codec_worker.max_windows) == (64, 64)
     assert ("serving qwen3-tts with ramp_repeat=1, first_chunk_margin=1.0, codec_starting_ms=12.0, max_first_chunk=8, "
-            "codec_max_windows=64, codec_starting_ahead_s=0.2, codec_queue_rounds=4") in caplog.text  # operators see it
-    assert pipeline("v2", codec_max_windows=48).codec_worker.max_windows == 48
-    assert pipeline("qwen3-tts", codec_max_windows=16).codec_worker.max_windows == 16
+            "codec_calm_windows=64, codec_starting_ahead_s=0.2, codec_queue_rounds=4, codec_max_windows=64"
+            ) in caplog.text  # operators see it
+    v2 = pipeline("v2", codec_max_windows=48, codec_calm_windows=16).codec_worker
+    assert (v2.calm_windows, v2.max_windows, v2.behind_frames) == (16, 48, 48 * 25)
+    q16 = pipeline("qwen3-tts", codec_max_windows=16).codec_worker
+    assert (q16.calm_windows, q16.max_windows) == (16, 16)  # the family's 64 calm streams held to the largest call
     assert q.cfg.codec_queue_rounds == 4 and q.codec_worker.rounds.maxsize == 4  # one default for every family
     assert pipeline("v2", codec_queue_rounds=16).codec_worker.rounds.maxsize == 16
     assert (q.cfg.ramp_repeat, q.cfg.first_chunk_margin) == (1, 1.0)
@@ -382,9 +387,12 @@ async def test_the_first_chunk_grows_under_load_up_to_max_first_chunk():
         assert p.adapter_config("exact").schedule == want
     with pytest.raises(ConfigError, match="max_first_chunk"):
         ServerConfig(max_first_chunk=0)
-    for bad in (0, 2.5, True):
+    for bad in (0, 2.5, True, None):
         with pytest.raises(ConfigError, match="codec_max_windows"):
             ServerConfig(codec_max_windows=bad)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match="codec_calm_windows"):
+            ServerConfig(codec_calm_windows=bad)
 
 
 async def test_the_codec_cap_can_hold_while_a_listener_is_in_its_first_chunks():
