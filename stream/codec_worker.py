@@ -6,9 +6,9 @@ its deadline: when the stream's listener runs dry without it (monotonic seconds;
 deadline is its creation time). While some stream waits for its first audio (`busy()`), the thread
 decodes **just in time, in batches**: nothing runs until some job is within `CODEC_URGENT_S` of its
 deadline; then one call takes every job due within `CODEC_AHEAD_S`, most urgent first,
-`calm_windows` streams per call while the codec keeps up, `max_windows` once it has fallen behind (it holds more
-frames than one full call of `max_windows` streams' steady chunks). The talker runs streams seconds ahead of their listeners while it
-can, and decoding all of that at once would take the GPU from the talker exactly when new streams
+`calm_windows` streams per call while the codec keeps up, `max_windows` once it has fallen behind (it
+holds more frames than one full call of `max_windows` streams' steady chunks). The talker runs streams
+seconds ahead of their listeners while it can, and decoding all of that at once would take the GPU from the talker exactly when new streams
 wait for their first audio; just in time, the codec's share of the GPU follows real time. When no
 stream is starting, everything held is decoded once the oldest job waited `CODEC_HOLD_S` (or at once
 when one is urgent), so a lone request (an HTTP download) gets its audio as fast as it is made. A
@@ -180,7 +180,8 @@ class CodecWorker:
 
     def __init__(self, codec, cancel: Callable[[int], None], deliver: Callable[[list[tuple]], None], *,
                  warm: bool = True, graphs: bool = True, stream_mode: str = "separate",
-                 max_windows: int = CODEC_MAX_WINDOWS, calm_windows: int | None = None, max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
+                 max_windows: int = CODEC_MAX_WINDOWS, calm_windows: int | None = None,
+                 max_streams: int = CODEC_STATE_SLOTS_MIN // 2,
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
                  starting_s: float | None = None, starting_exempt_s: float | None = None,
@@ -383,8 +384,11 @@ class CodecWorker:
         it has fallen behind (codec thread)."""
         if self.calm_windows == self.max_windows:
             return self.max_windows
-        held = sum(p.job.codes.shape[1] for p in self.pending)
-        return self.max_windows if held > self.behind_frames else self.calm_windows
+        return self.max_windows if self.held_frames() > self.behind_frames else self.calm_windows
+
+    def held_frames(self) -> int:
+        """Codec frames made and not decoded yet (the jobs in `pending`; codec thread)."""
+        return sum(p.job.codes.shape[1] for p in self.pending)
 
     def _decode_call(self, pairs: list[tuple[Any, Job]], overdue: bool = False, late_s: float = 0.0) -> None:
         """One codec call over `pairs`; `late_s` (the trace's 9th field): how long past its deadline the call's most
@@ -406,7 +410,7 @@ class CodecWorker:
             took = t1 - t0
             held = 0  # the backlog (frames made, not yet decoded), counted when someone reads it
             if self.trace is not None or self.on_call is not None:
-                held = sum(p.job.codes.shape[1] for p in self.pending)
+                held = self.held_frames()
             measured = self.trace is not None or (self.starting_s is not None and jobs)  # the call's frames read
             frames = sum(j.codes.shape[1] for j in jobs) if measured else 0
             if self.trace is not None:

@@ -94,9 +94,10 @@ class Pipeline:
         one after the other; the host work still overlaps)."""
         arch = getattr(getattr(engine, "family", None), "arch", None)
         cfg = for_family(cfg, arch)  # the family's defaults filled in
+        # what the family's defaults and the flags made of the per-family settings
         log.info("serving %s with %s, codec_starting_ahead_s=%s, codec_queue_rounds=%d, codec_max_windows=%d",
                  arch or "an unnamed family", ", ".join(f"{k}={getattr(cfg, k)}" for k in FAMILY_FIELDS),
-                 cfg.codec_starting_ahead_s, cfg.codec_queue_rounds, cfg.codec_max_windows)  # what the family's defaults and the flags made of the per-family settings
+                 cfg.codec_starting_ahead_s, cfg.codec_queue_rounds, cfg.codec_max_windows)
         self.codec_worker = CodecWorker(codec, lambda sid: self.engine.cancel(sid), self._deliver,
                                         warm=warm_codec, graphs=codec_graphs, stream_mode=codec_stream,
                                         max_windows=cfg.codec_max_windows, calm_windows=cfg.codec_calm_windows,

@@ -201,11 +201,12 @@ def test_calls_take_the_calm_streams_until_the_codec_falls_behind():
     """calm_windows 2, max_windows 4 (steady chunk 25: behind past 4 x 25 = 100 held frames): six due streams of
     10 frames each (60 held) go 2 a call; of 30 frames each (180 held) 4, then the last two (60 held) 2. A stop's
     flush takes max_windows a call. With no calm_windows every call takes max_windows."""
-    def worker(**kw) -> tuple[CodecWorker, StubCode2Wav]:
-        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=4, **kw)
+    def worker(**kw) -> CodecWorker:
+        w = CodecWorker(FakeCodec(), cancel=lambda sid: None, deliver=lambda items: None, warm=False, max_windows=4,
+                        **kw)
         w.code2wav = SimpleNamespace(steps=1, run=stub.run, release=stub.release)
         w._loop = SimpleNamespace(call_soon_threadsafe=lambda fn, items: fn(items))
-        return w, stub
+        return w
 
     def hold(w: CodecWorker, frames: int) -> None:
         now = time.monotonic()
@@ -223,19 +224,20 @@ def test_calls_take_the_calm_streams_until_the_codec_falls_behind():
             return super().run(owners, [0] * len(jobs))
 
     stub = Stub()
-    w, _ = worker(calm_windows=2)
+    w = worker(calm_windows=2)
     assert (w.calm_windows, w.behind_frames) == (2, 100)
     hold(w, 10)
+    assert w.held_frames() == 60
     assert streams_per_call(w) == [2, 2, 2]
     hold(w, 30)
     assert streams_per_call(w) == [4, 2]
     hold(w, 10)
     assert streams_per_call(w, everything=True) == [4, 2]
-    w, _ = worker()
+    w = worker()
     assert w.calm_windows == 4
     hold(w, 10)
     assert streams_per_call(w) == [4, 2]
-    assert worker(calm_windows=9)[0].calm_windows == 4  # never above the largest call
+    assert worker(calm_windows=9).calm_windows == 4  # never above the largest call
     with pytest.raises(ConfigError, match="codec_calm_windows"):
         worker(calm_windows=0)
 
