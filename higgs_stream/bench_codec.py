@@ -153,9 +153,7 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
     step's time less the stages'. Medians of `iters` steps after one unrecorded step. Which convolutions run far
     below the card's fp32 rate is where an exact codec could still get faster (issue #10: its GPU time limits the
     streams a GPU carries)."""
-    from higgs_stream.engine.codec import streaming
-
-    advance, cuda = streaming._advance, device.type == "cuda"
+    advance, cuda = dec._advance_stage, device.type == "cuda"
     marks: list[tuple] = []  # per stage call: (stage, flops, start, end)
 
     def clock():
@@ -165,10 +163,10 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
         ev.record()
         return ev
 
-    def timed_advance(stage, buf: torch.Tensor, n: int) -> torch.Tensor:
+    def timed_advance(i: int, buf: torch.Tensor, n: int) -> torch.Tensor:
         t0 = clock()
-        y = advance(stage, buf, n)
-        marks.append((stage, stage_flops(stage, buf, y), t0, clock()))
+        y = advance(i, buf, n)
+        marks.append((dec.stages[i], stage_flops(dec.stages[i], buf, y), t0, clock()))
         return y
 
     def seconds(t0, t1) -> float:
@@ -177,7 +175,7 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
     per_step: list[list[float]] = []
     totals: list[float] = []
     flops: list[float] = []
-    streaming._advance = timed_advance
+    dec._advance_stage = timed_advance
     try:
         with open_rows(dec, batch, frames) as (slots, codes):
             for i in range(iters + 1):
@@ -192,7 +190,7 @@ def stage_times(dec: StreamingDecoder, batch: int, frames: int, device: torch.de
                     totals.append(seconds(t0, t1))
                     flops = [f for _, f, _, _ in marks]
     finally:
-        streaming._advance = advance
+        del dec._advance_stage  # the class's method again
     med = [float(np.median(col)) for col in zip(*per_step)]
     g, rows = dec.geometry, []
     for j, ((stage, *_), sec, f) in enumerate(zip(marks, med, flops)):
@@ -277,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     max_slots = max(*batches, 4)  # the parity section streams 4 utterances at once
     graphed = StreamingDecoder(codec, max_slots)
     eager = StreamingDecoder(codec, max_slots)
+    # the same-call baseline: every stage on PyTorch's convolutions (cuDNN), none on kernels/codec_layers.py's
+    plain, plain_eager = (StreamingDecoder(codec, max_slots, fused=False) for _ in range(2))
+    result["fused_stages"] = graphed.fused_stages
     g = graphed.geometry
     result["geometry"] = {"hop": g.hop, "lookahead_samples": g.lookahead_samples,
                           "lookahead_frames": g.lookahead_frames, "receptive_field": g.receptive_field}
@@ -288,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         result["capture_s"] = time.perf_counter() - t1
         result["graphed"] = graphed.graphed
         result["frame_buckets"] = frame_buckets
+        result["plain_capture_check_rel"] = plain.capture(batches, frame_buckets)
     decs = {"graphed": graphed, "eager": eager} if graphed.graphed else {"eager": eager}
+    if plain.graphed:
+        decs["plain_graphed"] = plain
     if args.profile and device.type == "cuda":
         result["profile"] = [profile_step(eager, *map(int, bc.split(":"))) for bc in args.profile.split(",")]
         for p in result["profile"]:
@@ -296,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                 + "; ".join(f"{k['ms']:.2f}ms x{k['count']} {k['name'][:60]}" for k in p["top"][:10]))
         save()
     if args.stage_times:
-        result["stage_times"] = [stage_times(eager, *map(int, bc.split(":")), device)
-                                 for bc in args.stage_times.split(",")]
+        result["stage_times"] = [dict(stage_times(dec, *map(int, bc.split(":")), device), decoder=name)
+                                 for bc in args.stage_times.split(",")
+                                 for name, dec in (("fused", eager), ("plain", plain_eager))]
         for st in result["stage_times"]:
             print_stage_times(st)
         save()
@@ -320,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
     if device.type == "cuda":  # today's pipeline replays the window decode from graphs (stream/codec_graphs.py)
-        del graphed, decs
+        del graphed, plain, plain_eager, decs
         torch.cuda.empty_cache()
         from higgs_stream.stream.codec_graphs import CodecGraphs
 
@@ -380,7 +385,7 @@ def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device)
 
 
 def print_stage_times(st: dict) -> None:
-    print(f"\nstateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, {st['gflop']:.1f} GFLOP, "
+    print(f"\n{st.get('decoder', '')} stateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, {st['gflop']:.1f} GFLOP, "
           f"{st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
     print(f"{'stage':>5} {'kind':<6} {'Cin':>5} {'Cout':>5} {'Hz':>6} {'ms':>8} {'GFLOP':>8} {'TFLOP/s':>8}")
     for r in st["stages"]:

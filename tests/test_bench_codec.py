@@ -48,19 +48,19 @@ def test_the_table_prints_an_error_row(capsys):
 def test_stage_times_counts_every_stage_once_and_restores_the_decoder():
     """`stage_times` on the tiny codec (CPU): a row per decoder stage in order, FLOPs as counted from the layer plan
     (C frames feed C x rate_in new inputs to a stage: a conv's and a residual unit's outputs, a transposed conv's
-    inputs plus its one-sample history), the rest of the step non-negative, and the decoder's `_advance` put back."""
+    inputs plus its one-sample history), the rest of the step non-negative, and the decoder's `_advance_stage` put
+    back (the class's method again)."""
     import math
 
-    from higgs_stream.engine.codec import CodecConfig, StreamingDecoder, codec_from_state_dict, streaming
+    from higgs_stream.engine.codec import CodecConfig, StreamingDecoder, codec_from_state_dict
     from higgs_stream.engine.codec.make import build_reference_model
 
     cfg = CodecConfig.tiny()
     codec = codec_from_state_dict(build_reference_model(cfg, seed=3).state_dict(), cfg, with_encoder=False)
     dec = StreamingDecoder(codec, 4)
-    original = streaming._advance
     b, c = 2, 5
     st = bc.stage_times(dec, b, c, torch.device("cpu"), iters=2)
-    assert streaming._advance is original and dec.free_slots == 4
+    assert "_advance_stage" not in vars(dec) and dec.free_slots == 4
     assert [r["stage"] for r in st["stages"]] == list(range(len(dec.stages)))
     want = 0.0
     for stage, row in zip(dec.stages, st["stages"]):

@@ -55,7 +55,7 @@ one device reduction (a host sync); CPU codes are checked on the host.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.decoder import AcousticDecoder
+from higgs_stream.engine.codec.gemm_conv import conv1d_gemm
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
 from higgs_stream.engine.codec.step_graphs import (
     CAPTURE_TOLERANCE,
@@ -72,6 +73,13 @@ from higgs_stream.engine.codec.step_graphs import (
     split_inputs,
 )
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
+from higgs_stream.kernels.codec_layers import (
+    MAX_CHANNELS,
+    ConvOutWeights,
+    ResidualUnitWeights,
+    residual_unit,
+    snake_conv_out,
+)
 from torch import nn
 
 if TYPE_CHECKING:
@@ -160,6 +168,28 @@ def _advance(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
     return buf[:, :, half:half + n] + g  # the skip: inputs aligned with g's outputs
 
 
+FUSED_MAX_CHANNELS = 64  # residual units of at most this many channels run fused (the 8 and 24 kHz stages of v2)
+
+
+def fused_stage(stage: Stage) -> Callable[[torch.Tensor, int, str], torch.Tensor] | None:
+    """The stage on a fused kernel (kernels/codec_layers.py), as f(buf, n, precision) -> `_advance`'s outputs, or
+    None where it keeps PyTorch's convolutions: a residual unit of at most FUSED_MAX_CHANNELS channels (one kernel
+    for its Snake, dilated conv, Snake, pointwise conv and skip); the last layer's Snake and conv to one channel; a
+    first conv without Snake as im2col + one GEMM (engine/codec/gemm_conv.py; cuBLAS reads its 1.8M weights once,
+    cuDNN's kernels ran it at 3.2 TFLOP/s). fp32 throughout (the opt-in TF32 codec: TF32 products)."""
+    m = stage.module
+    if stage.kind == "res" and stage.channels <= FUSED_MAX_CHANNELS:
+        wts = ResidualUnitWeights(m.snake1.alpha, m.conv1.weight, m.conv1.bias, m.conv1.dilation[0], m.snake2.alpha,
+                                  m.conv2.weight, m.conv2.bias)
+        return lambda buf, n, precision: residual_unit(buf, wts, precision=precision)
+    if stage.kind == "conv" and stage.snake is not None and m.out_channels == 1 and stage.channels <= MAX_CHANNELS:
+        out = ConvOutWeights(stage.snake.alpha, m.weight, m.bias, m.dilation[0])
+        return lambda buf, n, precision: snake_conv_out(buf, out)
+    if stage.kind == "conv" and stage.snake is None:
+        return lambda buf, n, precision: conv1d_gemm(buf, m.weight, m.bias, m.dilation[0])
+    return None
+
+
 # ---------------------------------------------------------------------------- per-stream bookkeeping
 @dataclass
 class _Stream:
@@ -186,12 +216,30 @@ class StreamingDecoder(SlotArenaDecoder):
     STEP_FIELDS = 4  # slot, frames run (valid + flush), start, end (the arena's staging)
     GRAPH_NAME = "codec streaming"
 
-    def __init__(self, codec: Codec, max_slots: int) -> None:
+    def __init__(self, codec: Codec, max_slots: int, fused: bool | None = None) -> None:
         self.stages = plan(codec.acoustic_decoder)
         assert self.stages[-1].rate_out == codec.geometry.hop, \
             f"decoder upsamples by {self.stages[-1].rate_out}, hop is {codec.geometry.hop}"
         # the arena: one [slot, C, H] history tensor per layer
         super().__init__(codec, max_slots, [(st.channels, st.history) for st in self.stages], _Stream)
+        # the stages on fused kernels (CUDA fp32; `fused`, default `codec.fused_layers`, on); None: PyTorch's convs
+        fused = getattr(codec, "fused_layers", True) if fused is None else fused
+        fused = fused and self.device.type == "cuda"
+        self._fused = [fused_stage(st) if fused else None for st in self.stages]
+
+    @property
+    def fused_stages(self) -> int:
+        """How many of the decoder's stages run on fused kernels."""
+        return sum(f is not None for f in self._fused)
+
+    def _advance_stage(self, i: int, buf: torch.Tensor, n: int) -> torch.Tensor:
+        """Stage i's outputs for the n new inputs of `buf` (`_advance`): on its fused kernel where it has one,
+        except under `check_against_native` (PyTorch's native convolutions, the reference the kernels are checked
+        against on the served card)."""
+        fast = self._fused[i]
+        if fast is None or self._native_reference:
+            return _advance(self.stages[i], buf, n)
+        return fast(buf, n, "tf32" if getattr(self.codec, "allow_tf32", False) else "ieee")
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
@@ -283,7 +331,7 @@ class StreamingDecoder(SlotArenaDecoder):
         for i, (stage, state) in enumerate(zip(self.stages, self.states)):
             h = stage.history
             torch.where(fresh, zero, state.index_select(0, slots), out=buf[:, :, :h])
-            y = _advance(stage, buf, buf.shape[2] - h)  # [B, Cout, n * stride]
+            y = self._advance_stage(i, buf, buf.shape[2] - h)  # [B, Cout, n * stride]
             keep = valid[:, None] * stage.rate_in + torch.arange(h, device=inp.device)  # [B, H]
             state.index_copy_(0, slots, buf.gather(2, keep[:, None, :].expand(-1, stage.channels, -1)))
             pos = start[:, None] * stage.rate_out - stage.lag + torch.arange(y.shape[2], device=inp.device)

@@ -1,5 +1,5 @@
-"""Incremental Code2Wav on CUDA, full-size codec (random weights): graph replay == eager == one-shot decode
-(run through the device tool)."""
+"""Incremental Code2Wav on CUDA, full-size codec (random weights): graph replay == eager == one-shot decode, with the
+narrow stages on the fused kernels (kernels/codec_layers.py, the default) and without (run through the device tool)."""
 
 import pytest
 import torch
@@ -28,13 +28,19 @@ def test_graphed_equals_eager_equals_one_shot_at_batch_16(codec):
     lengths = torch.randint(12, 48, (16,), generator=gen).tolist()
     utts = [torch.randint(0, 1024, (8, f), generator=gen) for f in lengths]
     graphed, eager = StreamingDecoder(codec, max_slots=16), StreamingDecoder(codec, max_slots=16)
+    plain = StreamingDecoder(codec, max_slots=16, fused=False)
+    # the first conv (a GEMM), six residual units of 64 and 32 channels, the last conv (Snake, conv to one channel)
+    assert graphed.fused_stages == eager.fused_stages == 8 and plain.fused_stages == 0
     check = graphed.capture([4, 16], [8, 18])
     assert graphed.graphed and check <= CAPTURE_TOLERANCE, f"capture check {check:.3g}"
     # every bucket's replay was timed: partition() prices steps with these
     assert set(graphed.timings) == {(b, c) for b in (4, 16) for c in (8, 18)}
     assert all(0 < t < 1.0 for t in graphed.timings.values())
     assert graphed.step_cost(16, 18) == graphed.timings[(16, 18)] and graphed.step_cost(3, 5) == graphed.timings[(4, 8)]
-    slots = {"graphed": [graphed.open() for _ in utts], "eager": [eager.open() for _ in utts]}
+    # the fused graphs vs the same steps on PyTorch's native convolutions everywhere (the served warm-up's check)
+    assert graphed.check_against_native() <= BOUND
+    decs = {"graphed": graphed, "eager": eager, "plain": plain}
+    slots = {k: [d.open() for _ in utts] for k, d in decs.items()}
     out = {k: [[] for _ in utts] for k in slots}
     pos = [0] * len(utts)
     step = 0
@@ -49,17 +55,17 @@ def test_graphed_equals_eager_equals_one_shot_at_batch_16(codec):
             pos[i] += v
             valid.append(v)
             final.append(pos[i] == lengths[i])
-        for kind, dec in (("graphed", graphed), ("eager", eager)):
+        for kind, dec in decs.items():
             got = dec.push([slots[kind][i] for i in rows], codes, valid, final)
             for r, i in enumerate(rows):
                 out[kind][i].append(got[r].clone())  # views of the graph's buffer: copy before the next push
         step += 1
-    assert graphed.replays > 0 and eager.replays == 0
+    assert graphed.replays > 0 and eager.replays == plain.replays == 0
     for i, codes in enumerate(utts):
         want = codec.decode(codes[None])[0]
-        g, e = torch.cat(out["graphed"][i]), torch.cat(out["eager"][i])
-        errs = rel_err(g, want), rel_err(e, want), rel_err(g, e)
-        assert max(errs) <= BOUND, f"utterance {i} ({lengths[i]} frames): graphed/eager/both vs one-shot {errs}"
+        g, e, p = (torch.cat(out[k][i]) for k in ("graphed", "eager", "plain"))
+        errs = rel_err(g, want), rel_err(e, want), rel_err(p, want), rel_err(g, e)
+        assert max(errs) <= BOUND, f"utterance {i} ({lengths[i]} frames): graphed/eager/plain/g-e vs one-shot {errs}"
 
 
 def test_step_output_converts_to_s16_in_one_op(codec):
