@@ -33,6 +33,7 @@ import torch
 
 from higgs_stream.bench.measure import timed
 from higgs_stream.engine.codec import Codec, CodecConfig, StreamingDecoder
+from higgs_stream.engine.codec.streaming import GEMM_MAX_RATE_OUT
 from higgs_stream.engine.gpu_memory import HEADROOM_GB, bound_process_memory
 
 WINDOW_CONTEXT = 10  # frames each side of a window today (the receptive field)
@@ -252,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage-times", default="", metavar="B:C,...",
                     help="time and FLOP rate of each decoder stage in an eager stateful step per B rows x C frames "
                          "(`stage_times`; any device)")
+    ap.add_argument("--gemm-max-rate-out", type=int, default=GEMM_MAX_RATE_OUT,
+                    help="the decoder's stages up to this many output samples a frame run as GEMMs (`gemm_stage`; "
+                         "40: up to 1 kHz), against the all-cuDNN decoder in the same run")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -273,11 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     codec = random_codec(args.tiny, args.device)
     max_slots = max(*batches, 4)  # the parity section streams 4 utterances at once
-    graphed = StreamingDecoder(codec, max_slots)
-    eager = StreamingDecoder(codec, max_slots)
-    # the same-call baseline: every stage on PyTorch's convolutions (cuDNN), none on kernels/codec_layers.py's
-    plain, plain_eager = (StreamingDecoder(codec, max_slots, fused=False) for _ in range(2))
-    result["fused_stages"] = graphed.fused_stages
+    graphed, eager = (StreamingDecoder(codec, max_slots, gemm_max_rate_out=args.gemm_max_rate_out) for _ in range(2))
+    # the same-call baseline: every stage on PyTorch's convolutions (cuDNN), none as GEMMs (`gemm_stage`)
+    plain, plain_eager = (StreamingDecoder(codec, max_slots, gemm=False) for _ in range(2))
+    result["gemm_stages"] = graphed.gemm_stages
     g = graphed.geometry
     result["geometry"] = {"hop": g.hop, "lookahead_samples": g.lookahead_samples,
                           "lookahead_frames": g.lookahead_frames, "receptive_field": g.receptive_field}
@@ -289,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         result["capture_s"] = time.perf_counter() - t1
         result["graphed"] = graphed.graphed
         result["frame_buckets"] = frame_buckets
-        result["plain_capture_check_rel"] = plain.capture(batches, frame_buckets)
     decs = {"graphed": graphed, "eager": eager} if graphed.graphed else {"eager": eager}
-    if plain.graphed:
-        decs["plain_graphed"] = plain
     if args.profile and device.type == "cuda":
         result["profile"] = [profile_step(eager, *map(int, bc.split(":"))) for bc in args.profile.split(",")]
         for p in result["profile"]:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage_times:
         result["stage_times"] = [dict(stage_times(dec, *map(int, bc.split(":")), device), decoder=name)
                                  for bc in args.stage_times.split(",")
-                                 for name, dec in (("fused", eager), ("plain", plain_eager))]
+                                 for name, dec in (("gemm", eager), ("plain", plain_eager))]
         for st in result["stage_times"]:
             print_stage_times(st)
         save()
@@ -324,8 +324,21 @@ def main(argv: list[str] | None = None) -> int:
         log(str(result["rows"][-1]))
         save()
 
+    if device.type == "cuda":  # the baseline's graphs once the GEMM decoder's are gone (both do not fit the bound)
+        decs.pop("graphed", None)
+        del graphed
+        torch.cuda.empty_cache()
+        result["plain_capture_check_rel"] = plain.capture(batches, frame_buckets)
+        if plain.graphed:
+            result["parity_plain"] = parity(codec, {"plain_graphed": plain}, [80, 57, 33, 101])
+            for b in batches:
+                for s in steps:
+                    result["rows"].append(stateful(plain, "stateful_plain_graphed", b, s, device))
+                    log(str(result["rows"][-1]))
+                    save()
+
     if device.type == "cuda":  # today's pipeline replays the window decode from graphs (stream/codec_graphs.py)
-        del graphed, plain, plain_eager, decs
+        del plain, plain_eager, decs
         torch.cuda.empty_cache()
         from higgs_stream.stream.codec_graphs import CodecGraphs
 
@@ -385,8 +398,8 @@ def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device)
 
 
 def print_stage_times(st: dict) -> None:
-    print(f"\n{st.get('decoder', '')} stateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, {st['gflop']:.1f} GFLOP, "
-          f"{st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
+    print(f"\n{st.get('decoder', '')} stateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, "
+          f"{st['gflop']:.1f} GFLOP, {st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
     print(f"{'stage':>5} {'kind':<6} {'Cin':>5} {'Cout':>5} {'Hz':>6} {'ms':>8} {'GFLOP':>8} {'TFLOP/s':>8}")
     for r in st["stages"]:
         print(f"{r['stage']:>5} {r['kind']:<6} {r['in_channels']:>5} {r['out_channels']:>5} {r['rate_hz']:>6.0f} "

@@ -55,7 +55,7 @@ one device reduction (a host sync); CPU codes are checked on the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from higgs_stream.engine.codec.arena import SlotArenaDecoder
 from higgs_stream.engine.codec.decoder import AcousticDecoder
-from higgs_stream.engine.codec.gemm_conv import conv1d_gemm
+from higgs_stream.engine.codec.gemm_conv import conv1d_gemm, conv_transpose1d_gemm
 from higgs_stream.engine.codec.layers import ResidualUnit, Snake1d
 from higgs_stream.engine.codec.step_graphs import (
     CAPTURE_TOLERANCE,
@@ -73,13 +73,6 @@ from higgs_stream.engine.codec.step_graphs import (
     split_inputs,
 )
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
-from higgs_stream.kernels.codec_layers import (
-    MAX_CHANNELS,
-    ConvOutWeights,
-    ResidualUnitWeights,
-    residual_unit,
-    snake_conv_out,
-)
 from torch import nn
 
 if TYPE_CHECKING:
@@ -168,26 +161,38 @@ def _advance(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
     return buf[:, :, half:half + n] + g  # the skip: inputs aligned with g's outputs
 
 
-FUSED_MAX_CHANNELS = 64  # residual units of at most this many channels run fused (the 8 and 24 kHz stages of v2)
+# Output samples a frame up to which a stage's convolutions run as GEMMs (`gemm_stage`). Served: 1, the first conv
+# alone (timed in whole steps and through the server, session 29). 40 (1 kHz) would add the first two blocks, each
+# faster alone (below) but not yet timed in a whole step nor under the served memory bound (their im2col: ~0.64 GB in
+# a 64-stream x 35-frame step at 1 kHz): `bench_codec --gemm-max-rate-out 40` measures it.
+GEMM_MAX_RATE_OUT = 1
 
 
-def fused_stage(stage: Stage) -> Callable[[torch.Tensor, int, str], torch.Tensor] | None:
-    """The stage on a fused kernel (kernels/codec_layers.py), as f(buf, n, precision) -> `_advance`'s outputs, or
-    None where it keeps PyTorch's convolutions: a residual unit of at most FUSED_MAX_CHANNELS channels (one kernel
-    for its Snake, dilated conv, Snake, pointwise conv and skip); the last layer's Snake and conv to one channel; a
-    first conv without Snake as im2col + one GEMM (engine/codec/gemm_conv.py; cuBLAS reads its 1.8M weights once,
-    cuDNN's kernels ran it at 3.2 TFLOP/s). fp32 throughout (the opt-in TF32 codec: TF32 products)."""
+def gemm_stage(stage: Stage, max_rate_out: int = GEMM_MAX_RATE_OUT) -> bool:
+    """Whether the stage's convolutions run as im2col + one GEMM each (engine/codec/gemm_conv.py, `_advance_gemm`)
+    instead of on cuDNN: the first conv (no Snake; 256 -> 1024 channels, k7), and stages whose output rate is at most
+    `max_rate_out` samples a frame. Timed per stage on an H200, 128 streams x 25 frames, cuDNN vs GEMM (session 29,
+    scripts/time_codec_gemm.py): the first conv 3.66 vs 0.46 ms (max |d| / peak 1.8e-6); up to 1 kHz (the transposed
+    convs from 1024 and 512 channels, the residual units of 512 and 256, sums over 512-3584 products an output)
+    1.03-1.62x faster; from 4 kHz on (256 channels and fewer, many positions) 0.61-0.80x. Both in fp32 (the GEMMs
+    follow `torch.backends.cuda.matmul.allow_tf32`, off)."""
+    return (stage.kind == "conv" and stage.snake is None) or \
+        (stage.kind in ("conv_t", "res") and stage.rate_out <= max_rate_out)
+
+
+def _advance_gemm(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
+    """`_advance` with the stage's conv (a residual unit's dilated one; its pointwise one stays a conv) as a GEMM."""
     m = stage.module
-    if stage.kind == "res" and stage.channels <= FUSED_MAX_CHANNELS:
-        wts = ResidualUnitWeights(m.snake1.alpha, m.conv1.weight, m.conv1.bias, m.conv1.dilation[0], m.snake2.alpha,
-                                  m.conv2.weight, m.conv2.bias)
-        return lambda buf, n, precision: residual_unit(buf, wts, precision=precision)
-    if stage.kind == "conv" and stage.snake is not None and m.out_channels == 1 and stage.channels <= MAX_CHANNELS:
-        out = ConvOutWeights(stage.snake.alpha, m.weight, m.bias, m.dilation[0])
-        return lambda buf, n, precision: snake_conv_out(buf, out)
-    if stage.kind == "conv" and stage.snake is None:
-        return lambda buf, n, precision: conv1d_gemm(buf, m.weight, m.bias, m.dilation[0])
-    return None
+    if stage.kind == "conv":
+        x = stage.snake(buf) if stage.snake is not None else buf
+        return conv1d_gemm(x, m.weight, m.bias, m.dilation[0])
+    if stage.kind == "conv_t":
+        s = m.stride[0]
+        return conv_transpose1d_gemm(stage.snake(buf), m.weight, m.bias, s)[:, :, s:s + n * s]
+    h = conv1d_gemm(m.snake1(buf), m.conv1.weight, m.conv1.bias, m.conv1.dilation[0])
+    g = F.conv1d(m.snake2(h), m.conv2.weight, m.conv2.bias)
+    half = stage.history // 2
+    return buf[:, :, half:half + n] + g
 
 
 # ---------------------------------------------------------------------------- per-stream bookkeeping
@@ -216,30 +221,29 @@ class StreamingDecoder(SlotArenaDecoder):
     STEP_FIELDS = 4  # slot, frames run (valid + flush), start, end (the arena's staging)
     GRAPH_NAME = "codec streaming"
 
-    def __init__(self, codec: Codec, max_slots: int, fused: bool | None = None) -> None:
+    def __init__(self, codec: Codec, max_slots: int, gemm: bool | None = None,
+                 gemm_max_rate_out: int = GEMM_MAX_RATE_OUT) -> None:
         self.stages = plan(codec.acoustic_decoder)
         assert self.stages[-1].rate_out == codec.geometry.hop, \
             f"decoder upsamples by {self.stages[-1].rate_out}, hop is {codec.geometry.hop}"
         # the arena: one [slot, C, H] history tensor per layer
         super().__init__(codec, max_slots, [(st.channels, st.history) for st in self.stages], _Stream)
-        # the stages on fused kernels (CUDA fp32; `fused`, default `codec.fused_layers`, on); None: PyTorch's convs
-        fused = getattr(codec, "fused_layers", True) if fused is None else fused
-        fused = fused and self.device.type == "cuda"
-        self._fused = [fused_stage(st) if fused else None for st in self.stages]
+        # `gemm_stage`s as GEMMs: by default on CUDA (where they are faster), given True on any device (the tests)
+        gemm = self.device.type == "cuda" if gemm is None else gemm
+        self._gemm = [gemm and gemm_stage(st, gemm_max_rate_out) for st in self.stages]
 
     @property
-    def fused_stages(self) -> int:
-        """How many of the decoder's stages run on fused kernels."""
-        return sum(f is not None for f in self._fused)
+    def gemm_stages(self) -> int:
+        """How many of the decoder's stages run as GEMMs (`gemm_stage`)."""
+        return sum(self._gemm)
 
     def _advance_stage(self, i: int, buf: torch.Tensor, n: int) -> torch.Tensor:
-        """Stage i's outputs for the n new inputs of `buf` (`_advance`): on its fused kernel where it has one,
-        except under `check_against_native` (PyTorch's native convolutions, the reference the kernels are checked
-        against on the served card)."""
-        fast = self._fused[i]
-        if fast is None or self._native_reference:
-            return _advance(self.stages[i], buf, n)
-        return fast(buf, n, "tf32" if getattr(self.codec, "allow_tf32", False) else "ieee")
+        """Stage i's outputs for the n new inputs of `buf` (`_advance`), a `gemm_stage` as GEMMs except under
+        `check_against_native` (PyTorch's native convolutions: the reference the served card's steps are checked
+        against)."""
+        if self._gemm[i] and not self._native_reference:
+            return _advance_gemm(self.stages[i], buf, n)
+        return _advance(self.stages[i], buf, n)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:

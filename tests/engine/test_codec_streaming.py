@@ -346,44 +346,16 @@ def test_check_against_native_compares_each_small_bucket_and_restores_the_arena(
     assert dec.check_against_native(max_row_frames=2) == got  # (2, 2) is not checked
 
 
-FUSED_SCRIPT = r"""
-import json, torch
-from higgs_stream.engine.codec import CodecConfig, StreamingDecoder, codec_from_state_dict, streaming
-from higgs_stream.engine.codec.make import build_reference_model
-from higgs_stream.kernels import codec_layers as cl
-streaming.residual_unit, streaming.snake_conv_out = cl.launch_residual_unit, cl.launch_conv_out  # no CUDA check
-cfg = CodecConfig.tiny()
-codec = codec_from_state_dict(build_reference_model(cfg, seed=7).state_dict(), cfg, with_encoder=False)
-dec = StreamingDecoder(codec, 3)
-assert dec.fused_stages == 0  # a CPU codec keeps PyTorch's convolutions
-dec._fused = [streaming.fused_stage(st) for st in dec.stages]  # the CUDA plan, its kernels interpreted
-gen = torch.Generator().manual_seed(3)
-utts = [torch.randint(0, 1024, (8, f), generator=gen) for f in (9, 4)]
-slots, out, pos = [dec.open() for _ in utts], [[], []], [0, 0]
-for size in (1, 3, 2, 5):
-    rows = [i for i in range(2) if pos[i] < utts[i].shape[1]]
-    valid = [min(size, utts[i].shape[1] - pos[i]) for i in rows]
-    codes = torch.zeros((len(rows), 8, size), dtype=torch.long)
-    for r, i in enumerate(rows):
-        codes[r, :, :valid[r]] = utts[i][:, pos[i]:pos[i] + valid[r]]
-        pos[i] += valid[r]
-    final = [pos[i] == utts[i].shape[1] for i in rows]
-    for r, a in zip(rows, dec.push([slots[i] for i in rows], codes, valid, final)):
-        out[r].append(a.clone())
-errs = []
-for u, o in zip(utts, out):
-    want = codec.decode(u[None])[0]
-    got = torch.cat(o)
-    errs.append(float((got - want).abs().max() / want.abs().max()) if got.shape == want.shape else None)
-print(json.dumps({"fused": dec.fused_stages, "stages": len(dec.stages), "errs": errs}))
-"""
-
-
-def test_the_fused_stages_stream_equal_to_one_shot_in_the_interpreter(interpret):
-    """The decoder's CUDA plan of fused stages (every residual unit of the tiny codec has <= 64 channels, the first
-    conv a GEMM, the last conv Snake + a conv to one channel; kernels/codec_layers.py) run by Triton's interpreter:
-    two streams in pushes of 1-5 frames, joining the batch and leaving it, equal to the one-shot decode (fp32 bound).
-    On the GPU at full size: tests/engine/test_codec_streaming_gpu.py."""
-    r = interpret(FUSED_SCRIPT)
-    assert r["fused"] == 2 + 3 * len(CodecConfig.tiny().decoder_ratios) and r["stages"] == 2 + 4 * 5
-    assert all(e is not None and e <= BOUND for e in r["errs"]), r["errs"]
+@pytest.mark.parametrize("max_rate_out", [1, 40])
+def test_the_stages_as_gemms_stream_equal_to_one_shot(codec, max_rate_out):
+    """`gemm_stage`: the first conv (served) and with `gemm_max_rate_out` 40 the stages up to 1 kHz too (the first two
+    blocks' transposed conv and residual units) as im2col + GEMMs, on by default on CUDA only; given on a CPU the
+    streamed output still equals the one-shot decode, for pushes of 0-12 frames."""
+    assert StreamingDecoder(codec, max_slots=1).gemm_stages == 0  # a CPU codec keeps PyTorch's convolutions
+    dec = StreamingDecoder(codec, max_slots=1, gemm=True, gemm_max_rate_out=max_rate_out)
+    first = 1 if max_rate_out == 1 else 9  # conv1; then at 200 Hz and 1 kHz a transposed conv + 3 residual units each
+    assert dec._gemm == [True] * first + [False] * (len(dec.stages) - first)
+    assert [st.rate_out for st in dec.stages[:9]] == [1] + [8] * 4 + [40] * 4
+    codes = random_codes(23, seed=5)
+    got = stream(dec, codes, schedule("random", 23, seed=5))
+    assert rel_err(got, codec.decode(codes[None])[0]) <= BOUND

@@ -1,5 +1,5 @@
 """Incremental Code2Wav on CUDA, full-size codec (random weights): graph replay == eager == one-shot decode, with the
-narrow stages on the fused kernels (kernels/codec_layers.py, the default) and without (run through the device tool)."""
+first conv as one GEMM (the default) and on cuDNN (run through the device tool)."""
 
 import pytest
 import torch
@@ -28,16 +28,15 @@ def test_graphed_equals_eager_equals_one_shot_at_batch_16(codec):
     lengths = torch.randint(12, 48, (16,), generator=gen).tolist()
     utts = [torch.randint(0, 1024, (8, f), generator=gen) for f in lengths]
     graphed, eager = StreamingDecoder(codec, max_slots=16), StreamingDecoder(codec, max_slots=16)
-    plain = StreamingDecoder(codec, max_slots=16, fused=False)
-    # the first conv (a GEMM), six residual units of 64 and 32 channels, the last conv (Snake, conv to one channel)
-    assert graphed.fused_stages == eager.fused_stages == 8 and plain.fused_stages == 0
+    plain = StreamingDecoder(codec, max_slots=16, gemm=False)
+    assert graphed.gemm_stages == eager.gemm_stages == 1 and plain.gemm_stages == 0  # the first conv
     check = graphed.capture([4, 16], [8, 18])
     assert graphed.graphed and check <= CAPTURE_TOLERANCE, f"capture check {check:.3g}"
     # every bucket's replay was timed: partition() prices steps with these
     assert set(graphed.timings) == {(b, c) for b in (4, 16) for c in (8, 18)}
     assert all(0 < t < 1.0 for t in graphed.timings.values())
     assert graphed.step_cost(16, 18) == graphed.timings[(16, 18)] and graphed.step_cost(3, 5) == graphed.timings[(4, 8)]
-    # the fused graphs vs the same steps on PyTorch's native convolutions everywhere (the served warm-up's check)
+    # the graphs vs the same steps on PyTorch's native convolutions everywhere (the served warm-up's check)
     assert graphed.check_against_native() <= BOUND
     decs = {"graphed": graphed, "eager": eager, "plain": plain}
     slots = {k: [d.open() for _ in utts] for k, d in decs.items()}
