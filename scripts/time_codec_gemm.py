@@ -1,5 +1,5 @@
 """Each stage of the Higgs decoder's stateful step timed on cuDNN and as im2col + one GEMM (engine/codec/gemm_conv.py),
-to find the stages where the GEMM wins (engine/codec/streaming.gemm_stage, `_advance_gemm`). One command on a GPU:
+to find the stages where the GEMM wins (engine/codec/streaming.gemm_stage). One command on a GPU:
 
     python scripts/time_codec_gemm.py --out gemm.json [--batch 128 --frames 25]
 
@@ -17,34 +17,27 @@ from pathlib import Path
 
 import torch
 
+from higgs_stream.bench.measure import device_seconds
 from higgs_stream.engine.codec import StreamingDecoder
 from higgs_stream.engine.codec.convs import codec_convs
-from higgs_stream.engine.codec.streaming import _advance, _advance_gemm
+from higgs_stream.engine.codec.streaming import _advance
 from higgs_stream.engine.random_weights import random_full_codec
 
 IM2COL_LIMIT = 2 << 30  # bytes
 
 
 def timed_ms(fn, iters: int = 10) -> float:
+    """Median device milliseconds of a call after one untimed call."""
     fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    return 1e3 * device_seconds(fn, iters)
 
 
 def as_gemm(stage, buf: torch.Tensor, n: int) -> torch.Tensor | None:
-    """`_advance_gemm` (None: a residual unit whose im2col would pass IM2COL_LIMIT)."""
+    """`_advance` with `gemm` (None: a residual unit whose im2col would pass IM2COL_LIMIT)."""
     c = stage.module.conv1 if stage.kind == "res" else None
     if c is not None and buf.shape[0] * n * c.in_channels * c.kernel_size[0] * 4 > IM2COL_LIMIT:
         return None
-    return _advance_gemm(stage, buf, n)
+    return _advance(stage, buf, n, gemm=True)
 
 
 def main() -> int:

@@ -145,18 +145,23 @@ def lookahead_samples(decoder: AcousticDecoder) -> int:
     return plan(decoder)[-1].lag
 
 
-def _advance(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
-    """buf [B, Cin, history + n] (raw inputs) -> the layer's outputs for the n new inputs [B, Cout, n * stride]."""
+def _advance(stage: Stage, buf: torch.Tensor, n: int, gemm: bool = False) -> torch.Tensor:
+    """buf [B, Cin, history + n] (raw inputs) -> the layer's outputs for the n new inputs [B, Cout, n * stride]; with
+    `gemm` its conv (a residual unit's dilated one; the pointwise one stays a conv) as im2col + one GEMM."""
     m = stage.module
     if stage.kind == "conv":
         x = stage.snake(buf) if stage.snake is not None else buf
-        return F.conv1d(x, m.weight, m.bias, dilation=m.dilation)
+        return conv1d_gemm(x, m.weight, m.bias, m.dilation[0]) if gemm else \
+            F.conv1d(x, m.weight, m.bias, dilation=m.dilation)
     if stage.kind == "conv_t":
         s = m.stride[0]
         x = stage.snake(buf) if stage.snake is not None else buf
-        return F.conv_transpose1d(x, m.weight, m.bias, stride=s)[:, :, s:s + n * s]
-    h = F.conv1d(m.snake1(buf), m.conv1.weight, m.conv1.bias, dilation=m.conv1.dilation)  # [B, C, n]
-    g = F.conv1d(m.snake2(h), m.conv2.weight, m.conv2.bias)
+        y = conv_transpose1d_gemm(x, m.weight, m.bias, s) if gemm else F.conv_transpose1d(x, m.weight, m.bias, stride=s)
+        return y[:, :, s:s + n * s]
+    c = m.conv1
+    x = m.snake1(buf)
+    h = conv1d_gemm(x, c.weight, c.bias, c.dilation[0]) if gemm else F.conv1d(x, c.weight, c.bias, dilation=c.dilation)
+    g = F.conv1d(m.snake2(h), m.conv2.weight, m.conv2.bias)  # [B, C, n]
     half = stage.history // 2
     return buf[:, :, half:half + n] + g  # the skip: inputs aligned with g's outputs
 
@@ -169,7 +174,7 @@ GEMM_MAX_RATE_OUT = 1
 
 
 def gemm_stage(stage: Stage, max_rate_out: int = GEMM_MAX_RATE_OUT) -> bool:
-    """Whether the stage's convolutions run as im2col + one GEMM each (engine/codec/gemm_conv.py, `_advance_gemm`)
+    """Whether the stage's convolutions run as im2col + one GEMM each (engine/codec/gemm_conv.py; `_advance`'s `gemm`)
     instead of on cuDNN: the first conv (no Snake; 256 -> 1024 channels, k7), and stages whose output rate is at most
     `max_rate_out` samples a frame. Timed per stage on an H200, 128 streams x 25 frames, cuDNN vs GEMM (session 29,
     scripts/time_codec_gemm.py): the first conv 3.66 vs 0.46 ms (max |d| / peak 1.8e-6); up to 1 kHz (the transposed
@@ -178,21 +183,6 @@ def gemm_stage(stage: Stage, max_rate_out: int = GEMM_MAX_RATE_OUT) -> bool:
     follow `torch.backends.cuda.matmul.allow_tf32`, off)."""
     return (stage.kind == "conv" and stage.snake is None) or \
         (stage.kind in ("conv_t", "res") and stage.rate_out <= max_rate_out)
-
-
-def _advance_gemm(stage: Stage, buf: torch.Tensor, n: int) -> torch.Tensor:
-    """`_advance` with the stage's conv (a residual unit's dilated one; its pointwise one stays a conv) as a GEMM."""
-    m = stage.module
-    if stage.kind == "conv":
-        x = stage.snake(buf) if stage.snake is not None else buf
-        return conv1d_gemm(x, m.weight, m.bias, m.dilation[0])
-    if stage.kind == "conv_t":
-        s = m.stride[0]
-        return conv_transpose1d_gemm(stage.snake(buf), m.weight, m.bias, s)[:, :, s:s + n * s]
-    h = conv1d_gemm(m.snake1(buf), m.conv1.weight, m.conv1.bias, m.conv1.dilation[0])
-    g = F.conv1d(m.snake2(h), m.conv2.weight, m.conv2.bias)
-    half = stage.history // 2
-    return buf[:, :, half:half + n] + g
 
 
 # ---------------------------------------------------------------------------- per-stream bookkeeping
@@ -241,9 +231,7 @@ class StreamingDecoder(SlotArenaDecoder):
         """Stage i's outputs for the n new inputs of `buf` (`_advance`), a `gemm_stage` as GEMMs except under
         `check_against_native` (PyTorch's native convolutions: the reference the served card's steps are checked
         against)."""
-        if self._gemm[i] and not self._native_reference:
-            return _advance_gemm(self.stages[i], buf, n)
-        return _advance(self.stages[i], buf, n)
+        return _advance(self.stages[i], buf, n, gemm=self._gemm[i] and not self._native_reference)
 
     def step(self, slots: Sequence[int], codes: torch.Tensor | np.ndarray, valid: Sequence[int],
              final: Sequence[bool]) -> StepAudio:
