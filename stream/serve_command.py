@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact: fp32 convolutions, streamed audio equals the one-shot decode to fp32 rounding; "
                              "tf32 (CUDA, opt-in): cuDNN TF32 convolutions, faster, ~1e-3 of peak from exact "
                              "(docs/PERF.md). No bf16 mode: the decoder's ConvTranspose is unstable in bf16")
+    parser.add_argument("--codec-gemm-max-rate-out", type=int, default=None, metavar="N",
+                        help="Higgs codec on CUDA: the stateful decoder's stages up to N output samples a frame run "
+                             "as fp32 GEMMs instead of cuDNN (default: the first conv alone; 40: up to 1 kHz, faster "
+                             "stage by stage on an H200, not yet timed in whole steps: docs/PERF.md session 29)")
     parser.add_argument("--pause-ahead", type=float, default=d.pause_ahead_s, metavar="S",
                         help="GPU saturated: pause streams this far ahead of their listener (s)")
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",
@@ -316,6 +320,12 @@ def build_state(args: argparse.Namespace) -> ServerState:
         codec.allow_tf32 = True
         log.warning("--codec-precision tf32: streamed audio is NOT the exact one-shot decode (about 1e-3 of peak "
                     "off, docs/PERF.md); the default 'exact' mode is")
+    if args.codec_gemm_max_rate_out is not None:
+        if args.codec_gemm_max_rate_out < 1:
+            raise ConfigError(f"--codec-gemm-max-rate-out must be >= 1, got {args.codec_gemm_max_rate_out}")
+        if not hasattr(codec, "gemm_max_rate_out"):
+            raise ConfigError("--codec-gemm-max-rate-out applies to the Higgs codec (v2, v3) only")
+        codec.gemm_max_rate_out = args.codec_gemm_max_rate_out
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()

@@ -119,6 +119,23 @@ def test_serve_flags_reach_the_codec_and_the_pacing_config():
     assert serve_command.build_state(args("--model", "random:tiny", "--yield-ahead", "-1")).pipeline.pacing.yield_ahead_s is None
 
 
+def test_the_codec_gemm_flag_reaches_the_stateful_decoder():
+    """--codec-gemm-max-rate-out sets which stages the Higgs decoder would run as GEMMs (on CUDA; a CPU decoder keeps
+    PyTorch's convolutions either way); refused below 1 (and by a Qwen3-TTS codec: tests/stream/test_qwen3_tts.py)."""
+    from higgs_stream.engine.codec.streaming import GEMM_MAX_RATE_OUT, gemm_stage
+
+    state = serve_command.build_state(args("--model", "random:tiny", "--codec-gemm-max-rate-out", "40"))
+    codec = state.pipeline.codec
+    assert codec.gemm_max_rate_out == 40
+    dec = codec.streaming_decoder(2)
+    assert dec.gemm_stages == 0  # CPU
+    assert sum(gemm_stage(st, 40) for st in dec.stages) == 9 and sum(gemm_stage(st) for st in dec.stages) == 1
+    assert serve_command.build_state(args("--model", "random:tiny")).pipeline.codec.gemm_max_rate_out is None
+    assert GEMM_MAX_RATE_OUT == 1
+    with pytest.raises(ConfigError, match=">= 1"):
+        serve_command.build_state(args("--model", "random:tiny", "--codec-gemm-max-rate-out", "0"))
+
+
 def test_serve_quantize_flag_reaches_the_engine():
     from higgs_stream.engine.quantize import QuantLinear
 

@@ -45,6 +45,9 @@ class Codec(nn.Module):
         self.cfg = cfg
         self.allow_tf32 = allow_tf32  # opt-in speed (about 1.7x at batch 8 on H200) at ~1e-3 relative error
         self.cudnn = True  # False: PyTorch's native convolutions (the codec worker's fallback, engine/gpu_memory.py)
+        # the stateful decoder's stages up to this many output samples a frame as GEMMs (None: its default, the first
+        # conv alone; `serve --codec-gemm-max-rate-out`, engine/codec/streaming.gemm_stage)
+        self.gemm_max_rate_out: int | None = None
         self.quantizer = ResidualVectorQuantizer(cfg, with_encoder)
         self.fc2 = nn.Linear(cfg.hidden_size, cfg.acoustic_dim)
         self.acoustic_decoder = AcousticDecoder(cfg)
@@ -128,9 +131,10 @@ class Codec(nn.Module):
 
     def streaming_decoder(self, max_slots: int):
         """The exact incremental decoder over this codec (engine/codec/streaming.py), `max_slots` streams."""
-        from higgs_stream.engine.codec.streaming import StreamingDecoder
+        from higgs_stream.engine.codec.streaming import GEMM_MAX_RATE_OUT, StreamingDecoder
 
-        return StreamingDecoder(self, max_slots)
+        rate = GEMM_MAX_RATE_OUT if self.gemm_max_rate_out is None else self.gemm_max_rate_out
+        return StreamingDecoder(self, max_slots, gemm_max_rate_out=rate)
 
     # ---- encode ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:

@@ -259,3 +259,7 @@ def test_serve_builds_the_speakers_into_its_voices(tiny_qwen_ckpt):
     state = serve_command.build_state(args("--model", str(tiny_qwen_ckpt), "--max-streams", "2"))
     assert state.voices.describe()["speakers"] == ["aiden", "dylan"] and state.pipeline.geometry.hop == 1920
     assert type(state.pipeline.engine.runner).__name__ == "RefRunner"
+    from higgs_stream.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Higgs codec"):  # the Higgs decoder's option, named as such
+        serve_command.build_state(args("--model", str(tiny_qwen_ckpt), "--codec-gemm-max-rate-out", "40"))
