@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     graphed, eager = (StreamingDecoder(codec, max_slots, gemm_max_rate_out=args.gemm_max_rate_out) for _ in range(2))
     # the same-call baseline: every stage on PyTorch's convolutions (cuDNN), none as GEMMs (`gemm_stage`)
     plain, plain_eager = (StreamingDecoder(codec, max_slots, gemm=False) for _ in range(2))
-    result["gemm_stages"] = graphed.gemm_stages
+    result["gemm_stages"], result["gemm_max_rate_out"] = graphed.gemm_stages, args.gemm_max_rate_out
     g = graphed.geometry
     result["geometry"] = {"hop": g.hop, "lookahead_samples": g.lookahead_samples,
                           "lookahead_frames": g.lookahead_frames, "receptive_field": g.receptive_field}
