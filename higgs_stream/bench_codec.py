@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     max_slots = max(*batches, 4)  # the parity section streams 4 utterances at once
     graphed, eager = (StreamingDecoder(codec, max_slots, gemm_max_rate_out=args.gemm_max_rate_out) for _ in range(2))
     # the same-call baseline: every stage on PyTorch's convolutions (cuDNN), none as GEMMs (`gemm_stage`)
-    plain, plain_eager = (StreamingDecoder(codec, max_slots, gemm=False) for _ in range(2))
+    plain = StreamingDecoder(codec, max_slots, gemm=False)
     result["gemm_stages"], result["gemm_max_rate_out"] = graphed.gemm_stages, args.gemm_max_rate_out
     g = graphed.geometry
     result["geometry"] = {"hop": g.hop, "lookahead_samples": g.lookahead_samples,
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage_times:
         result["stage_times"] = [dict(stage_times(dec, *map(int, bc.split(":")), device), decoder=name)
                                  for bc in args.stage_times.split(",")
-                                 for name, dec in (("gemm", eager), ("plain", plain_eager))]
+                                 for name, dec in (("gemm", eager),
+                                                   ("plain", StreamingDecoder(codec, max_slots, gemm=False)))]
         for st in result["stage_times"]:
             print_stage_times(st)
         save()
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                     save()
 
     if device.type == "cuda":  # today's pipeline replays the window decode from graphs (stream/codec_graphs.py)
-        del plain, plain_eager, decs
+        del plain, decs
         torch.cuda.empty_cache()
         from higgs_stream.stream.codec_graphs import CodecGraphs
 
@@ -399,7 +400,8 @@ def tf32_mode(codec: Codec, batches: list[int], step: int, device: torch.device)
 
 def print_stage_times(st: dict) -> None:
     print(f"\n{st.get('decoder', '')} stateful step B={st['batch']} x C={st['frames']}: {st['step_ms']:.2f} ms, "
-          f"{st['gflop']:.1f} GFLOP, {st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, the rest {st['rest_ms']:.2f} ms")
+          f"{st['gflop']:.1f} GFLOP, {st['tflops']:.2f} TFLOP/s; the stages {st['stages_ms']:.2f} ms, "
+          f"the rest {st['rest_ms']:.2f} ms")
     print(f"{'stage':>5} {'kind':<6} {'Cin':>5} {'Cout':>5} {'Hz':>6} {'ms':>8} {'GFLOP':>8} {'TFLOP/s':>8}")
     for r in st["stages"]:
         print(f"{r['stage']:>5} {r['kind']:<6} {r['in_channels']:>5} {r['out_channels']:>5} {r['rate_hz']:>6.0f} "

@@ -300,6 +300,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
                       "triton_ranged_decode": args.triton_ranged_decode, "bf16_gemv_rows": args.bf16_gemv_rows,
                       **({} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows})}
     ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from / --pdl-max-rows / .. fails here
+    if args.codec_gemm_max_rate_out is not None and args.codec_gemm_max_rate_out < 1:  # before the model loads too
+        raise ConfigError(f"--codec-gemm-max-rate-out must be >= 1, got {args.codec_gemm_max_rate_out}")
     engine_args = {"device": args.device, "dtype": dtype, "config": engine_cfg,
                    "cuda_graphs": not args.no_cuda_graphs, "kernels": args.kernels, "quantize": args.quantize,
                    "runner_options": runner_options}
@@ -321,8 +323,6 @@ def build_state(args: argparse.Namespace) -> ServerState:
         log.warning("--codec-precision tf32: streamed audio is NOT the exact one-shot decode (about 1e-3 of peak "
                     "off, docs/PERF.md); the default 'exact' mode is")
     if args.codec_gemm_max_rate_out is not None:
-        if args.codec_gemm_max_rate_out < 1:
-            raise ConfigError(f"--codec-gemm-max-rate-out must be >= 1, got {args.codec_gemm_max_rate_out}")
         if not hasattr(codec, "gemm_max_rate_out"):
             raise ConfigError("--codec-gemm-max-rate-out applies to the Higgs codec (v2, v3) only")
         codec.gemm_max_rate_out = args.codec_gemm_max_rate_out

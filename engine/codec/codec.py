@@ -131,10 +131,9 @@ class Codec(nn.Module):
 
     def streaming_decoder(self, max_slots: int):
         """The exact incremental decoder over this codec (engine/codec/streaming.py), `max_slots` streams."""
-        from higgs_stream.engine.codec.streaming import GEMM_MAX_RATE_OUT, StreamingDecoder
+        from higgs_stream.engine.codec.streaming import StreamingDecoder
 
-        rate = GEMM_MAX_RATE_OUT if self.gemm_max_rate_out is None else self.gemm_max_rate_out
-        return StreamingDecoder(self, max_slots, gemm_max_rate_out=rate)
+        return StreamingDecoder(self, max_slots, gemm_max_rate_out=self.gemm_max_rate_out)
 
     # ---- encode ----
     def encode(self, wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:

@@ -212,15 +212,17 @@ class StreamingDecoder(SlotArenaDecoder):
     GRAPH_NAME = "codec streaming"
 
     def __init__(self, codec: Codec, max_slots: int, gemm: bool | None = None,
-                 gemm_max_rate_out: int = GEMM_MAX_RATE_OUT) -> None:
+                 gemm_max_rate_out: int | None = None) -> None:
         self.stages = plan(codec.acoustic_decoder)
         assert self.stages[-1].rate_out == codec.geometry.hop, \
             f"decoder upsamples by {self.stages[-1].rate_out}, hop is {codec.geometry.hop}"
         # the arena: one [slot, C, H] history tensor per layer
         super().__init__(codec, max_slots, [(st.channels, st.history) for st in self.stages], _Stream)
-        # `gemm_stage`s as GEMMs: by default on CUDA (where they are faster), given True on any device (the tests)
+        # `gemm_stage`s as GEMMs: by default on CUDA (where they are faster), given True on any device (the tests);
+        # gemm_max_rate_out None: GEMM_MAX_RATE_OUT
         gemm = self.device.type == "cuda" if gemm is None else gemm
-        self._gemm = [gemm and gemm_stage(st, gemm_max_rate_out) for st in self.stages]
+        rate = GEMM_MAX_RATE_OUT if gemm_max_rate_out is None else gemm_max_rate_out
+        self._gemm = [gemm and gemm_stage(st, rate) for st in self.stages]
 
     @property
     def gemm_stages(self) -> int:
