@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(docs/PERF.md). No bf16 mode: the decoder's ConvTranspose is unstable in bf16")
     parser.add_argument("--codec-gemm-max-rate-out", type=int, default=None, metavar="N",
                         help="Higgs codec on CUDA: the stateful decoder's stages up to N output samples a frame run "
-                             "as fp32 GEMMs instead of cuDNN (default: the first conv alone; 40: up to 1 kHz, faster "
-                             "stage by stage on an H200, not yet timed in whole steps: docs/PERF.md session 29)")
+                             "as fp32 GEMMs instead of cuDNN (default 40: up to 1 kHz, the fastest on an H200; 1: the "
+                             "first conv alone; docs/PERF.md sessions 29-30)")
     parser.add_argument("--pause-ahead", type=float, default=d.pause_ahead_s, metavar="S",
                         help="GPU saturated: pause streams this far ahead of their listener (s)")
     parser.add_argument("--resume-ahead", type=float, default=d.resume_ahead_s, metavar="S",

@@ -124,14 +124,14 @@ def test_the_codec_gemm_flag_reaches_the_stateful_decoder():
     PyTorch's convolutions either way); refused below 1 (and by a Qwen3-TTS codec: tests/stream/test_qwen3_tts.py)."""
     from higgs_stream.engine.codec.streaming import GEMM_MAX_RATE_OUT, gemm_stage
 
-    state = serve_command.build_state(args("--model", "random:tiny", "--codec-gemm-max-rate-out", "40"))
+    state = serve_command.build_state(args("--model", "random:tiny", "--codec-gemm-max-rate-out", "1"))
     codec = state.pipeline.codec
-    assert codec.gemm_max_rate_out == 40
+    assert codec.gemm_max_rate_out == 1
     dec = codec.streaming_decoder(2)
     assert dec.gemm_stages == 0  # CPU
-    assert sum(gemm_stage(st, 40) for st in dec.stages) == 9 and sum(gemm_stage(st) for st in dec.stages) == 1
+    assert sum(gemm_stage(st, 1) for st in dec.stages) == 1 and sum(gemm_stage(st) for st in dec.stages) == 9
     assert serve_command.build_state(args("--model", "random:tiny")).pipeline.codec.gemm_max_rate_out is None
-    assert GEMM_MAX_RATE_OUT == 1
+    assert GEMM_MAX_RATE_OUT == 40
     with pytest.raises(ConfigError, match=">= 1"):
         serve_command.build_state(args("--model", "random:tiny", "--codec-gemm-max-rate-out", "0"))
 

@@ -45,8 +45,8 @@ class Codec(nn.Module):
         self.cfg = cfg
         self.allow_tf32 = allow_tf32  # opt-in speed (about 1.7x at batch 8 on H200) at ~1e-3 relative error
         self.cudnn = True  # False: PyTorch's native convolutions (the codec worker's fallback, engine/gpu_memory.py)
-        # the stateful decoder's stages up to this many output samples a frame as GEMMs (None: its default, the first
-        # conv alone; `serve --codec-gemm-max-rate-out`, engine/codec/streaming.gemm_stage)
+        # the stateful decoder's stages up to this many output samples a frame as GEMMs (None: its default, up to 1 kHz,
+        # streaming.GEMM_MAX_RATE_OUT; `serve --codec-gemm-max-rate-out`, engine/codec/streaming.gemm_stage)
         self.gemm_max_rate_out: int | None = None
         self.quantizer = ResidualVectorQuantizer(cfg, with_encoder)
         self.fc2 = nn.Linear(cfg.hidden_size, cfg.acoustic_dim)

@@ -348,8 +348,8 @@ def test_check_against_native_compares_each_small_bucket_and_restores_the_arena(
 
 @pytest.mark.parametrize("max_rate_out", [1, 40])
 def test_the_stages_as_gemms_stream_equal_to_one_shot(codec, max_rate_out):
-    """`gemm_stage`: the first conv (served) and with `gemm_max_rate_out` 40 the stages up to 1 kHz too (the first two
-    blocks' transposed conv and residual units) as im2col + GEMMs, on by default on CUDA only; given on a CPU the
+    """`gemm_stage`: the first conv alone (`gemm_max_rate_out` 1) or with the stages up to 1 kHz too (40, served: the
+    first two blocks' transposed conv and residual units) as im2col + GEMMs, on by default on CUDA only; given on a CPU the
     streamed output still equals the one-shot decode, for pushes of 0-12 frames."""
     assert StreamingDecoder(codec, max_slots=1).gemm_stages == 0  # a CPU codec keeps PyTorch's convolutions
     dec = StreamingDecoder(codec, max_slots=1, gemm=True, gemm_max_rate_out=max_rate_out)
