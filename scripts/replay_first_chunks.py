@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import json
 import math
 from types import SimpleNamespace
@@ -49,6 +50,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
                            cfg=SimpleNamespace(max_first_chunk=max_first_chunk, ramp_repeat=ramp_repeat,
                                                first_chunk_margin=first_chunk_margin), _handles=())
+    fake._first_chunk = functools.partial(Pipeline._first_chunk, fake)  # what adapter_config calls on itself
     admission = PacingConfig(frame_s=frame_s, admit_ratio=admit_ratio)
     si = ci = 0
     rows = []

@@ -35,6 +35,9 @@ MODES = ("exact", "low_latency")
 # Low-latency default: holdbacks (frames) of the first chunks, decoded as windows. TTFA 5 frames
 # instead of 11 on the Higgs codec; exact (stateful) after these chunks.
 LOW_LATENCY_RAMP = (4, 4, 4, 6, 8)
+# Low-latency under load (`loaded_config`): only the first chunk, sized for the load, is a window, with this holdback;
+# the stateful decoder takes over from chunk 1 (fewer window shapes to warm up, one transition to size for).
+LOADED_RAMP = LOW_LATENCY_RAMP[:1]
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,34 @@ class ChunkPlanner:
         self.emitted = max(self.emitted, push.out_to)
         self.flushed = final
         return push
+
+
+def load_schedule(first: int, repeat: int, last: int) -> tuple[int, ...]:
+    """Chunk sizes from a first chunk of `first` frames: `repeat` chunks of that size, then doubling up to `last`."""
+    schedule = [first] * repeat
+    while schedule[-1] < last:
+        schedule.append(min(last, 2 * schedule[-1]))
+    return tuple(schedule)
+
+
+def loaded_config(mode: str, first: int, repeat: int, last: int) -> AdapterConfig:
+    """A segment's plan when its first chunk has `first` frames (`load_schedule`); in low-latency mode with `first`
+    above 1 the ramp is LOADED_RAMP: one window, then the stateful decoder."""
+    if mode == "exact":
+        return AdapterConfig(mode=mode, schedule=load_schedule(first, repeat, last))
+    if first == 1:
+        return AdapterConfig(mode=mode, schedule=load_schedule(1, 1, last))
+    return AdapterConfig(mode=mode, schedule=load_schedule(first, repeat, last), ramp_holdbacks=LOADED_RAMP)
+
+
+def window_lengths(cfg: AdapterConfig, geometry: CodecGeometry) -> set[int]:
+    """Frames of every ramp window the plan decodes when its frames arrive one at a time (the shapes a GPU codec
+    warms up; none in exact mode or on a causal codec)."""
+    planner, lengths = ChunkPlanner(cfg, geometry), set()
+    while planner.in_ramp:
+        planner.available += 1
+        lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
+    return lengths
 
 
 def first_chunk_frames(cfg: AdapterConfig, geometry: CodecGeometry) -> int:

@@ -41,7 +41,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.gpu_memory import WARMUP_HEADROOM_GB, bound_process_memory, with_plan_headroom
 from higgs_stream.stream.adapter import Code2Wav, Job, jobs_to_s16le
-from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Window
+from higgs_stream.stream.chunking import AdapterConfig, window_lengths
 from higgs_stream.stream.config import CODEC_MAX_WINDOWS  # the most streams one call decodes
 from higgs_stream.stream.config import CODEC_QUEUE_ROUNDS  # rounds of decode work queued for the codec thread
 from higgs_stream.stream.pacing import LoopModel
@@ -185,7 +185,8 @@ class CodecWorker:
                  busy: Callable[[], bool] = lambda: False, codec_sms: int | None = None,
                  overdue_first: bool = False, starting: Callable[[], bool] = lambda: False,
                  starting_s: float | None = None, starting_exempt_s: float | None = None,
-                 memory_headroom_gb: float | None = None, queue_rounds: int = CODEC_QUEUE_ROUNDS):
+                 memory_headroom_gb: float | None = None, queue_rounds: int = CODEC_QUEUE_ROUNDS,
+                 ramp_configs: Sequence[AdapterConfig] = (AdapterConfig(mode="low_latency"),)):
         if stream_mode not in CODEC_STREAMS:
             raise ConfigError(f"codec_stream must be one of {CODEC_STREAMS}, got {stream_mode!r}")
         if max_windows < 1:
@@ -230,6 +231,7 @@ class CodecWorker:
         # activations, then caps the process at what it holds plus this many GB (engine/gpu_memory.py: a cuDNN plan
         # with a huge workspace returned wrong audio on an H200); None: no bounds
         self.memory_headroom_gb = memory_headroom_gb
+        self.ramp_configs = tuple(ramp_configs)  # low-latency plans whose ramp windows `warm_up` prepares
         self.memory_cap: int | None = None  # bytes, once start() has bounded the process (None: no bound)
         self.native_check: float | None = None  # the warm-up's graphs vs native convolutions (None: not checked)
         self.call_model = LoopModel()  # a call's seconds vs its frames: fixed cost + per frame (codec thread)
@@ -465,11 +467,7 @@ class CodecWorker:
             frames = frame_buckets(self.code2wav.geometry, AdapterConfig().schedule[-1])
             batches = batch_buckets(self.max_windows)  # the stateful steps' (graphed) batch sizes
             green = self._stream if self.codec_sms is not None else None  # graphs keep to the green context's SMs
-            planner = ChunkPlanner(AdapterConfig(mode="low_latency"), self.code2wav.geometry)
-            lengths: set[int] = set()
-            while planner.in_ramp:
-                planner.available += 1
-                lengths |= {j.stop - j.start for j in planner.take() if isinstance(j, Window)}
+            lengths = set().union(*(window_lengths(c, self.code2wav.geometry) for c in self.ramp_configs))
             k = self.code2wav.geometry.num_codebooks
 
             def windows() -> None:  # every ramp window shape once, eagerly

@@ -52,7 +52,7 @@ from higgs_stream.stream.adapter import (
     WindowJob,
     feed_frames,
 )
-from higgs_stream.stream.chunking import AdapterConfig
+from higgs_stream.stream.chunking import LOADED_RAMP, AdapterConfig, loaded_config
 from higgs_stream.stream.codec_worker import (
     CodecWorker,
     Round,
@@ -107,7 +107,10 @@ class Pipeline:
                                         starting=self._starting if cfg.codec_starting_ahead_s is None else self._ramping,
                                         starting_s=None if cfg.codec_starting_ms is None else cfg.codec_starting_ms / 1e3,
                                         starting_exempt_s=cfg.codec_starting_exempt_s,
-                                        memory_headroom_gb=cfg.gpu_headroom_gb, queue_rounds=cfg.codec_queue_rounds)
+                                        memory_headroom_gb=cfg.gpu_headroom_gb, queue_rounds=cfg.codec_queue_rounds,
+                                        # every low-latency plan `adapter_config` can make: their windows are warmed
+                                        ramp_configs=[loaded_config("low_latency", f, cfg.ramp_repeat, DEFAULT_SCHEDULE[-1])
+                                                      for f in range(1, cfg.max_first_chunk + 1)])
         self.codec_worker.on_call = self._codec_called
         self.engine, self.codec, self.cfg = engine, codec, cfg
         self.geometry = codec.geometry
@@ -239,10 +242,10 @@ class Pipeline:
         return self._loop.time()
 
     def adapter_config(self, mode: str) -> AdapterConfig:
-        """A new segment's chunk plan. In exact mode its first chunk must outlast the delivery jitter
-        of the chunks after it (a listener plays chunk 0 at once), so under load it starts with more
-        frames, the larger of two needs, the loop time being the larger of the recent one and the one
-        predicted at the current number of streams (a burst is loaded from its first arrival):
+        """A new segment's chunk plan. Its first chunk must outlast the delivery jitter of the chunks after it (a
+        listener plays chunk 0 at once), so under load it starts with more frames, the larger of two needs, the loop
+        time being the larger of the recent one and the one predicted at the current number of streams (a burst is
+        loaded from its first arrival):
         - ceil(JITTER_FACTOR x (engine loop + mean codec call) / frame);
         - chunk 1 (`ramp_repeat` 1: twice chunk 0's frames; 2 or more: as many) may wait for the longest
           codec call in flight while chunk 0 waited for none: f frames of audio must cover chunk 1's
@@ -250,21 +253,28 @@ class Pipeline:
           (`max_first_chunk` when a frame cannot cover them). `first_chunk_margin` covers calls longer than any
           recent one: in a burst of arrivals the backlog's calls ran 2-4x the recent peak. Both per family
           (config.FAMILY_DEFAULTS) unless the config sets them.
-        1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size;
-        never above the config's `max_first_chunk`. Sizes are fixed per segment: a schedule never shrinks."""
-        if mode != "exact":  # low-latency keeps its ramp (its windows' shapes are the warmed-up ones)
-            return AdapterConfig(mode=mode, schedule=DEFAULT_SCHEDULE)
+        1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size
+        (`chunking.loaded_config`); never above the config's `max_first_chunk`. Sizes are fixed per segment: a
+        schedule never shrinks. Low-latency mode keeps its whole ramp of windows while the exact plan would start
+        with 1 frame; above that its first chunk alone is a window (LOADED_RAMP's holdback h) and chunk 1 comes from
+        the stateful decoder, look-ahead L frames after its last frame instead of h: chunk 1 waits L - h more
+        steps, which its first chunk covers too (without that a 1-frame first chunk ran dry at 128 streams, H200)."""
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        frame_s, worker, repeat, cap = (self.geometry.frame_seconds, self.codec_worker, self.cfg.ramp_repeat,
-                                        self.cfg.max_first_chunk)
+        repeat, last = self.cfg.ramp_repeat, DEFAULT_SCHEDULE[-1]
+        first = self._first_chunk(loop_s, repeat, 0)
+        if mode != "exact" and first > 1 and AdapterConfig(mode=mode).ramp(self.geometry):
+            first = self._first_chunk(loop_s, repeat, self.geometry.lookahead_frames - LOADED_RAMP[0])
+        return loaded_config(mode, first, repeat, last)
+
+    def _first_chunk(self, loop_s: float, repeat: int, extra_steps: int) -> int:
+        """Frames of a first chunk under an engine loop of `loop_s` whose chunk 1 also waits `extra_steps` steps
+        (`adapter_config`), within 1..max_first_chunk."""
+        frame_s, worker = self.geometry.frame_seconds, self.codec_worker
         first = math.ceil(JITTER_FACTOR * (loop_s + worker.call_s) / frame_s)
         if worker.call_peak_s > 0:  # inf (then the cap) when a frame cannot cover chunk 1's steps
-            first = max(first, frames_to_cover(self.cfg.first_chunk_margin * worker.call_peak_s, loop_s, frame_s, repeat))
-        first = min(cap, max(DEFAULT_SCHEDULE[0], first))
-        last, schedule = DEFAULT_SCHEDULE[-1], [first] * repeat
-        while schedule[-1] < last:
-            schedule.append(min(last, 2 * schedule[-1]))
-        return AdapterConfig(mode=mode, schedule=tuple(schedule))
+            first = max(first, frames_to_cover(self.cfg.first_chunk_margin * worker.call_peak_s, loop_s, frame_s,
+                                               repeat, extra_steps))
+        return min(self.cfg.max_first_chunk, max(DEFAULT_SCHEDULE[0], first))
 
     # ---- admission (event loop) ----
 
@@ -536,13 +546,13 @@ class Pipeline:
                 handle._segment_end(seg, item[2], item[3], item[4])
 
 
-def frames_to_cover(call_s: float, loop_s: float, frame_s: float, ramp_repeat: int) -> float:
+def frames_to_cover(call_s: float, loop_s: float, frame_s: float, ramp_repeat: int, extra_steps: int = 0) -> float:
     """Frames of audio chunk 0 needs to outlast chunk 1's engine steps (as many frames as chunk 0 with `ramp_repeat`
-    above 1, twice as many with 1) plus a codec call of `call_s`: ceil(call / (frame - m x loop)), each frame leaving
-    frame - m x loop of slack; math.inf when a frame cannot cover the steps (`Pipeline.adapter_config`; the offline
-    replay, scripts/replay_first_chunks.py)."""
+    above 1, twice as many with 1, plus `extra_steps`) plus a codec call of `call_s`:
+    ceil((call + extra x loop) / (frame - m x loop)), each frame leaving frame - m x loop of slack; math.inf when a
+    frame cannot cover the steps (`Pipeline.adapter_config`; the offline replay, scripts/replay_first_chunks.py)."""
     spare = frame_s - (1 if ramp_repeat > 1 else 2) * loop_s
-    return math.inf if spare <= 0 else math.ceil(call_s / spare)
+    return math.inf if spare <= 0 else math.ceil((call_s + extra_steps * loop_s) / spare)
 
 
 def _job_samples(job: PushJob | WindowJob, hop: int) -> int:

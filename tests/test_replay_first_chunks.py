@@ -3,6 +3,7 @@ decides with the same loop and codec history, and the load generator's streams a
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from pathlib import Path
@@ -45,6 +46,7 @@ def test_the_replay_makes_the_pipelines_decision():
     fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=0.04), codec_worker=call,
                            cfg=SimpleNamespace(max_first_chunk=8, ramp_repeat=1, first_chunk_margin=1.0),
                            _handles=range(2))
+    fake._first_chunk = functools.partial(Pipeline._first_chunk, fake)
     want = list(Pipeline.adapter_config(fake, "exact").schedule[:3])
     assert rows[1]["schedule"] == want and want[0] > 1  # under load the first chunk grows
     assert abs(rows[1]["call_peak_s"] - 0.08 * fade) < 1e-12

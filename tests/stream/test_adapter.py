@@ -35,7 +35,16 @@ from higgs_stream.stream.adapter import (
     decode_windows,
     to_s16le,
 )
-from higgs_stream.stream.chunking import LOW_LATENCY_RAMP, AdapterConfig, first_chunk_frames, max_step_ratio
+from higgs_stream.stream.chunking import (
+    LOADED_RAMP,
+    LOW_LATENCY_RAMP,
+    AdapterConfig,
+    first_chunk_frames,
+    load_schedule,
+    loaded_config,
+    max_step_ratio,
+    window_lengths,
+)
 from higgs_stream.testing import EXACT_REL_TO_PEAK, assert_audio_close, rel_to_peak
 
 BOS, EOS = 1024, 1025
@@ -260,6 +269,36 @@ def test_low_latency_snr(codec):
     print(f"low-latency SNR: whole {np.mean(totals):.1f} dB, first chunk {np.mean(firsts):.1f} dB")
     assert min(totals) >= LOW_LATENCY_SNR_FLOOR_DB, totals
     assert min(firsts) >= LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB, firsts
+
+
+@pytest.mark.parametrize("first", [2, 5, 10])
+def test_a_loaded_low_latency_plan_windows_its_first_chunk_alone(codec, first):
+    """Under load (`loaded_config`, a first chunk of f > 1 frames) low-latency mode decodes chunk 0 alone as a window
+    (LOADED_RAMP's 4-frame holdback: out after f + 4 frames, 6 before exact's f + 10) and every later sample from the
+    stateful decoder, equal to the one-shot decode; chunk 0 within the first-chunk SNR floor."""
+    assert load_schedule(first, 2, 25)[:3] == (first, first, 2 * first)
+    cfg = loaded_config("low_latency", first, 2, 25)
+    assert cfg.ramp(codec.geometry) == LOADED_RAMP == (4,) and window_lengths(cfg, codec.geometry) == {first + 4}
+    assert first_chunk_frames(cfg, codec.geometry) == first + 4
+    assert first_chunk_frames(loaded_config("exact", first, 2, 25), codec.geometry) == first + 10
+    cols = segment_columns(np.random.default_rng(first), 90)
+    ref = one_shot(codec, cols)
+    chunks = stream(Code2WavAdapter(codec, cfg), cols)
+    assert chunks[0][0] == first + 4 + 7 and chunks[0][1].size == first * HOP  # frame n comes with column n + 7
+    out = joined(chunks)
+    assert out.size == ref.size
+    assert_audio_close(out[first * HOP:], ref[first * HOP:], what="after the loaded window")
+    assert snr_db(out[:first * HOP], ref[:first * HOP]) >= LOW_LATENCY_FIRST_CHUNK_SNR_FLOOR_DB
+
+
+def test_an_idle_low_latency_plan_keeps_the_whole_ramp(codec):
+    """A first chunk of 1 frame: the default low-latency plan, every LOW_LATENCY_RAMP window (their lengths: the shapes
+    a GPU codec warms up); exact mode and a causal codec have no windows."""
+    cfg = loaded_config("low_latency", 1, 2, 25)
+    assert cfg == AdapterConfig(mode="low_latency") and cfg.ramp(codec.geometry) == LOW_LATENCY_RAMP
+    assert window_lengths(cfg, codec.geometry) == {5, 7, 11, 21, 34}  # 1 + 4; 1 + 2 + 4; 3 + 4 + 4; 10 + 4 + 7 ...
+    assert window_lengths(AdapterConfig(), codec.geometry) == set()
+    assert loaded_config("exact", 1, 2, 25).schedule == (1, 1, 2, 4, 8, 16, 25)
 
 
 # ---------------------------------------------------------------- many streams, one decoder

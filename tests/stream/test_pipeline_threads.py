@@ -14,8 +14,10 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import CapacityError, ConfigError
 from higgs_stream.stream.adapter import to_s16le
+from higgs_stream.stream.chunking import LOADED_RAMP, AdapterConfig, window_lengths
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.handle import End, StreamHandle
 from higgs_stream.stream.messages import ContextOptions
@@ -267,7 +269,8 @@ async def test_first_chunk_grows_with_the_measured_jitter():
     p.codec_worker.call_s = 0.030  # 3 x 40 ms = 120 ms of jitter = 3 frames
     cfg = p.adapter_config("exact")
     assert cfg.schedule == (3, 6, 12, 24, 25) and cfg.mode == "exact"
-    assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its ramp stays as warmed up
+    loaded = p.adapter_config("low_latency")  # the fake codec is causal: no windows, exact's plan
+    assert loaded.schedule == (3, 6, 12, 24, 25) and loaded.ramp(p.geometry) == ()
     p.codec_worker.call_s = 1.0
     assert p.adapter_config("exact").schedule[0] == 10
     # a long call in flight delays chunk 1 but not chunk 0: 3 frames must cover 6 loops + the call
@@ -300,15 +303,43 @@ async def test_a_repeated_ramp_start_sizes_the_first_chunk_for_one_chunk_of_step
 
 async def test_a_first_chunk_margin_sizes_for_longer_calls_than_the_recent_peak():
     """first_chunk_margin K: chunk 0 must cover chunk 1's steps plus K x the longest recent call (bursts ran calls 2-4x
-    any recent one); K 1 is the plain rule; the cap still holds."""
+    any recent one); K 1 is the plain rule; the cap still holds. Low-latency on a non-causal codec (the Higgs
+    geometry, which the sizing reads): one window (LOADED_RAMP), and chunk 1 from the stateful decoder waits the
+    look-ahead's 10 frames less the window's 4 holdback more steps; idle, its whole ramp."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
-    for k, first in ((1.0, 3), (3.0, 8), (2.0, 6)):
+    higgs = CodecGeometry(num_codebooks=8, codebook_size=1024, hop=960, sample_rate=24000, receptive_field=10,
+                          lookahead_samples=9458, causal=False)
+    for k, first, ll in ((1.0, 3, 5), (3.0, 8, 10), (2.0, 6, 8)):
         p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig(ramp_repeat=2, first_chunk_margin=k))
+        p.geometry = higgs  # what adapter_config sizes from (the fake codec itself is causal)
+        assert p.adapter_config("low_latency") == AdapterConfig(mode="low_latency")  # idle
         p.loop_model.observe(64, 0.010)
         p.codec_worker.call_s, p.codec_worker.call_peak_s = 0.010, 0.080
-        assert p.adapter_config("exact").schedule[:2] == (first, first)  # ceil(k x 80 ms / (40 - 10 ms)), cap 8
-        assert p.adapter_config("low_latency").schedule == (1, 2, 4, 8, 16, 25)  # its own ramp, any margin
+        assert p.adapter_config("exact").schedule[:2] == (first, first)  # ceil(k x 80 ms / (40 - 10 ms)), cap 10
+        # low-latency: chunk 1 from the stateful decoder also waits 10 - 4 look-ahead steps
+        loaded = p.adapter_config("low_latency")
+        assert loaded.schedule[:2] == (ll, ll) and loaded.ramp(higgs) == LOADED_RAMP  # ceil((k x 80 + 6 x 10) / 30)
+
+
+async def test_the_codec_warms_every_window_a_low_latency_plan_can_decode():
+    """The codec worker warms up (and graphs) the ramp windows of every plan `adapter_config` can return in
+    low-latency mode (CodecWorker.ramp_configs): the idle ramp's five and the loaded window of each first chunk up to
+    the cap, so no load sends a window of an unwarmed shape (a GPU codec's first call at a new shape is slow)."""
+    from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
+
+    higgs = CodecGeometry(num_codebooks=8, codebook_size=1024, hop=960, sample_rate=24000, receptive_field=10,
+                          lookahead_samples=9458, causal=False)
+    p = Pipeline(FakeEngine(), FakeCodec(), ServerConfig())
+    p.geometry = higgs  # what adapter_config sizes from (the fake codec itself is causal)
+    warmed = set().union(*(window_lengths(c, higgs) for c in p.codec_worker.ramp_configs))
+    assert warmed == {5, 7, 11, 21, 34} | {f + 4 for f in range(2, p.cfg.max_first_chunk + 1)}
+    seen = set()
+    for loop_ms in (0, 2, 5, 10, 20, 45):
+        for peak_ms in (0, 5, 20, 60, 200):
+            p.loop_model.last_s, p.codec_worker.call_s, p.codec_worker.call_peak_s = loop_ms / 1e3, peak_ms / 2e3, peak_ms / 1e3
+            seen |= window_lengths(p.adapter_config("low_latency"), higgs)
+    assert seen <= warmed and len(seen) >= 6, seen
 
 
 async def test_each_family_gets_its_own_serving_defaults(caplog):
