@@ -73,6 +73,7 @@ access_log = logging.getLogger("higgs_stream.access")
 
 WARM_UP_TIMEOUT_S = 600.0  # Pipeline.warm_up: first-use kernel compilation can take minutes
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
+DEFAULT_LAST = DEFAULT_SCHEDULE[-1]  # the steady chunk every plan grows to
 JITTER_FACTOR = 3.0  # first chunk >= this many (engine loop + codec call) times of audio
 DOWNLOADS = ("http",)  # transports whose client may not play in real time: never stepped synchronously for others
 PACE_EVERY_S = 0.01  # engine thread: how often the playback clocks are checked (pause/resume)
@@ -109,7 +110,7 @@ class Pipeline:
                                         starting_exempt_s=cfg.codec_starting_exempt_s,
                                         memory_headroom_gb=cfg.gpu_headroom_gb, queue_rounds=cfg.codec_queue_rounds,
                                         # every low-latency plan `adapter_config` can make: their windows are warmed
-                                        ramp_configs=[loaded_config("low_latency", f, cfg.ramp_repeat, DEFAULT_SCHEDULE[-1])
+                                        ramp_configs=[loaded_config("low_latency", f, cfg.ramp_repeat, DEFAULT_LAST)
                                                       for f in range(1, cfg.max_first_chunk + 1)])
         self.codec_worker.on_call = self._codec_called
         self.engine, self.codec, self.cfg = engine, codec, cfg
@@ -253,18 +254,18 @@ class Pipeline:
           (`max_first_chunk` when a frame cannot cover them). `first_chunk_margin` covers calls longer than any
           recent one: in a burst of arrivals the backlog's calls ran 2-4x the recent peak. Both per family
           (config.FAMILY_DEFAULTS) unless the config sets them.
-        1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_SCHEDULE's last size
+        1 when idle; `ramp_repeat` chunks of that size, then doubling to DEFAULT_LAST
         (`chunking.loaded_config`); never above the config's `max_first_chunk`. Sizes are fixed per segment: a
         schedule never shrinks. Low-latency mode keeps its whole ramp of windows while the exact plan would start
         with 1 frame; above that its first chunk alone is a window (LOADED_RAMP's holdback h) and chunk 1 comes from
         the stateful decoder, look-ahead L frames after its last frame instead of h: chunk 1 waits L - h more
         steps, which its first chunk covers too (without that a 1-frame first chunk ran dry at 128 streams, H200)."""
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
-        repeat, last = self.cfg.ramp_repeat, DEFAULT_SCHEDULE[-1]
+        repeat = self.cfg.ramp_repeat
         first = self._first_chunk(loop_s, repeat, 0)
         if mode != "exact" and first > 1 and AdapterConfig(mode=mode).ramp(self.geometry):
             first = self._first_chunk(loop_s, repeat, self.geometry.lookahead_frames - LOADED_RAMP[0])
-        return loaded_config(mode, first, repeat, last)
+        return loaded_config(mode, first, repeat, DEFAULT_LAST)
 
     def _first_chunk(self, loop_s: float, repeat: int, extra_steps: int) -> int:
         """Frames of a first chunk under an engine loop of `loop_s` whose chunk 1 also waits `extra_steps` steps

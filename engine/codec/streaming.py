@@ -167,10 +167,11 @@ def _advance(stage: Stage, buf: torch.Tensor, n: int, gemm: bool = False) -> tor
 
 
 # Output samples a frame up to which a stage's convolutions run as GEMMs (`gemm_stage`). Served: 40 (1 kHz), the first
-# conv and the first two blocks (session 30, H200, 128 streams x 25 frames: eager step 75.8 vs 87.8 ms all cuDNN, graphed
-# 43.7k vs 37.5k frames/s, 23.5k vs 8.0k at 1-frame steps; the first conv alone, session 29's 1: 38.8k). Their im2col
-# (~0.64 GB in a 64-stream x 35-frame step at 1 kHz) is captured with the graphs at warm-up, inside the served memory
-# bound (34.5 GB held after it vs 36.2 GB with 1). `serve --codec-gemm-max-rate-out 1` keeps the first conv alone.
+# conv and the first two blocks (session 30, H200, 128 streams x 25 frames: eager step 75.8 vs 87.8 ms all cuDNN,
+# graphed 43.7k vs 37.5k frames/s, 23.5k vs 8.0k at 1-frame steps; the first conv alone, session 29's 1: 38.8k).
+# Their im2col (~0.64 GB in a 64-stream x 35-frame step at 1 kHz) is captured with the graphs at warm-up, inside the
+# served memory bound (34.5 GB held after it vs 36.2 GB with 1). `serve --codec-gemm-max-rate-out 1`: the first conv
+# alone.
 GEMM_MAX_RATE_OUT = 40
 
 
