@@ -393,21 +393,23 @@ def test_with_a_time_cap_the_worker_measures_its_calls():
 
 def test_the_warm_up_runs_every_shape_once_eagerly_then_keeps_open_streams_intact():
     """`warm_up` as a server runs it (a memory headroom set; on a CPU codec the bounds are no-ops and nothing is
-    graphed): the plan-picking pass (`run_padding_steps` and every ramp window) then `capture`; the count is every
-    stateful bucket and every window shape, and a stream open across the warm-up still decodes exactly (padding
-    rows touch only the scratch slot)."""
+    graphed): the plan-picking pass (`run_padding_steps` and every ramp window of every plan in `ramp_configs`: the
+    idle ramp's and the loaded windows of first chunks 2 and 3) then `capture`; the count is every stateful bucket and
+    every window shape, and a stream open across the warm-up still decodes exactly (padding rows touch only the
+    scratch slot)."""
     import torch
 
     from higgs_stream.engine.codec import Codec, CodecConfig
     from higgs_stream.engine.codec.make import build_reference_model
     from higgs_stream.engine.codec.load import codec_from_state_dict
+    from higgs_stream.stream.chunking import loaded_config
     from higgs_stream.stream.codec_worker import CODEC_BATCH_BUCKETS, CODEC_WINDOW_BUCKETS
     from higgs_stream.testing import EXACT_REL_TO_PEAK, rel_to_peak
 
     cfg = CodecConfig.tiny()
     codec: Codec = codec_from_state_dict(build_reference_model(cfg, seed=7).state_dict(), cfg, with_encoder=False)
     w = CodecWorker(codec, cancel=lambda sid: None, deliver=lambda items: None, graphs=False, max_streams=32,
-                    memory_headroom_gb=16.0)
+                    memory_headroom_gb=16.0, ramp_configs=[loaded_config("low_latency", f, 2, 25) for f in (1, 2, 3)])
     dec = w.code2wav.streaming
     gen = torch.Generator().manual_seed(2)
     codes = torch.randint(0, codec.geometry.codebook_size, (codec.geometry.num_codebooks, 30), generator=gen)
@@ -421,7 +423,7 @@ def test_the_warm_up_runs_every_shape_once_eagerly_then_keeps_open_streams_intac
     assert batches == CODEC_BATCH_BUCKETS and set(dec._buckets) == {(b, c) for b in batches for c in frames}
     assert not dec.graphed
     lengths = {s[2] for s in windows}
-    assert lengths and set(windows) == {(b, codec.geometry.num_codebooks, n) for b in CODEC_WINDOW_BUCKETS
+    assert lengths == {5, 7, 11, 21, 34} | {2 + 4, 3 + 4} and set(windows) == {(b, codec.geometry.num_codebooks, n) for b in CODEC_WINDOW_BUCKETS
                                         for n in lengths}
     assert count == len(batches) * len(frames) + len(windows)
     rest = dec.push([slot], codes[None, :, 12:], [18], [True])[0].clone()
