@@ -15,7 +15,9 @@ streams that underran and the rest, with the first chunk that the loop and calls
 admission rule replayed at each arrival (`LoopModel.admits` at `--admit-step-ratio`: the traces hold the admitted
 streams only, so it tells which of them a rule would have refused; how session 17 found v3's burst admitted on a
 loop model that read ~26 ms cycles as ~12 ms steps); `--peak-half-life S` replays a call peak that forgets at
-another rate (a what-if); `--json` writes every row."""
+another rate (a what-if); `--mode low_latency` replays a low-latency server's plans (its idle ramp or, under load, one
+window whose chunk 1 comes from the stateful decoder `extra_steps` later: the needs count those steps too; the codec's
+look-ahead from `--lookahead-samples`, `--hop`); `--json` writes every row."""
 
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from higgs_stream.stream.chunking import LOADED_RAMP
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
 from higgs_stream.stream.config import FAMILY_DEFAULT
 from higgs_stream.stream.pacing import LoopModel, PacingConfig
 from higgs_stream.stream.pipeline import Pipeline, frames_to_cover
 
 FRAME_S = 0.04  # v2's frames (the Higgs codec: 25 Hz; Qwen3-TTS's 12 Hz codec: --frame-s 0.08)
+HOP, LOOKAHEAD_SAMPLES = 960, 9458  # the Higgs codec (Qwen3-TTS's is causal: --lookahead-samples 0)
 ARRIVAL_WINDOW_S = 1.0
 
 
@@ -41,13 +45,16 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
            ramp_repeat: int = FAMILY_DEFAULT["ramp_repeat"], frame_s: float = FRAME_S,
            first_chunk_margin: float = FAMILY_DEFAULT["first_chunk_margin"],
            admit_ratio: float | None = PacingConfig.admit_ratio,
-           peak_half_life_s: float = CALL_PEAK_HALF_LIFE_S) -> list[dict]:
+           peak_half_life_s: float = CALL_PEAK_HALF_LIFE_S, mode: str = "exact", hop: int = HOP,
+           lookahead_samples: int = LOOKAHEAD_SAMPLES) -> list[dict]:
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[3])
     calls = sorted((e for e in events if e[0] == "codec"), key=lambda e: e[2])
     streams = sorted((e for e in events if e[0] == "stream" and e[1] is not None), key=lambda e: e[1])
     said = [s[1] for s in streams]
     loop, call = LoopModel(), SimpleNamespace(call_s=0.0, call_peak_s=0.0, peak_at=0.0)
-    fake = SimpleNamespace(loop_model=loop, geometry=SimpleNamespace(frame_seconds=frame_s), codec_worker=call,
+    geometry = SimpleNamespace(frame_seconds=frame_s, hop=hop, lookahead_samples=lookahead_samples,
+                               lookahead_frames=math.ceil(lookahead_samples / hop))  # what adapter_config reads
+    fake = SimpleNamespace(loop_model=loop, geometry=geometry, codec_worker=call,
                            cfg=SimpleNamespace(max_first_chunk=max_first_chunk, ramp_repeat=ramp_repeat,
                                                first_chunk_margin=first_chunk_margin), _handles=())
     fake._first_chunk = functools.partial(Pipeline._first_chunk, fake)  # what adapter_config calls on itself
@@ -72,16 +79,19 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
         call.call_peak_s = peak * fade  # as read at t (the worker stores the faded value at its next call)
         open_now = sum(1 for o in streams if o[1] <= t < o[3])
         fake._handles = range(open_now)
-        chosen = Pipeline.adapter_config(fake, "exact").schedule
+        plan = Pipeline.adapter_config(fake, mode)
+        chosen = plan.schedule
         predicted = loop.predict(open_now)  # the step with it among the others (admission at its open())
         row = {"said_at": t, "first_audio": s[2], "open": open_now, "loop_s": max(loop.last_s, predicted or 0),
                "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3]), "step_predicted_s": predicted,
-               "admitted_by_rule": loop.admits(open_now - 1, admission)}
+               "admitted_by_rule": loop.admits(open_now - 1, admission),
+               # chunk 1's steps beyond chunk 0's frames: a loaded low-latency window's hand-over to the stateful decoder
+               "extra_steps": geometry.lookahead_frames - LOADED_RAMP[0] if plan.ramp(geometry) == LOADED_RAMP else 0}
         if horizon_s is not None:
             arrived = bisect.bisect_right(said, t) - bisect.bisect_right(said, t - ARRIVAL_WINDOW_S)
             expected = open_now + round(arrived / ARRIVAL_WINDOW_S * horizon_s)
             fake._handles = range(expected)
-            row["schedule_with_arrivals"] = list(Pipeline.adapter_config(fake, "exact").schedule[:3])
+            row["schedule_with_arrivals"] = list(Pipeline.adapter_config(fake, mode).schedule[:3])
             row["open_expected"] = expected
         call.call_peak_s = peak
         if s[2] is not None:  # what followed: the loop until chunk 1 was due, the longest call meanwhile
@@ -96,12 +106,13 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
 
 def needed_first_chunk(row: dict, ramp_repeat: int, frame_s: float = FRAME_S) -> int | None:
     """The frames chunk 0 needed to outlast chunk 1's steps and the longest codec call while it played, at the loop
-    time and call seen then (`loop_after_s`, `call_max_after_s`): ceil(call / (frame - m x loop)), m = 2 with
-    ramp_repeat 1 (chunk 1 twice chunk 0), else 1. None: no steps seen; math.inf: a loop too long for any chunk."""
+    time and call seen then (`loop_after_s`, `call_max_after_s`): ceil((call + extra x loop) / (frame - m x loop)),
+    m = 2 with ramp_repeat 1 (chunk 1 twice chunk 0), else 1, extra the row's `extra_steps`. None: no steps seen;
+    math.inf: a loop too long for any chunk."""
     loop, call = row.get("loop_after_s"), row.get("call_max_after_s", 0.0)
     if not loop:
         return None
-    return max(1, frames_to_cover(call, loop, frame_s, ramp_repeat))
+    return max(1, frames_to_cover(call, loop, frame_s, ramp_repeat, row.get("extra_steps", 0)))
 
 
 def match(rows: list[dict], lg: dict, scenario: str | None) -> None:
@@ -178,10 +189,15 @@ def main() -> None:
     ap.add_argument("--peak-half-life", type=float, default=CALL_PEAK_HALF_LIFE_S, metavar="S",
                     help="how fast the replayed codec call peak forgets a long call (the server's CALL_PEAK_HALF_LIFE_S "
                          "by default; a what-if: the first chunks a slower-forgetting peak would have chosen)")
+    ap.add_argument("--mode", choices=("exact", "low_latency"), default="exact", help="the streams' mode")
+    ap.add_argument("--hop", type=int, default=HOP, help="samples a codec frame (low-latency plans)")
+    ap.add_argument("--lookahead-samples", type=int, default=LOOKAHEAD_SAMPLES,
+                    help="the codec's look-ahead (low-latency plans; 0: a causal codec, whose plans are exact's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = replay(json.load(open(args.trace))["events"], args.horizon_s, args.max_first_chunk, args.ramp_repeat,
-                  args.frame_s, args.first_chunk_margin, args.admit_step_ratio, args.peak_half_life)
+                  args.frame_s, args.first_chunk_margin, args.admit_step_ratio, args.peak_half_life, args.mode,
+                  args.hop, args.lookahead_samples)
     if args.loadgen:
         match(rows, json.load(open(args.loadgen)), args.scenario)
     summary(rows, args.frame_s)

@@ -90,3 +90,21 @@ def test_the_first_chunk_needed_follows_the_loop_and_call_that_came():
     assert r.needed_first_chunk({"loop_after_s": 0.025, "call_max_after_s": 0.01}, 1) == math.inf  # 2 loops > a frame
     assert r.needed_first_chunk({"loop_after_s": None}, 1) is None
     assert r.needed_first_chunk({"loop_after_s": 0.005, "call_max_after_s": 0.0}, 2) == 1
+
+
+def test_the_replay_makes_a_low_latency_servers_decision():
+    """`--mode low_latency`: idle, the whole ramp (no extra steps); under load the one-window plan, its first chunk
+    sized for chunk 1's 10 - 4 extra steps as the pipeline sizes it, and the needs replayed with those steps."""
+    r = load()
+    exact = r.replay(trace(), horizon_s=None, ramp_repeat=1, first_chunk_margin=1.0)
+    rows = r.replay(trace(), horizon_s=None, ramp_repeat=1, first_chunk_margin=1.0, mode="low_latency")
+    assert rows[0]["schedule"] == [1, 2, 4] and rows[0]["extra_steps"] == 0  # idle: the whole ramp
+    assert exact[1]["schedule"][0] > 1 and rows[1]["extra_steps"] == 10 - 4
+    loop, peak = rows[1]["loop_s"], rows[1]["call_peak_s"]
+    want = math.ceil((peak + 6 * loop) / (0.04 - 2 * loop))  # ramp_repeat 1: chunk 1 twice chunk 0
+    assert rows[1]["schedule"][0] == min(10, max(exact[1]["schedule"][0], want)) > exact[1]["schedule"][0]
+    row = dict(rows[1], loop_after_s=0.01, call_max_after_s=0.05)
+    assert r.needed_first_chunk(row, 1) == math.ceil((0.05 + 6 * 0.01) / (0.04 - 0.02))
+    causal = r.replay(trace(), horizon_s=None, ramp_repeat=1, first_chunk_margin=1.0, mode="low_latency",
+                      lookahead_samples=0)
+    assert [row["schedule"] for row in causal] == [row["schedule"] for row in exact]  # no ramp: exact's plans
