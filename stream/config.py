@@ -188,13 +188,14 @@ class ServerConfig:
     codec_starting_ms: float | None = None  # while a stream waits for its first audio, codec calls keep their predicted time within this (fixed cost + per frame; 0: no cap; None: the family's, FAMILY_DEFAULTS)
     codec_starting_exempt_s: float | None = None  # a capped call still takes every job due within this (None: CODEC_URGENT_S, 0.3 s)
     codec_starting_ahead_s: float | None = None  # the cap also holds while some listener has less than this much audio (its first chunks; None: only first audio)
-    max_first_chunk: int | None = None  # exact mode: frames the first chunk may grow to under load (TTFA grows by one step per frame; None: the family's)
+    max_first_chunk: int | None = None  # exact mode (low-latency under load too): frames the first chunk may grow to under load (TTFA grows by one step per frame; None: the family's)
     codec_max_windows: int = CODEC_MAX_WINDOWS  # streams one codec call decodes at most (the warm-up graphs up to it)
     # streams a call decodes while the codec keeps up (it holds at most codec_max_windows x the steady chunk's frames;
     # more: calls take up to codec_max_windows); None: the family's (FAMILY_DEFAULTS); above codec_max_windows: that
     codec_calm_windows: int | None = None
-    # exact mode: the first chunk is sized for this many times the longest recent codec call, and `ramp_repeat` chunks
-    # of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the model family's (FAMILY_DEFAULTS)
+    # exact mode (low-latency under load too): the first chunk is sized for this many times the longest recent codec
+    # call, and `ramp_repeat` chunks of its size come before the schedule doubles (2: chunk 1 = chunk 0). None: the
+    # model family's (FAMILY_DEFAULTS)
     first_chunk_margin: float | None = None
     ramp_repeat: int | None = None
     saturated_step_ratio: float = PacingConfig.saturated_ratio  # GPU saturated (pausing on) above this share of a frame

@@ -124,17 +124,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at start-up per weight shape, it beats cuBLAS by 15 %% or more (default %(default)s; 0: "
                              "never). H200, Qwen3-TTS's code predictor's o projection: 12.9 -> 5.6 us at one row")
     parser.add_argument("--max-first-chunk", type=int, default=d.max_first_chunk, metavar="FRAMES",
-                        help="exact mode: under load the first chunk grows (it must outlast the engine steps and the "
-                             "longest codec call before chunk 1), up to this many frames (default: the family's, 10 for "
-                             "Higgs v2/v3, 8 for Qwen3-TTS; each frame adds one engine step of TTFA)")
+                        help="exact mode (and low-latency): under load the first chunk grows (it must outlast the "
+                             "engine steps and the longest codec call before chunk 1), up to this many frames (default: "
+                             "the family's, 10 for Higgs v2/v3, 8 for Qwen3-TTS; each frame adds one engine step of TTFA)")
     parser.add_argument("--first-chunk-margin", type=float, default=d.first_chunk_margin, metavar="K",
-                        help="exact mode: size the first chunk for K x the longest recent codec call (default: the "
-                             "family's, 3 for Higgs v2/v3, 1 for Qwen3-TTS; in 256-stream bursts the calls during a first "
-                             "chunk ran 2-4x any recent one: docs/PERF.md; never above --max-first-chunk)")
+                        help="exact mode (and low-latency under load): size the first chunk for K x the longest recent "
+                             "codec call (default: the family's, 3 for Higgs v2/v3, 1 for Qwen3-TTS; in 256-stream "
+                             "bursts the calls during a first chunk ran 2-4x any recent one: docs/PERF.md; never above "
+                             "--max-first-chunk)")
     parser.add_argument("--ramp-repeat", type=int, default=d.ramp_repeat, metavar="N",
-                        help="exact mode: the first N chunks have the first chunk's size before the schedule doubles "
-                             "(default: the family's, 2 for Higgs v2/v3, 1 for Qwen3-TTS; 1: 1, 2, 4, ... x the first; 2: "
-                             "chunk 1 needs as many frames as chunk 0, so it leaves one first-chunk's worth of steps "
+                        help="exact mode (and low-latency under load): the first N chunks have the first chunk's size "
+                             "before the schedule doubles (default: the family's, 2 for Higgs v2/v3, 1 for Qwen3-TTS; "
+                             "1: 1, 2, 4, ... x the first; 2: chunk 1 needs as many frames as chunk 0, so it leaves "
+                             "one first-chunk's worth of steps "
                              "sooner; the first chunk is sized for it)")
     parser.add_argument("--codec-queue-rounds", type=int, default=d.codec_queue_rounds, metavar="N",
                         help="rounds of decode work (one per engine step that made some) queued for the codec thread "
