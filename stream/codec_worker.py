@@ -451,6 +451,13 @@ class CodecWorker:
             except RuntimeError:  # the event loop is closed: nobody is listening any more
                 log.warning("event loop closed; dropped %d audio/end items", len(items))
 
+    def forget_calls(self) -> None:
+        """Start the call statistics afresh (`Pipeline.warm_up`): the warm-up utterance's calls carry first-use costs
+        (H200, session 30: its 33-frame call took 56-72 ms where served ones of that size take ~10), which would
+        otherwise size the first requests' first chunks for them. Each is one reference store, read anywhere."""
+        self.call_model = LoopModel()
+        self.call_s, self.call_peak_s, self._peak_at = 0.0, 0.0, 0.0
+
     def health(self) -> dict:
         """What /healthz shows of the codec: on CUDA whether it runs on cuDNN (False: the warm-up's native check
         turned it off, exact and slower) and that check's max |d| / peak (None: not run); on a CPU both None."""

@@ -194,7 +194,8 @@ class Pipeline:
         """One short utterance through every stage (prompt prefill, decode steps, codec, PCM) before a
         server reports healthy, so first-use costs (kernel compilation, autotuning, allocator growth) land
         here and not on the first client: a served Qwen3-TTS checkpoint's first request waited 22 s on an
-        H100. The loop model then starts afresh: those slow steps must not make admission refuse.
+        H100. The loop model and the codec's call statistics then start afresh: those slow steps must not make
+        admission refuse, nor those slow calls size the first requests' first chunks.
         Returns the seconds it took, or None when it failed (logged; the server serves anyway)."""
         t0 = time.perf_counter()
         served, self.metrics = self.metrics, Metrics()  # not a request: its counts and TTFA go nowhere
@@ -211,6 +212,7 @@ class Pipeline:
         finally:
             self.metrics = served
             self.loop_model = LoopModel()  # the engine thread picks the new one up at its next step
+            self.codec_worker.forget_calls()
         seconds = time.perf_counter() - t0
         log.info("warmed up with one utterance in %.1f s", seconds)
         return seconds

@@ -465,8 +465,9 @@ def test_the_codec_worker_remembers_its_longest_recent_call():
 
 async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
     """`warm_up` sends one utterance through engine and codec before a server reports healthy, then
-    starts the loop model afresh (slow first-use steps must not make admission refuse); a warm-up
-    that fails says so and returns None instead of keeping the server down."""
+    starts the loop model and the codec's call statistics afresh (slow first-use steps must not make admission
+    refuse, nor slow first-use calls grow the first requests' first chunks); a warm-up that fails says so and returns
+    None instead of keeping the server down."""
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     engine = FakeEngine(step_s=0.0)
@@ -477,6 +478,9 @@ async def test_warm_up_runs_one_utterance_and_forgets_its_steps():
         assert seconds is not None and seconds > 0
         assert len(engine.frames[0][0]) == 30  # one whole utterance ran
         assert p.loop_model.predict(1) is None and p.metrics.refused.value() == 0
+        worker = p.codec_worker
+        assert worker.calls > 0 and worker.call_s == worker.call_peak_s == 0.0 and worker.call_model.predict(25) is None
+        assert p.adapter_config("exact").schedule[0] == 1  # the first request: the idle plan
         assert p.metrics.requests.value(transport="warm-up", outcome="completed") == 0  # not a request
         assert await p.warm_up(default_voice(), timeout_s=0.0) is None  # timed out: logged, not raised
     finally:
