@@ -189,23 +189,40 @@ class Code2Wav:
 
     def _pieces(self, group: list[int], valid: list[int], final: list[bool]) -> list[list[tuple[int, int, int]]]:
         """A step group as steps of (row, frames, offset). One step when it fits the decoder's largest
-        bucket, when its rows x frames are no more than that bucket's (an eager step then needs no more
-        memory than the largest graph: e.g. 128 streams of one frame each), or when the decoder has no
-        buckets. Else split to steps of at most the largest bucket's streams and frames, each row's
-        frames in order (every row in at least one step, a final push of no frames included): a
-        backlog of many frames from many streams once ran as one eager step of any size and ran a
-        served Qwen3-TTS 1.7B out of GPU memory."""
+        bucket: no row runs more frames than its widest bucket (a final row runs its flush too) and the rows x
+        frames are no more than the largest bucket's (an eager step then needs no more memory than the largest
+        graph: e.g. 128 streams of one frame each), or when the decoder has no buckets. Else each row's frames in
+        order in pieces of at most the widest bucket's frames, a final row's last piece short enough to run its flush
+        within it (`_row_pieces`), piece k of every row in steps of at most the largest bucket's streams: a backlog
+        of many frames from many streams once ran as one eager step of any size and ran a served Qwen3-TTS 1.7B out
+        of GPU memory, and a stream's held pushes joined to its final one (59 frames + the flush) ran as an eager
+        step of 18-86 ms where graphed pieces take a few (H200 traces, session 30)."""
         largest = getattr(self.streaming, "largest_step", None)  # optional in a decoder's interface
-        width = max([valid[r] for r in group] + [1])
-        if largest is None or len(group) * width <= largest[0] * largest[1]:
+        if largest is None:
             return [[(r, valid[r], 0) for r in group]]
         max_b, max_c = largest
+        pad = self.geometry.lookahead_frames
+        reach = max_c - pad if max_c > pad else max_c  # a final row's frames that run with their flush in a bucket
+        width = max([valid[r] for r in group] + [1])
+        if len(group) * width <= max_b * max_c and all(valid[r] <= (reach if final[r] else max_c) for r in group):
+            return [[(r, valid[r], 0) for r in group]]
+        pieces = {r: _row_pieces(valid[r], reach if final[r] else max_c, max_c) for r in group}
         steps = []
-        for k in range(max(-(-valid[r] // max_c) for r in group) or 1):  # frame pieces, in order
-            rows = [(r, min(max_c, valid[r] - k * max_c), k * max_c) for r in group
-                    if k * max_c < valid[r] or (k == 0 and valid[r] == 0)]
+        for k in range(max(len(p) for p in pieces.values())):  # frame pieces, in order
+            rows = [(r, *pieces[r][k]) for r in group if k < len(pieces[r])]
             steps += [rows[i:i + max_b] for i in range(0, len(rows), max_b)]
         return steps
+
+
+def _row_pieces(frames: int, last: int, most: int) -> list[tuple[int, int]]:
+    """(frames, offset) pieces of a row's frames in order: none above `most`, the last at most `last` (<= most) and
+    never empty unless the row is (a final push of no frames is one piece), as few as that allows."""
+    pieces, off = [], 0
+    while frames - off > last:
+        n = min(most, frames - off - last)
+        pieces.append((n, off))
+        off += n
+    return pieces + [(frames - off, off)]
 
 
 def feed_frames(adapters: Sequence[Code2WavAdapter], frames: np.ndarray,
