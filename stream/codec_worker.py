@@ -453,8 +453,9 @@ class CodecWorker:
 
     def forget_calls(self) -> None:
         """Start the call statistics afresh (`Pipeline.warm_up`): the warm-up utterance's calls carry first-use costs
-        (H200, session 30: its 33-frame call took 56-72 ms where served ones of that size take ~10), which would
-        otherwise size the first requests' first chunks for them. Each is one reference store, read anywhere."""
+        (H200, session 30: its final 33-frame call took 56-72 ms, an eager step at a width no bucket held, since cut
+        into pieces by Code2Wav), which would otherwise size the first requests' first chunks for them. Each is one
+        reference store, read anywhere."""
         self.call_model = LoopModel()
         self.call_s, self.call_peak_s, self._peak_at = 0.0, 0.0, 0.0
 
