@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from higgs_stream.engine.codec.arena import STEP_EAGER_S
 from higgs_stream.engine.codec.geometry import CodecGeometry
 from higgs_stream.engine.errors import ConfigError, InvalidInputError
 from higgs_stream.stream.chunking import AdapterConfig, ChunkPlanner, Push, Window
@@ -120,6 +121,10 @@ class Code2Wav:
         self._slots: dict[Hashable, int] = {}
         self.steps = 0  # stateful decoder steps run (a call's pushes may take several: `partition`)
         self.partition_steps = True  # False: every call's pushes in one step (benchmarks' A/B)
+        # seconds an eager step at an unbucketed shape costs beyond the decoder's step model (`_pieces`): on a GPU,
+        # where the buckets replay from CUDA graphs, STEP_EAGER_S; on a CPU every step is eager (0)
+        device = getattr(codec, "device", None)
+        self.eager_step_s = STEP_EAGER_S if device is not None and torch.device(device).type == "cuda" else 0.0
 
     @property
     def open_streams(self) -> int:
@@ -188,29 +193,41 @@ class Code2Wav:
                 self.release(owner)
 
     def _pieces(self, group: list[int], valid: list[int], final: list[bool]) -> list[list[tuple[int, int, int]]]:
-        """A step group as steps of (row, frames, offset). One step when it fits the decoder's largest
-        bucket: no row runs more frames than its widest bucket (a final row runs its flush too) and the rows x
-        frames are no more than the largest bucket's (an eager step then needs no more memory than the largest
-        graph: e.g. 128 streams of one frame each), or when the decoder has no buckets. Else each row's frames in
-        order in pieces of at most the widest bucket's frames, a final row's last piece short enough to run its flush
-        within it (`_row_pieces`), piece k of every row in steps of at most the largest bucket's streams: a backlog
-        of many frames from many streams once ran as one eager step of any size and ran a served Qwen3-TTS 1.7B out
-        of GPU memory, and a stream's held pushes joined to its final one (59 frames + the flush) ran as an eager
-        step of 18-86 ms where graphed pieces take a few (H200 traces, session 30)."""
+        """A step group as steps of (row, frames, offset). One step when it fits the decoder's largest bucket:
+        no row runs more frames than its widest bucket (a final row runs its flush too) and the rows x frames are no
+        more than the largest bucket's (an eager step then needs no more memory than the largest graph: e.g. 128
+        streams of one frame each), or when the decoder has no buckets. Else each row's frames in order in pieces of
+        at most the widest bucket's frames, a final row's last piece short enough to run its flush within it
+        (`_row_pieces`), piece k of every row in steps of at most the largest bucket's streams: a backlog of many
+        frames from many streams once ran as one eager step of any size and ran a served Qwen3-TTS 1.7B out of GPU
+        memory. Within the memory bound, a group whose rows are too wide for a bucket runs as one eager step at its
+        own width where the decoder's step model (`step_cost`) plus `eager_step_s` says that is cheaper than the
+        pieces (many rows: the pieces pad to batch buckets) and as the pieces where not (a few rows: a stream's
+        held pushes joined to its final one, 33-59 frames + the flush, ran as eager steps of 14-86 ms on an H200,
+        session 30)."""
         largest = getattr(self.streaming, "largest_step", None)  # optional in a decoder's interface
+        one = [[(r, valid[r], 0) for r in group]]
         if largest is None:
-            return [[(r, valid[r], 0) for r in group]]
+            return one
         max_b, max_c = largest
         pad = self.geometry.lookahead_frames
         reach = max_c - pad if max_c > pad else max_c  # a final row's frames that run with their flush in a bucket
         width = max([valid[r] for r in group] + [1])
-        if len(group) * width <= max_b * max_c and all(valid[r] <= (reach if final[r] else max_c) for r in group):
-            return [[(r, valid[r], 0) for r in group]]
+        in_memory = len(group) * width <= max_b * max_c
+        if in_memory and all(valid[r] <= (reach if final[r] else max_c) for r in group):
+            return one
         pieces = {r: _row_pieces(valid[r], reach if final[r] else max_c, max_c) for r in group}
         steps = []
         for k in range(max(len(p) for p in pieces.values())):  # frame pieces, in order
             rows = [(r, *pieces[r][k]) for r in group if k < len(pieces[r])]
             steps += [rows[i:i + max_b] for i in range(0, len(rows), max_b)]
+        cost = getattr(self.streaming, "step_cost", None)
+        if in_memory and cost is not None:
+            def runs(step):  # the frames each step runs: the widest piece, a final piece with its flush
+                return max(v + (pad if final[r] and off + v == valid[r] else 0) for r, v, off in step)
+
+            if cost(len(group), runs(one[0])) + self.eager_step_s <= sum(cost(len(s), runs(s)) for s in steps):
+                return one
         return steps
 
 

@@ -29,6 +29,10 @@ from higgs_stream.engine.errors import CapacityError, ConfigError, InvalidInputE
 # Step cost model (seconds) where no replay was timed (CPU, eager shapes): fixed + per row + per row-frame.
 # Fitted to the Higgs decoder's graphed steps on an H200 (bench_codec: B=1..128 x 1..25 frames).
 STEP_FIXED_S, STEP_ROW_S, STEP_ROW_FRAME_S = 2.0e-3, 0.11e-3, 0.027e-3
+# What an eager step at a shape no bucket holds costs a GPU decoder beyond that model (its ~300 kernel launches, the
+# convolutions' first-use plans): at least this. H200 traces (session 30): one-row steps of 43-69 frames took 14-86
+# ms where the model says 4-6 (stream/adapter.py's Code2Wav weighs it against bucketed pieces).
+STEP_EAGER_S = 10e-3
 
 Key = tuple[int, int]  # (B rows, C frames)
 NATIVE_CHECK_ROW_FRAMES = 64  # check_against_native: buckets of at most this many rows x frames

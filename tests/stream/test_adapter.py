@@ -380,32 +380,44 @@ def test_pushes_wider_than_the_largest_bucket_are_split_and_stay_exact(codec):
 
 def test_a_final_push_wider_than_the_buckets_runs_in_bucketed_pieces_and_stays_exact(codec):
     """A stream whose held pushes join its final one (a codec that holds jobs until they are due) has more frames
-    than the widest bucket once its flush (the look-ahead's 10 frames) runs with them: Code2Wav cuts its frames so
-    that every step fits a bucket, the final piece short enough for the flush (here buckets of up to 12 frames: at
-    most 2 frames with the flush), instead of one eager step at the row's own width (H200: 18-86 ms against a few for
-    graphed pieces); a non-final row of no more frames than the widest bucket stays one step; the stream equals its
-    one-shot decode."""
-    runner = Code2Wav(codec, max_slots=2)
-    runner.streaming.capture((1, 2), (4, 12), graphs=False)
-    assert runner.streaming.largest_step == (2, 12) and codec.geometry.lookahead_frames == 10
-    assert runner._pieces([0], [5], [False]) == [[(0, 5, 0)]]
+    than the widest bucket once its flush (the look-ahead's 10 frames) runs with them. On a GPU (`eager_step_s`
+    STEP_EAGER_S) Code2Wav cuts its frames so that every step fits a bucket, the final piece short enough for the
+    flush (here buckets of up to 12 frames: at most 2 frames with the flush), instead of one eager step at the row's
+    own width (H200: 14-86 ms against a few for graphed pieces); many rows too wide stay one eager step where the
+    pieces would pad to batch buckets and cost more (the step model); on a CPU (every step eager, no extra cost) one
+    step; the stream equals its one-shot decode either way."""
+    from higgs_stream.engine.codec.arena import STEP_EAGER_S
+
+    runner = Code2Wav(codec, max_slots=64)
+    runner.streaming.capture((1, 2, 4, 8, 16, 32, 64), (4, 12), graphs=False)
+    assert runner.streaming.largest_step == (64, 12) and codec.geometry.lookahead_frames == 10
+    assert runner.eager_step_s == 0.0  # a CPU codec
+    assert runner._pieces([0], [5], [True]) == [[(0, 5, 0)]]  # the model: one eager step is the cheaper
+    runner.eager_step_s = STEP_EAGER_S  # as on a GPU
+    assert runner._pieces([0], [5], [False]) == [[(0, 5, 0)]]  # within a bucket
     assert runner._pieces([0], [5], [True]) == [[(0, 3, 0)], [(0, 2, 3)]]
     assert runner._pieces([0, 1], [2, 30], [True, False]) == [[(0, 2, 0), (1, 12, 0)], [(1, 6, 12)], [(1, 12, 18)]]
+    rows = list(range(40))  # 40 rows of 15 frames: the pieces (3 + 12) pad to 64-row buckets; one eager step is cheaper
+    assert runner._pieces(rows, [15] * 40, [False] * 40) == [[(r, 15, 0) for r in rows]]
     cols = segment_columns(np.random.default_rng(13), 23)
-    adapter = Code2WavAdapter(codec.geometry, AdapterConfig(schedule=(25,)))
-    for _, frame, last in engine_frames(cols):
-        if frame is not None:
-            adapter.feed(frame, final=last)
-        elif last:
-            adapter.close()
-    jobs = adapter.take_jobs()
-    assert len(jobs) == 1 and jobs[0].push.final and jobs[0].push.frames == 23
-    widths, step = [], runner.streaming.step
-    runner.streaming.step = lambda slots, codes, valid, final: (
-        widths.append(runner.streaming.widths(slots, valid, final)) or step(slots, codes, valid, final))
-    out = runner.run([0], jobs)
-    assert widths == [[12], [9], [12]]  # 12, 9, then 2 + the 10-frame flush: every step within the widest bucket
-    assert_audio_close(out[0], one_shot(codec, cols))
+    ref = one_shot(codec, cols)
+    for eager_step_s, want in ((STEP_EAGER_S, [[12], [9], [12]]), (0.0, [[33]])):  # 12, 9, then 2 + the flush
+        runner.eager_step_s = eager_step_s
+        adapter = Code2WavAdapter(codec.geometry, AdapterConfig(schedule=(25,)))
+        for _, frame, last in engine_frames(cols):
+            if frame is not None:
+                adapter.feed(frame, final=last)
+            elif last:
+                adapter.close()
+        jobs = adapter.take_jobs()
+        assert len(jobs) == 1 and jobs[0].push.final and jobs[0].push.frames == 23
+        widths, step = [], runner.streaming.step
+        runner.streaming.step = lambda slots, codes, valid, final, step=step: (
+            widths.append(runner.streaming.widths(slots, valid, final)) or step(slots, codes, valid, final))
+        out = runner.run([0], jobs)
+        runner.streaming.step = step
+        assert widths == want
+        assert_audio_close(out[0], ref)
 
 
 def test_released_streams_free_their_slot(codec):
