@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The stateful codec on a GPU, one device call: its GPU tests (the decoder, the codec worker), then the codec benchmark
-# with the served decoder (the first conv as one GEMM) and the all-cuDNN one side by side (higgs_stream.bench_codec).
-# Usage (device tool, carry .whl): [GEMM_MAX_RATE_OUT=40] bash scripts/gpu_codec.sh [pytest -k expr]   -> $OUT
+# with the served decoder (the stages up to 1 kHz as GEMMs) and the all-cuDNN one side by side (higgs_stream.bench_codec).
+# Usage (device tool, carry .whl): [GEMM_MAX_RATE_OUT=N] bash scripts/gpu_codec.sh [pytest -k expr]   -> $OUT
+# (GEMM_MAX_RATE_OUT: the GEMM decoder's `--gemm-max-rate-out`, default the served 40; 1: the first conv alone)
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/card.txt"

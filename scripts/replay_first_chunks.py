@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from higgs_stream.stream.chunking import LOADED_RAMP
+from higgs_stream.stream.chunking import handover_steps
 from higgs_stream.stream.codec_worker import CALL_PEAK_HALF_LIFE_S
 from higgs_stream.stream.config import FAMILY_DEFAULT
 from higgs_stream.stream.pacing import LoopModel, PacingConfig
@@ -86,7 +86,7 @@ def replay(events: list, horizon_s: float | None, max_first_chunk: int = FAMILY_
                "call_peak_s": call.call_peak_s, "schedule": list(chosen[:3]), "step_predicted_s": predicted,
                "admitted_by_rule": loop.admits(open_now - 1, admission),
                # chunk 1's steps beyond chunk 0's frames: a loaded low-latency window's hand-over to the stateful decoder
-               "extra_steps": geometry.lookahead_frames - LOADED_RAMP[0] if plan.ramp(geometry) == LOADED_RAMP else 0}
+               "extra_steps": handover_steps(plan, geometry)}
         if horizon_s is not None:
             arrived = bisect.bisect_right(said, t) - bisect.bisect_right(said, t - ARRIVAL_WINDOW_S)
             expected = open_now + round(arrived / ARRIVAL_WINDOW_S * horizon_s)

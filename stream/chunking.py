@@ -229,6 +229,14 @@ def loaded_config(mode: str, first: int, repeat: int, last: int) -> AdapterConfi
     return AdapterConfig(mode=mode, schedule=load_schedule(first, repeat, last), ramp_holdbacks=LOADED_RAMP)
 
 
+def handover_steps(cfg: AdapterConfig, geometry: CodecGeometry) -> int:
+    """Frames chunk 1 waits for beyond its own when chunk 0 is the plan's only window (a `loaded_config` in
+    low-latency mode): the stateful decoder needs the look-ahead's frames after chunk 1's last, a window only its
+    holdback. 0 for any other plan (exact, the whole ramp, a causal codec)."""
+    ramp = cfg.ramp(geometry)
+    return geometry.lookahead_frames - ramp[0] if len(ramp) == 1 else 0
+
+
 def window_lengths(cfg: AdapterConfig, geometry: CodecGeometry) -> set[int]:
     """Frames of every ramp window the plan decodes when its frames arrive one at a time (the shapes a GPU codec
     warms up; none in exact mode or on a causal codec)."""

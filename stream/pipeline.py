@@ -52,7 +52,7 @@ from higgs_stream.stream.adapter import (
     WindowJob,
     feed_frames,
 )
-from higgs_stream.stream.chunking import LOADED_RAMP, AdapterConfig, loaded_config
+from higgs_stream.stream.chunking import AdapterConfig, handover_steps, loaded_config
 from higgs_stream.stream.codec_worker import (
     CodecWorker,
     Round,
@@ -265,8 +265,9 @@ class Pipeline:
         loop_s = max(self.loop_model.last_s, self.loop_model.predict(len(self._handles)) or 0.0)
         repeat = self.cfg.ramp_repeat
         first = self._first_chunk(loop_s, repeat, 0)
-        if mode != "exact" and first > 1 and AdapterConfig(mode=mode).ramp(self.geometry):
-            first = self._first_chunk(loop_s, repeat, self.geometry.lookahead_frames - LOADED_RAMP[0])
+        if mode != "exact" and first > 1:  # under load: chunk 1 waits `handover_steps` more (none on a causal codec)
+            first = self._first_chunk(loop_s, repeat,
+                                      handover_steps(loaded_config(mode, first, repeat, DEFAULT_LAST), self.geometry))
         return loaded_config(mode, first, repeat, DEFAULT_LAST)
 
     def _first_chunk(self, loop_s: float, repeat: int, extra_steps: int) -> int:

@@ -40,6 +40,7 @@ from higgs_stream.stream.chunking import (
     LOW_LATENCY_RAMP,
     AdapterConfig,
     first_chunk_frames,
+    handover_steps,
     load_schedule,
     loaded_config,
     max_step_ratio,
@@ -279,7 +280,7 @@ def test_a_loaded_low_latency_plan_windows_its_first_chunk_alone(codec, first):
     assert load_schedule(first, 2, 25)[:3] == (first, first, 2 * first)
     cfg = loaded_config("low_latency", first, 2, 25)
     assert cfg.ramp(codec.geometry) == LOADED_RAMP == (4,) and window_lengths(cfg, codec.geometry) == {first + 4}
-    assert first_chunk_frames(cfg, codec.geometry) == first + 4
+    assert first_chunk_frames(cfg, codec.geometry) == first + 4 and handover_steps(cfg, codec.geometry) == 10 - 4
     assert first_chunk_frames(loaded_config("exact", first, 2, 25), codec.geometry) == first + 10
     cols = segment_columns(np.random.default_rng(first), 90)
     ref = one_shot(codec, cols)
@@ -298,6 +299,7 @@ def test_an_idle_low_latency_plan_keeps_the_whole_ramp(codec):
     assert cfg == AdapterConfig(mode="low_latency") and cfg.ramp(codec.geometry) == LOW_LATENCY_RAMP
     assert window_lengths(cfg, codec.geometry) == {5, 7, 11, 21, 34}  # 1 + 4; 1 + 2 + 4; 3 + 4 + 4; 10 + 4 + 7 ...
     assert window_lengths(AdapterConfig(), codec.geometry) == set()
+    assert handover_steps(cfg, codec.geometry) == handover_steps(AdapterConfig(), codec.geometry) == 0
     assert loaded_config("exact", 1, 2, 25).schedule == (1, 1, 2, 4, 8, 16, 25)
 
 
