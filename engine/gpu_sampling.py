@@ -60,10 +60,12 @@ class DeviceStreamState:
     def __init__(self, num_slots: int, scratch_slots: int, num_codebooks: int, codebook_size: int,
                  device: torch.device, rules: DeviceRules, ras_window_max: int = 16,
                  fast_kernels: bool | None = None, vocab: int | None = None,
-                 complete: Callable[[torch.Tensor, torch.Tensor, Pick], torch.Tensor] | None = None) -> None:
+                 complete: Callable[[torch.Tensor, torch.Tensor, Pick], torch.Tensor] | None = None,
+                 fuse_rules: bool = False) -> None:
         """`vocab`: ids the head samples per codebook (default codebook_size + 2: codes, BOS, EOS).
         `complete`: a family whose head samples fewer codebooks than K completes each row with it
-        (family.RowCompleter.complete_rows: the talker's hidden state, the head's ids and a pick)."""
+        (family.RowCompleter.complete_rows: the talker's hidden state, the head's ids and a pick).
+        `fuse_rules`: compile the rules' integer part if the family has one (`RowRules.fuse`; ignored if not)."""
         s, k = num_slots + scratch_slots, num_codebooks
         self.rules = rules
         self.num_slots, self.k, self.v = num_slots, k, vocab or codebook_size + 2
@@ -101,6 +103,8 @@ class DeviceStreamState:
         self._start_floats = zeros(START_ROWS, 2, dtype=torch.float32)
         self._start_graph: torch.cuda.CUDAGraph | None = None
         rules.attach(self)
+        if fuse_rules and getattr(rules, "fusible", False):
+            rules.fuse(self)
 
     # ------------------------------------------------------------------ host -> device (AUDIO_INIT)
     def start(self, starts: Sequence[StreamStart]) -> None:
@@ -272,7 +276,25 @@ def commit_rows(state: DeviceStreamState, slots: torch.Tensor, tokens: torch.Ten
 
 class RowRules:
     """The optional hooks of `family.DeviceRules`, as the Higgs families use them (no per-slot state
-    of their own, no logits processors); a family's rules subclass it and override what they need."""
+    of their own, no logits processors); a family's rules subclass it and override what they need.
+
+    A family whose `advance` ends in a `rows(state, tokens, candidate, slots, live, finite)` method of integer and
+    boolean tensor ops only sets `fusible = True`: `fuse` then compiles it (torch.compile, Inductor), which runs
+    its ~100 small kernels as a few fused ones and computes the same integers on any device (no float op in it)."""
+
+    fusible = False
+
+    def fuse(self, state: DeviceStreamState) -> None:
+        """Compile `rows` (dynamic batch size) and run it once at 1 and 2 rows on rows that are not live (their
+        state is written back unchanged), so the compiles happen here and not at a decode step's first use."""
+        assert self.fusible, f"{type(self).__name__} has no integer-only `rows` to fuse"
+        self.rows = torch.compile(self.rows, fullgraph=True, dynamic=True)  # type: ignore[attr-defined]
+        for b in (1, 2):
+            slots = torch.arange(b, device=state.device) % state.last_col.shape[0]
+            live, finite = (torch.zeros(b, dtype=torch.bool, device=state.device) for _ in range(2))  # not aliased:
+            clean = torch.zeros(b, state.k, state.v, device=state.device)  # dynamo guards on aliasing too
+            noise = torch.ones(b, 2, state.k, state.v, device=state.device)
+            self.advance(state, state.last_col[slots].clone(), clean, noise, slots, live, finite)  # type: ignore[attr-defined]
 
     def attach(self, state: DeviceStreamState) -> None:
         """Allocate the rules' own per-slot tensors (called once, by the state's constructor)."""

@@ -163,6 +163,11 @@ class ModelRunnerConfig:
     # v2, replayed, same call (session 23): one row 1.60 vs 1.76 ms (fp8 + e4m3 pages), 2.47 vs 2.54 (bf16); 128-256
     # rows 2-4 % slower. None: the talker's default (`default_pdl_max_rows`); 0: never
     pdl_max_rows: int | None = None
+    # CUDA, fast kernels: the family's row rules past the float math (RowRules.fuse: Higgs v2 / v3) compiled by
+    # torch.compile into a few fused kernels. H200, v2 (scripts/bench_rules.py, session 31): the sample-and-advance
+    # graph 188 -> 60 us at one row, 218 -> 79 at 16, 377 -> 195 at 256 (128 -> 29-34 kernels); the same integers
+    # (no float op is compiled). Costs its compiles at start-up (~20 s on an empty Inductor cache, H200)
+    fuse_rules: bool = True
 
     def __post_init__(self) -> None:
         if self.kernels not in ("fast", "ref"):
@@ -249,7 +254,9 @@ class ModelRunner:
         self.state = DeviceStreamState(max_batch, scratch, cfg.num_codebooks, cfg.codebook_size, dev,
                                        ras_window_max=self.config.ras_window_max,
                                        rules=family.device_rules(cfg), fast_kernels=self.config.kernels == "fast",
-                                       vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None)
+                                       vocab=cfg.audio_vocab, complete=self.fast.complete_rows if completes else None,
+                                       fuse_rules=self.config.fuse_rules and self.config.kernels == "fast"
+                                       and dev.type == "cuda")
         if self.config.cuda_graphs:
             with torch.no_grad():
                 self.state.capture_start()

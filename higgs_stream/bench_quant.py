@@ -196,13 +196,14 @@ def model_mode(mode: str, hf: torch.nn.Module, tok: Any, cfg: Any, codec: Any, b
                                       triton_ranged_decode=args.triton_ranged_decode,
                                       fuse_fp8_quant=args.fuse_fp8_quant,
                                       cuda_core_gemv_rows=args.cuda_core_gemv_rows,
-                                      pdl_max_rows=args.pdl_max_rows,
+                                      pdl_max_rows=args.pdl_max_rows, fuse_rules=args.fuse_rules,
                                       graph_buckets=args.graph_buckets or graph_buckets_for(quant)) if gpu
                     else ModelRunnerConfig(kernels="ref", cuda_graphs=False))
     out["tensor_core_decode_from"], out["triton_decode_from"] = tc, tr
     out["triton_ranged_decode"] = args.triton_ranged_decode
     out["fuse_fp8_quant"], out["cuda_core_gemv_rows"] = args.fuse_fp8_quant, args.cuda_core_gemv_rows
     out["pdl_max_rows"] = engine.runner.pdl_max_rows if gpu else 0
+    out["fuse_rules"] = args.fuse_rules and gpu
     out["graph_buckets"] = list(args.graph_buckets or graph_buckets_for(quant))
     out["fp8_weight_only_rows"] = fp8_linear_module.GEMV_MAX_M
     out["gemv_blocks"] = {str(k): list(int8_linear_module.gemv_blocks(k))  # by K, v2's linears
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl-max-rows", type=int, default=None, metavar="N",
                     help="CUDA 9.0+: decode graphs of at most N rows launch their Triton kernels with programmatic "
                          "dependent launch (default: the talker's, model_runner.default_pdl_max_rows; 0: never)")
+    ap.add_argument("--fuse-rules", action=argparse.BooleanOptionalAction, default=ModelRunnerConfig.fuse_rules,
+                    help="the row rules compiled into fused kernels (ModelRunnerConfig.fuse_rules; default %(default)s)")
     ap.add_argument("--gemv-blocks", type=lambda v: tuple(int(x) for x in v.split(",")), default=None,
                     metavar="BN,BK,WARPS,STAGES", help="the CUDA-core GEMV's block sizes for this run, every K "
                     "(default: int8_linear.gemv_blocks by K; scripts/sweep_gemv.py's best)")

@@ -1,5 +1,5 @@
 """The decode step's sample-and-advance alone on a GPU: the served form (eager torch ops captured in a CUDA graph)
-against the same body with the family's row rules (and the step's pre-draw checks) fused by torch.compile, both
+against the same body with the family's row rules fused by torch.compile (`DeviceStreamState(fuse_rules=True)`), both
 replayed from CUDA graphs; kernel counts from an eager profile; equality of the packed rows and of every state
 field over a run of steps. An experiment for issue #14's one-row step (session 22's profile: ~130 launches of
 indexing and rules, ~170 us of a 1.8 ms step). Usage: python scripts/bench_rules.py [--arch v2|v3] [--rows 1,16,256]
@@ -21,16 +21,16 @@ K_V2, CB = 8, 1024
 FIELDS = ("last_col", "ncols", "num_delay", "num_remaining", "stop_reason", "done", "window", "win_pos", "win_fill")
 
 
-def rules_for(arch: str):
+def rules_for(arch: str, k: int):
     if arch == "v3":
         from higgs_stream.engine.models.higgs_v3.device_rules import V3DeviceRules
-        return V3DeviceRules()
+        return V3DeviceRules(k)
     from higgs_stream.engine.models.higgs_v2.device_rules import V2DeviceRules
     return V2DeviceRules()
 
 
-def make_state(rows: int, arch: str, k: int, device: str) -> DeviceStreamState:
-    st = DeviceStreamState(rows, 8, k, CB, device, rules=rules_for(arch))
+def make_state(rows: int, arch: str, k: int, device: str, fused: bool) -> DeviceStreamState:
+    st = DeviceStreamState(rows, 8, k, CB, device, rules=rules_for(arch, k), fuse_rules=fused)
     rng = np.random.default_rng(0)
     st.start([StreamStart(i, SamplingParams(temperature=0.0 if i % 4 == 0 else 0.8, top_k=[None, 50][i % 2],
                                             top_p=[1.0, 0.9][i % 2], ras_window=[0, 7][i % 2], ras_max_repeat=2,
@@ -88,9 +88,9 @@ def main() -> None:
         logits = torch.randn(rows, k, CB + 2, device=a.device, generator=gen) * 3
         slots = torch.arange(rows, device=a.device)
         valid = torch.ones(rows, dtype=torch.bool, device=a.device)
-        ref, fused = make_state(rows, a.arch, k, a.device), make_state(rows, a.arch, k, a.device)
         t0 = time.perf_counter()
-        fused.rules.advance = torch.compile(fused.rules.advance, fullgraph=True, dynamic=False)
+        ref, fused = make_state(rows, a.arch, k, a.device, False), make_state(rows, a.arch, k, a.device, True)
+        compile_s = time.perf_counter() - t0  # the fused state's compiles (RowRules.fuse), a warm cache after the first
         step_ref = lambda: ref.sample_and_advance(logits, slots, valid)  # noqa: E731
         step_fused = lambda: fused.sample_and_advance(logits, slots, valid)  # noqa: E731
         # equality, eager, step by step (same logits; the rows ramp in, repeat, reach the cap and stop)
@@ -101,7 +101,6 @@ def main() -> None:
             worst += int((pa != pb).sum())
             for f in FIELDS:
                 worst += int((getattr(ref, f) != getattr(fused, f)).sum())
-        compile_s = time.perf_counter() - t0
         if a.device == "cpu":
             print(json.dumps(dict(rows=rows, mismatches=worst, compile_s=round(compile_s, 1))), flush=True)
             continue

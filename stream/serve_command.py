@@ -119,6 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "dependent launch (each starts as the one before ends; the same codes) (default: 32 for "
                              "bf16 Higgs talkers, 2 quantized, 0 for Qwen3-TTS; 0: never). H200, v2, one row: 1.62 vs "
                              "1.77 ms fp8, 2.45 vs 2.52 bf16 (docs/PERF.md)")
+    parser.add_argument("--fuse-rules", action=argparse.BooleanOptionalAction, default=ModelRunnerConfig.fuse_rules,
+                        help="CUDA: the Higgs families' row rules (ramps, RAS, the frame cap) compiled by torch.compile "
+                             "into a few fused kernels at start-up (the same codes). H200, v2: the step's sampling tail "
+                             "188 -> 60 us at one row; the compiles add ~20 s to a start on an empty Inductor cache")
     parser.add_argument("--bf16-gemv-rows", type=int, default=ModelRunnerConfig.bf16_gemv_rows, metavar="N",
                         help="CUDA: plain bf16 linears of at most N rows (<= 4) run on our CUDA-core GEMV where, timed "
                              "at start-up per weight shape, it beats cuBLAS by 15 %% or more (default %(default)s; 0: "
@@ -300,6 +304,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
                               **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
     runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
                       "triton_ranged_decode": args.triton_ranged_decode, "bf16_gemv_rows": args.bf16_gemv_rows,
+                      "fuse_rules": args.fuse_rules,
                       **({} if args.pdl_max_rows is None else {"pdl_max_rows": args.pdl_max_rows})}
     ModelRunnerConfig(**runner_options)  # a bad --prefill-pack / --triton-decode-from / --pdl-max-rows / .. fails here
     if args.codec_gemm_max_rate_out is not None and args.codec_gemm_max_rate_out < 1:  # before the model loads too

@@ -103,6 +103,26 @@ def test_graphs_equal_eager(model, ras_window):
     assert np.array_equal(s[0], run(one_eager, sampled)[0])
 
 
+@pytest.mark.parametrize("ras_window", [0, 7])
+def test_fused_rules_give_the_unfused_codes(model, ras_window):
+    """ModelRunnerConfig.fuse_rules (the rules' integer part compiled, on by default on CUDA) against the plain ops:
+    the same frames, greedy and sampled, replayed from the graphs, to the frame cap (EOS zeroed) and through RAS."""
+    fused = engine(model)
+    assert hasattr(fused.runner.state.rules.rows, "_torchdynamo_orig_callable")  # the default fuses
+    cfg = fused.cfg
+    fused.runner.fast.audio_head.view(cfg.num_codebooks, cfg.audio_vocab, -1)[:, cfg.audio_stream_eos_id] = 0
+    plain = engine(model, gpu=ModelRunnerConfig(graph_buckets=(1, 2, 4, 8), fuse_rules=False), fast=fused.runner.fast,
+                   talker=fused.talker)
+    assert not hasattr(plain.runner.state.rules.rows, "_torchdynamo_orig_callable")
+    sampled = [GenerationRequest(text="Hi there. " * (1 + i), max_frames=40,
+                                 sampling=SamplingParams(seed=3 + i, temperature=0.9, ras_window=ras_window))
+               for i in range(3)]
+    for batch in (reqs(ras_window), sampled):
+        a, b = run(fused, batch), run(plain, batch)
+        for x, y in zip(a, b):
+            assert x.shape[1] > 0 and np.array_equal(x, y)
+
+
 def test_steps_make_no_synchronizing_call(model):
     """Whole requests (admission, packed prefill, decode graphs, ends, releases) under torch's sync debug mode:
     no call makes the host wait for the device except the engine's own event waits, which the mode does not

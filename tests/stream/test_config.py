@@ -128,6 +128,18 @@ def test_pdl_max_rows_is_parsed_and_checked_before_the_model_loads():
         build_state(parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--pdl-max-rows", "-1"]))
 
 
+def test_fuse_rules_is_parsed_into_the_runner_options():
+    """--fuse-rules / --no-fuse-rules (CUDA: the row rules compiled into fused kernels): on by default, as the
+    runner's default; off reaches the runner's config."""
+    from higgs_stream.engine.model_runner import ModelRunnerConfig, runner_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--model", "m"]).fuse_rules is True is ModelRunnerConfig().fuse_rules
+    assert parser.parse_args(["--model", "m", "--no-fuse-rules"]).fuse_rules is False
+    assert runner_config("none", options={"fuse_rules": False}).fuse_rules is False
+
+
 def test_triton_decode_from_is_parsed_and_checked_before_the_model_loads():
     """--triton-decode-from N|none (CUDA decode graphs of N rows and more on the Triton attention kernel): default
     the runner's, 'none' turns it off, a bad value is refused by argparse or, below 1, a ConfigError before the

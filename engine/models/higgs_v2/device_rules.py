@@ -28,12 +28,18 @@ class V2DeviceRules(RowRules):
         """At column max_frames + 1 the frame cap forces EOS on codebook 0 (`SegmentState.cap_column`)."""
         return max_frames + 1
 
+    fusible = True  # `rows` is integer-only (RowRules.fuse)
+
     def advance(self, state: Any, tokens: torch.Tensor, clean: torch.Tensor, noise: torch.Tensor,
                 slots: torch.Tensor, live: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         """SegmentState.advance for every row: tokens [B, K] -> packed [B, K + 1]."""
-        k, bos, eos, cb = state.k, state.bos, state.eos, state._codebook
-        candidate = (clean.softmax(dim=-1) / noise[:, 1]).argmax(dim=-1)  # [B, K]
+        candidate = (clean.softmax(dim=-1) / noise[:, 1]).argmax(dim=-1)  # [B, K], RAS's resample
+        return self.rows(state, tokens, candidate, slots, live, finite)
 
+    def rows(self, state: Any, tokens: torch.Tensor, candidate: torch.Tensor, slots: torch.Tensor,
+             live: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        """The rules past the float math (RAS's resample `candidate` [B, K] given): integers and booleans only."""
+        k, bos, eos, cb = state.k, state.bos, state.eos, state._codebook
         # RAS over the last min(ras_window, fill) columns of the ring buffer
         ras_w, pos, fill = state.ras_window[slots], state.win_pos[slots], state.win_fill[slots]
         age = (pos[:, None] - 1 - state._age) % state.w  # [B, W]
@@ -55,7 +61,7 @@ class V2DeviceRules(RowRules):
         remaining = torch.where(counting, remaining - 1, remaining)
         is_eos = tokens == eos
         starts = ~counting & is_eos.any(dim=1)
-        first = is_eos.int().argmax(dim=1)  # lowest codebook holding EOS
+        first = torch.where(is_eos, cb, k).amin(dim=1)  # lowest codebook holding EOS (k: none)
         tokens = torch.where(starts[:, None] & (cb < first[:, None]), eos, tokens)
         remaining = torch.where(starts, k - first - 1, remaining)
         reason = torch.where(starts, torch.where(forced_stop, LENGTH, STOP), state.stop_reason[slots])

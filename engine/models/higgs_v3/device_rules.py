@@ -32,9 +32,16 @@ class V3DeviceRules(RowRules):
         """The frame cap in rows: max_frames + K - 1 (`RowState.max_rows`)."""
         return max_frames + self.k - 1
 
+    fusible = True  # `rows` is integer-only (RowRules.fuse)
+
     def advance(self, state: Any, tokens: torch.Tensor, clean: torch.Tensor, noise: torch.Tensor,
                 slots: torch.Tensor, live: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         """RowState.advance for every row (same order): tokens [B, K] -> packed [B, K + 1]."""
+        return self.rows(state, tokens, None, slots, live, finite)
+
+    def rows(self, state: Any, tokens: torch.Tensor, candidate: torch.Tensor | None, slots: torch.Tensor,
+             live: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        """The rules (no RAS: `candidate` unused): integers and booleans only."""
         k, bos, eos = state.k, state.bos, state.eos
         ncols, delay, remaining = state.ncols[slots], state.num_delay[slots], state.num_remaining[slots]
         ramp = delay < k  # row `delay` of the ramp-up: codebooks > delay are not started yet

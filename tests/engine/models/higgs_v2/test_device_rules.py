@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from higgs_stream.engine.gpu_sampling import IGNORED, LENGTH, RUNNING, STOP, DeviceStreamState, StreamStart
 from higgs_stream.engine.models.higgs_v2.device_rules import V2DeviceRules
@@ -29,12 +30,15 @@ PARAMS = [
 MAX_FRAMES = [40, 6, 25, 12, 9]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_segment_state(seed, device_oracle):
+# fused: the rules' integer part compiled (RowRules.fuse, torch.compile on this CPU), the same oracle
+@pytest.mark.parametrize("seed,fused", [(0, False), (1, False), (2, False), (0, True)])
+def test_matches_segment_state(seed, fused, device_oracle):
     rng = np.random.default_rng(seed)
     n = len(PARAMS)
     state = DeviceStreamState(num_slots=6, scratch_slots=2, num_codebooks=K, codebook_size=1024, device="cpu",
-                              rules=V2DeviceRules())
+                              rules=V2DeviceRules(), fuse_rules=fused)
+    assert hasattr(state.rules.rows, "_torchdynamo_orig_callable") == fused  # compiled only when asked
+    graphs = counters["stats"]["unique_graphs"]  # the fused rules compiled at construction, not in a step
     slots = [4, 0, 5, 2, 1]
     context = [rng.integers(0, 4, size=(K, int(a))) for a in rng.integers(0, 10, size=n)]
     state.start([StreamStart(s, p, m, c) for s, p, m, c in zip(slots, PARAMS, MAX_FRAMES, context)])
@@ -63,6 +67,9 @@ def test_matches_segment_state(seed, device_oracle):
             seen[status] += 1
     assert seen[STOP] >= 1 and seen[LENGTH] >= 1 and seen[RUNNING] > 30
     assert sum(h.num_ras_resampled for h in host) > 20  # RAS really ran
+    for b in (1, 3, 2):  # other batch sizes (rows not valid: nothing changes) compile nothing either
+        state.sample_and_advance(torch.zeros(b, K, V), torch.arange(b), torch.zeros(b, dtype=torch.bool))
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_release_and_restart_resets_slot():

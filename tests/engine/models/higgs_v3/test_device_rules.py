@@ -29,16 +29,18 @@ PARAMS = [
 MAX_FRAMES = [40, 3, 25, 12, 9]
 
 
-def device_state(num_slots: int = 6, scratch: int = 2) -> DeviceStreamState:
+def device_state(num_slots: int = 6, scratch: int = 2, fused: bool = False) -> DeviceStreamState:
     return DeviceStreamState(num_slots=num_slots, scratch_slots=scratch, num_codebooks=K, codebook_size=1024,
-                             device="cpu", rules=V3DeviceRules(K))
+                             device="cpu", rules=V3DeviceRules(K), fuse_rules=fused)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_v3_segment(seed, device_oracle):
+# fused: the rules compiled (RowRules.fuse, torch.compile on this CPU), the same oracle
+@pytest.mark.parametrize("seed,fused", [(0, False), (1, False), (2, False), (0, True)])
+def test_matches_v3_segment(seed, fused, device_oracle):
     rng = np.random.default_rng(seed)
     n = len(PARAMS)
-    state = device_state()
+    state = device_state(fused=fused)
+    assert hasattr(state.rules.rows, "_torchdynamo_orig_callable") == fused  # compiled only when asked
     slots = [4, 0, 5, 2, 1]
     empty = np.zeros((K, 0), np.int64)
     state.start([StreamStart(s, p, m, empty) for s, p, m in zip(slots, PARAMS, MAX_FRAMES)])
