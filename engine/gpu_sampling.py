@@ -274,6 +274,9 @@ def commit_rows(state: DeviceStreamState, slots: torch.Tensor, tokens: torch.Ten
     return status, keep
 
 
+RECOMPILE_LIMIT = 256  # compiled entries of the fused rules per process (RowRules.fuse)
+
+
 class RowRules:
     """The optional hooks of `family.DeviceRules`, as the Higgs families use them (no per-slot state
     of their own, no logits processors); a family's rules subclass it and override what they need.
@@ -288,6 +291,11 @@ class RowRules:
         """Compile `rows` (dynamic batch size) and run it once at 1 and 2 rows on rows that are not live (their
         state is written back unchanged), so the compiles happen here and not at a decode step's first use."""
         assert self.fusible, f"{type(self).__name__} has no integer-only `rows` to fuse"
+        # every state of a process shares the function's compiled entries, each guarded on its state's tensor sizes:
+        # a process with many engines (the GPU tests) passes dynamo's default of 8 entries a function, where a
+        # fullgraph compile fails instead of falling back; a server has one state (2 entries: 1 row, any other)
+        import torch._dynamo  # noqa: F401 (its config)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.rows = torch.compile(self.rows, fullgraph=True, dynamic=True)  # type: ignore[attr-defined]
         for b in (1, 2):
             slots = torch.arange(b, device=state.device) % state.last_col.shape[0]
