@@ -25,8 +25,11 @@ the AUDIO_INIT column (column 0): a stream's first sampled row is column 1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -288,21 +291,34 @@ class RowRules:
     fusible = False
 
     def fuse(self, state: DeviceStreamState) -> None:
-        """Compile `rows` (dynamic batch size) and run it once at 1 and 2 rows on rows that are not live (their
-        state is written back unchanged), so the compiles happen here and not at a decode step's first use."""
+        """Compile `rows` (dynamic batch size) and run it at 1 and 2 rows on rows that are not live (their state is
+        written back unchanged), under no_grad and under inference_mode (dynamo guards on the mode: the decode graphs
+        are captured under the one, eager steps run under the other; a call with grad enabled runs as no_grad), so
+        every compile happens here and none at a step's first use."""
         assert self.fusible, f"{type(self).__name__} has no integer-only `rows` to fuse"
         # every state of a process shares the function's compiled entries, each guarded on its state's tensor sizes:
         # a process with many engines (the GPU tests) passes dynamo's default of 8 entries a function, where a
-        # fullgraph compile fails instead of falling back; a server has one state (2 entries: 1 row, any other)
+        # fullgraph compile fails instead of falling back; a server has one state (4 entries)
         import torch._dynamo  # noqa: F401 (its config)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self.rows = torch.compile(self.rows, fullgraph=True, dynamic=True)  # type: ignore[attr-defined]
-        for b in (1, 2):
-            slots = torch.arange(b, device=state.device) % state.last_col.shape[0]
-            live, finite = (torch.zeros(b, dtype=torch.bool, device=state.device) for _ in range(2))  # not aliased:
-            clean = torch.zeros(b, state.k, state.v, device=state.device)  # dynamo guards on aliasing too
-            noise = torch.ones(b, 2, state.k, state.v, device=state.device)
-            self.advance(state, state.last_col[slots].clone(), clean, noise, slots, live, finite)  # type: ignore[attr-defined]
+        compiled = torch.compile(self.rows, fullgraph=True, dynamic=True)  # type: ignore[attr-defined]
+
+        @functools.wraps(compiled)
+        def rows(*args: Any) -> torch.Tensor:
+            if torch.is_inference_mode_enabled() or not torch.is_grad_enabled():
+                return compiled(*args)
+            with torch.no_grad():
+                return compiled(*args)
+
+        self.rows = rows
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                for b in (1, 2):
+                    slots = torch.arange(b, device=state.device) % state.last_col.shape[0]
+                    live, finite = (torch.zeros(b, dtype=torch.bool, device=state.device) for _ in range(2))  # not
+                    clean = torch.zeros(b, state.k, state.v, device=state.device)  # aliased: dynamo guards on it too
+                    noise = torch.ones(b, 2, state.k, state.v, device=state.device)
+                    self.advance(state, state.last_col[slots].clone(), clean, noise, slots, live, finite)  # type: ignore[attr-defined]
 
     def attach(self, state: DeviceStreamState) -> None:
         """Allocate the rules' own per-slot tensors (called once, by the state's constructor)."""

@@ -9,6 +9,8 @@ noise (a pure function of seed and column index; tests/engine/models/conftest.py
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -67,8 +69,10 @@ def test_matches_segment_state(seed, fused, device_oracle):
             seen[status] += 1
     assert seen[STOP] >= 1 and seen[LENGTH] >= 1 and seen[RUNNING] > 30
     assert sum(h.num_ras_resampled for h in host) > 20  # RAS really ran
-    for b in (1, 3, 2):  # other batch sizes (rows not valid: nothing changes) compile nothing either
-        state.sample_and_advance(torch.zeros(b, K, V), torch.arange(b), torch.zeros(b, dtype=torch.bool))
+    for mode in (torch.inference_mode, torch.no_grad, contextlib.nullcontext):  # eager steps, graph captures, scripts
+        with mode():
+            for b in (1, 3, 2):  # other batch sizes (rows not valid: nothing changes) compile nothing either
+                state.sample_and_advance(torch.zeros(b, K, V), torch.arange(b), torch.zeros(b, dtype=torch.bool))
     assert counters["stats"]["unique_graphs"] == graphs
 
 
