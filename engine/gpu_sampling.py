@@ -26,6 +26,8 @@ the AUDIO_INIT column (column 0): a stream's first sampled row is column 1.
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -277,6 +279,7 @@ def commit_rows(state: DeviceStreamState, slots: torch.Tensor, tokens: torch.Ten
     return status, keep
 
 
+log = logging.getLogger(__name__)
 RECOMPILE_LIMIT = 256  # compiled entries of the fused rules per process (RowRules.fuse)
 
 
@@ -311,6 +314,7 @@ class RowRules:
                 return compiled(*args)
 
         self.rows = rows
+        t0 = time.perf_counter()
         for mode in (torch.no_grad, torch.inference_mode):
             with mode():
                 for b in (1, 2):
@@ -319,6 +323,7 @@ class RowRules:
                     clean = torch.zeros(b, state.k, state.v, device=state.device)  # aliased: dynamo guards on it too
                     noise = torch.ones(b, 2, state.k, state.v, device=state.device)
                     self.advance(state, state.last_col[slots].clone(), clean, noise, slots, live, finite)  # type: ignore[attr-defined]
+        log.info("fused %s's row rules (torch.compile) in %.1f s", type(self).__name__, time.perf_counter() - t0)
 
     def attach(self, state: DeviceStreamState) -> None:
         """Allocate the rules' own per-slot tensors (called once, by the state's constructor)."""
