@@ -163,6 +163,8 @@ class DeviceRules(Protocol):
     `gpu_sampling.RowRules` gives the optional hooks' defaults (attach, start, process)."""
 
     uses_ras: bool  # whether rows take RAS (the state's window is seeded only then)
+    # optional: `fusible = True` with an integer-only `rows(state, tokens, candidate, slots, live, finite)` that
+    # `advance` ends in, which `gpu_sampling.RowRules.fuse` compiles (ModelRunnerConfig.fuse_rules; Higgs v2 / v3)
 
     def attach(self, state: Any) -> None: ...  # allocate the rules' own per-slot tensors (once)
 
