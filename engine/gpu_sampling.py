@@ -30,7 +30,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,8 @@ from higgs_stream.engine.request import SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors
 from higgs_stream.kernels import sample_rows, sampling_noise
 
+log = logging.getLogger(__name__)
+RECOMPILE_LIMIT = 256  # compiled entries of the fused rules per process (RowRules.fuse)
 START_ROWS = 8  # stream starts per staged apply (`DeviceStreamState.start`)
 START_INTS = ("win_pos", "win_fill", "ras_window", "ras_max_repeat", "seed", "cap_column", "top_k")
 START_FIELDS = 2 + len(START_INTS)  # staged ints per start: slot, START_INTS, greedy; then the start row [K]
@@ -277,10 +278,6 @@ def commit_rows(state: DeviceStreamState, slots: torch.Tensor, tokens: torch.Ten
     state.ncols.index_copy_(0, slots, torch.where(keep, ncols, ncols + 1))
     state.done.index_copy_(0, slots, state.done[slots] | (live & (finished | ~finite)))
     return status, keep
-
-
-log = logging.getLogger(__name__)
-RECOMPILE_LIMIT = 256  # compiled entries of the fused rules per process (RowRules.fuse)
 
 
 class RowRules:

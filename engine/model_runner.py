@@ -165,7 +165,7 @@ class ModelRunnerConfig:
     pdl_max_rows: int | None = None
     # CUDA, fast kernels: the family's row rules past the float math (RowRules.fuse: Higgs v2 / v3) compiled by
     # torch.compile into a few fused kernels. H200, v2 (scripts/bench_rules.py, session 31): the sample-and-advance
-    # graph 188 -> 60 us at one row, 218 -> 79 at 16, 377 -> 195 at 256 (128 -> 29-34 kernels); the same integers
+    # graph 188 -> 64 us at one row, 219 -> 85 at 16, 377 -> 189 at 256 (129 -> 31-36 kernels); the same integers
     # (no float op is compiled). Costs its compiles at start-up (~20 s on an empty Inductor cache, H200)
     fuse_rules: bool = True
 

@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse-rules", action=argparse.BooleanOptionalAction, default=ModelRunnerConfig.fuse_rules,
                         help="CUDA: the Higgs families' row rules (ramps, RAS, the frame cap) compiled by torch.compile "
                              "into a few fused kernels at start-up (the same codes). H200, v2: the step's sampling tail "
-                             "188 -> 60 us at one row; the compiles add ~20 s to a start on an empty Inductor cache")
+                             "188 -> 64 us at one row; the compiles add ~20 s to a start on an empty Inductor cache")
     parser.add_argument("--bf16-gemv-rows", type=int, default=ModelRunnerConfig.bf16_gemv_rows, metavar="N",
                         help="CUDA: plain bf16 linears of at most N rows (<= 4) run on our CUDA-core GEMV where, timed "
                              "at start-up per weight shape, it beats cuBLAS by 15 %% or more (default %(default)s; 0: "
