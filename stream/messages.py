@@ -233,7 +233,8 @@ def parse_query(query: dict[str, str]) -> dict:
         if key not in QUERY_KEYS:
             raise InvalidInputError(f"unknown query parameter {brief(key)}")
         if key == "sample_rate":
-            if not value.isdigit():
+            # ASCII digits only: str.isdigit() also takes '²', which int() refuses; the range is checked when applied
+            if not (value.isascii() and value.isdigit() and len(value) <= 9):
                 raise InvalidInputError(f"sample_rate must be an integer, got {brief(value)}")
             value = int(value)
         raw[key] = value

@@ -267,6 +267,16 @@ def test_query_config_errors_keep_defaults(voices):
     assert msgs(s2)[0]["voice"] == "belinda"
 
 
+@pytest.mark.parametrize("rate", ["\u00b2", "\u0668000", "9" * 5000, "-8000", "8000.0", "", " 8000"])
+def test_query_sample_rate_not_ascii_digits_is_invalid_input(voices, rate):
+    """'²' and Arabic-Indic digits pass str.isdigit() but not int() (found by a probe: an untyped 500 before the
+    socket opened); 5,000 digits pass the one and exceed the other's limit."""
+    s, codes = new_session(voices, query={"sample_rate": rate})
+    out = msgs(s)
+    assert out[0]["code"] == "invalid_input" and "sample_rate must be an integer" in out[0]["message"]
+    assert out[1]["type"] == "ready" and codes == ["invalid_input"]
+
+
 def test_tick_cuts_idle_text(voices):
     s, _ = new_session(voices, max_buffer_delay_ms=500, sentence_delay_ms=100)
     s.outgoing()
