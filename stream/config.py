@@ -147,7 +147,14 @@ class ServerConfig:
     history_max_frames: int = 1500
 
     # Output.
-    stream_buffer_s: float = 60.0  # audio buffered per context before `slow_client`
+    # A context whose client does not take its audio (a listener that reads in real time, a context queued behind
+    # another on its connection, a client that stopped reading) pauses its generation once stream_hold_s of audio
+    # waits for the client, and resumes when half of that is left; held that long without draining to half after
+    # its client took some of its audio, it ends with `slow_client` (its engine stream freed). stream_buffer_s caps
+    # the audio queued per context whatever happens (what a pause lets through: steps and codec calls in flight)
+    stream_hold_s: float = 10.0
+    slow_client_s: float = 60.0
+    stream_buffer_s: float = 60.0
     max_send_ms: int = 1000  # largest merged audio frame after the first
     heartbeat_s: float = 20.0  # WebSocket ping interval
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
@@ -237,7 +244,8 @@ class ServerConfig:
         need(self.default_mode in MODES, f"default_mode must be one of {MODES}")
         need(self.history_segments >= 0, "history_segments must be >= 0")
         need(self.history_max_frames >= 0, "history_max_frames must be >= 0")
-        need(self.stream_buffer_s > 0, "stream_buffer_s must be > 0")
+        need(0 < self.stream_hold_s < self.stream_buffer_s, "need 0 < stream_hold_s < stream_buffer_s")
+        need(self.slow_client_s > 0, "slow_client_s must be > 0")
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
@@ -297,6 +305,10 @@ class ServerConfig:
     @property
     def stream_buffer_samples(self) -> int:
         return int(self.stream_buffer_s * SAMPLE_RATE)
+
+    @property
+    def stream_hold_samples(self) -> int:
+        return int(self.stream_hold_s * SAMPLE_RATE)
 
     @property
     def max_send_bytes(self) -> int:

@@ -135,6 +135,7 @@ class SessionRunner:
         state.sessions.add(self)
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._quiet_since = self._loop.time()  # the last message, or the last context's end (the idle clock)
 
     def _count_error(self, code: str) -> None:
         self.state.metrics.errors.inc(code=code)
@@ -170,19 +171,24 @@ class SessionRunner:
             log.info("could not send the final errors: %r", e)
 
     async def _read(self, receive) -> None:
-        idle_s = self.state.config.idle_timeout_s
         while True:
-            try:  # the idle clock runs only while no context is open (audio may take long to finish)
-                message = await (receive() if self.handles else asyncio.wait_for(receive(), idle_s))
-            except TimeoutError:
-                self._count_error(IdleTimeoutError.code)
-                await self._send_text(json.dumps({"type": "error", "code": IdleTimeoutError.code,
-                                                  "message": f"no message and no open context for {idle_s:g} s"}))
-                return
+            message = await receive()
             if message is None:
                 return
-            self._execute(self.session.receive(message, self._loop.time()))
+            self._quiet_since = self._loop.time()
+            self._execute(self.session.receive(message, self._quiet_since))
             self._wake.set()
+
+    def _idle_at(self) -> float | None:
+        """When the connection times out: `idle_timeout_s` after its last message or its last context's end,
+        while no context is open (None: one is; its audio may take long to finish)."""
+        return None if self.handles else self._quiet_since + self.state.config.idle_timeout_s
+
+    async def _time_out_connection(self) -> None:
+        self._count_error(IdleTimeoutError.code)
+        idle_s = self.state.config.idle_timeout_s
+        await self._send_text(json.dumps({"type": "error", "code": IdleTimeoutError.code,
+                                          "message": f"no message and no open context for {idle_s:g} s"}))
 
     def _execute(self, commands: list[Command]) -> None:
         for cmd in commands:
@@ -208,6 +214,7 @@ class SessionRunner:
             elif isinstance(cmd, Cancel):
                 del self.handles[cmd.context_id]
                 handle.cancel()
+                self._quiet_since = max(self._quiet_since, self._loop.time())
 
     async def _write(self) -> None:
         max_bytes = self.state.config.max_send_bytes
@@ -228,9 +235,14 @@ class SessionRunner:
                             self.session.audio(head, ev.pcm)
                         else:
                             del self.handles[head]
+                            self._quiet_since = max(self._quiet_since, self._loop.time())
                             self.session.finished(head, ev.reason, ev.error)
                     continue
-            deadline = self.session.deadline()
+            idle_at = self._idle_at()
+            if idle_at is not None and self._loop.time() >= idle_at:
+                await self._time_out_connection()
+                return
+            deadline = min((t for t in (self.session.deadline(), idle_at) if t is not None), default=None)
             timeout = None if deadline is None else max(0.0, deadline - self._loop.time())
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)

@@ -42,7 +42,8 @@ class ForbiddenOriginError(HiggsStreamError):
 
 
 class SlowClientError(HiggsStreamError):
-    """The client fell more than `stream_buffer_s` of audio behind; its stream was ended."""
+    """The client did not take its audio: its generation waited `slow_client_s` for it (or `stream_buffer_s` of
+    audio queued up); its stream was ended."""
 
     code = "slow_client"
 

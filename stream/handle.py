@@ -65,6 +65,7 @@ class _Segment:
     framed: bool = False  # engine thread, while tracing: its first frame came
     meter: UnderrunMeter = field(default_factory=lambda: UnderrunMeter(SAMPLE_RATE))
     clock: PlaybackClock = field(default_factory=PlaybackClock)  # engine thread: audio planned vs wall time
+    held: bool = False  # paused for its client (event loop sets, engine thread reads: `Pipeline._hold`)
 
 
 class StreamHandle:
@@ -82,6 +83,9 @@ class StreamHandle:
         self.samples = 0  # samples queued so far
         self._queue: deque[Event] = deque()
         self._buffered = 0  # samples in the queue
+        self.held = False  # generation paused: stream_hold_s of audio waits for the client (until half is left)
+        self._taken = False  # the client took some audio (only then can it be slow: a queued context waits its turn)
+        self._stall = None  # the slow_client timer while held
         self._texts: deque[str] = deque()
         self._closed = False
         self._segment: _Segment | None = None
@@ -116,6 +120,7 @@ class StreamHandle:
         self._stop_engine()
         self._queue.clear()
         self._buffered = 0
+        self._unhold()
         self._finish(End("cancelled"))
 
     @property
@@ -142,6 +147,12 @@ class StreamHandle:
                 size += len(parts[-1])
             self._buffered -= size // 2
             out.append(Audio(b"".join(parts)))
+            self._taken = True
+            if self.held:
+                if self._buffered <= self.pipeline.cfg.stream_hold_samples // 2:
+                    self._hold(False)
+                elif self._stall is None:
+                    self._arm_stall()
         if self._queue and isinstance(self._queue[0], End) and not (out and first_alone):
             out.append(self._queue.popleft())
         if not self._queue:
@@ -156,13 +167,16 @@ class StreamHandle:
     # ---- segment flow (event loop) ----
 
     def _pump(self) -> None:
-        """Submit the next segment when none is in flight; End when all text is spoken."""
+        """Submit the next segment when none is in flight and the client is not held up; End when all text is
+        spoken."""
         if self.finished or self._segment is not None:
             return
         if not self._texts:
             if self._closed:
                 self._finish(End("completed"))
             return
+        if self.held:
+            return  # the next segment waits until the client has taken its audio (`take` resumes)
         voice: Voice = self.options.voice
         if voice.has_reference and self._reference is None:
             if not self._encoding:
@@ -226,13 +240,43 @@ class StreamHandle:
         self._buffered += samples
         self.samples += samples
         self.active_at = now
-        if self._buffered > self.pipeline.cfg.stream_buffer_samples:
-            metrics.slow_clients.inc()
-            self._fail(SlowClientError(
-                f"client is {self._buffered / SAMPLE_RATE:.1f} s of audio behind "
-                f"(limit {self.pipeline.cfg.stream_buffer_s:g} s)"))
+        cfg = self.pipeline.cfg
+        if self._buffered > cfg.stream_buffer_samples:
+            self._slow(f"client is {self._buffered / SAMPLE_RATE:.1f} s of audio behind "
+                       f"(limit {cfg.stream_buffer_s:g} s)")
             return
+        if not self.held and self._buffered > cfg.stream_hold_samples:
+            self._hold(True)
         self._notify()
+
+    # ---- back-pressure (event loop) ----
+
+    def _hold(self, on: bool) -> None:
+        """Pause (on) or resume this context's generation for its client (`stream_hold_s`)."""
+        self.held = on
+        if self._segment is not None:
+            self.pipeline._hold(self._segment, on)
+        if on:
+            if self._taken:
+                self._arm_stall()
+            return
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        self._pump()
+
+    def _arm_stall(self) -> None:
+        self._stall = asyncio.get_running_loop().call_later(self.pipeline.cfg.slow_client_s, self._stalled)
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self.held and not self.finished:
+            self._slow(f"client took too little audio for {self.pipeline.cfg.slow_client_s:g} s "
+                       f"({self._buffered / SAMPLE_RATE:.1f} s waiting for it)")
+
+    def _slow(self, message: str) -> None:
+        self.pipeline.metrics.slow_clients.inc()
+        self._fail(SlowClientError(message))
 
     def _segment_end(self, seg: _Segment, reason: str, error: str | None, frames: np.ndarray | None) -> None:
         self._segment = None
@@ -269,7 +313,15 @@ class StreamHandle:
         self._stop_engine()
         self._queue.clear()
         self._buffered = 0
+        self._unhold()
         self._finish(End("error", error))
+
+    def _unhold(self) -> None:
+        """An ended context is not held (its engine stream is gone): no timer left behind."""
+        self.held = False
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
 
     def _stop_engine(self) -> None:
         seg = self._segment

@@ -167,8 +167,8 @@ class Pacer:
     def saturated(self, loop_s: float) -> bool:
         return loop_s > self.cfg.saturated_ratio * self.cfg.frame_s
 
-    def plan(self, now: float, clocks: dict[int, PlaybackClock], loop_s: float,
-             idle: bool = False) -> tuple[list[int], list[int], float | None]:
+    def plan(self, now: float, clocks: dict[int, PlaybackClock], loop_s: float, idle: bool = False,
+             held: set[int] | frozenset[int] = frozenset()) -> tuple[list[int], list[int], float | None]:
         """(stream ids to pause, to resume, seconds until the first paused one must resume).
 
         `idle`: the talker has nothing to run but paused streams; then the GPU is not saturated
@@ -176,15 +176,20 @@ class Pacer:
         paused only while some unpaused stream is not far ahead (waiting for first audio counts):
         pausing when every stream is far ahead frees the GPU for nobody. While some stream waits for
         its first audio and at most `yield_max_streams` others exist, streams above `yield_ahead_s` stay
-        paused too (idle or not: the newcomer runs)."""
+        paused too (idle or not: the newcomer runs). `held` streams wait for their clients to take their
+        audio (`StreamHandle._hold`): paused whatever the load, resumed only once no longer held."""
         cfg = self.cfg
         saturated = self.saturated(loop_s) and not idle
         aheads = {sid: clock.ahead_s(now) for sid, clock in clocks.items()}
-        needy = any(a <= cfg.pause_ahead_s for sid, a in aheads.items() if sid not in self.paused)
+        needy = any(a <= cfg.pause_ahead_s for sid, a in aheads.items() if sid not in self.paused and sid not in held)
         waiting = sum(a == -math.inf for a in aheads.values())
         yielding = cfg.yield_ahead_s is not None and 0 < waiting and len(aheads) - waiting <= cfg.yield_max_streams
         pause, resume, wake = [], [], None
         for sid, ahead in aheads.items():
+            if sid in held:
+                if sid not in self.paused:
+                    pause.append(sid)
+                continue
             yields = yielding and ahead > cfg.yield_ahead_s
             paced = saturated and ahead > cfg.resume_ahead_s
             if sid in self.paused and not (yields or paced):

@@ -24,8 +24,9 @@ stream (`busy`) when the measured step time says one more would slow everyone be
 A StreamHandle (`stream/handle.py`) is one context (or one HTTP request): its text segments are
 generated one after another with one voice. Segments of a context without a reference voice are conditioned on the
 audio of the context's previous segments (bounded history). Admission is decided at `open()`
-(CapacityError at once); a handle whose client falls `stream_buffer_s` behind ends with
-`slow_client`; `cancel()` stops the engine stream before its next step.
+(CapacityError at once); a handle whose client does not take its audio pauses its engine stream (`_hold`,
+whatever the load) and, held `slow_client_s` after its client took some, ends with `slow_client`; `cancel()` stops the
+engine stream before its next step.
 """
 
 from __future__ import annotations
@@ -340,6 +341,13 @@ class Pipeline:
         self.metrics.engine_streams.inc()
         self._wake.set()
 
+    def _hold(self, seg: _Segment, on: bool) -> None:
+        """Pause (on) or resume a segment's engine stream for its client (`StreamHandle._hold`): the engine thread
+        applies it at its next pacing, whatever the load."""
+        seg.held = on
+        self._paced_at = 0.0
+        self._wake.set()
+
     def _cancel(self, seg: _Segment) -> None:
         self.engine.cancel(seg.sid)  # the engine frees its pages at the start of its next step
         self._wake.set()
@@ -428,10 +436,12 @@ class Pipeline:
         self._paced_at = now
         with self._lock:
             clocks = {sid: seg.clock for sid, seg in self._segments.items()}
+            held = {sid for sid, seg in self._segments.items() if seg.held}
         for sid in list(self.pacer.paused):
             if sid not in clocks:
                 self.pacer.forget(sid)
-        pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work())
+        pause, resume, wake = self.pacer.plan(now, clocks, self.loop_model.last_s, idle=not self.engine.has_work(),
+                                              held=held)
         self._relaxed = relaxed(now, clocks, self.pacing) and not self._downloading()
         for sid in pause:
             self.engine.pause(sid)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import struct
 
 from aiohttp import WSMsgType, web
 from higgs_stream.stream import routes
@@ -82,27 +84,99 @@ def error_response(error, metrics: Metrics, status: int | None = None) -> web.Re
     return web.json_response(body, status=status, headers=headers)
 
 
-class AiohttpSocket:
-    """An aiohttp WebSocket as a `Connection` (stream/driver.py)."""
+TCP_INFO_BYTES_ACKED = 120  # Linux struct tcp_info: offset of tcpi_bytes_acked (u64, since Linux 4.1)
 
-    def __init__(self, ws: web.WebSocketResponse):
+
+def tcp_acked(transport: asyncio.BaseTransport | None) -> int | None:
+    """Bytes the peer's TCP has acknowledged on this connection (Linux; None where unknown): it grows while the
+    peer's application reads, and stops once it stops reading and its receive buffer is full."""
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return None
+    return struct.unpack_from("Q", info, TCP_INFO_BYTES_ACKED)[0] if len(info) >= TCP_INFO_BYTES_ACKED + 8 else None
+
+
+class AiohttpSocket:
+    """An aiohttp WebSocket as a `Connection` (stream/driver.py), with a keepalive that counts what the peer reads.
+
+    aiohttp's own heartbeat closes a socket whose pong is late; a listener that reads audio as it plays has
+    megabytes of it in the socket buffers ahead of the ping, so its pong came a minute late and the socket was cut
+    (found by a probe). Here (`ws` made with `heartbeat=None, autoping=False`) any frame from the peer, any send
+    that completes and (Linux) any byte the peer's TCP acknowledged since the last look (`tcp_acked`: it has read
+    some) count as signs of life: after `heartbeat_s` without one the socket pings, after 1.5 x `heartbeat_s` it
+    is aborted (a peer that neither reads nor answers), and the session ends its contexts."""
+
+    def __init__(self, ws: web.WebSocketResponse, heartbeat_s: float | None = None,
+                 transport: asyncio.BaseTransport | None = None):
         self.ws = ws
+        self.heartbeat_s, self._transport = heartbeat_s, transport
+        self._alive_at = asyncio.get_running_loop().time()
+        self._keepalive: asyncio.Task | None = None
+        self._ping: asyncio.Task | None = None
+        self._acked: int | None = None
+
+    def _alive(self) -> None:
+        self._alive_at = asyncio.get_running_loop().time()
 
     async def receive(self) -> str | bytes | None:
-        msg = await self.ws.receive()
-        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-            return msg.data
-        if msg.type == WSMsgType.ERROR:  # e.g. over max_msg_size: aiohttp closed it with 1009
-            log.info("websocket closed with an error: %s", self.ws.exception())
-        return None  # CLOSE / CLOSING / CLOSED / ERROR
+        if self.heartbeat_s is not None and self._keepalive is None:
+            self._keepalive = asyncio.create_task(self._keep_alive(), name="ws-keepalive")
+        while True:
+            msg = await self.ws.receive()
+            self._alive()
+            if msg.type == WSMsgType.PING:  # autoping is off: answer it here
+                await self.ws.pong(msg.data)
+                continue
+            if msg.type == WSMsgType.PONG:
+                continue
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                return msg.data
+            if msg.type == WSMsgType.ERROR:  # e.g. over max_msg_size: aiohttp closed it with 1009
+                log.info("websocket closed with an error: %s", self.ws.exception())
+            return None  # CLOSE / CLOSING / CLOSED / ERROR
+
+    async def _keep_alive(self) -> None:
+        beat = self.heartbeat_s
+        loop = asyncio.get_running_loop()
+        while not self.ws.closed:
+            await asyncio.sleep(beat / 4)  # a timer: the keepalive's own clock
+            acked = tcp_acked(self._transport)
+            if acked is not None and acked != self._acked:
+                self._acked = acked
+                self._alive()
+            quiet = loop.time() - self._alive_at
+            if quiet >= 1.5 * beat:
+                log.info("websocket peer neither read nor answered for %.1f s: aborted", quiet)
+                if self._transport is not None:
+                    self._transport.abort()  # receive() returns None, a blocked send fails: the session ends
+                return
+            if quiet >= beat and self._ping is None:
+                self._ping = asyncio.create_task(self._send_ping())
+
+    async def _send_ping(self) -> None:
+        try:
+            await self.ws.ping()
+        except (ConnectionError, RuntimeError) as e:  # closing: the session sees it too
+            log.debug("websocket ping failed: %r", e)
+        finally:
+            self._ping = None
 
     async def send_text(self, text: str) -> None:
         await self.ws.send_str(text)
+        self._alive()
 
     async def send_bytes(self, data: bytes) -> None:
         await self.ws.send_bytes(data)
+        self._alive()
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        for task in (self._keepalive, self._ping):
+            if task is not None:
+                task.cancel()
         if not self.ws.closed:
             await self.ws.close(code=code, message=reason.encode())
 
@@ -116,9 +190,9 @@ async def ws_stream(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return await respond(request, refusal)
     cfg = state.config
-    ws = web.WebSocketResponse(heartbeat=cfg.heartbeat_s, max_msg_size=cfg.hard_message_bytes, compress=False)
+    ws = web.WebSocketResponse(heartbeat=None, autoping=False, max_msg_size=cfg.hard_message_bytes, compress=False)
     await ws.prepare(request)
-    await run_websocket(state, view, AiohttpSocket(ws))
+    await run_websocket(state, view, AiohttpSocket(ws, cfg.heartbeat_s, request.transport))
     return ws
 
 

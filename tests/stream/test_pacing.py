@@ -64,6 +64,19 @@ def test_pacer_never_leaves_the_talker_idle():
     assert pacer.plan(100.0, waiting, loop_s=0.02)[:2] == ([0], [])
 
 
+def test_held_streams_stay_paused_at_any_load_until_released():
+    """A stream held for its client (StreamHandle._hold) is paused whether or not the GPU is saturated, is not
+    resumed when the talker idles, does not count as needing steps, and follows the load again once released."""
+    cfg = PacingConfig(pause_ahead_s=3.0, resume_ahead_s=2.0, saturated_ratio=0.25)
+    pacer = Pacer(cfg)
+    cs = clocks(a=0.5, b=5.0)
+    assert pacer.plan(100.0, cs, loop_s=0.001, held={0}) == ([0], [], None)  # not saturated: paused all the same
+    assert pacer.plan(100.1, cs, loop_s=0.001, idle=True, held={0}) == ([], [], None)  # idle: held stays paused
+    assert pacer.plan(100.2, cs, loop_s=0.02, held={0})[:2] == ([], [])  # b far ahead, a held: nobody needs steps
+    assert pacer.plan(100.3, cs, loop_s=0.001)[:2] == ([], [0])  # released
+    assert pacer.paused == set()
+
+
 def test_streams_far_ahead_yield_to_a_newcomer_until_its_first_audio():
     """While a stream waits for its first audio, streams more than yield_ahead_s ahead skip steps even
     when the GPU is not saturated; once it has audio they resume (not saturated), or stay paused down to

@@ -24,7 +24,7 @@ from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close, collect, default_voice
-from higgs_stream.testing_server import pages_freed, tiny_codec_engine
+from higgs_stream.testing_server import pages_freed, tiny_codec_engine, wait_until
 
 MAX_FRAMES = 30
 
@@ -182,18 +182,37 @@ async def test_every_finished_stream_writes_one_access_log_line(make_pipeline, e
     assert re.fullmatch(r"[0-9a-f]{16}", cancelled.stream_id)
 
 
+async def test_a_context_its_client_has_not_read_is_held_then_resumes_unchanged(make_pipeline, ref_engine, codec):
+    """Back-pressure (StreamHandle._hold): context b, queued behind a on its connection, is not read while a plays.
+    Its generation pauses once 0.2 s of its audio waits (the engine stream paused, no slow_client timer: its client
+    has taken none of it yet) and resumes when read; both end completed with the audio of an offline synthesis
+    (a queued context ended with slow_client before, found by a probe of a CPU server)."""
+    p = await make_pipeline(stream_hold_s=0.2, slow_client_s=0.01)
+    a, b = (p.open(ContextOptions(voice=default_voice(), seed=seed)) for seed in (11, 12))
+    for h, text in ((a, "Hello world."), (b, "Second context.")):
+        h.say(text)
+        h.close()
+    await wait_until(lambda: b.held and b._segment is not None and b._segment.sid in p.pacer.paused, 30)
+    assert b._stall is None and not b.finished  # never taken: not slow, only waiting its turn
+    pcm_a, end_a = await collect(a)
+    pcm_b, end_b = await collect(b)
+    assert end_a == end_b == End("completed") and not b.held
+    assert_pcm_close(pcm_a, reference_pcm(ref_engine, codec, "Hello world.", seed=11))
+    assert_pcm_close(pcm_b, reference_pcm(ref_engine, codec, "Second context.", seed=12))
+
+
 async def test_admission_and_slow_client(make_pipeline, engine):
-    p = await make_pipeline(max_streams=1, stream_buffer_s=0.05, max_frames=2000)
+    p = await make_pipeline(max_streams=1, stream_hold_s=0.05, slow_client_s=0.2, max_frames=2000)
     h = p.open(ContextOptions(voice=default_voice(), seed=1))
     with pytest.raises(CapacityError):
         p.open(ContextOptions(voice=default_voice()))
-    h.say("Nobody reads this.")
-    async with asyncio.timeout(30):
-        while not h.finished:  # never read: the queue passes 50 ms of audio
-            await asyncio.sleep(0.01)
+    h.say("Nobody reads this after its first audio.")
+    first = await h.next(1 << 20)  # the client takes some audio, then stops reading
+    assert isinstance(first[0], Audio)
+    await wait_until(lambda: h.finished, 30)  # held at 50 ms queued, not drained for 0.2 s: slow_client
     (end,) = h.take(1 << 20)
-    assert end.reason == "error" and end.error.code == "slow_client"
-    assert p.metrics.slow_clients.value() == 1
+    assert end.reason == "error" and end.error.code == "slow_client" and "too little audio" in str(end.error)
+    assert p.metrics.slow_clients.value() == 1 and not h.held
     await pages_freed(engine)
     h2 = p.open(ContextOptions(voice=default_voice()))  # the slot is free again
     h2.cancel()
