@@ -157,6 +157,9 @@ class ServerConfig:
     stream_buffer_s: float = 60.0
     max_send_ms: int = 1000  # largest merged audio frame after the first
     heartbeat_s: float = 20.0  # WebSocket ping interval
+    # messages a WebSocket (or WebRTC data channel) session reads per second, bursts of as many: past it the
+    # session reads no further until its budget refills, so a flood slows its own sender (TCP) and not the others
+    max_messages_per_s: float = 1000.0
     idle_timeout_s: float = 300.0  # a connection with no open context and no message for this long is closed
     context_idle_s: float = 60.0  # an open context with no message and no audio for this long ends (idle_timeout)
     http_body_timeout_s: float = 30.0  # an HTTP request body must arrive within this (timeout, 408)
@@ -248,6 +251,7 @@ class ServerConfig:
         need(self.slow_client_s > 0, "slow_client_s must be > 0")
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
+        need(self.max_messages_per_s > 0, "max_messages_per_s must be > 0")
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
         need(self.drain_s >= 0, "drain_s must be >= 0")
         need(0 <= self.resume_ahead_s < self.pause_ahead_s, "need 0 <= resume_ahead_s < pause_ahead_s")

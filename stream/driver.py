@@ -171,13 +171,19 @@ class SessionRunner:
             log.info("could not send the final errors: %r", e)
 
     async def _read(self, receive) -> None:
+        rate = self.state.config.max_messages_per_s
+        budget, last = rate, self._loop.time()  # a token bucket: `rate` messages a second, bursts of `rate`
         while True:
             message = await receive()
             if message is None:
                 return
-            self._quiet_since = self._loop.time()
-            self._execute(self.session.receive(message, self._quiet_since))
+            now = self._loop.time()
+            budget, last = min(rate, budget + (now - last) * rate) - 1, now
+            self._quiet_since = now
+            self._execute(self.session.receive(message, now))
             self._wake.set()
+            if budget < 0:  # a flood: read on once the budget refills (its sender waits on TCP, nobody else)
+                await asyncio.sleep(-budget / rate)
 
     def _idle_at(self) -> float | None:
         """When the connection times out: `idle_timeout_s` after its last message or its last context's end,

@@ -93,6 +93,19 @@ class _Context:
     active_at: float = 0.0  # last message for it, audio or pipeline work (the idle clock)
 
 
+
+def _echoable_id(value: object) -> bool:
+    """A valid context id that is also valid Unicode (no lone surrogate): an error may carry it back."""
+    if not valid_id(value):
+        return False
+    if value.isascii():  # type: ignore[union-attr]
+        return True
+    try:
+        value.encode("utf-8")  # type: ignore[union-attr]
+    except UnicodeEncodeError:
+        return False
+    return True
+
 class Session:
     """One connection's protocol state. Call `receive`/`tick` with input, execute the returned
     commands in order, report pipeline events with `audio`/`finished`/`reject`, send `outgoing()`.
@@ -125,10 +138,13 @@ class Session:
         context_id = None
         try:
             if isinstance(message, bytes):
+                limit = self.cfg.max_message_bytes
+                if len(message) > limit:
+                    raise TooLargeError(f"message of {len(message)} bytes over the limit of {limit}")
                 raise BadJsonError("binary messages are not accepted; send JSON text frames")
             msg = parse_json(message, self.cfg.max_message_bytes)
-            if valid_id(msg.get("context_id")):
-                context_id = msg["context_id"]
+            if _echoable_id(msg.get("context_id")):
+                context_id = msg["context_id"]  # echoed in an error only if a strict JSON peer can read it back
             check_unicode(msg, message)
             kind = msg.get("type")
             handler = {"config": self._on_config, "text": self._on_text, "flush": self._on_flush,

@@ -306,6 +306,9 @@ def test_tick_cuts_idle_text(voices):
     ('{"type": "text", "context_id": "a", "text": "x", "seed": 1' + "0" * 5000 + "}", "bad_json", None),
     ('{"type": "text", "context_id": "a", "text": "\ud800"}', "bad_json", None),  # a str no UTF-8 peer sends
     ('{"type": "text", "context_id": "' + "c" * 200 + '", "text": "x"}', "invalid_input", None),  # id not echoed
+    ('{"type": "text", "context_id": "a\\ud800", "text": "x"}', "invalid_input", None),  # nor one a peer can't read
+    (b"x" * (8 * 2**20 + 1), "too_large", None),  # a binary frame over the limit: its size first
+    (b'{"type": "text"}', "bad_json", None),  # binary frames are not JSON messages
 ])
 def test_hostile_messages_get_typed_errors(voices, raw, code, cid):
     s, codes = new_session(voices)
