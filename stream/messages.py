@@ -103,7 +103,7 @@ def check_fields(msg: dict, allowed: tuple[str, ...], what: str) -> None:
 
 def check_audio_format(raw: dict) -> None:
     rate = raw.get("sample_rate")
-    if rate is not None and rate != SAMPLE_RATE:
+    if rate is not None and not (is_int(rate) and rate == SAMPLE_RATE):  # 24000.0 and true are no rates either
         raise InvalidInputError(f"sample_rate {brief(rate)} is not supported; only {SAMPLE_RATE}")
     encoding = raw.get("encoding")
     if encoding is not None and encoding != "pcm_s16le":

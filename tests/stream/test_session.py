@@ -143,6 +143,8 @@ def error_of(session: Session) -> dict:
     ('{"type": "end", "context_id": "zz"}', "not_found"),
     ('{"type": "cancel", "context_id": "zz"}', "not_found"),
     ('{"type": "config", "sample_rate": 16000}', "invalid_input"),
+    ('{"type": "config", "sample_rate": 24000.0}', "invalid_input"),  # as HTTP's: a rate is an integer
+    ('{"type": "config", "sample_rate": true}', "invalid_input"),
     ('{"type": "config", "encoding": "opus"}', "invalid_input"),
     ('{"type": "config", "audio": "hex"}', "invalid_input"),
     ('{"type": "config", "voice": "nobody"}', "not_found"),
