@@ -333,7 +333,7 @@ class StreamHandle:
     def _finish(self, end: End) -> None:
         self.finished = True
         self._queue.append(end)
-        self.pipeline._release(self, end.reason)
+        self.pipeline._release(self, end.reason, None if end.error is None else end.error.code)
         self._notify()
 
     def _notify(self) -> None:

@@ -310,13 +310,15 @@ class Pipeline:
             handle.fail(error)
         return len(handles)
 
-    def _release(self, handle: StreamHandle, reason: str) -> None:
+    def _release(self, handle: StreamHandle, reason: str, code: str | None = None) -> None:
+        """A stream ended (`reason`; `code`: its error's, logged as `reason=error code=...`)."""
         self._handles.discard(handle)
         self.metrics.active_streams.set(len(self._handles))
         self.metrics.requests.inc(transport=handle.transport, outcome=reason)
         ttfa = handle.first_audio_at - handle.said_at if None not in (handle.first_audio_at, handle.said_at) else None
-        access_log.info("%s id=%s reason=%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
-                        handle.samples, "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
+        access_log.info("%s id=%s reason=%s%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,
+                        "" if code is None else f" code={code}", handle.samples,
+                        "-" if ttfa is None else f"{1e3 * ttfa:.0f}")
         if self.trace is not None:  # event-loop clock: time.monotonic, as perf_counter on Linux
             self.trace.append(("stream", handle.said_at, handle.first_audio_at, self.now(), handle.samples))
 

@@ -201,7 +201,8 @@ async def test_a_context_its_client_has_not_read_is_held_then_resumes_unchanged(
     assert_pcm_close(pcm_b, reference_pcm(ref_engine, codec, "Second context.", seed=12))
 
 
-async def test_admission_and_slow_client(make_pipeline, engine):
+async def test_admission_and_slow_client(make_pipeline, engine, caplog):
+    caplog.set_level(logging.INFO, logger="higgs_stream.access")
     p = await make_pipeline(max_streams=1, stream_hold_s=0.05, slow_client_s=0.2, max_frames=2000)
     h = p.open(ContextOptions(voice=default_voice(), seed=1))
     with pytest.raises(CapacityError):
@@ -213,6 +214,8 @@ async def test_admission_and_slow_client(make_pipeline, engine):
     (end,) = h.take(1 << 20)
     assert end.reason == "error" and end.error.code == "slow_client" and "too little audio" in str(end.error)
     assert p.metrics.slow_clients.value() == 1 and not h.held
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "higgs_stream.access"]
+    assert re.fullmatch(rf"ws id={h.stream_id} reason=error code=slow_client samples=\d+ ttfa_ms=\d+", line), line
     await pages_freed(engine)
     h2 = p.open(ContextOptions(voice=default_voice()))  # the slot is free again
     h2.cancel()
