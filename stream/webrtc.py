@@ -48,6 +48,7 @@ from higgs_stream.engine.errors import (
 )
 from higgs_stream.stream.config import ICE_SERVER, SAMPLE_RATE
 from higgs_stream.stream.driver import SessionRunner
+from higgs_stream.stream.errors import TooLargeError
 from higgs_stream.stream.guards import check_request, read_body
 from higgs_stream.stream.messages import check_unicode, parse_json
 from higgs_stream.stream.server import error_response, request_view
@@ -56,7 +57,10 @@ from higgs_stream.stream.server_state import STATE, ServerState
 log = logging.getLogger(__name__)
 
 SAMPLE_WIDTH = 2  # bytes per s16 sample
-CONNECT_TIMEOUT_S = 30.0  # a peer that has not connected by then is closed
+CONNECT_TIMEOUT_S = 30.0  # a peer that has not connected by then, or opened no data channel by then after, is closed
+# ICE candidates an offer may carry (a browser sends a few per interface): aioice adds each with a scan of those it
+# holds, on the event loop, so 15,000 of them (a 1.8 MB offer) stopped every stream's audio for 19 s (a probe)
+MAX_OFFER_CANDIDATES = 64
 TRACK_BUFFER_S = 600.0  # audio the track may queue ahead of playout (the pipeline runs ahead)
 
 
@@ -214,6 +218,7 @@ class WebRTCPeer:
         self.track = PacedPCMTrack(max_buffer_s=TRACK_BUFFER_S, on_marker=self._send_marker)
         self.channel: RTCDataChannel | None = None
         self.connected = asyncio.Event()
+        self.attached = asyncio.Event()  # its data channel opened: the session runs
         self.closed = asyncio.Event()
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self._playing: str | None = None  # the context whose audio the session is writing
@@ -228,6 +233,7 @@ class WebRTCPeer:
             channel.close()
             return
         self.channel = channel
+        self.attached.set()
         channel.on("message", self._inbox.put_nowait)
         channel.on("close", lambda: self._inbox.put_nowait(None))
         self._task = asyncio.create_task(self._run(), name=f"webrtc-session-{self.id}")
@@ -334,6 +340,9 @@ def _parse_offer(body: bytes, limit: int) -> RTCSessionDescription:
     sdp, dropped = drop_mdns_candidates(msg["sdp"])
     if dropped:
         log.debug("dropped %d mDNS (.local) candidate(s) from an offer", dropped)
+    candidates = sum(line.startswith("a=candidate:") for line in sdp.splitlines())
+    if candidates > MAX_OFFER_CANDIDATES:
+        raise TooLargeError(f"the offer has {candidates} ICE candidates, limit {MAX_OFFER_CANDIDATES}")
     return RTCSessionDescription(sdp=sdp, type="offer")
 
 
@@ -382,6 +391,7 @@ async def offer(request: web.Request) -> web.Response:
 
     pc = RTCPeerConnection(ice_configuration(cfg.ice_servers))
     peer = WebRTCPeer(state, pc)
+    peers[peer.id] = peer  # before the first await: concurrent offers count it (300 at once all passed the check)
     pc.on("datachannel", peer.attach)
 
     @pc.on("connectionstatechange")
@@ -405,19 +415,22 @@ async def offer(request: web.Request) -> web.Response:
             log.info("cannot answer an offer", exc_info=True)
             raise InvalidInputError(f"cannot answer this offer: {type(e).__name__}: {e}") from e
     except HiggsStreamError as e:
+        peers.pop(peer.id, None)
         await peer.close()  # the peer connection is never left open
         return error_response(e, state.metrics)
     except BaseException:
+        peers.pop(peer.id, None)
         await peer.close()
         raise
-    peers[peer.id] = peer
 
-    async def watch() -> None:  # forget the peer when it closes; close it if it never connects
-        try:
-            await asyncio.wait_for(peer.connected.wait(), CONNECT_TIMEOUT_S)
-        except TimeoutError:
-            log.info("peer %s did not connect within %.0f s", peer.id, CONNECT_TIMEOUT_S)
-            await peer.close()
+    async def watch() -> None:  # forget the peer when it closes; close it if it never connects or opens no channel
+        for event, what in ((peer.connected, "connect"), (peer.attached, "open a data channel")):
+            try:
+                await asyncio.wait_for(event.wait(), CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                log.info("peer %s did not %s within %.0f s", peer.id, what, CONNECT_TIMEOUT_S)
+                await peer.close()
+                break
         await peer.closed.wait()
         peers.pop(peer.id, None)
 

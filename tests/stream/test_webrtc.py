@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -16,6 +17,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from higgs_stream.stream import serve_command, server, webrtc
 from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
+from higgs_stream.testing_server import wait_until
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -83,9 +85,22 @@ async def live(tiny_ckpt):
     state = serve_command.build_state(args)
     runner = await server.serve(state, "127.0.0.1", 0)
     try:
-        yield state, f"http://127.0.0.1:{server.bound_port(runner)}"
+        yield _Live(state, f"http://127.0.0.1:{server.bound_port(runner)}", runner.app)
     finally:
         await runner.cleanup()
+
+
+class _Live(tuple):
+    """(state, base URL), and the app (its WebRTC peers: `server_peers`)."""
+
+    def __new__(cls, state, base, app):
+        live = super().__new__(cls, (state, base))
+        live.app = app
+        return live
+
+
+def server_peers(live: _Live) -> dict:
+    return live.app[webrtc.PEERS]
 
 
 class Client:
@@ -333,3 +348,70 @@ def test_ice_servers_come_from_the_config():
     stun, turn = cfg.iceServers
     assert stun.urls == "stun:stun.example.com:3478" and stun.username is None
     assert (turn.urls, turn.username, turn.credential) == ("turn:turn.example.com?transport=tcp", "alice", "s3cret")
+
+
+async def _post_offer(http, base: str, sdp: str):
+    async with http.post(f"{base}/v1/webrtc/offer?token=t0k", json={"sdp": sdp, "type": "offer"}) as r:
+        return r.status, await r.json()
+
+
+async def test_offer_with_too_many_candidates_is_too_large(live):
+    """65 ICE candidates: 413 before any peer connection is made (15,000 of them held the event loop for 19 s and
+    every stream's audio with it, found by a probe); the route goes on."""
+    state, base = live
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    i = sdp.index("a=candidate:")
+    many = "".join(f"a=candidate:{n} 1 udp 2122260223 10.0.{n // 250}.{n % 250 + 1} {40000 + n} typ host\r\n"
+                   for n in range(webrtc.MAX_OFFER_CANDIDATES + 1))
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, body = await _post_offer(http, base, sdp[:i] + many + sdp[i:])
+            assert status == 413 and body["error"]["code"] == "too_large" and "ICE candidates" in body["error"]["message"]
+            status, body = await _post_offer(http, base, sdp)  # a browser's handful
+            assert status == 200 and body["type"] == "answer"
+    finally:
+        await pc.close()
+
+
+async def test_concurrent_offers_keep_the_peer_limit(live, monkeypatch):
+    """Six offers at once against a limit of 2 peers: 2 answered, 4 refused busy (each peer is counted before the
+    offer's first await; 300 at once all passed the check before)."""
+    state, base = live
+    monkeypatch.setattr(state, "config", dataclasses.replace(state.config, max_streams=2))
+    pcs = [RTCPeerConnection(RTCConfiguration(iceServers=[])) for _ in range(6)]
+    try:
+        for pc in pcs:
+            pc.addTransceiver("audio", direction="recvonly")
+            await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            results = await asyncio.gather(*(_post_offer(http, base, pc.localDescription.sdp) for pc in pcs))
+        assert sorted(status for status, _ in results) == [200, 200, 503, 503, 503, 503]
+        assert {body["error"]["code"] for status, body in results if status == 503} == {"busy"}
+    finally:
+        for pc in pcs:
+            await pc.close()
+
+
+async def test_a_peer_that_opens_no_data_channel_is_closed(live, monkeypatch):
+    """Connected, but no data channel (so no session and no idle clock): closed after CONNECT_TIMEOUT_S (it stayed
+    open, streaming silence and holding a peer slot, found by a probe)."""
+    state, base = live
+    monkeypatch.setattr(webrtc, "CONNECT_TIMEOUT_S", 1.0)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            status, answer = await _post_offer(http, base, pc.localDescription.sdp)
+        assert status == 200
+        await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
+        peers = server_peers(live)
+        peer = peers[answer["pc_id"]]
+        await wait_until(lambda: peer.connected.is_set(), 10)
+        await wait_until(lambda: answer["pc_id"] not in peers, 10)
+        assert peer.closed.is_set() and not peer.attached.is_set()
+    finally:
+        await pc.close()
