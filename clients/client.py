@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import errno
 import io
 import json
 import os
@@ -149,7 +150,7 @@ def _request(text: str, context_id: str, options: dict[str, Any]) -> list[str]:
             json.dumps({"type": "end", "context_id": context_id})]
 
 
-_CONNECT_ERRORS = (OSError, InvalidHandshake, InvalidURI, TimeoutError)
+_CONNECT_ERRORS = (OSError, InvalidHandshake, InvalidURI, TimeoutError, ValueError)  # ValueError: a bad port
 
 
 def _headers(token: str | None) -> dict[str, str] | None:
@@ -240,6 +241,9 @@ class WavStreamWriter:
 
     def __init__(self, path: str | Path, sample_rate: int = SAMPLE_RATE):
         self._file = open(path, "wb")
+        if not self._file.seekable():  # a pipe or FIFO: the header could not be patched (wave: Illegal seek)
+            self._file.close()
+            raise OSError(errno.ESPIPE, "not seekable (a pipe?); use -o - to write the WAV to stdout")
         self._wav = wave.open(self._file, "wb")
         self._wav.setnchannels(1)
         self._wav.setsampwidth(2)
@@ -269,17 +273,23 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
     stats = StreamStats()
     if str(out) == "-":
         pcm = b"".join([c async for c in stream_tts(url, text, token=token, stats=stats, **options)])
-        sys.stdout.buffer.write(_wav_bytes(pcm))
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(_wav_bytes(pcm))
+            sys.stdout.buffer.flush()
+        except OSError as e:  # a closed pipe, a full disk
+            raise OutputError(f"cannot write stdout: {e.strerror or e}") from e
         return stats
     try:
         wav = WavStreamWriter(out)
     except OSError as e:
         raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
     try:
-        with wav:
-            async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
-                wav.write(pcm)
+        try:
+            with wav:
+                async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
+                    wav.write(pcm)
+        except OSError as e:  # writing (a full disk, /dev/full); the network's errors are typed in stream_tts
+            raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
     except BaseException:  # also a cancel or Ctrl-C: a truncated WAV would look like a good one
         if Path(out).is_file():  # never a device such as /dev/null
             Path(out).unlink()

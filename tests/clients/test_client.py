@@ -168,3 +168,37 @@ def test_say_failure_keeps_a_device_output(tmp_path):
         assert fifo.exists()  # not a regular file: left alone (as /dev/null must be)
     finally:
         os.close(reader)
+
+
+@pytest.mark.parametrize("url", ["ws://127.0.0.1:99999/v1/tts/stream", "ws://h:abc/v1/tts/stream",
+                                 "ws://[::1/v1/tts/stream"])
+def test_say_bad_url_is_one_line_error(url, tmp_path, capsys):
+    """Ports and hosts websockets cannot parse raised ValueError with a traceback (exit 1), found by a probe."""
+    out = tmp_path / "x.wav"
+    assert cli.main(["say", TEXT, "--url", url, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and not out.exists(), err
+
+
+def test_say_refuses_a_pipe_before_writing(tmp_path, capsys):
+    """A FIFO (or /dev/stdout on a pipe) cannot have its WAV header patched: refused at once with a hint, nothing
+    written (wave raised 'Illegal seek' after 11.8 KB of a partial WAV had reached the reader)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(fifo)]) == 2
+        err = capsys.readouterr().err
+        assert "not seekable" in err and "-o -" in err and "Traceback" not in err, err
+        assert os.read(reader, 1) == b""  # its writer came and went without a byte
+    finally:
+        os.close(reader)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+async def test_say_write_error_is_one_line_error(live_server, capsys):
+    """/dev/full: every write fails with ENOSPC; an OSError traceback before (exit 1)."""
+    code = await asyncio.to_thread(cli.main, ["say", TEXT, "--url", live_server.ws, "-o", "/dev/full",
+                                              "--seed", str(SEED)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write /dev/full" in err and "Traceback" not in err, err
