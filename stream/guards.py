@@ -26,7 +26,7 @@ HTTP_STATUS = {"bad_json": 400, "unknown_type": 400, "invalid_input": 400, "bad_
                "bad_audio": 400, "too_large": 413, "busy": 503, "unauthorized": 401, "forbidden_origin": 403,
                "unsupported_media_type": 415, "timeout": 408, "method_not_allowed": 405, "shutting_down": 503}
 # Routes a page on a `cors_origins` origin may call, and the methods they serve.
-CORS_ROUTES = {"/v1/audio/speech": "POST", "/v1/voices": "GET"}
+CORS_ROUTES = {"/v1/audio/speech": "POST", "/v1/voices": "GET", "/v1/webrtc/offer": "POST"}
 
 
 def authorized(request: Any, token: str | None) -> bool:

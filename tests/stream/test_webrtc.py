@@ -415,3 +415,27 @@ async def test_a_peer_that_opens_no_data_channel_is_closed(live, monkeypatch):
         assert peer.closed.is_set() and not peer.attached.is_set()
     finally:
         await pc.close()
+
+
+async def test_a_cors_origin_may_post_an_offer(live, monkeypatch):
+    """PROTOCOL.md §0: a `--cors-origin` page may post an offer: its preflight is answered and the answer carries
+    Access-Control-Allow-Origin (the preflight was a 405 and the answer unreadable, found by a probe)."""
+    state, base = live
+    page = "https://app.example"
+    monkeypatch.setattr(state, "config", dataclasses.replace(state.config, cors_origins=(page,)))
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        async with aiohttp.ClientSession() as http:
+            async with http.options(f"{base}/v1/webrtc/offer", headers={
+                    "Origin": page, "Access-Control-Request-Method": "POST"}) as r:
+                assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == page
+                assert r.headers["Access-Control-Allow-Methods"] == "POST, OPTIONS"
+            async with http.post(f"{base}/v1/webrtc/offer?token=t0k", json={"sdp": pc.localDescription.sdp,
+                                 "type": "offer"}, headers={"Origin": page}) as r:
+                assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == page
+            async with http.options(f"{base}/v1/webrtc/offer", headers={"Origin": "https://evil.example"}) as r:
+                assert r.status == 403
+    finally:
+        await pc.close()
