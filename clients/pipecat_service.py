@@ -17,6 +17,7 @@ Needs the `pipecat` extra (`pip install higgs-stream[pipecat]`).
 from __future__ import annotations
 
 import base64
+import collections
 import json
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -33,6 +34,7 @@ from websockets.protocol import State
 from higgs_stream.engine.errors import InvalidInputError
 
 SERVER_SAMPLE_RATE = 24000  # protocol version 1 serves 24 kHz s16le mono only
+ENDED_KEPT = 256  # contexts an error ended, remembered to ignore the server's not_found for what followed them
 _OPTION_KEYS = ("mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions", "reference")
 
 
@@ -73,6 +75,9 @@ class HiggsStreamTTSService(WebsocketTTSService):
         self._options = {k: v for k, v in options.items() if v is not None}
         self._receive_task = None
         self._open: set[str] = set()  # contexts the server has open (text sent, no done yet)
+        # contexts an error ended here: the server's answers to what was already sent for them (its `end`, our
+        # `cancel`: not_found) are not errors of the pipeline's
+        self._ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
         self._playing: str | None = None  # the context named by the last audio_start
         self._resamplers: dict[str, soxr.ResampleStream] = {}  # per context, when rates differ
 
@@ -110,7 +115,7 @@ class HiggsStreamTTSService(WebsocketTTSService):
             await self.push_error(error_msg=f"cannot connect to {self._url}: {e}", exception=e)
             await self._call_event_handler("on_connection_error", f"{e}")
             return
-        self._open.clear()
+        await self._end_open_contexts("the connection was replaced")
         self._resamplers.clear()
         self._playing = None
         await self._call_event_handler("on_connected")
@@ -122,10 +127,21 @@ class HiggsStreamTTSService(WebsocketTTSService):
                 await self._websocket.close()
         finally:
             self._websocket = None
-            self._open.clear()
+            await self._end_open_contexts("the connection closed")
             self._resamplers.clear()
             self._playing = None
             await self._call_event_handler("on_disconnected")
+
+    async def _end_open_contexts(self, why: str) -> None:
+        """The server's contexts went with its connection: each still open here is reported (an error naming it)
+        and ended (its `TTSStoppedFrame` appended; Pipecat 1.14's reconnect does not play it: see the test)."""
+        for ctx in list(self._open):
+            self._open.discard(ctx)
+            self._ended.append(ctx)
+            if self.audio_context_available(ctx):
+                await self.append_to_audio_context(ctx, TTSStoppedFrame(context_id=ctx))
+                await self.remove_audio_context(ctx)
+                await self.push_error(error_msg=f"{self}: context {ctx} ended: {why} before its done")
 
     async def _send(self, message: dict) -> None:
         if self._websocket is None:
@@ -224,15 +240,16 @@ class HiggsStreamTTSService(WebsocketTTSService):
     async def _on_error(self, msg: dict) -> None:
         ctx = msg.get("context_id")
         text = f"{self}: server error [{msg.get('code')}]: {msg.get('message')}"
-        if ctx is not None and ctx not in self._open and not self.audio_context_available(ctx):
+        if ctx is not None and (ctx in self._ended or ctx not in self._open and not self.audio_context_available(ctx)):
             logger.debug(f"{text} (context {ctx} already ended here)")
             return
         await self.push_error(error_msg=text)
         if ctx is None:
             return
         # Any error on a context ends it here; cancel it so the server cannot hold later
-        # contexts behind it (a cancel for a context the server never opened is answered with
-        # not_found, ignored above).
+        # contexts behind it (a cancel or an `end` for a context the server never opened is answered with
+        # not_found, ignored above through `_ended`).
+        self._ended.append(ctx)
         if ctx in self._open:
             self._open.discard(ctx)
             await self._send({"type": "cancel", "context_id": ctx})
