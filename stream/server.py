@@ -17,7 +17,7 @@ import logging
 import socket
 import struct
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMsgType, http_exceptions, web
 from higgs_stream.stream import routes
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
@@ -71,7 +71,10 @@ async def respond(request: web.Request, reply: Reply | StreamReply) -> web.Strea
             if request.transport is not None:
                 request.transport.close()  # no final chunk: the client sees a truncated body
             return resp
-        await resp.write_eof()
+        try:
+            await resp.write_eof()
+        except ConnectionError:  # the client closed as the body ended (an ERROR traceback before, from a probe)
+            log.info("%s %s: the client closed before the end of the body", request.method, request.path)
         return resp
     finally:
         await reply.close()
@@ -244,11 +247,31 @@ async def json_errors(request: web.Request, handler) -> web.StreamResponse:
 
 # ---------------------------------------------------------------- app
 
+class BadRequestLines(logging.Filter):
+    """aiohttp answers a request it cannot parse (a line over 8190 bytes, a bad method or URL, not HTTP at all) with
+    its 400 and logs it at ERROR with a traceback: from the open internet, noise a scanner can fill a log with. Such
+    records become one INFO line (the error named); every other record passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            record.msg = f"{record.msg}: {type(exc).__name__} ({exc.code})"
+            record.levelno, record.levelname, record.exc_info, record.exc_text = logging.INFO, "INFO", None, None
+        return True
+
+
+def quiet_bad_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, BadRequestLines) for f in server_log.filters):
+        server_log.addFilter(BadRequestLines())
+
+
 def make_app(state: ServerState, trace_out: str | None = None, profile_out: str | None = None) -> web.Application:
     """The app on one port. Run it with `handler_cancellation=True` (see `serve`). `trace_out`: record
     the pipeline's trace and write it there at shutdown (`serve --trace-out`); `profile_out`: sample every
     thread's stack from start-up to clean-up and write the profile there (`serve --profile-out`)."""
     app = web.Application(client_max_size=state.config.hard_message_bytes, middlewares=[json_errors])
+    quiet_bad_requests()
     app[STATE] = state
     app.router.add_get("/v1/tts/stream", ws_stream)
     app.router.add_post("/v1/audio/speech", http_speech)

@@ -9,6 +9,7 @@ import base64
 import gc
 import io
 import json
+import logging
 import time
 
 import aiohttp
@@ -665,3 +666,24 @@ async def test_client_pings_are_answered(start_server):
         assert json.loads(await ws.recv())["type"] == "ready"
         latency = await asyncio.wait_for(await ws.ping(), 5)
         assert latency >= 0
+
+
+async def test_unparsable_requests_are_one_info_line(start_server, caplog):
+    """A request line over aiohttp's 8190 bytes and a non-ASCII path: aiohttp's own 400, logged as one INFO line
+    (an ERROR with a traceback each before, found by a probe); the server goes on."""
+    host, _ = await start_server()
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    name, port = host.rsplit(":", 1)
+    for request in (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", b"GET /\xe9 HTTP/1.1\r\nHost: x\r\n\r\n"):
+        reader, writer = await asyncio.open_connection(name, int(port))
+        writer.write(request)
+        reply = await reader.read(300)
+        writer.close()
+        if b"uvicorn" in reply.lower():
+            pytest.skip("uvicorn's parser (the ASGI transport) logs these itself")
+        assert reply.split(b"\r\n")[0].endswith(b" 400 Bad Request"), reply
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(records) == 2 and all(r.levelno == logging.INFO and r.exc_info is None for r in records), records
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{host}/healthz") as r:
+            assert r.status == 200
