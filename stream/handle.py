@@ -253,16 +253,14 @@ class StreamHandle:
 
     def _hold(self, on: bool) -> None:
         """Pause (on) or resume this context's generation for its client (`stream_hold_s`)."""
-        self.held = on
         if self._segment is not None:
             self.pipeline._hold(self._segment, on)
         if on:
+            self.held = True
             if self._taken:
                 self._arm_stall()
             return
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
+        self._unhold()
         self._pump()
 
     def _arm_stall(self) -> None:
@@ -317,7 +315,7 @@ class StreamHandle:
         self._finish(End("error", error))
 
     def _unhold(self) -> None:
-        """An ended context is not held (its engine stream is gone): no timer left behind."""
+        """Not held, no slow_client timer left (resumed, or ended: its engine stream is gone)."""
         self.held = False
         if self._stall is not None:
             self._stall.cancel()

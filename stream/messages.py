@@ -28,14 +28,19 @@ MAX_JSON_DEPTH = 16  # nesting of a client message (the protocol's own messages 
 
 # ---- JSON ----
 
+def check_size(message: str | bytes, limit: int) -> None:
+    """TooLargeError for a client message (text as UTF-8, or binary) of more than `limit` bytes."""
+    size = len(message) if isinstance(message, bytes) else len(message.encode("utf-8"))
+    if size > limit:
+        raise TooLargeError(f"message of {size} bytes over the limit of {limit}")
+
+
 def parse_json(message: str | bytes, limit: int) -> dict:
     """A JSON object from a client message of at most `limit` bytes, nested at most MAX_JSON_DEPTH
     deep. Whatever a client sends ends here as a typed error: no RecursionError, no ValueError
     (a 5000-digit number), no UnicodeError (bytes that are not UTF-8, a str with lone surrogates)."""
     try:
-        size = len(message) if isinstance(message, bytes) else len(message.encode("utf-8"))
-        if size > limit:
-            raise TooLargeError(f"message of {size} bytes over the limit of {limit}")
+        check_size(message, limit)
         text = message.decode("utf-8") if isinstance(message, bytes) else message
         msg = json.loads(text)
     except UnicodeError as e:

@@ -32,6 +32,7 @@ from higgs_stream.stream.messages import (
     OPTION_KEYS,
     ContextOptions,
     check_audio_format,
+    check_size,
     check_unicode,
     is_int,
     parse_config,
@@ -93,7 +94,6 @@ class _Context:
     active_at: float = 0.0  # last message for it, audio or pipeline work (the idle clock)
 
 
-
 def _echoable_id(value: object) -> bool:
     """A valid context id that is also valid Unicode (no lone surrogate): an error may carry it back."""
     if not valid_id(value):
@@ -105,6 +105,7 @@ def _echoable_id(value: object) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
 
 class Session:
     """One connection's protocol state. Call `receive`/`tick` with input, execute the returned
@@ -138,9 +139,7 @@ class Session:
         context_id = None
         try:
             if isinstance(message, bytes):
-                limit = self.cfg.max_message_bytes
-                if len(message) > limit:
-                    raise TooLargeError(f"message of {len(message)} bytes over the limit of {limit}")
+                check_size(message, self.cfg.max_message_bytes)
                 raise BadJsonError("binary messages are not accepted; send JSON text frames")
             msg = parse_json(message, self.cfg.max_message_bytes)
             if _echoable_id(msg.get("context_id")):
