@@ -10,7 +10,8 @@
 # and listed in .git/info/exclude. It runs through a shim package that links its folders, with the editable
 # install removed (its finder wins over PYTHONPATH) and from /tmp (from the repo root this tree's own
 # higgs_stream/ folder would be imported first); each run prints the module path it imported.
-# Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, ARCH=v2, OPEN_RATES="" (req/s),
+# Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, BASELINE_FIRST=0 (1: the baseline's
+#   server runs before this tree's: the A/B's order reversed, so a machine's drift shows), ARCH=v2, OPEN_RATES="" (req/s),
 #   CLOSED=128, DURATION=10, RAMP=1 (s over which closed-loop workers start; issue #10's burst: 2), MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
 #   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections),
 #   PROFILE="LABEL ..." or "all" (those servers write `--profile-out`: every thread's stack sampled every 2 ms;
@@ -54,7 +55,19 @@ run() {  # label flags: one fresh server, the scenarios against it (from $rundir
 }
 IFS=';' read -ra configs <<< "${CONFIGS:?set CONFIGS=label=flags;...}"
 rundir=$repo
-for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
+if [ -n "${BASELINE_DIR:-}" ] && [ "${BASELINE_FIRST:-0}" = 1 ]; then  # the baseline first, then this tree's configs:
+  # both through shims (the editable install removed), from /tmp; the order of an A/B reversed against the default's
+  [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
+  python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
+  shim_tree "$repo" /tmp/shim_now && shim_tree "$repo/$BASELINE_DIR" /tmp/shim_base  # device_env.sh
+  rundir=/tmp pp=${PYTHONPATH:-} first=${configs[0]}
+  PYTHONPATH=/tmp/shim_base:$pp run base "${first#*=}"
+  export PYTHONPATH=/tmp/shim_now:$pp
+  for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
+  BASELINE_DIR=""
+else
+  for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
+fi
 if [ -n "${BASELINE_DIR:-}" ]; then
   [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
   use_baseline "$repo/$BASELINE_DIR"  # device_env.sh

@@ -64,9 +64,9 @@ def timed(fns: list) -> float:
 
 # BM, BN, BK, warps, stages (the best of session 15's first sweep) x how often the fp8 MMA's sums are promoted into
 # fp32 along K (0: never, Triton's default on Hopper; torch's scaled GEMM runs cuBLAS's precise mode)
-W8A8_TILES = ((64, 64, 128, 8, 4), (64, 64, 128, 4, 4), (64, 128, 128, 8, 4), (128, 64, 128, 8, 4),
-              (128, 128, 128, 8, 4), (128, 256, 128, 8, 4))
-W8A8_GRID = list(itertools.product(W8A8_TILES, (0, 128, 32)))
+W8A8_TILES = ((64, 64, 128, 8, 4), (64, 64, 128, 4, 4), (64, 128, 128, 8, 4), (64, 128, 128, 4, 4),
+              (128, 64, 128, 8, 4), (128, 128, 128, 8, 4), (128, 256, 128, 8, 4), (64, 256, 128, 8, 3))
+W8A8_GRID = list(itertools.product(W8A8_TILES, (0, 128)))
 
 
 def qwen3_linears(size: str) -> dict[str, tuple[int, int]]:
@@ -193,6 +193,18 @@ def sweep_w8a8(name: str, n: int, k: int, batches: list[int]) -> list[dict]:
                "err_scaled_mm": float((theirs - want).abs().max() / want.abs().max()),
                "scaled_mm": timed([lambda q=q: _scaled_gemm(xq, xs, q.qweight, q.scale, torch.bfloat16, False)
                                    for q in qs]), "grid": {}}
+        # the operands swapped (W @ xq^T: N becomes cuBLASLt's M, other tiles), out [N, M]; and with the transpose
+        # back to [M, N] the next kernel reads (one more launch)
+        swap = torch._scaled_mm(qs[0].qweight, xq.t(), scale_a=qs[0].scale[:, None], scale_b=xs[None, :],
+                                out_dtype=torch.bfloat16).float().t()
+        row["err_scaled_mm_swapped"] = float((swap - want).abs().max() / want.abs().max())
+        row["scaled_mm_swapped"] = timed([lambda q=q: torch._scaled_mm(
+            q.qweight, xq.t(), scale_a=q.scale[:, None], scale_b=xs[None, :], out_dtype=torch.bfloat16) for q in qs])
+        row["scaled_mm_swapped_t"] = timed([lambda q=q: torch._scaled_mm(
+            q.qweight, xq.t(), scale_a=q.scale[:, None], scale_b=xs[None, :],
+            out_dtype=torch.bfloat16).t().contiguous() for q in qs])
+        row["scaled_mm_fast_accum"] = timed([lambda q=q: _scaled_gemm(xq, xs, q.qweight, q.scale, torch.bfloat16, True)
+                                             for q in qs])
         row["max_rel_diff"] = {}  # per configuration: vs the exact product, relative to its peak
         for tile, every in W8A8_GRID:
             key = str((tile, every))
@@ -208,7 +220,8 @@ def sweep_w8a8(name: str, n: int, k: int, batches: list[int]) -> list[dict]:
         rows.append(row)
         best = " ".join(f"{c} {t:5.1f}" for c, t in row["best"]) or "-"
         print(f"w8a8 {name:8s} m={m:3d} floor {row['floor_us']:5.1f} us | scaled_mm {row['scaled_mm']:5.1f} "
-              f"(err {row['err_scaled_mm']:.1e}) | "
+              f"(err {row['err_scaled_mm']:.1e}) swapped {row['scaled_mm_swapped']:5.1f} / +t {row['scaled_mm_swapped_t']:5.1f} "
+              f"fast {row['scaled_mm_fast_accum']:5.1f} | "
               f"best {best} | err of the best {row['max_rel_diff'].get(row['best'][0][0], float('nan')) if row['best'] else float('nan'):.1e}",
               flush=True)
     return rows
@@ -260,11 +273,17 @@ def w8a8_summary(rows: list[dict]) -> dict:
         per = [r for r in rows if r["m"] == m]
         tot, b = layer_totals(per)
         best_each = sum(r["best"][0][1] for r in per if r["best"])
-        by_acc = {e: min((t for c, t in tot.items() if c.endswith(f", {e})")), default=None) for e in (0, 128, 32)}
+        by_acc = {e: min((t for c, t in tot.items() if c.endswith(f", {e})")), default=None) for e in (0, 128)}
         out[f"w8a8 m={m}"] = {"scaled_mm_layer_us": sum(r["scaled_mm"] for r in per), "best_cfg": b,
+                              "swapped_layer_us": sum(r["scaled_mm_swapped"] for r in per),
+                              "swapped_t_layer_us": sum(r["scaled_mm_swapped_t"] for r in per),
+                              "best_of_plain_swapped_t_layer_us": sum(min(r["scaled_mm"], r["scaled_mm_swapped_t"])
+                                                                      for r in per),
                               "best_layer_us": tot.get(b), "best_each_layer_us": best_each,
                               "best_layer_us_by_acc_every": by_acc}
-        print(f"w8a8 m={m}: one layer's 4 GEMMs: scaled_mm {out[f'w8a8 m={m}']['scaled_mm_layer_us']:.1f} us, "
+        print(f"w8a8 m={m}: one layer's 4 GEMMs: scaled_mm {out[f'w8a8 m={m}']['scaled_mm_layer_us']:.1f} us "
+              f"(swapped {out[f'w8a8 m={m}']['swapped_layer_us']:.1f}, +t {out[f'w8a8 m={m}']['swapped_t_layer_us']:.1f}, "
+              f"best of plain / swapped+t per linear {out[f'w8a8 m={m}']['best_of_plain_swapped_t_layer_us']:.1f}), "
               f"best single tiles {b} {tot.get(b, float('nan')):.1f}, best per linear {best_each:.1f}; best single by "
               f"acc_every {by_acc}")
     return out
