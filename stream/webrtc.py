@@ -40,6 +40,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.sdp import SessionDescription
 from av import AudioFrame
 from higgs_stream.engine.errors import (
     CapacityError,
@@ -61,7 +62,11 @@ CONNECT_TIMEOUT_S = 30.0  # a peer that has not connected by then, or opened no 
 # ICE candidates an offer may carry (a browser sends a few per interface): aioice adds each with a scan of those it
 # holds, on the event loop, so 15,000 of them (a 1.8 MB offer) stopped every stream's audio for 19 s (a probe)
 MAX_OFFER_CANDIDATES = 64
-TRACK_BUFFER_S = 600.0  # audio the track may queue ahead of playout (the pipeline runs ahead)
+# audio the track queues ahead of playout: past it the session's writer waits, so the context's own queue fills and
+# its generation pauses at ServerConfig.stream_hold_s (back-pressure, as for a WebSocket listener that reads as it
+# plays): a peer is at most this + stream_hold_s ahead of what it has heard. (600 s before: a long text's whole audio
+# was generated at once, the GPU's work for a listener minutes away from hearing it)
+TRACK_BUFFER_S = 5.0
 
 
 # ---------------------------------------------------------------- the track
@@ -109,15 +114,16 @@ class PacedPCMTrack(MediaStreamTrack):
     def buffered_samples(self) -> int:
         return self._buffered
 
-    async def write(self, pcm: bytes, tag: Any = None) -> None:
-        """Queue s16le mono PCM (a whole number of samples); waits while the queue is full."""
+    async def write(self, pcm: bytes, tag: Any = None, wanted: Callable[[], bool] | None = None) -> None:
+        """Queue s16le mono PCM (a whole number of samples); waits while the queue is full. `wanted`: asked once
+        the queue has room; False drops `pcm` (its context was cancelled while this write waited)."""
         assert len(pcm) % SAMPLE_WIDTH == 0, f"odd PCM byte count {len(pcm)}"
         while self._buffered >= self.max_buffer_samples and self.readyState == "live":
             self._space.clear()
             await self._space.wait()
         if self.readyState != "live":
             raise MediaStreamError("track ended")
-        if pcm:
+        if pcm and (wanted is None or wanted()):
             self._queue.append(_Item(tag, pcm=bytes(pcm)))
             self._buffered += len(pcm) // SAMPLE_WIDTH
 
@@ -294,10 +300,15 @@ class WebRTCPeer:
 
     async def _send_bytes(self, pcm: bytes) -> None:
         assert self._playing is not None, "audio outside audio_start ... done"
-        if self._playing_cancelled:
+        cid = self._playing
+
+        def wanted() -> bool:  # not cancelled, also while the write waited for room in the track
+            return self._playing == cid and not self._playing_cancelled
+
+        if not wanted():
             return
         try:
-            await self.track.write(pcm, tag=self._playing)
+            await self.track.write(pcm, tag=cid, wanted=wanted)
         except MediaStreamError as e:
             raise ConnectionError(f"peer {self.id}: track ended") from e
 
@@ -344,6 +355,14 @@ def _parse_offer(body: bytes, limit: int) -> RTCSessionDescription:
     if candidates > MAX_OFFER_CANDIDATES:
         raise TooLargeError(f"the offer has {candidates} ICE candidates, limit {MAX_OFFER_CANDIDATES}")
     return RTCSessionDescription(sdp=sdp, type="offer")
+
+
+def receives_audio(sdp: str) -> bool:
+    """Whether an offer (already parsed once by aiortc) has an audio section the peer receives on: not rejected
+    (port 0), and recvonly or sendrecv (SDP's default). A sendonly or inactive one would be answered with a track
+    that plays to nobody while its generation runs."""
+    return any(m.kind == "audio" and m.port != 0 and m.direction in (None, "sendrecv", "recvonly")
+               for m in SessionDescription.parse(sdp).media)
 
 
 def drop_mdns_candidates(sdp: str) -> tuple[str, int]:
@@ -408,6 +427,8 @@ async def offer(request: web.Request) -> web.Response:
             raise InvalidInputError(f"bad offer SDP: {type(e).__name__}: {e}") from e
         if not any(t.kind == "audio" for t in pc.getTransceivers()):
             raise InvalidInputError("the offer has no audio transceiver")
+        if not receives_audio(description.sdp):  # answered, it would get a track nobody plays
+            raise InvalidInputError("the offer's audio must be recvonly or sendrecv: the server sends the speech")
         pc.addTrack(peer.track)
         try:
             await pc.setLocalDescription(await pc.createAnswer())

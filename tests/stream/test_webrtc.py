@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import re
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from higgs_stream.stream import serve_command, server, webrtc
 from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
-from higgs_stream.testing_server import wait_until
+from higgs_stream.testing_server import LONG_SEED, LONG_TEXT, wait_until
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -72,6 +73,23 @@ async def test_track_write_waits_while_full():
     await track.recv()  # 480 samples out: under the limit again
     await asyncio.wait_for(blocked, 1)
     assert track.buffered_samples == 960
+
+
+async def test_track_write_drops_audio_no_longer_wanted():
+    """A write that waited for room while its context was cancelled queues nothing: with a track of seconds (not
+    minutes) the writer waits often, and the cancelled context's next chunk would play after the cancel."""
+    track = PacedPCMTrack(max_buffer_s=0.04)  # 960 samples
+    await track.write(b"\x01\x00" * 960, tag="a")
+    cancelled = False
+    blocked = asyncio.ensure_future(track.write(b"\x02\x00" * 480, tag="a", wanted=lambda: not cancelled))
+    await asyncio.sleep(0)  # one turn of the loop: the write runs until it waits for room
+    assert not blocked.done()
+    cancelled = True
+    assert track.drop("a") == [] and track.buffered_samples == 0
+    await asyncio.wait_for(blocked, 1)
+    assert track.buffered_samples == 0
+    await track.write(b"\x03\x00" * 480, tag="b", wanted=lambda: True)  # room at once: queued
+    assert track.buffered_samples == 480
 
 
 # ---------------------------------------------------------------- against a live server
@@ -439,3 +457,61 @@ async def test_a_cors_origin_may_post_an_offer(live, monkeypatch):
                 assert r.status == 403
     finally:
         await pc.close()
+
+
+@pytest.mark.parametrize("edit", [lambda sdp: sdp.replace("a=recvonly", "a=sendonly"),
+                                  lambda sdp: sdp.replace("a=recvonly", "a=inactive"),
+                                  lambda sdp: re.sub(r"^m=audio \d+ ", "m=audio 0 ", sdp, count=1, flags=re.M)],
+                         ids=["sendonly", "inactive", "rejected"])
+async def test_an_offer_that_would_not_receive_audio_is_refused(live, edit):
+    """An offer whose audio the peer would not receive (sendonly, inactive, port 0) is invalid_input: it was answered,
+    and its contexts generated speech for a track nobody played (found by a probe). The route goes on."""
+    state, base = live
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.createDataChannel("tts")
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = edit(pc.localDescription.sdp)
+        assert sdp != pc.localDescription.sdp
+        async with aiohttp.ClientSession() as http:
+            status, body = await _post_offer(http, base, sdp)
+        assert status == 400 and body["error"]["code"] == "invalid_input", body
+        assert "recvonly or sendrecv" in body["error"]["message"]
+        assert server_peers(live) == {}
+    finally:
+        await pc.close()
+    client = Client()
+    try:
+        await client.connect(base, "t0k")
+    finally:
+        await client.close()
+
+
+async def test_a_real_time_peer_pauses_its_context_ahead_of_playout(live, monkeypatch):
+    """Back-pressure over WebRTC: the track queues TRACK_BUFFER_S ahead of playout, then the context's own queue fills
+    and its generation pauses (held, its engine stream paused), resumed as playout drains it. It still plays in real
+    time to a completed done with every sample generated (with a 600 s track a long text's whole audio was generated
+    at once, and back-pressure never engaged). 0.3 s each here; 5 s and 10 s served."""
+    state, base = live
+    monkeypatch.setattr(webrtc, "TRACK_BUFFER_S", 0.3)
+    monkeypatch.setattr(state.pipeline, "cfg", dataclasses.replace(state.pipeline.cfg, stream_hold_s=0.3))
+    client = Client()
+    try:
+        await client.connect(base, "t0k")
+        client.send(type="text", context_id="a", text=LONG_TEXT, seed=LONG_SEED)  # 4 s (the 100-frame cap)
+        client.send(type="end", context_id="a")
+        pipeline = state.pipeline
+        await wait_until(lambda: any(h.held and h._segment is not None and h._segment.sid in pipeline.pacer.paused
+                                     for h in pipeline._handles), 30)
+        (handle,) = pipeline._handles
+        assert handle.samples <= 3 * 24000  # paused with at least a second of its audio still to generate
+        start_t, _ = await client.wait_for("audio_start")
+        done_t, done = await client.wait_for("done")
+        assert done["reason"] == "completed" and handle.finished and not handle.held
+        assert done["samples"] == handle.samples == 100 * 960  # every generated sample played
+        seconds = done["samples"] / 24000
+        assert abs((done_t - start_t) - seconds) < 0.25, (done_t - start_t, seconds)
+        assert pipeline.metrics.slow_clients.value() == 0
+    finally:
+        await client.close()
