@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qsl
 
@@ -29,7 +30,7 @@ from starlette.routing import Route, WebSocketRoute
 from higgs_stream.engine.errors import HiggsStreamError
 from higgs_stream.stream import routes
 from higgs_stream.stream.driver import CLOSE_NORMAL, CLOSE_TOO_BIG, drain, run_websocket, websocket_refusal
-from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.errors import BadJsonError, TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
@@ -54,6 +55,8 @@ def request_view(scope: Scope, receive: Receive | None = None, limit: int = 0) -
     if host is None and scope.get("server"):
         host = f"{scope['server'][0]}:{scope['server'][1]}"
 
+    encoding = next((v.strip().lower() for k, v in headers if k.lower() == "content-encoding"), "")
+
     async def read() -> bytes:
         chunks, size = [], 0
         while True:
@@ -66,10 +69,30 @@ def request_view(scope: Scope, receive: Receive | None = None, limit: int = 0) -
                 raise TooLargeError(f"request body over {limit} bytes")
             chunks.append(body)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return decoded(b"".join(chunks), encoding, limit)
 
     return Request.build(scope.get("method", "GET"), scope.get("path", "/"), headers, query, host or "",
                          read if receive is not None else None)
+
+
+ZLIB_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def decoded(body: bytes, encoding: str, limit: int) -> bytes:
+    """A request body by its Content-Encoding, as aiohttp's server reads one (uvicorn passes the bytes on): gzip and
+    deflate decompressed within `limit` bytes (TooLargeError past it: a small bomb is no large body either), a body
+    they cannot decode a BadJsonError; any other encoding as it came."""
+    wbits = ZLIB_WBITS.get(encoding)
+    if wbits is None or not body:
+        return body
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise BadJsonError(f"request body could not be read: {encoding}: {e}") from None
+    if len(out) > limit:
+        raise TooLargeError(f"request body over {limit} bytes once decompressed")
+    return out  # a stream cut short gives what it holds, as aiohttp's (its JSON is then incomplete: bad_json)
 
 
 def _raw_headers(headers: dict[str, str], content_type: str = "", length: int | None = None) -> list[tuple[bytes, bytes]]:

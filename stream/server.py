@@ -26,7 +26,7 @@ from higgs_stream.stream.driver import (
     run_websocket,
     websocket_refusal,
 )
-from higgs_stream.stream.errors import TooLargeError
+from higgs_stream.stream.errors import BadJsonError, TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES, error_reply
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- aiohttp <-> routes
 
+CLOSE_AFTER = "higgs_close_after"  # request key: the body could not be read, the answer closes the connection
+
+
 def request_view(request: web.Request) -> Request:
     """The framework-neutral view of an aiohttp request (its body read within `client_max_size`)."""
 
@@ -50,6 +53,13 @@ def request_view(request: web.Request) -> Request:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise TooLargeError(f"request body over {request.app[STATE].config.hard_message_bytes} bytes") from None
+        except web.RequestPayloadError as e:  # a body its Content-Encoding cannot decode, a chunked body cut short
+            # (a 500 and two logged tracebacks before, a probe): the body ends here, so aiohttp does not read the rest
+            # of it after the answer (and raise again); the answer closes the connection (`respond`)
+            request.content.feed_eof()
+            request[CLOSE_AFTER] = True
+            cause = e.__cause__ if e.__cause__ is not None else e
+            raise BadJsonError(f"request body could not be read: {type(cause).__name__}") from None
 
     return Request(request.method, request.path, request.headers, request.query, request.host or "", read)
 
@@ -60,7 +70,10 @@ async def respond(request: web.Request, reply: Reply | StreamReply) -> web.Strea
         headers = dict(reply.headers)
         if reply.content_type:
             headers["Content-Type"] = reply.content_type
-        return web.Response(status=reply.status, body=reply.body, headers=headers)
+        resp = web.Response(status=reply.status, body=reply.body, headers=headers)
+        if request.get(CLOSE_AFTER):
+            resp.force_close()
+        return resp
     try:
         resp = web.StreamResponse(status=reply.status, headers={**reply.headers, "Content-Type": reply.content_type})
         await resp.prepare(request)
