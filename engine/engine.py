@@ -172,6 +172,15 @@ class Engine:
         return cls(talker, cfg, tokenizer, cache, config, runner)
 
     # ------------------------------------------------------------------ public API
+    def check(self, request: GenerationRequest) -> None:
+        """InvalidInputError for a request `add` would refuse for what it says (the runner's limits, control tokens in
+        its text, scene or instructions), without queueing it: a server checks a whole input before it answers, and
+        adds its segments one by one later."""
+        if not isinstance(request, GenerationRequest):
+            raise InvalidInputError(f"expected a GenerationRequest, got {type(request).__name__}")
+        self.runner.check(request)
+        self.policy.build_prompt(request)
+
     def add(self, request: GenerationRequest) -> int:
         """Queue a request; returns its stream id. InvalidInputError / CapacityError when refused."""
         if not isinstance(request, GenerationRequest):

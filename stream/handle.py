@@ -68,6 +68,18 @@ class _Segment:
     held: bool = False  # paused for its client (event loop sets, engine thread reads: `Pipeline._hold`)
 
 
+def generation_request(opts: ContextOptions, text: str, index: int, max_frames: int, reference=None,
+                       history: tuple = ()) -> GenerationRequest:
+    """The engine request for segment `index` of a context with `opts` (its seed stepped per segment)."""
+    seed = None if opts.seed is None else (opts.seed + index) % 2**63
+    return GenerationRequest(
+        text=text, reference=reference, scene=opts.scene, instructions=opts.instructions, speaker=opts.voice.speaker,
+        history=history, sampling=SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p,
+                                                 seed=seed),
+        max_frames=max_frames,
+    )
+
+
 class StreamHandle:
     """One context: say() segments, close() when no more text, cancel() to stop; read with
     `take()` (non-blocking) or `next()`. Exactly one End is queued, after all its Audio."""
@@ -184,19 +196,14 @@ class StreamHandle:
                 self.pipeline._encode(voice).add_done_callback(self._encoded)
             return
         text = self._texts.popleft()
-        opts, cfg = self.options, self.pipeline.cfg
-        seed = None if opts.seed is None else (opts.seed + self._index) % 2**63
+        cfg = self.pipeline.cfg
         history = self._reference is None and self.pipeline.takes_history  # earlier segments' audio as context
         try:
-            request = GenerationRequest(
-                text=text, reference=self._reference, scene=opts.scene, instructions=opts.instructions,
-                speaker=voice.speaker, history=tuple(self._history) if history else (),
-                sampling=SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, seed=seed),
-                max_frames=cfg.max_frames,
-            )
+            request = generation_request(self.options, text, self._index, cfg.max_frames, self._reference,
+                                         tuple(self._history) if history else ())
             seg = _Segment(
                 handle=self, index=self._index, text=text, request=request,
-                adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(opts.mode)),
+                adapter=Code2WavAdapter(self.pipeline.geometry, self.pipeline.adapter_config(self.options.mode)),
                 keep_frames=history and cfg.history_segments > 0,
                 submitted_at=self.pipeline.now(),
             )

@@ -41,6 +41,7 @@ async def speech(state: ServerState, request: Request) -> Reply | StreamReply:
     try:
         check_request(request, cfg, json_body=True)
         req = parse_speech(await read_body(request, cfg), cfg, state.voices)
+        state.pipeline.check_text(req.options, req.input)  # every segment's text, before the headers
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:
         return failure_reply(e, state)

@@ -84,7 +84,7 @@ ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes to
 STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
 
 
-from higgs_stream.stream.handle import End, StreamHandle, _Segment
+from higgs_stream.stream.handle import End, StreamHandle, _Segment, generation_request
 
 
 class Pipeline:
@@ -282,6 +282,12 @@ class Pipeline:
         return min(self.cfg.max_first_chunk, max(DEFAULT_SCHEDULE[0], first))
 
     # ---- admission (event loop) ----
+
+    def check_text(self, options: ContextOptions, text: str) -> None:
+        """InvalidInputError for a whole input some segment of it would fail with in the engine (control tokens in its
+        text, scene or instructions), before any segment runs: an HTTP request is checked before its headers go out (a
+        token in a late sentence ended a 200 after 30 s of audio, a probe)."""
+        self.engine.check(generation_request(options, text, 0, self.cfg.max_frames))
 
     def open(self, options: ContextOptions, transport: str = "ws", stream_id: str | None = None) -> StreamHandle:
         """Admit one stream; `stream_id` (the context id; a fresh request id when None) names it in

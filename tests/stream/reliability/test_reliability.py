@@ -243,6 +243,19 @@ async def test_browser_origins_and_content_types(start_server):
                     await r.read()
 
 
+async def test_a_control_token_anywhere_in_the_input_is_refused_before_any_audio(start_server):
+    """A chat control token in the last of 40 sentences: 400 invalid_input before the headers (a probe's request
+    streamed 33 s of audio, then a truncated body: each segment was checked only as it started)."""
+    host, state = await start_server()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://{host}/v1/audio/speech", json={
+                "input": "Hello there. " * 40 + "Bye <|eot_id|> now.", "response_format": "pcm"}) as r:
+            body = await r.json()
+            assert r.status == 400 and body["error"]["code"] == "invalid_input", body
+            assert "control tokens" in body["error"]["message"]
+    assert state.pipeline.metrics.audio_seconds.value() == 0.0
+
+
 @pytest.mark.parametrize("encoding", ["deflate", "gzip"])
 async def test_compressed_bodies_on_both_transports(start_server, encoding):
     """Content-Encoding gzip / deflate: a good body is read (uvicorn passed the compressed bytes on: bad_json there), a
