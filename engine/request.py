@@ -17,12 +17,17 @@ from higgs_stream.engine.errors import InvalidInputError
 DEFAULT_MAX_FRAMES = 2000
 
 
+GREEDY_BELOW = 1e-6  # temperatures below it sample greedily (logits / 1e-6 stay finite in fp32)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-codebook sampling of audio columns.
 
     temperature 0 means greedy (argmax); RAS (repetition-aware sampling) still applies then, as in
-    REF. ras_window 0 switches RAS off. seed None: the engine draws a fresh seed per request.
+    REF. ras_window 0 switches RAS off. seed None: the engine draws a fresh seed per request. A temperature below
+    GREEDY_BELOW is greedy too (the limit of sampling as it goes to 0): in fp32, 1e-45 is 0 and the logits / 0 are
+    NaN probabilities, whose draw was noise (found by a probe).
     """
 
     temperature: float = 0.7
@@ -48,7 +53,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)

@@ -102,8 +102,9 @@ def valid_id(cid: Any) -> bool:
 
 def check_fields(msg: dict, allowed: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(msg) - set(allowed))
-    if unknown:
-        raise InvalidInputError(f"unknown field(s) in {what}: {', '.join(unknown)}")
+    if unknown:  # named briefly, at most 8 of them: a probe's 4 MB key came back as a 4 MB error
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        raise InvalidInputError(f"unknown field(s) in {what}: {', '.join(brief(k) for k in unknown[:8])}{more}")
 
 
 def check_audio_format(raw: dict) -> None:
@@ -273,10 +274,11 @@ def parse_speech(body: bytes | str, cfg: ServerConfig, voices: VoiceLibrary) -> 
         raise TooLargeError(f"input has {len(text)} chars, limit {cfg.max_text_chars}")
     if msg.get("model") is not None and not isinstance(msg["model"], str):
         raise InvalidInputError("model must be a string")
-    fmt = msg.get("response_format") or "mp3"  # OpenAI's default
+    fmt = "mp3" if msg.get("response_format") is None else msg["response_format"]  # OpenAI's default (not `or`:
+    # false, 0, "" and [] were taken for it, found by a probe)
     if fmt not in FORMATS:
         raise InvalidInputError(f"response_format {brief(fmt)} is not supported; use one of {', '.join(FORMATS)}")
-    stream = msg.get("stream_format") or "audio"
+    stream = "audio" if msg.get("stream_format") is None else msg["stream_format"]
     if stream not in ("audio", "sse"):
         raise InvalidInputError(f"stream_format must be audio or sse, got {brief(stream)}")
     speed = msg.get("speed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from higgs_stream.engine.request import SamplingParams
+from higgs_stream.engine.request import GREEDY_BELOW, SamplingParams
 from higgs_stream.engine.sampling import SamplingTensors, draw_noise, sample_columns, warp_logits
 
 V = 1026
@@ -79,6 +79,18 @@ def test_greedy_takes_raw_argmax_and_ras_candidate_samples_raw_logits():
     for parity in (0, 1):  # greedy rows and sampled rows alike: the RAS draw ignores temperature/top-k
         share4 = (ras[:, parity::2] == 4).float().mean()
         assert abs(share4 - 0.269) < 0.04, share4  # 1280 draws each: sigma 0.012
+
+
+def test_temperatures_too_small_for_fp32_are_greedy():
+    """Below GREEDY_BELOW a temperature samples as greedy does (5e-324 was 0 in fp32: logits / 0, NaN probabilities
+    and a draw over them, found by a probe); at it and above, sampling as before."""
+    logits = torch.randn(6, 8, V)
+    tiny = [SamplingParams(temperature=t) for t in (5e-324, 1e-45, 1e-300, 1e-30, 9.99e-7)]
+    st = SamplingTensors.build(tiny + [SamplingParams(temperature=0.0)], V, torch.device("cpu"))
+    assert st.greedy.all() and (st.temperature == 1.0).all()
+    out = sample_columns(logits, st, gens(*range(6)))
+    assert torch.equal(out[:, 0], logits.argmax(dim=-1))
+    assert not SamplingParams(temperature=GREEDY_BELOW).greedy
 
 
 def test_rows_are_independent_of_the_batch():

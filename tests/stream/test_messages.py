@@ -12,7 +12,7 @@ import pytest
 from higgs_stream.engine.errors import AudioInputError, HiggsStreamError, InvalidInputError
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import TooLargeError
-from higgs_stream.stream.messages import parse_options, parse_speech
+from higgs_stream.stream.messages import SPEECH_KEYS, check_fields, parse_options, parse_speech
 from higgs_stream.stream.voices import VoiceLibrary
 
 
@@ -62,6 +62,27 @@ def test_parse_speech_errors(voices, body, code):
     with pytest.raises(HiggsStreamError) as e:
         speech(voices, **body)
     assert e.value.code == code
+
+
+@pytest.mark.parametrize("field", ["response_format", "stream_format"])
+@pytest.mark.parametrize("value", [False, 0, "", [], {}])
+def test_falsy_formats_are_not_taken_for_the_default(voices, field, value):
+    """false, 0, "" or [] for a format is invalid_input naming the field (`msg.get(...) or default` took them for
+    mp3 / audio, found by a probe); only an absent field or null gets the default."""
+    with pytest.raises(HiggsStreamError) as e:
+        speech(voices, input="x", **{field: value})
+    assert e.value.code == "invalid_input" and field in str(e.value)
+    default = speech(voices, input="x", **{field: None})
+    assert (default.response_format, default.stream_format) == ("mp3", "audio")
+
+
+def test_unknown_fields_are_named_briefly():
+    """At most 8 unknown fields named, each as `brief` shortens it (a 4 MB key came back as a 4 MB error)."""
+    with pytest.raises(HiggsStreamError) as e:
+        check_fields({"input": "x", "k" * 4_000_000: 1, **{f"f{i}": i for i in range(20)}}, SPEECH_KEYS, "speech request")
+    message = str(e.value)
+    assert e.value.code == "invalid_input" and len(message) < 1000, len(message)
+    assert message.startswith("unknown field(s) in speech request: 'f0', 'f1', ") and message.endswith(" and 13 more")
 
 
 def test_sample_rate_is_the_response_rate_from_a_fixed_list(voices):
