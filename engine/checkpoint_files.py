@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,29 +100,78 @@ class TensorEntry:
     dtype: torch.dtype
 
 
+def os_error_message(e: OSError) -> str:
+    """What went wrong opening a file, in words: permission denied is not a missing file."""
+    if isinstance(e, PermissionError):
+        return "permission denied"
+    if isinstance(e, FileNotFoundError):
+        return "no such file"
+    if isinstance(e, IsADirectoryError):
+        return "is a directory"
+    return e.strerror or str(e)
+
+
+def read_json_file(file: Path, missing: str | None = None) -> Any:
+    """The JSON value in `file` (UTF-8); CheckpointError naming the file when it is missing (message
+    `missing`, if given), unreadable (permission denied says so), not UTF-8 or not JSON."""
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError) as e:
+        raise CheckpointError(missing or f"cannot read {file}: {os_error_message(e)}") from e
+    except OSError as e:
+        raise CheckpointError(f"cannot read {file}: {os_error_message(e)}") from e
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"cannot read {file}: not UTF-8 text ({e})") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+
+
 def read_config_json(root: Path) -> dict[str, Any]:
     """A checkpoint directory's config.json (either family); CheckpointError when missing or unreadable."""
     file = root / CONFIG_FILE
-    if not file.is_file():
-        raise CheckpointError(f"missing {CONFIG_FILE} in {root}")
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {file}: {e}") from e
+    raw = read_json_file(file, missing=f"missing {CONFIG_FILE} in {root}")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     return raw
+
+
+def shard_path(root: Path, name: Any, source: Path) -> Path:
+    """`root / name` for a shard file name listed in `source`; CheckpointError unless it is a
+    relative path that stays inside `root` (symlinks resolved)."""
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{source}: a shard file name must be a non-empty string, got {name!r}")
+    if Path(name).is_absolute():
+        raise CheckpointError(f"{source}: shard path {name!r} is absolute; shards must lie in the checkpoint directory")
+    path = root / name
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
+        raise CheckpointError(f"{source}: cannot resolve shard path {name!r}: {e}") from e
+    if not resolved.is_relative_to(root.resolve()):
+        raise CheckpointError(f"{source}: shard path {name!r} resolves outside the checkpoint directory {root}")
+    return path
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a model.safetensors.index.json: tensor name -> shard file name (strings)."""
+    raw = read_json_file(index)
+    if not isinstance(raw, dict) or "weight_map" not in raw:
+        raise CheckpointError(f"cannot read weight_map from {index}: no 'weight_map' object")
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) for k in weight_map):
+        raise CheckpointError(f"{index}: weight_map must be a JSON object of tensor name -> shard file, "
+                              f"got {type(weight_map).__name__}")
+    return weight_map
 
 
 def weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     """Safetensors files of the checkpoint and the index weight map (None for a single file)."""
     index = root / INDEX_FILE
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"cannot read weight_map from {index}: {e}") from e
-        files = [root / name for name in dict.fromkeys(weight_map.values())]
+        weight_map = read_weight_map(index)
+        files = [shard_path(root, name, index) for name in dict.fromkeys(weight_map.values())]
         for f in files:
             if not f.is_file():
                 raise CheckpointError(f"missing shard file {f.name} (listed in {INDEX_FILE}) in {root}")
@@ -129,7 +179,10 @@ def weight_files(root: Path) -> tuple[list[Path], dict[str, str] | None]:
     single = root / SINGLE_WEIGHTS_FILE
     if single.is_file():
         return [single], None
-    others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
+    try:
+        others = sorted(p.name for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pth", ".pt"))
+    except OSError as e:
+        raise CheckpointError(f"cannot list the checkpoint directory {root}: {os_error_message(e)}") from e
     raise CheckpointError(
         f"no {SINGLE_WEIGHTS_FILE} or {INDEX_FILE} in {root}"
         + (f" (found {others}; only safetensors with the standard names are supported)" if others else "")
@@ -152,6 +205,8 @@ def read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[s
                     entries[key] = TensorEntry(file, key, tuple(view.get_shape()), _FLOAT_DTYPES[dtype_name])
         except CheckpointError:
             raise
+        except OSError as e:
+            raise CheckpointError(f"cannot read safetensors header of {file}: {os_error_message(e)}") from e
         except Exception as e:  # safetensors raises SafetensorError (an Exception) on corrupt headers
             raise CheckpointError(f"cannot read safetensors header of {file}: {e}") from e
     if weight_map is not None:
@@ -164,6 +219,24 @@ def read_headers(files: list[Path], weight_map: dict[str, str] | None) -> dict[s
         if unlisted:
             raise CheckpointError(f"tensor {unlisted[0]} (in {entries[unlisted[0]].file.name}) is not listed in {INDEX_FILE}")
     return entries
+
+
+def layers_held(keys: Iterable[str], prefix: str) -> int:
+    """How many layers the keys `{prefix}{i}.*` hold: one more than the largest index i (0: none)."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    indices = [int(m.group(1)) for m in map(pattern.match, keys) if m]
+    return max(indices) + 1 if indices else 0
+
+
+def check_layer_count(claimed: int, keys: Iterable[str], prefix: str, field: str, source: Path | str,
+                      what: str = "layers", *, exact: bool = True) -> None:
+    """The config's layer count `claimed` (config field `field`) must be the number of layers the
+    files hold (`exact` False: at most that many). Checked before anything is built per layer, so an
+    absurd count fails here instead of building a billion modules."""
+    held = layers_held(keys, prefix)
+    if claimed > held or (exact and claimed != held):
+        found = f"{held} {what} ({prefix}0..{held - 1})" if held else f"no {prefix}* tensors"
+        raise CheckpointError(f"{source}: {field} is {claimed}, but the weight files hold {found}")
 
 
 # --------------------------------------------------------------------------------- loading

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from higgs_stream.engine.config_fields import int_field
 from higgs_stream.engine.errors import ConfigError
 
 
@@ -30,17 +31,18 @@ def require_field(d: Mapping[str, Any], key: str, where: str) -> Any:
 def backbone_dims(d: Mapping[str, Any], where: str) -> dict[str, int]:
     """The backbone dimensions of a transformers-style (Llama, Qwen3) config dict, under our field
     names: vocab, hidden and intermediate size, layers, heads, KV heads (default: heads) and head_dim
-    (default: hidden // heads). ConfigError naming `where` for a missing required field."""
-    hidden = int(require_field(d, "hidden_size", where))
-    heads = int(require_field(d, "num_attention_heads", where))
+    (default: hidden // heads). ConfigError naming the field (under the path prefix `where`, e.g.
+    "text_config.") for a missing or wrongly typed one (engine/config_fields.py)."""
+    hidden = int_field(d, "hidden_size", where)
+    heads = int_field(d, "num_attention_heads", where)
     return dict(
-        vocab_size=int(require_field(d, "vocab_size", where)),
+        vocab_size=int_field(d, "vocab_size", where),
         hidden_size=hidden,
-        intermediate_size=int(require_field(d, "intermediate_size", where)),
-        num_layers=int(require_field(d, "num_hidden_layers", where)),
+        intermediate_size=int_field(d, "intermediate_size", where),
+        num_layers=int_field(d, "num_hidden_layers", where),
         num_heads=heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or heads),
-        head_dim=int(d.get("head_dim") or hidden // heads),
+        num_kv_heads=int_field(d, "num_key_value_heads", where, heads),
+        head_dim=int_field(d, "head_dim", where, hidden // heads),
     )
 
 

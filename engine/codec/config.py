@@ -20,6 +20,12 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from higgs_stream.engine.config_fields import (
+    dict_field,
+    float_field,
+    int_field,
+    int_list_field,
+)
 from higgs_stream.engine.errors import ConfigError
 
 # HuBERT-base (`bosonai/hubert_base` / `facebook/hubert-base-ls960` shape); HubertConfig() defaults match it.
@@ -89,13 +95,27 @@ def _ints(name: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _hubert_dict(given: dict[str, Any] | None) -> dict[str, Any]:
+_HUBERT_INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "num_conv_pos_embeddings", "num_conv_pos_embedding_groups")
+_HUBERT_INT_LISTS = ("conv_dim", "conv_kernel", "conv_stride")
+
+
+def _hubert_dict(given: Any) -> dict[str, Any]:
     """HuBERT-base defaults overlaid with the inference-relevant fields of a given HubertConfig dict."""
     given = given or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"codec config: semantic_model_config must be a JSON object, got {given!r}")
     if given.get("model_type", "hubert") != "hubert":
         raise ConfigError(f"codec config: semantic model type {given['model_type']!r} is not 'hubert'")
-    return {k: (list(given[k]) if isinstance(given.get(k), tuple) else given.get(k, v))
-            for k, v in HUBERT_BASE.items()}
+    out = {k: (list(given[k]) if isinstance(given.get(k), tuple) else given.get(k, v))
+           for k, v in HUBERT_BASE.items()}
+    where = "codec config: semantic_model_config."
+    for k in _HUBERT_INTS:
+        int_field(out, k, where)
+    for k in _HUBERT_INT_LISTS:
+        int_list_field(out, k, where)
+    float_field(out, "layer_norm_eps", where)
+    return out
 
 
 @dataclass(frozen=True)
@@ -200,41 +220,48 @@ class CodecConfig:
         if d.get("model_type") != "higgs_audio_v2_tokenizer":
             raise ConfigError(f"codec config: model_type {d.get('model_type')!r} is not 'higgs_audio_v2_tokenizer'")
         top = {**_HF_TOP_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
-        ac_in = d.get("acoustic_model_config") or {}
-        ac = {**_HF_ACOUSTIC_DEFAULTS, **ac_in}
+        ac_in = dict_field(d, "acoustic_model_config", "codec config: ", {})
+        ac = {**_HF_ACOUSTIC_DEFAULTS, **{k: v for k, v in ac_in.items() if v is not None}}
+        where, ac_where = "codec config: ", "codec config: acoustic_model_config."
+        down = int_list_field(ac, "downsampling_ratios", ac_where)
         # DacConfig semantics: upsampling = reversed downsampling and hidden = enc * 2**n unless given.
         if "upsampling_ratios" not in ac_in and "downsampling_ratios" in ac_in:
-            ac["upsampling_ratios"] = list(ac["downsampling_ratios"])[::-1]
+            ac["upsampling_ratios"] = list(down)[::-1]
+        encoder_hidden = int_field(ac, "encoder_hidden_size", ac_where)
         if "hidden_size" not in ac_in and "encoder_hidden_size" in ac_in:
-            ac["hidden_size"] = ac["encoder_hidden_size"] * 2 ** len(ac["downsampling_ratios"])
+            ac["hidden_size"] = encoder_hidden * 2 ** len(down)
         sem = _hubert_dict(d.get("semantic_model_config"))
-        hop = math.prod(_ints("downsampling_ratios", ac["downsampling_ratios"]))
-        frame_rate = math.ceil(top["sample_rate"] / hop)
-        nbits = math.ceil(math.log2(top["codebook_size"]))
+        sample_rate = int_field(top, "sample_rate", where)
+        codebook_size = int_field(top, "codebook_size", where, lo=2)
+        frame_rate = math.ceil(sample_rate / math.prod(down))
+        nbits = math.ceil(math.log2(codebook_size))
         bw = top["target_bandwidths"]
-        if not bw:
-            raise ConfigError("codec config: target_bandwidths is empty")
+        if not isinstance(bw, list) or not bw or not all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b > 0 for b in bw):
+            raise ConfigError(f"codec config: target_bandwidths must be a non-empty list of positive numbers, got {bw!r}")
         num_q = int(1000 * bw[-1] // (frame_rate * nbits))
-        codebook_dim = top["codebook_dim"]
+        acoustic_dim = int_field(ac, "hidden_size", ac_where)
         if "codebook_dim" in d and d["codebook_dim"] is None:  # transformers: None means the full hidden size
-            codebook_dim = ac["hidden_size"] + sem["hidden_size"]
+            codebook_dim = acoustic_dim + sem["hidden_size"]
+        else:
+            codebook_dim = int_field(top, "codebook_dim", where)
         return cls(
-            sample_rate=top["sample_rate"],
-            encoder_ratios=tuple(ac["downsampling_ratios"]),
-            decoder_ratios=tuple(ac["upsampling_ratios"]),
-            encoder_hidden_size=ac["encoder_hidden_size"],
-            decoder_hidden_size=ac["decoder_hidden_size"],
-            acoustic_dim=ac["hidden_size"],
-            codebook_size=top["codebook_size"],
+            sample_rate=sample_rate,
+            encoder_ratios=down,
+            decoder_ratios=int_list_field(ac, "upsampling_ratios", ac_where),
+            encoder_hidden_size=encoder_hidden,
+            decoder_hidden_size=int_field(ac, "decoder_hidden_size", ac_where),
+            acoustic_dim=acoustic_dim,
+            codebook_size=codebook_size,
             codebook_dim=codebook_dim,
             num_quantizers=num_q,
-            semantic_sample_rate=top["semantic_sample_rate"],
-            downsample_factor=top["downsample_factor"],
-            semantic_kernel_size=top["kernel_size"],
-            semantic_channel_ratios=tuple(top["channel_ratios"]),
-            semantic_strides=tuple(top["strides"]),
-            semantic_block_dilations=tuple(top["block_dilations"]),
-            semantic_unit_kernel_size=top["unit_kernel_size"],
+            semantic_sample_rate=int_field(top, "semantic_sample_rate", where),
+            downsample_factor=int_field(top, "downsample_factor", where),
+            semantic_kernel_size=int_field(top, "kernel_size", where),
+            semantic_channel_ratios=int_list_field(top, "channel_ratios", where),
+            semantic_strides=int_list_field(top, "strides", where),
+            semantic_block_dilations=int_list_field(top, "block_dilations", where),
+            semantic_unit_kernel_size=int_field(top, "unit_kernel_size", where),
             semantic_model=sem,
         )
 
@@ -273,25 +300,26 @@ class CodecConfig:
         if d.get("semantic_techer", "hubert_base_general") not in ("hubert_base_general", "hubert_base"):
             raise ConfigError(f"original codec config: semantic_techer {d['semantic_techer']!r} is not a HuBERT "
                               f"teacher; only hubert_base(_general) is supported")
-        if not isinstance(d["bins"], int):
+        if isinstance(d["bins"], list):
             raise ConfigError(f"original codec config: bins {d['bins']!r} (FSQ) is not supported; RVQ only")
         if d.get("vq_scale", 1) != 1 or d.get("downsample_mode", "step_down") != "step_down":
             raise ConfigError("original codec config: only vq_scale=1 and downsample_mode='step_down' are supported")
         if d.get("codebook_dim") is None:
             raise ConfigError("original codec config: codebook_dim is required (no projection-free RVQ)")
-        ratios = tuple(d["ratios"])
+        where = "original codec config: "
+        ratios = int_list_field(d, "ratios", where)
         sem = _hubert_dict(d.get("semantic_model_config"))
         return cls(
-            sample_rate=d["sample_rate"],
+            sample_rate=int_field(d, "sample_rate", where),
             encoder_ratios=ratios,
             decoder_ratios=ratios,
-            encoder_hidden_size=d.get("encoder_hidden_size", 64),  # hard-coded 64 in the original
-            decoder_hidden_size=d.get("decoder_hidden_size", 1024),  # hard-coded 1024 in the original
-            acoustic_dim=d["D"],
-            codebook_size=d["bins"],
-            codebook_dim=d["codebook_dim"],
-            num_quantizers=d["n_q"],
-            semantic_sample_rate=d.get("semantic_sample_rate") or 16000,
+            encoder_hidden_size=int_field(d, "encoder_hidden_size", where, 64),  # hard-coded 64 in the original
+            decoder_hidden_size=int_field(d, "decoder_hidden_size", where, 1024),  # hard-coded 1024 in the original
+            acoustic_dim=int_field(d, "D", where),
+            codebook_size=int_field(d, "bins", where, lo=2),
+            codebook_dim=int_field(d, "codebook_dim", where),
+            num_quantizers=int_field(d, "n_q", where),
+            semantic_sample_rate=int_field(d, "semantic_sample_rate", where, 16000),
             semantic_model=sem,
         )
 

@@ -14,13 +14,19 @@ tensor is a CheckpointError naming the checkpoint key.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 import torch
+from higgs_stream.engine.checkpoint_files import (
+    check_layer_count,
+    os_error_message,
+    read_json_file,
+    read_weight_map,
+    shard_path,
+)
 from higgs_stream.engine.codec.codec import Codec
 from higgs_stream.engine.codec.config import CodecConfig
 from higgs_stream.engine.codec.layers import fold_weight_norm
@@ -129,6 +135,15 @@ def codec_from_state_dict(state: Mapping[str, torch.Tensor], cfg: CodecConfig, *
     if not src:
         raise CheckpointError(f"codec checkpoint: no tensors under prefix {prefix!r}")
     src = fold_all_weight_norm(src, prefix)
+    # Counts before anything is built per quantizer / HuBERT layer, so an absurd config cannot hang;
+    # fewer than the files hold is left to the key check below (it names the unexpected key).
+    q_prefix = "quantizer.vq.layers." if layout == "original" else "quantizer.quantizers."
+    check_layer_count(cfg.num_quantizers, src, q_prefix, "the config's quantizer count", "codec checkpoint",
+                      "quantizers", exact=False)
+    hubert = "semantic_model.encoder.layers."
+    if any(k.startswith(hubert) for k in src):
+        check_layer_count(cfg.semantic_model["num_hidden_layers"], src, hubert,
+                          "semantic_model_config.num_hidden_layers", "codec checkpoint", exact=False)
 
     to_ckpt = original_names(cfg) if layout == "original" else {}
     from_ckpt = {v: k for k, v in to_ckpt.items()}
@@ -212,19 +227,29 @@ def detect_layout(config: dict, root: Path) -> Layout:
                           f"config nor Boson's original codec config (keys: {sorted(config)[:12]})")
 
 
-def _read_safetensors(root: Path) -> dict[str, torch.Tensor]:
+def _load_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file; CheckpointError naming it when unreadable or corrupt."""
     from safetensors.torch import load_file
 
+    try:
+        return load_file(file)
+    except OSError as e:
+        raise CheckpointError(f"codec {file}: cannot read: {os_error_message(e)}") from e
+    except Exception as e:  # safetensors raises SafetensorError (an Exception) on a corrupt or truncated file
+        raise CheckpointError(f"codec {file}: cannot read as safetensors: {e}") from e
+
+
+def _read_safetensors(root: Path) -> dict[str, torch.Tensor]:
     single, index = root / "model.safetensors", root / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(single)
+        return _load_safetensors(single)
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            if not (root / shard).is_file():
+        for shard in dict.fromkeys(read_weight_map(index).values()):
+            path = shard_path(root, shard, index)
+            if not path.is_file():
                 raise CheckpointError(f"codec {root}: shard {shard} named in the index is missing")
-            state.update(load_file(root / shard))
+            state.update(_load_safetensors(path))
         return state
     raise CheckpointError(f"codec {root}: no model.safetensors (or index) found")
 
@@ -234,12 +259,9 @@ def load_codec(path_or_hub: str | Path = DEFAULT_HUB_ID, device: str | torch.dev
     """Load a codec directory (either layout) or hub repo; fp32 on `device`."""
     root = resolve_codec_dir(path_or_hub)
     cfg_path = root / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(f"codec {root}: config.json is missing")
-    try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"codec {cfg_path}: invalid JSON: {e}") from e
+    config = read_json_file(cfg_path, missing=f"codec {root}: config.json is missing")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"codec {cfg_path}: must hold a JSON object, got {type(config).__name__}")
     layout = detect_layout(config, root)
     try:
         cfg = CodecConfig.from_hf_dict(config) if layout == "hf" else CodecConfig.from_original_dict(config)
@@ -253,6 +275,8 @@ def load_codec(path_or_hub: str | Path = DEFAULT_HUB_ID, device: str | torch.dev
             raise CheckpointError(f"codec {root}: model.pth is missing")
         try:
             state = torch.load(pth, map_location="cpu", weights_only=True)
+        except OSError as e:
+            raise CheckpointError(f"codec {pth}: cannot read: {os_error_message(e)}") from e
         except Exception as e:  # unpickling errors come in many types; all mean "not a plain state dict"
             raise CheckpointError(f"codec {pth}: cannot read as a tensor state dict: {e}") from e
         if not isinstance(state, Mapping):

@@ -29,6 +29,7 @@ from higgs_stream.engine.models.qwen3_tts import FAMILY as QWEN3_TTS
 FAMILIES: tuple[ModelFamily, ...] = (HIGGS_V2, HIGGS_V3, QWEN3_TTS)
 DEFAULT_ARCH = FAMILIES[0].arch  # what `make-checkpoint` and `random:*` build without --arch
 _BY_MODEL_TYPE: dict[str, ModelFamily] = {t: f for f in FAMILIES for t in f.model_types}
+_BACKBONE_TYPES = ("llama", "qwen2", "qwen3")  # what the families' nested text configs declare
 
 
 def family_named(arch: str) -> ModelFamily:
@@ -43,8 +44,12 @@ def family_of_dir(root: Path) -> ModelFamily:
     """The family of a checkpoint directory by its config.json model_type; CheckpointError otherwise."""
     model_type = read_config_json(root).get("model_type")
     if model_type not in _BY_MODEL_TYPE:
+        hint = ""
+        if model_type in _BACKBONE_TYPES:  # a bare backbone config: the family's wrapper config is missing
+            hint = (f" ({model_type!r} is a text backbone: a TTS checkpoint's config.json nests it under "
+                    f"text_config / talker_config with the TTS model_type at the top)")
         raise CheckpointError(f"{root / CONFIG_FILE}: unknown model_type {model_type!r}; "
-                              f"expected one of {sorted(_BY_MODEL_TYPE)}")
+                              f"expected one of {sorted(_BY_MODEL_TYPE)}{hint}")
     return _BY_MODEL_TYPE[model_type]
 
 

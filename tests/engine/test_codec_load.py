@@ -207,3 +207,52 @@ def test_hub_ids_go_through_snapshot_download(monkeypatch, dirs, codes, expected
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(CheckpointError, match="download from the hub failed.*no network"):
         load_codec("someone/some-codec")
+
+
+def _broken_copy(tmp_path, dirs, config=None, weights=None):
+    d = shutil.copytree(dirs["hf"], tmp_path / "c")
+    if config is not None:
+        cfg = json.loads((d / "config.json").read_text())
+        config(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    if weights is not None:
+        weights(d / "model.safetensors")
+    return d
+
+
+@pytest.mark.parametrize("config,weights,match", [
+    (None, lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]),
+     r"model.safetensors: cannot read as safetensors: .*incomplete metadata"),
+    (lambda c: c.update(sample_rate=-1), None, r"config.json: codec config: sample_rate must be an int in \[1, "),
+    (lambda c: c.update(sample_rate=0), None, r"codec config: sample_rate must be an int in \[1, "),
+    (lambda c: c.update(sample_rate="24000"), None, "codec config: sample_rate must be an int, got '24000'"),
+    (lambda c: c.update(acoustic_model_config="x"), None, "acoustic_model_config must be a JSON object, got 'x'"),
+    (lambda c: c.update(target_bandwidths="x"), None, "target_bandwidths must be a non-empty list of positive numbers"),
+    (lambda c: c["acoustic_model_config"].update(hidden_size=16.5), None,
+     "acoustic_model_config.hidden_size must be an int, got 16.5"),
+    (lambda c: c.update(semantic_model_config="x"), None, "semantic_model_config must be a JSON object"),
+    (lambda c: c["semantic_model_config"].update(num_hidden_layers=10**9), None,  # checked before building HuBERT
+     "semantic_model_config.num_hidden_layers is 1000000000, but the weight files hold 2 layers"),
+    (lambda c: c.update(target_bandwidths=[1e9]), None,  # ~4e6 quantizers: checked before building them
+     r"the config's quantizer count is \d+, but the weight files hold 8 quantizers"),
+])
+def test_bad_codec_files_raise_checkpoint_error(tmp_path, dirs, config, weights, match):
+    d = _broken_copy(tmp_path, dirs, config, weights)
+    with pytest.raises(CheckpointError, match=match) as e:
+        load_codec(d)
+    assert e.value.code == "checkpoint"
+
+
+def test_unreadable_codec_files_say_permission_denied(tmp_path, dirs, monkeypatch):
+    """(As root chmod 000 does not deny a read, so the OS error is injected.)"""
+    import safetensors.torch
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(safetensors.torch, "load_file", denied)
+    with pytest.raises(CheckpointError, match=r"model.safetensors: cannot read: permission denied"):
+        load_codec(dirs["hf"])
+    monkeypatch.setattr(type(dirs["hf"]), "read_bytes", denied)
+    with pytest.raises(CheckpointError, match=r"config.json: permission denied"):
+        load_codec(dirs["hf"])

@@ -29,6 +29,7 @@ from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS
 from higgs_stream.engine.checkpoint_files import (
     CONFIG_FILE,
     TensorEntry,
+    check_layer_count,
     parameters_on_meta,
     read_config_json,
     read_headers,
@@ -162,8 +163,13 @@ def _check_special_ids(raw: Mapping[str, Any], layout: str, cfg: TalkerConfig, t
         )
 
 
+# Where each layout keeps its decoder layers, and the config.json field counting them.
+LAYERS = {"hf": ("model.layers.", "num_hidden_layers"), "original": ("layers.", "text_config.num_hidden_layers")}
+
+
 def expected_shapes(cfg: TalkerConfig) -> dict[str, tuple[int, ...]]:
-    """Native key -> shape of every tensor a talker of this config loads (its state_dict)."""
+    """Native key -> shape of every tensor a talker of this config loads (its state_dict), from a
+    talker built on the meta device (no memory); call only once the layer count matches the files."""
     with torch.device("meta"):
         talker = Talker(cfg)
     return {k: tuple(v.shape) for k, v in talker.state_dict().items()}
@@ -210,6 +216,8 @@ def open_checkpoint(model: str | Path) -> TalkerCheckpoint:
         raise CheckpointError(f"{root}: {e}") from e
     files, weight_map = weight_files(root)
     entries = read_headers(files, weight_map)
+    prefix, field = LAYERS[layout]
+    check_layer_count(cfg.num_layers, entries, prefix, field, root / CONFIG_FILE)
     plan = _plan(entries, layout, expected_shapes(cfg))
     return TalkerCheckpoint(root, layout, raw, cfg, tokenizer, plan)
 

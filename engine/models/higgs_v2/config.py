@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from higgs_stream.engine.config_fields import dict_field, float_field, int_field
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.special_tokens import SpecialTokenIds
-from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, require_field
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims
 
 # The token string of every `SpecialTokens` field, as spelled in the Higgs tokenizer.
 SPECIAL_TOKEN_STRINGS: dict[str, str] = {
@@ -119,7 +120,7 @@ def _normalize_rope_scaling(rope_scaling: Mapping[str, Any] | None) -> dict[str,
     return out
 
 
-def _rope_from_dict(d: Mapping[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
+def _rope_from_dict(d: Mapping[str, Any], default_theta: float, where: str = "") -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from either the v5 `rope_parameters` or the v4 keys.
 
     Some Higgs text configs carry `rope_theta: null` (sglang-omni's loader notes it): that means
@@ -127,14 +128,14 @@ def _rope_from_dict(d: Mapping[str, Any], default_theta: float) -> tuple[float, 
     """
     params = d.get("rope_parameters")
     if params is not None:
-        if "rope_theta" not in params:
-            raise ConfigError(f"rope_parameters lacks rope_theta: {params}")
-        theta = params["rope_theta"]
-        return (default_theta if theta is None else float(theta)), _normalize_rope_scaling(params)
+        if not isinstance(params, dict) or "rope_theta" not in params:
+            raise ConfigError(f"{where}rope_parameters lacks rope_theta: {params}")
+        theta = float_field(params, "rope_theta", f"{where}rope_parameters.", default_theta)
+        return theta, _normalize_rope_scaling(params)
     if "rope_theta" not in d:
-        raise ConfigError("config has neither rope_parameters nor rope_theta")
-    theta = d["rope_theta"]
-    return (default_theta if theta is None else float(theta)), _normalize_rope_scaling(d.get("rope_scaling"))
+        raise ConfigError(f"{where.rstrip('.') or 'config'} has neither rope_parameters nor rope_theta")
+    scaling = dict_field(d, "rope_scaling", where, None)
+    return float_field(d, "rope_theta", where, default_theta), _normalize_rope_scaling(scaling)
 
 
 @dataclass(frozen=True)
@@ -167,48 +168,52 @@ class TalkerConfig(BackboneConfig):
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> TalkerConfig:
         """From the transformers-native config.json (model_type "higgs_audio_v2")."""
-        where = "transformers-native config"
         if d.get("model_type", "higgs_audio_v2") != "higgs_audio_v2":
             raise ConfigError(f"expected model_type 'higgs_audio_v2', got {d.get('model_type')!r}")
         if d.get("hidden_act", "silu") != "silu" or d.get("attention_bias") or d.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
-        rows = int(require_field(d, "codebook_size", where))  # embedding rows per codebook (1026)
-        bos = int(d.get("audio_stream_bos_id", 1024))
-        eos = int(d.get("audio_stream_eos_id", 1025))
+        rows = int_field(d, "codebook_size", lo=3)  # embedding rows per codebook (1026)
+        bos = int_field(d, "audio_stream_bos_id", default=1024, lo=0)
+        eos = int_field(d, "audio_stream_eos_id", default=1025, lo=0)
         if rows != eos + 1 or bos != rows - 2:
             raise ConfigError(
                 f"transformers-native codebook_size counts embedding rows per codebook and must be "
                 f"codes+2 with BOS/EOS at the end (1026 for the released model); got codebook_size={rows} "
                 f"with audio_stream_bos_id={bos}, audio_stream_eos_id={eos}"
             )
-        dims = backbone_dims(d, where)
+        dims = backbone_dims(d, "")
         theta, scaling = _rope_from_dict(d, cls.rope_theta)
         return cls(
             **dims,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+            rms_norm_eps=float_field(d, "rms_norm_eps", default=1e-5),
             rope_theta=theta,
             rope_scaling=scaling,
-            num_codebooks=int(d.get("num_codebooks", 8)),
+            num_codebooks=int_field(d, "num_codebooks", default=8),
             codebook_size=rows - 2,
             audio_stream_bos_id=bos,
             audio_stream_eos_id=eos,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            max_position_embeddings=int_field(d, "max_position_embeddings", default=2048),
         )
 
     @classmethod
     def from_original_dict(cls, d: Mapping[str, Any]) -> TalkerConfig:
         """From Boson's original config.json (model_type "higgs_audio", nested Llama text_config)."""
-        where = "original config"
         if d.get("model_type", "higgs_audio") != "higgs_audio":
             raise ConfigError(f"expected model_type 'higgs_audio', got {d.get('model_type')!r}")
-        text = require_field(d, "text_config", where)
-        num_layers = int(require_field(text, "num_hidden_layers", "original text_config"))
+        text = dict_field(d, "text_config")
+        num_layers = int_field(text, "num_hidden_layers", "text_config.")
         adapter = d.get("audio_adapter_type", "stack")
-        dual_layers = sorted(d.get("audio_dual_ffn_layers") or [])
-        if adapter not in ("dual_ffn", "dual_ffn_fast_forward") or dual_layers != list(range(num_layers)):
+        dual_layers = d.get("audio_dual_ffn_layers") or []
+        if not isinstance(dual_layers, list) or not all(isinstance(i, int) for i in dual_layers):
+            raise ConfigError(f"audio_dual_ffn_layers must be a list of layer indices, got {dual_layers!r}")
+        dual_layers = sorted(dual_layers)
+        # compared without building range(num_layers): the layer count is not yet checked against the files
+        every_layer = len(dual_layers) == num_layers and dual_layers == list(range(len(dual_layers)))
+        if adapter not in ("dual_ffn", "dual_ffn_fast_forward") or not every_layer:
             raise ConfigError(
                 f"only all-DualFFN talkers are supported (audio_adapter_type dual_ffn*, every layer in "
-                f"audio_dual_ffn_layers); got {adapter!r} with layers {dual_layers}"
+                f"audio_dual_ffn_layers); got {adapter!r} with layers {dual_layers[:8]}"
+                f"{' ...' if len(dual_layers) > 8 else ''} for num_hidden_layers={num_layers}"
             )
         unsupported = {
             k: d.get(k) for k in ("use_audio_out_self_attention", "audio_embed_avg", "use_rq_transformer",
@@ -220,19 +225,18 @@ class TalkerConfig(BackboneConfig):
             raise ConfigError(f"unsupported original-config options enabled: {unsupported}")
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias") or text.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
-        dims = backbone_dims(text, "original text_config")
-        theta, scaling = _rope_from_dict(text, cls.rope_theta)
-        codes = int(d.get("audio_codebook_size", 1024))
+        dims = backbone_dims(text, "text_config.")
+        theta, scaling = _rope_from_dict(text, cls.rope_theta, "text_config.")
         return cls(
             **dims,
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-5)),
+            rms_norm_eps=float_field(text, "rms_norm_eps", "text_config.", 1e-5),
             rope_theta=theta,
             rope_scaling=scaling,
-            num_codebooks=int(d.get("audio_num_codebooks", 12)),
-            codebook_size=codes,
-            audio_stream_bos_id=int(d.get("audio_stream_bos_id", 1024)),
-            audio_stream_eos_id=int(d.get("audio_stream_eos_id", 1025)),
-            max_position_embeddings=int(text.get("max_position_embeddings", 131072)),
+            num_codebooks=int_field(d, "audio_num_codebooks", default=12),
+            codebook_size=int_field(d, "audio_codebook_size", default=1024),
+            audio_stream_bos_id=int_field(d, "audio_stream_bos_id", default=1024, lo=0),
+            audio_stream_eos_id=int_field(d, "audio_stream_eos_id", default=1025, lo=0),
+            max_position_embeddings=int_field(text, "max_position_embeddings", "text_config.", 131072),
         )
 
     @classmethod

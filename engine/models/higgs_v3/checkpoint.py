@@ -28,6 +28,7 @@ from higgs_stream.engine.batch import DEFAULT_MAX_POSITIONS
 from higgs_stream.engine.checkpoint_files import (
     CONFIG_FILE,
     TensorEntry,
+    check_layer_count,
     parameters_on_meta,
     read_config_json,
     read_headers,
@@ -163,7 +164,7 @@ def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, Text
     tokenizer = TextTokenizer.from_dir(root, V3SpecialTokens)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the v3 text vocab_size is {cfg.vocab_size}")
-    eos = raw["text_config"].get("eos_token_id")
+    eos = raw["text_config"].get("eos_token_id")  # text_config: a dict, or from_hf_dict raised
     if eos is not None and eos not in (tokenizer.special.end_of_text, [tokenizer.special.end_of_text]):
         raise CheckpointError(f"config.json text_config.eos_token_id={eos} but the tokenizer gives <|endoftext|> "
                               f"id {tokenizer.special.end_of_text}")
@@ -193,7 +194,9 @@ def load_talker_v3(
     The bundled codec's tensors are checked for presence here and loaded by `load_codec_v3`.
     `max_positions` is the talker's context cap.
     """
-    _, _, cfg, tokenizer, entries = _open(model)
+    root, _, cfg, tokenizer, entries = _open(model)
+    # before the key table, which has a row per layer
+    check_layer_count(cfg.num_layers, entries, "body.layers.", "text_config.num_hidden_layers", root / CONFIG_FILE)
     talker_keys, _, copy_keys = classify_keys({k: e.shape for k, e in entries.items()}, cfg)
     with parameters_on_meta():
         talker = TalkerV3(cfg, max_positions=max_positions)

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from higgs_stream.engine.config_fields import dict_field, float_field, int_field
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.special_tokens import SpecialTokenIds
-from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, require_field
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims
 
 MODEL_TYPE_V3 = "higgs_multimodal_qwen3"
 
@@ -108,8 +109,8 @@ class TalkerV3Config(BackboneConfig):
         """From the v3 checkpoint's config.json (model_type "higgs_multimodal_qwen3")."""
         if d.get("model_type") != MODEL_TYPE_V3:
             raise ConfigError(f"expected model_type {MODEL_TYPE_V3!r}, got {d.get('model_type')!r}")
-        text = require_field(d, "text_config", "v3 config")
-        audio = require_field(d, "audio_encoder_config", "v3 config")
+        text = dict_field(d, "text_config")
+        audio = dict_field(d, "audio_encoder_config")
         if text.get("model_type", "qwen3") != "qwen3":
             raise ConfigError(f"v3 text_config must be qwen3, got model_type {text.get('model_type')!r}")
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias"):
@@ -122,33 +123,33 @@ class TalkerV3Config(BackboneConfig):
             raise ConfigError(f"v3 audio_encoder_config.encoder_type must be 'discrete', got {audio.get('encoder_type')!r}")
         if audio.get("tie_word_embeddings") is not True or audio.get("use_delay_pattern") is not True:
             raise ConfigError("v3 audio_encoder_config must have tie_word_embeddings=true and use_delay_pattern=true")
-        dims = backbone_dims(text, "v3 text_config")
+        dims = backbone_dims(text, "text_config.")
         hidden = dims["hidden_size"]
-        out_dim = int(audio.get("out_dim", hidden))
+        out_dim = int_field(audio, "out_dim", "audio_encoder_config.", hidden)
         if out_dim != hidden:
             raise ConfigError(f"v3 audio_encoder_config.out_dim {out_dim} != text hidden_size {hidden}")
-        rope = text.get("rope_parameters")
+        rope = dict_field(text, "rope_parameters", "text_config.", None)
         if rope is not None and rope.get("rope_theta") is not None:
             if rope.get("rope_type", "default") != "default":
                 raise ConfigError(f"v3 supports plain RoPE only, got rope_parameters={rope}")
-            theta = rope["rope_theta"]
+            theta = float_field(rope, "rope_theta", "text_config.rope_parameters.")
         elif text.get("rope_theta") is not None:
-            theta = text["rope_theta"]
+            theta = float_field(text, "rope_theta", "text_config.")
         elif "rope_theta" in text or "rope_theta" in (rope or {}):  # null: Qwen3's default
             theta = cls.rope_theta
         else:
             raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
-        rows = int(require_field(audio, "vocab_size", "v3 audio_encoder_config"))  # ids per codebook (1026)
+        rows = int_field(audio, "vocab_size", "audio_encoder_config.", lo=3)  # ids per codebook (1026)
         return cls(
             **dims,
-            rms_norm_eps=float(require_field(text, "rms_norm_eps", "v3 text_config")),
+            rms_norm_eps=float_field(text, "rms_norm_eps", "text_config."),
             rope_theta=float(theta),
-            max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
-            num_codebooks=int(require_field(audio, "num_codebooks", "v3 audio_encoder_config")),
+            max_position_embeddings=int_field(text, "max_position_embeddings", "text_config.", 32768),
+            num_codebooks=int_field(audio, "num_codebooks", "audio_encoder_config."),
             codebook_size=rows - 2,
-            audio_stream_bos_id=int(d.get("audio_stream_bos_id", rows - 2)),
-            audio_stream_eos_id=int(d.get("audio_stream_eos_id", rows - 1)),
-            audio_token_id=int(d.get("audio_token_id", -100)),
+            audio_stream_bos_id=int_field(d, "audio_stream_bos_id", default=rows - 2, lo=0),
+            audio_stream_eos_id=int_field(d, "audio_stream_eos_id", default=rows - 1, lo=0),
+            audio_token_id=int_field(d, "audio_token_id", default=-100, lo=None),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:

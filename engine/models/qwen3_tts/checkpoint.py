@@ -15,12 +15,18 @@ Every missing, unexpected or mis-shaped talker tensor is a CheckpointError namin
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, read_headers, weight_files
+from higgs_stream.engine.checkpoint_files import (
+    check_keys,
+    check_layer_count,
+    read_config_json,
+    read_headers,
+    read_json_file,
+    weight_files,
+)
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
 from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
@@ -36,10 +42,9 @@ def load_config(root: Path) -> QwenTTSConfig:
     gen_file = root / GENERATION_FILE
     generation = None
     if gen_file.is_file():
-        try:
-            generation = json.loads(gen_file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"cannot read {gen_file}: {e}") from e
+        generation = read_json_file(gen_file)
+        if not isinstance(generation, dict):
+            raise CheckpointError(f"{gen_file} must hold a JSON object, got {type(generation).__name__}")
     return QwenTTSConfig.from_json(read_config_json(root), generation, source=str(root / "config.json"))
 
 
@@ -50,6 +55,11 @@ def load_model(root: str | Path, device: str | torch.device = "cpu",
     cfg = load_config(root)
     files, weight_map = weight_files(root)
     entries = read_headers(files, weight_map)
+    # the layer counts before a module is built per layer (an absurd count must not hang)
+    source = root / "config.json"
+    check_layer_count(cfg.num_layers, entries, "talker.model.layers.", "talker_config.num_hidden_layers", source)
+    check_layer_count(cfg.code_predictor.num_layers, entries, "talker.code_predictor.model.layers.",
+                      "talker_config.code_predictor_config.num_hidden_layers", source)
     with torch.device("meta"):
         model = QwenTTSModel(cfg)
     params = dict(model.named_parameters())

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from higgs_stream.engine.config_fields import dict_field, float_field, int_field
 from higgs_stream.engine.errors import CheckpointError, ConfigError
 
 MODEL_TYPE = "qwen3_tts"
@@ -147,49 +148,57 @@ class QwenTTSConfig:
         if not isinstance(t, dict) or not isinstance(t.get("code_predictor_config"), dict):
             raise CheckpointError(f"{source}: needs a talker_config object with a code_predictor_config")
         c = t["code_predictor_config"]
+        tw, cw = "talker_config.", "talker_config.code_predictor_config."
 
-        def need(d: dict, key: str, where: str) -> Any:
+        def need(d: dict, key: str, where: str) -> int:
+            """A required int field (sizes and ids; the dataclass checks which must be positive)."""
             if d.get(key) is None:
                 raise CheckpointError(f"{source}: {where} lacks {key!r}")
-            return d[key]
+            return int_field(d, key, f"{where}.", lo=0)
 
-        heads = need(t, "num_attention_heads", "talker_config")
-        cp_heads = need(c, "num_attention_heads", "code_predictor_config")
         try:
+            heads = need(t, "num_attention_heads", "talker_config")
+            cp_heads = need(c, "num_attention_heads", "code_predictor_config")
+            cp_hidden = need(c, "hidden_size", "code_predictor_config")
             cp = CodePredictorConfig(
-                hidden_size=need(c, "hidden_size", "code_predictor_config"),
+                hidden_size=cp_hidden,
                 intermediate_size=need(c, "intermediate_size", "code_predictor_config"),
                 num_layers=need(c, "num_hidden_layers", "code_predictor_config"), num_heads=cp_heads,
-                num_kv_heads=c.get("num_key_value_heads") or cp_heads,
-                head_dim=c.get("head_dim") or c["hidden_size"] // cp_heads,
-                rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)), rope_theta=float(c.get("rope_theta", 10000.0)))
+                num_kv_heads=int_field(c, "num_key_value_heads", cw, cp_heads),
+                head_dim=int_field(c, "head_dim", cw, cp_hidden // max(cp_heads, 1)),
+                rms_norm_eps=float_field(c, "rms_norm_eps", cw, 1e-6),
+                rope_theta=float_field(c, "rope_theta", cw, 10000.0))
             groups = need(t, "num_code_groups", "talker_config")
+            hidden = need(t, "hidden_size", "talker_config")
+            speakers, languages = dict_field(t, "spk_id", tw, {}), dict_field(t, "codec_language_id", tw, {})
             if c.get("num_code_groups", groups) != groups:
                 raise ConfigError(f"talker and code predictor disagree on num_code_groups ({groups}, "
                                   f"{c.get('num_code_groups')})")
             return cls(
-                vocab_size=need(t, "vocab_size", "talker_config"), hidden_size=need(t, "hidden_size", "talker_config"),
+                vocab_size=need(t, "vocab_size", "talker_config"), hidden_size=hidden,
                 intermediate_size=need(t, "intermediate_size", "talker_config"),
                 num_layers=need(t, "num_hidden_layers", "talker_config"), num_heads=heads,
-                num_kv_heads=t.get("num_key_value_heads") or heads,
-                head_dim=t.get("head_dim") or t["hidden_size"] // heads,
+                num_kv_heads=int_field(t, "num_key_value_heads", tw, heads),
+                head_dim=int_field(t, "head_dim", tw, hidden // max(heads, 1)),
                 text_vocab_size=need(t, "text_vocab_size", "talker_config"),
                 text_hidden_size=need(t, "text_hidden_size", "talker_config"), code_predictor=cp,
                 codebook_size=need(c, "vocab_size", "code_predictor_config"), num_codebooks=groups,
-                rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)), rope_theta=float(t.get("rope_theta", 10000.0)),
-                max_position_embeddings=int(t.get("max_position_embeddings", 32768)),
+                rms_norm_eps=float_field(t, "rms_norm_eps", tw, 1e-6),
+                rope_theta=float_field(t, "rope_theta", tw, 10000.0),
+                max_position_embeddings=int_field(t, "max_position_embeddings", tw, 32768),
                 codec_pad_id=need(t, "codec_pad_id", "talker_config"), codec_bos_id=need(t, "codec_bos_id", "talker_config"),
                 codec_eos_id=need(t, "codec_eos_token_id", "talker_config"),
                 codec_think_id=need(t, "codec_think_id", "talker_config"),
                 codec_nothink_id=need(t, "codec_nothink_id", "talker_config"),
                 codec_think_bos_id=need(t, "codec_think_bos_id", "talker_config"),
                 codec_think_eos_id=need(t, "codec_think_eos_id", "talker_config"),
-                speakers={k.lower(): int(v) for k, v in (t.get("spk_id") or {}).items()},
-                speaker_dialects={k.lower(): v for k, v in (t.get("spk_is_dialect") or {}).items()},
-                languages={k.lower(): int(v) for k, v in (t.get("codec_language_id") or {}).items()},
+                speakers={k.lower(): int_field(speakers, k, f"{tw}spk_id.", lo=0) for k in speakers},
+                speaker_dialects={k.lower(): v for k, v in dict_field(t, "spk_is_dialect", tw, {}).items()},
+                languages={k.lower(): int_field(languages, k, f"{tw}codec_language_id.", lo=0) for k in languages},
                 tts_pad_id=need(raw, "tts_pad_token_id", "config"), tts_bos_id=need(raw, "tts_bos_token_id", "config"),
                 tts_eos_id=need(raw, "tts_eos_token_id", "config"),
-                im_start_id=raw.get("im_start_token_id", 151644), im_end_id=raw.get("im_end_token_id", 151645),
+                im_start_id=int_field(raw, "im_start_token_id", "", 151644, lo=0),
+                im_end_id=int_field(raw, "im_end_token_id", "", 151645, lo=0),
                 variant=raw.get("tts_model_type") or "custom_voice", size=raw.get("tts_model_size") or "",
                 generation=_generation(generation or {}),
             )

@@ -25,6 +25,7 @@ from higgs_stream.engine.models.registry import (
     FAMILIES,
     family_named,
     family_of_config,
+    family_of_dir,
     load_codec_for,
     model_arch,
 )
@@ -126,3 +127,11 @@ def test_write_checkpoint_arch_and_layout(tmp_path):
     with pytest.raises(ConfigError, match="seed"):
         write_checkpoint(tmp_path / "c", arch="v3", seed=-1)
     assert not any(tmp_path.iterdir())  # nothing written on a refused call
+
+
+def test_bare_backbone_config_says_what_is_missing(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64}))
+    with pytest.raises(CheckpointError, match=r"unknown model_type 'qwen3'.*a text backbone.*nests it under "
+                                              r"text_config") as e:
+        family_of_dir(tmp_path)
+    assert e.value.code == "checkpoint"

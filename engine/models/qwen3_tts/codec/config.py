@@ -11,6 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from higgs_stream.engine.config_fields import (
+    dict_field,
+    float_field,
+    int_field,
+    int_list_field,
+)
 from higgs_stream.engine.errors import CheckpointError, ConfigError
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
@@ -70,15 +76,19 @@ class QwenCodecConfig:
         names = {f for f in cls.__dataclass_fields__ if f not in ("sample_rate", "encoder",
                                                                   "encoder_valid_num_quantizers")}
         kwargs: dict[str, Any] = {k: dec[k] for k in names if k in dec}
-        if "head_dim" not in dec and "hidden_size" in dec and "num_attention_heads" in dec:
-            kwargs["head_dim"] = dec["hidden_size"] // dec["num_attention_heads"]
-        for k in ("upsampling_ratios", "upsample_rates"):
-            if k in kwargs:
-                kwargs[k] = tuple(kwargs[k])
-        out_rate = raw.get("output_sample_rate", 24000)
-        try:
-            cfg = cls(**kwargs, sample_rate=out_rate, encoder=dict(raw.get("encoder_config") or {}),
-                      encoder_valid_num_quantizers=raw.get("encoder_valid_num_quantizers", 16))
+        try:  # typed reads; the ints' ranges are checked when the dataclass is built
+            where = "decoder_config."
+            if "head_dim" not in dec and "hidden_size" in dec and "num_attention_heads" in dec:
+                kwargs["head_dim"] = int_field(dec, "hidden_size", where) // int_field(dec, "num_attention_heads", where)
+            for k in ("upsampling_ratios", "upsample_rates"):
+                if k in kwargs:
+                    kwargs[k] = int_list_field(dec, k, where)
+            for k in ("rope_theta", "rms_norm_eps"):
+                if k in kwargs:
+                    kwargs[k] = float_field(dec, k, where)
+            cfg = cls(**kwargs, sample_rate=int_field(raw, "output_sample_rate", "", 24000),
+                      encoder=dict_field(raw, "encoder_config", "", {}),
+                      encoder_valid_num_quantizers=int_field(raw, "encoder_valid_num_quantizers", "", 16))
         except (ConfigError, TypeError) as e:
             raise CheckpointError(f"{source}: {e}") from e
         upsample = raw.get("decode_upsample_rate", cfg.hop)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from higgs_stream.engine.checkpoint_files import check_keys, read_config_json, weight_files
+from higgs_stream.engine.checkpoint_files import check_keys, check_layer_count, os_error_message, read_config_json, weight_files
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
@@ -46,8 +46,13 @@ def load_qwen_codec(root: str | Path, device: str | torch.device = "cpu") -> Qwe
                         raise CheckpointError(f"{file}: unexpected tensor {key} (neither encoder.* nor decoder.*)")
         except CheckpointError:
             raise
+        except OSError as e:
+            raise CheckpointError(f"cannot read {file}: {os_error_message(e)}") from e
         except Exception as e:  # a corrupt file
             raise CheckpointError(f"cannot read {file}: {e}") from e
+    # before the codec is built (for real, per layer): an absurd count must not hang
+    check_layer_count(cfg.num_hidden_layers, stored, "pre_transformer.layers.", "decoder_config.num_hidden_layers",
+                      root / "config.json")
     codec = QwenCodec(cfg, with_encoder=bool(encoder))
     load_decoder_state(codec, stored, str(root))
     if encoder:

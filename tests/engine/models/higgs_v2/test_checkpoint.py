@@ -393,3 +393,45 @@ def test_corrupt_and_non_float_tensors(plain, tmp_path: Path) -> None:
                         lambda t: t.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)}))
     with pytest.raises(CheckpointError, match="model.norm.weight has unsupported dtype I32"):
         load_talker(d)
+
+
+def _set(path: str, value):
+    """An edit of config.json setting the dotted `path` (e.g. "text_config.num_hidden_layers")."""
+    def edit(cfg: dict) -> None:
+        *parents, key = path.split(".")
+        for p in parents:
+            cfg = cfg[p]
+        cfg[key] = value
+    return edit
+
+
+@pytest.mark.parametrize("layout,path,value,match", [
+    # an absurd layer count fails on the header check, before one module per layer is built
+    ("hf", "num_hidden_layers", 10**9, r"num_hidden_layers is 1000000000, but the weight files hold 2 layers"),
+    ("original", "text_config.num_hidden_layers", 10**7, r"only all-DualFFN .* for num_hidden_layers=10000000"),
+    ("original", "audio_dual_ffn_layers", [0, 1, 2],
+     r"text_config.num_hidden_layers is 3, but the weight files hold 2 layers \(layers.0..1\)"),
+    # wrongly typed fields: named, never coerced
+    ("hf", "hidden_size", "64", "hidden_size must be an int, got '64'"),
+    ("hf", "hidden_size", 64.5, "hidden_size must be an int, got 64.5"),
+    ("hf", "hidden_size", True, "hidden_size must be an int, got True"),
+    ("hf", "num_hidden_layers", "2", "num_hidden_layers must be an int, got '2'"),
+    ("hf", "codebook_size", [1], r"codebook_size must be an int, got \[1\]"),
+    ("hf", "num_codebooks", "x", "num_codebooks must be an int"),
+    ("hf", "audio_stream_bos_id", "x", "audio_stream_bos_id must be an int"),
+    ("hf", "max_position_embeddings", [1], "max_position_embeddings must be an int"),
+    ("hf", "rms_norm_eps", "x", "rms_norm_eps must be a number, got 'x'"),
+    ("hf", "rope_parameters.rope_theta", "x", "rope_parameters.rope_theta must be a number, got 'x'"),
+    ("original", "text_config", "x", "text_config must be a JSON object, got 'x'"),
+    ("original", "text_config.hidden_size", "64", "text_config.hidden_size must be an int"),
+])
+def test_bad_config_fields_fail_fast_naming_file_and_field(plain, tmp_path: Path, layout, path, value, match) -> None:
+    d = _copy(plain[layout], tmp_path / "c")
+    cfg = json.loads((d / "config.json").read_text())
+    _set(path, value)(cfg)
+    if path == "audio_dual_ffn_layers":  # a consistent original config claiming a third layer the files lack
+        cfg["text_config"]["num_hidden_layers"] = 3
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=re.escape(str(d / "config.json")) + ": " + match) as e:
+        load_talker(d)
+    assert e.value.code == "checkpoint"

@@ -203,3 +203,25 @@ def test_tokenizer_and_config_mismatches(tmp_path, ckpt):
     (root / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(CheckpointError, match=r"<\|tts\|>"):
         load_talker_v3(root)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["text_config"].update(num_hidden_layers=10**9),  # fails before the per-layer key table
+     r"text_config.num_hidden_layers is 1000000000, but the weight files hold 2 layers \(body.layers.0..1\)"),
+    (lambda d: d.update(text_config="x"), "text_config must be a JSON object, got 'x'"),
+    (lambda d: d.pop("text_config"), "text_config is required"),
+    (lambda d: d["text_config"].update(hidden_size="64"), "text_config.hidden_size must be an int, got '64'"),
+    (lambda d: d["text_config"].update(rms_norm_eps="x"), "text_config.rms_norm_eps must be a number"),
+    (lambda d: d["audio_encoder_config"].update(num_codebooks=[8]), "audio_encoder_config.num_codebooks must be an int"),
+    (lambda d: d[CODEC_CONFIG_KEY].update(sample_rate=0), "codec config: sample_rate must be an int in"),
+    (lambda d: d[CODEC_CONFIG_KEY].update(sample_rate="x"), "codec config: sample_rate must be an int, got 'x'"),
+])
+def test_bad_config_fields_fail_fast(tmp_path, ckpt, edit, match):
+    d = shutil.copytree(ckpt, tmp_path / "c")
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=match) as e:
+        load_talker_v3(d)
+        load_codec_v3(d)
+    assert e.value.code == "checkpoint" and "config.json" in str(e.value)
