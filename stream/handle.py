@@ -111,11 +111,12 @@ class StreamHandle:
 
     # ---- control (event loop) ----
 
-    def say(self, text: str) -> None:
+    def say(self, *texts: str) -> None:
+        """Queue text segments (an HTTP request's all at once: the first segment's start checks them together)."""
         assert not self._closed, "say() after close()"
         if self.finished:
             return
-        self._texts.append(text)
+        self._texts.extend(texts)
         self.active_at = self.pipeline.now()
         if self.said_at is None:
             self.said_at = self.active_at
@@ -195,8 +196,16 @@ class StreamHandle:
                 self._encoding = True
                 self.pipeline._encode(voice).add_done_callback(self._encoded)
             return
-        text = self._texts.popleft()
         cfg = self.pipeline.cfg
+        if self._index == 0 and len(self._texts) > 1:  # every text said so far checked before the first segment runs:
+            try:  # an HTTP request's whole input, before its headers (a control token in a late sentence streamed 33 s
+                # of audio, then a truncated body: a probe); the reference, if any, is the real one
+                self.pipeline.engine.check(generation_request(self.options, " ".join(self._texts), 0, cfg.max_frames,
+                                                              self._reference))
+            except HiggsStreamError as e:
+                self._fail(e)
+                return
+        text = self._texts.popleft()
         history = self._reference is None and self.pipeline.takes_history  # earlier segments' audio as context
         try:
             request = generation_request(self.options, text, self._index, cfg.max_frames, self._reference,

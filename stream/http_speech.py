@@ -41,14 +41,12 @@ async def speech(state: ServerState, request: Request) -> Reply | StreamReply:
     try:
         check_request(request, cfg, json_body=True)
         req = parse_speech(await read_body(request, cfg), cfg, state.voices)
-        state.pipeline.check_text(req.options, req.input)  # every segment's text, before the headers
         handle = state.pipeline.open(req.options, transport="http")
     except HiggsStreamError as e:
         return failure_reply(e, state)
     try:
         text = TextBuffer(cfg.max_segment_chars)
-        for segment in text.append(req.input, 0.0) + text.flush():
-            handle.say(segment)
+        handle.say(*text.append(req.input, 0.0), *text.flush())  # together: checked before any audio (handle._pump)
         handle.close()
         events = await handle.next(cfg.max_send_bytes, first_alone=True)
         first = events[0]

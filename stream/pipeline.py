@@ -72,6 +72,12 @@ log = logging.getLogger(__name__)
 # One INFO line per finished stream: transport, id, reason, samples generated, ms from first text to first audio.
 access_log = logging.getLogger("higgs_stream.access")
 
+class WarmUpError(HiggsStreamError):
+    """The warm-up utterance hit an internal error: the model cannot serve (`serve` exits with it)."""
+
+    code = "warm_up_failed"
+
+
 WARM_UP_TIMEOUT_S = 600.0  # Pipeline.warm_up: first-use kernel compilation can take minutes
 DEFAULT_SCHEDULE = AdapterConfig().schedule  # chunk sizes (frames) when the server is idle
 DEFAULT_LAST = DEFAULT_SCHEDULE[-1]  # the steady chunk every plan grows to
@@ -84,7 +90,7 @@ ENCODE_FUTURES = 64  # reference encodings remembered (the codec caches codes to
 STOP_GRACE_S = 5.0  # stop(): how long the engine thread may keep stepping to apply the cancels
 
 
-from higgs_stream.stream.handle import End, StreamHandle, _Segment, generation_request
+from higgs_stream.stream.handle import End, StreamHandle, _Segment
 
 
 class Pipeline:
@@ -205,9 +211,13 @@ class Pipeline:
             handle.say("Hello there.")
             handle.close()
             async with asyncio.timeout(timeout_s):
-                while not any(isinstance(ev, End) for ev in await handle.next(1 << 20)):
+                while not (end := next((ev for ev in await handle.next(1 << 20) if isinstance(ev, End)), None)):
                     pass
+            if end.error is not None:  # it ended, but failed (it was logged as warmed up, a probe)
+                raise end.error
         except Exception as exc:  # a warm-up that fails must not keep the server down: it says why
+            if getattr(exc, "code", None) == "internal":  # but the model itself failed (non-finite logits, ...):
+                raise WarmUpError(f"the warm-up utterance failed: {exc}") from exc  # no request would get audio
             log.warning("warm-up utterance failed (%s: %s); serving anyway", type(exc).__name__, exc)
             return None
         finally:
@@ -282,12 +292,6 @@ class Pipeline:
         return min(self.cfg.max_first_chunk, max(DEFAULT_SCHEDULE[0], first))
 
     # ---- admission (event loop) ----
-
-    def check_text(self, options: ContextOptions, text: str) -> None:
-        """InvalidInputError for a whole input some segment of it would fail with in the engine (control tokens in its
-        text, scene or instructions), before any segment runs: an HTTP request is checked before its headers go out (a
-        token in a late sentence ended a 200 after 30 s of audio, a probe)."""
-        self.engine.check(generation_request(options, text, 0, self.cfg.max_frames))
 
     def open(self, options: ContextOptions, transport: str = "ws", stream_id: str | None = None) -> StreamHandle:
         """Admit one stream; `stream_id` (the context id; a fresh request id when None) names it in

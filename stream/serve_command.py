@@ -5,6 +5,7 @@ the pipeline and the voices; Ray Serve's replicas build theirs here too: stream/
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 
@@ -289,12 +290,75 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         gc_freeze=not args.no_gc_freeze)
 
 
+def check_device(name: str) -> None:
+    """ConfigError unless `name` is a device this machine has: cpu, or cuda[:N] with N < its GPU count (an unknown
+    name, a GPU index past the last, CUDA without a GPU were tracebacks before the model loaded, a probe)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ConfigError(f"--device {name!r} is not a device: use cpu or cuda[:N]") from e
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r}: serve runs on cpu or cuda[:N]")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {name!r}: this machine has no CUDA GPU (use --device cpu)")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"--device {name!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """ConfigError unless `host:port` can be listened on, checked before the model loads (a taken port or an
+    unknown host was a traceback once the model had loaded, a probe). A port taken between this and the server's
+    own bind still fails there (`run`)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OverflowError) as e:
+        raise ConfigError(f"--host {host!r} --port {port}: cannot listen there ({e})") from e
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's own bind
+            try:
+                sock.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRNOTAVAIL and len(infos) > 1:
+                    continue  # a family this machine lacks (IPv6): asyncio skips it too
+                raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+
+
+def check_output_path(flag: str, path: str | None) -> None:
+    """ConfigError unless `path`'s folder exists and is writable: a --trace-out in a missing folder lost the whole
+    run's trace at shutdown, with a traceback (a probe)."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a folder; name a file")
+
+
+def check_kv_pages(engine, max_frames: int) -> None:
+    """ConfigError when the KV cache cannot hold even one stream of `max_frames` frames (before its prompt): every
+    request would be refused `busy` with Retry-After, forever (`--kv-pages 1`, a probe)."""
+    sched = engine.scheduler.config
+    need = sched.pages_for(max_frames + engine.cfg.num_codebooks + engine.runner.kv_slack)
+    if need > sched.num_pages:
+        raise ConfigError(f"the KV cache has {sched.num_pages} pages; one stream of --max-frames {max_frames} needs at "
+                          f"least {need} (raise --kv-pages, or lower --max-frames)")
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     import torch
     from higgs_stream.engine.checkpoint_files import resolve_model_dir
     from higgs_stream.engine.engine import load_engine
     from higgs_stream.engine.models.registry import load_codec_for
 
+    check_device(args.device)
     cfg = config_from_args(args)
     voices = VoiceLibrary.from_config(cfg)  # a bad voices folder fails before the model loads
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
@@ -333,6 +397,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         if not hasattr(codec, "gemm_max_rate_out"):
             raise ConfigError("--codec-gemm-max-rate-out applies to the Higgs codec (v2, v3) only")
         codec.gemm_max_rate_out = args.codec_gemm_max_rate_out
+    check_kv_pages(engine, cfg.max_frames)
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
     metrics_ = Metrics()
@@ -347,8 +412,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--ray needs Ray Serve ({e}): pip install 'higgs-stream[ray]'") from e
         return ray_app.run(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_listen(args.host, args.port)
+    check_output_path("--trace-out", args.trace_out)
+    check_output_path("--profile-out", args.profile_out)
     state = build_state(args)
     app = make_app(state, args.trace_out, args.profile_out)
     log.info("%s", startup_line(app, args.host, args.port))
-    web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
+    try:
+        web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
+    except OSError as e:  # the port was taken while the model loaded
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     return 0

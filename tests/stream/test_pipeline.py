@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 from higgs_stream.engine.engine import Engine, EngineConfig
-from higgs_stream.engine.errors import CapacityError, HiggsStreamError
+from higgs_stream.engine.errors import CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 from higgs_stream.engine.synth import synthesize
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.handle import Audio, End
 from higgs_stream.stream.messages import ContextOptions
-from higgs_stream.stream.pipeline import Pipeline
+from higgs_stream.stream.pipeline import Pipeline, WarmUpError
 from higgs_stream.stream.voices import VoiceLibrary
 from higgs_stream.testing import assert_pcm_close, collect, default_voice
 from higgs_stream.testing_server import pages_freed, tiny_codec_engine, wait_until
@@ -219,6 +219,32 @@ async def test_admission_and_slow_client(make_pipeline, engine, caplog):
     await pages_freed(engine)
     h2 = p.open(ContextOptions(voice=default_voice()))  # the slot is free again
     h2.cancel()
+
+
+async def test_a_warm_up_the_model_fails_stops_the_start_and_one_it_refuses_does_not(make_pipeline, engine,
+                                                                                      monkeypatch):
+    """A warm-up utterance that ended with an error was logged as warmed up and the server served (a probe: NaN
+    weights, every request a 500). Now an internal failure (every engine step raises) is a WarmUpError `serve` exits
+    with; a refusal of the utterance (a voice the model cannot speak, ...) is logged and the server serves."""
+    p = await make_pipeline()
+
+    def refuse(request):
+        raise InvalidInputError("this voice needs a reference")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine, "add", refuse)
+        assert await p.warm_up(default_voice()) is None
+
+    def broken(batch, cache):
+        raise RuntimeError("non-finite audio logits")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine.talker, "forward", broken)
+        with pytest.raises(WarmUpError, match="non-finite audio logits") as e:
+            await p.warm_up(default_voice())
+    assert e.value.code == "warm_up_failed"
+    await pages_freed(engine)
+    assert await p.warm_up(default_voice()) is not None  # the model works again: warmed up
 
 
 async def test_stop_cancels_streams_and_frees_pages(engine, codec):

@@ -1,0 +1,57 @@
+"""`serve`'s start-up checks (stream/serve_command.py): each mistake a probe found ended in a traceback, some only
+after the model had loaded or at shutdown; each is one ConfigError now (the CLI prints it, exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import pytest
+import torch
+from higgs_stream.engine.errors import ConfigError
+from higgs_stream.stream import serve_command
+
+
+@pytest.mark.parametrize("name, says", [
+    ("bogus", "is not a device"),
+    ("meta", "serve runs on cpu or cuda"),
+    ("cuda:99", "CUDA GPU"),
+])
+def test_a_device_this_machine_lacks_is_a_config_error(name, says):
+    with pytest.raises(ConfigError, match=says):
+        serve_command.check_device(name)
+    serve_command.check_device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU has cuda")
+def test_cuda_without_a_gpu_is_a_config_error():
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        serve_command.check_device("cuda")
+
+
+def test_a_taken_port_is_a_config_error_before_the_model_loads():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve_command.check_listen("127.0.0.1", port)
+    serve_command.check_listen("127.0.0.1", 0)
+
+
+def test_output_files_need_a_writable_folder(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist or is not writable"):
+        serve_command.check_output_path("--trace-out", str(tmp_path / "missing" / "trace.json"))
+    with pytest.raises(ConfigError, match="is a folder"):
+        serve_command.check_output_path("--profile-out", str(tmp_path))
+    serve_command.check_output_path("--trace-out", str(tmp_path / "trace.json"))
+    serve_command.check_output_path("--trace-out", None)
+
+
+def test_a_kv_cache_too_small_for_one_stream_is_a_config_error(tiny_ckpt):
+    """--kv-pages 1: every request was refused busy with Retry-After, forever, and /healthz said ok."""
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", "--kv-pages", "1", "--max-frames", "100"])
+    with pytest.raises(ConfigError, match="the KV cache has 1 pages; one stream of --max-frames 100 needs at least"):
+        serve_command.build_state(args)
