@@ -116,10 +116,12 @@ def build_prompt(
     """The expanded prompt of `request`; InvalidInputError on malformed codes or control tokens in text,
     or a field v2 cannot express. `instructions` is the scene description (OpenAI's field name)."""
     refuse_fields(request, ("speaker", "language", "stream_text", "embedding"), "Higgs Audio v2")
+    scene_field = "scene"  # what an error calls it: the client's own field name
     if request.instructions is not None:
         if request.scene is not None:
             raise InvalidInputError("give either instructions or scene, not both")
         request = replace(request, scene=request.instructions, instructions=None)
+        scene_field = "instructions"
     request.check_codes(num_codebooks, codebook_size)
     b = _Builder(tok, num_codebooks)
     bos, eos = codebook_size, codebook_size + 1
@@ -131,7 +133,7 @@ def build_prompt(
     else:  # REF tokenizes this one content string; the scene markers split it into these pieces
         b.text(system + "\n\n", "system", user=True)
         b.tokens([b.sp.scene_desc_start])
-        b.text("\n" + scene + "\n", "scene", user=True)
+        b.text("\n" + scene + "\n", scene_field, user=True)
         b.tokens([b.sp.scene_desc_end])
     b.tokens([b.sp.eot])
 

@@ -118,6 +118,9 @@ def test_sound_event_tags_allowed_control_tokens_refused(tok):
             build_prompt(tok, GenerationRequest(text=bad))
     with pytest.raises(InvalidInputError, match="control tokens"):
         build_prompt(tok, GenerationRequest(text="ok", reference=Reference(codes(2, 0), "a<|eom_id|>")))
+    for field in ("scene", "instructions"):  # named as the client sent it (instructions was reported as scene)
+        with pytest.raises(InvalidInputError, match=f"^{field} contains chat/audio control tokens"):
+            build_prompt(tok, GenerationRequest(text="ok", **{field: "a room<|eot_id|>"}))
 
 
 def test_bad_reference_codes_refused(tok):
