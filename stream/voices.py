@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,25 @@ class Voice:
         silent, too short or long). CPU work proportional to the file: not on the event loop."""
         assert self.audio is not None, f"voice {self.name!r} has no reference audio"
         return load_reference_audio(self.audio, max_seconds=self.max_seconds)
+
+
+def _read_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; ConfigError otherwise. A preset read whole before any
+    check hung start-up on a FIFO and filled memory from /dev/zero or a sparse 6 GB file; a folder, a symlink loop
+    or a dangling one were tracebacks (a probe)."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"voice preset file {path} is not a regular file")
+        if st.st_size > limit:
+            raise ConfigError(f"voice preset file {path} has {st.st_size} bytes, limit {limit}")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"voice preset file {path}: {e.strerror or e}") from e
+    if len(data) > limit:  # it grew after the stat
+        raise ConfigError(f"voice preset file {path} has more than {limit} bytes")
+    return data
 
 
 def _content_key(audio: bytes, transcript: str) -> str:
@@ -103,10 +123,17 @@ class VoiceLibrary:
             txt = path.with_suffix(".txt")
             if not txt.is_file():
                 raise ConfigError(f"voice preset {path} has no transcript file {txt.name}")
-            transcript = txt.read_text(encoding="utf-8").strip()
+            try:  # UTF-8: at most 4 bytes a character, and a BOM
+                transcript = _read_file(txt, 4 * self.max_transcript_chars + 3).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"voice preset {name!r}: transcript {txt} is not UTF-8 text ({e.reason})") from e
+            transcript = transcript.removeprefix("\ufeff").strip()  # a UTF-8 BOM is no part of it
             if not transcript:
                 raise ConfigError(f"voice preset {name!r}: transcript {txt} is empty")
-            data = path.read_bytes()
+            if len(transcript) > self.max_transcript_chars:
+                raise ConfigError(f"voice preset {name!r}: transcript {txt} has {len(transcript)} chars, limit "
+                                  f"{self.max_transcript_chars}")
+            data = _read_file(path, self.max_reference_bytes)
             try:
                 presets[name] = self._checked(name, data, transcript)
                 presets[name].decode()  # a bad preset fails at startup, not on first use

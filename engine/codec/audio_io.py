@@ -7,6 +7,7 @@ AudioInputError with a message saying which.
 from __future__ import annotations
 
 import io
+import math
 import re
 from pathlib import Path
 
@@ -19,6 +20,10 @@ DEFAULT_MAX_SECONDS = 30.0
 MIN_SECONDS = 0.04  # one codec frame
 SILENCE_PEAK = 1e-4  # -80 dBFS: a peak below this is treated as silence
 MAX_CHANNELS = 16
+# torchaudio's sinc resampler builds a kernel of (rate / gcd) phases: 23999 -> 24000 Hz (gcd 1) took 10 GB and 29 s
+# for 2 s of audio, 44101 Hz 18 GB (a probe, one 96 KB upload); every common rate reduces to <= 400 against 24 kHz
+# (44.1 kHz: 147 / 80) or 16 kHz
+MAX_RESAMPLE_TERM = 1000
 
 
 def validate_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
@@ -51,10 +56,23 @@ def validate_waveform(wav: np.ndarray, sr: int, max_seconds: float = DEFAULT_MAX
     return a
 
 
+def resample_problem(sr: int, target_sr: int = CODEC_SAMPLE_RATE) -> str | None:
+    """Why `sr` cannot be resampled to `target_sr` at a bounded cost (None: it can; MAX_RESAMPLE_TERM)."""
+    g = math.gcd(int(sr), int(target_sr))
+    if max(int(sr) // g, int(target_sr) // g) > MAX_RESAMPLE_TERM:
+        return (f"sample rate {sr} Hz is not supported (resampling it to {target_sr} Hz costs too much); use a common "
+                f"rate such as 8000, 16000, 22050, 24000, 32000, 44100 or 48000 Hz")
+    return None
+
+
 def to_codec_rate(wav: np.ndarray, sr: int, target_sr: int = CODEC_SAMPLE_RATE) -> np.ndarray:
-    """float32 [C, T] at sr -> mono float32 [T'] at target_sr (channel mean, torchaudio sinc resampling)."""
+    """float32 [C, T] at sr -> mono float32 [T'] at target_sr (channel mean, torchaudio sinc resampling);
+    AudioInputError for a rate whose resampling would cost too much (`resample_problem`)."""
     import torchaudio
 
+    problem = resample_problem(sr, target_sr)
+    if problem is not None:
+        raise AudioInputError(problem)
     mono = torch.from_numpy(np.ascontiguousarray(wav.mean(axis=0, dtype=np.float32)))  # [T]
     if sr != target_sr:
         mono = torchaudio.functional.resample(mono, int(sr), target_sr)
@@ -108,6 +126,8 @@ def _open_checked(source, max_seconds: float):
         problem = "audio is empty"
     elif f.frames / f.samplerate > max_seconds:  # also a length the header leaves unknown (2**63 - 1)
         problem = f"audio is too long: the header announces {f.frames / f.samplerate:.2f} s > {max_seconds:g} s"
+    else:  # refused from its header: before any sample is decoded
+        problem = resample_problem(f.samplerate)
     if problem is not None:
         f.close()
         raise AudioInputError(problem)

@@ -11,6 +11,7 @@ from higgs_stream.engine.codec import (
     probe_reference_audio,
     validate_waveform,
 )
+from higgs_stream.engine.codec.audio_io import resample_problem, to_codec_rate
 from higgs_stream.engine.errors import AudioInputError
 
 
@@ -116,3 +117,23 @@ def test_undecodable_audio_says_what_is_wrong_without_internals(data):
         message = str(e.value)
         assert "0x" not in message and "BytesIO" not in message and "<_io" not in message, message
         assert "cannot decode audio" in message and "not a WAV, FLAC, OGG or MP3 file" in message, message
+
+
+@pytest.mark.parametrize("rate", [23999, 44101, 7919])
+def test_a_rate_whose_resampling_costs_too_much_is_refused_from_its_header(rate, monkeypatch):
+    """23999 Hz (2 s, 96 KB) took 10 GB and 29 s in torchaudio's resampler, 44101 Hz 18 GB (a probe): refused from the
+    header, before any sample is decoded (the resampler is never called)."""
+    import torchaudio
+
+    monkeypatch.setattr(torchaudio.functional, "resample", lambda *a, **k: pytest.fail("resampled"))
+    buf = io.BytesIO()
+    sf.write(buf, 0.3 * np.sin(np.arange(2 * rate) / 10.0), rate, format="WAV")
+    with pytest.raises(AudioInputError, match=f"sample rate {rate} Hz is not supported"):
+        load_reference_audio(buf.getvalue())
+    with pytest.raises(AudioInputError, match="not supported"):
+        to_codec_rate(np.zeros((1, 2 * rate), np.float32), rate)
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 16000, 22050, 32000, 44100, 48000, 88200, 96000])
+def test_common_rates_resample(rate):
+    assert resample_problem(rate) is None and resample_problem(rate, 16000) is None

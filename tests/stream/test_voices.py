@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 
 import numpy as np
 import pytest
@@ -75,6 +76,36 @@ def test_bad_presets_fail_at_startup(tmp_path, setup, match):
     setup(tmp_path)
     with pytest.raises(ConfigError, match=match):
         VoiceLibrary(tmp_path)
+
+
+def _fifo(d):
+    os.mkfifo(d / "x.wav")
+    (d / "x.txt").write_text("t")
+
+
+@pytest.mark.parametrize("setup, match", [
+    (_fifo, "not a regular file"),  # read whole: start-up hung
+    (lambda d: ((d / "x.wav").symlink_to("/dev/zero"), (d / "x.txt").write_text("t")), "not a regular file"),
+    (lambda d: ((d / "x.wav").touch(), os.truncate(d / "x.wav", 6 << 30), (d / "x.txt").write_text("t")),
+     "bytes, limit"),  # a sparse 6 GB file: read whole, memory grew without bound
+    (lambda d: ((d / "x.wav").mkdir(), (d / "x.txt").write_text("t")), "not a regular file"),
+    (lambda d: ((d / "x.wav").symlink_to(d / "x.wav"), (d / "x.txt").write_text("t")), "voice preset file"),  # loop
+    (lambda d: ((d / "x.wav").symlink_to(d / "gone.wav"), (d / "x.txt").write_text("t")), "voice preset file"),
+    (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 24000)), (d / "x.txt").write_bytes("café".encode("latin-1"))),
+     "not UTF-8"),
+    (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 24000)), (d / "x.txt").write_text("t" * 2001)), "2001 chars"),
+    (lambda d: ((d / "x.wav").write_bytes(tone(0.2, 24000)), (d / "x.txt").write_text("t" * 200_000)), "bytes, limit"),
+])
+def test_preset_files_are_checked_before_they_are_read(tmp_path, setup, match):
+    """Each was found by a probe: a hang, unbounded memory, or a traceback at start-up; now one ConfigError."""
+    setup(tmp_path)
+    with pytest.raises(ConfigError, match=match):
+        VoiceLibrary(tmp_path)
+
+
+def test_a_transcript_s_byte_order_mark_is_dropped(folder):
+    (folder / "belinda.txt").write_bytes("\ufeffHello there.".encode("utf-8"))
+    assert VoiceLibrary(folder).resolve("belinda").transcript == "Hello there."
 
 
 def test_bad_config(folder):
