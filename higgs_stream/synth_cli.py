@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     from higgs_stream.engine.codec import load_reference_audio
     from higgs_stream.engine.engine import EngineConfig, load_engine
-    from higgs_stream.engine.errors import InvalidInputError
+    from higgs_stream.engine.errors import ConfigError, InvalidInputError
+    from higgs_stream.engine.startup_checks import check_device, check_output_path
     from higgs_stream.engine.gpu_memory import HEADROOM_GB, bound_process_memory
     from higgs_stream.engine.models.registry import load_codec_for
     from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
@@ -49,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("nothing to write: pass --out and/or --codes-out")
     if (args.ref_audio is None) != (args.ref_text is None):
         raise InvalidInputError("--ref-audio and --ref-text go together")
+    check_device(args.device)  # and the outputs' folders: before the model loads, not after the synthesis
+    check_output_path("--out", args.out)
+    check_output_path("--codes-out", args.codes_out)
+    outs = [os.path.realpath(p) for p in (args.out, args.codes_out) if p]
+    if args.ref_audio and os.path.realpath(args.ref_audio) in outs or len(set(outs)) < len(outs):
+        raise ConfigError("--out, --codes-out and --ref-audio must be different files (the input was overwritten)")
     codec = load_codec_for(args.model, args.codec, device=args.device)
     engine = load_engine(args.model, device=args.device, cuda_graphs=not args.no_cuda_graphs, kernels=args.kernels,
                          quantize=args.quantize, config=EngineConfig(kv_cache_dtype=args.kv_cache_dtype))

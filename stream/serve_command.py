@@ -12,6 +12,7 @@ import os
 from aiohttp import web
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.errors import ConfigError
+from higgs_stream.engine.startup_checks import check_device, check_output_path
 from higgs_stream.engine.model_runner import ModelRunnerConfig
 from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.metrics import Metrics
@@ -290,25 +291,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         gc_freeze=not args.no_gc_freeze)
 
 
-def check_device(name: str) -> None:
-    """ConfigError unless `name` is a device this machine has: cpu, or cuda[:N] with N < its GPU count (an unknown
-    name, a GPU index past the last, CUDA without a GPU were tracebacks before the model loaded, a probe)."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise ConfigError(f"--device {name!r} is not a device: use cpu or cuda[:N]") from e
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {name!r}: serve runs on cpu or cuda[:N]")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"--device {name!r}: this machine has no CUDA GPU (use --device cpu)")
-        if device.index is not None and device.index >= count:
-            raise ConfigError(f"--device {name!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-
-
 def check_listen(host: str, port: int) -> None:
     """ConfigError unless `host:port` can be listened on, checked before the model loads (a taken port or an
     unknown host was a traceback once the model had loaded, a probe). A port taken between this and the server's
@@ -328,18 +310,6 @@ def check_listen(host: str, port: int) -> None:
                 if e.errno == errno.EADDRNOTAVAIL and len(infos) > 1:
                     continue  # a family this machine lacks (IPv6): asyncio skips it too
                 raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-
-
-def check_output_path(flag: str, path: str | None) -> None:
-    """ConfigError unless `path`'s folder exists and is writable: a --trace-out in a missing folder lost the whole
-    run's trace at shutdown, with a traceback (a probe)."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist or is not writable")
-    if os.path.isdir(path):
-        raise ConfigError(f"{flag} {path} is a folder; name a file")
 
 
 def check_kv_pages(engine, max_frames: int) -> None:

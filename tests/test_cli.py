@@ -107,6 +107,29 @@ def test_synth_errors_are_typed(main, tmp_path, tiny_ckpt, tiny_v3_ckpt, capsys)
     assert not Path(out).exists()
 
 
+def test_synth_checks_its_device_and_outputs_before_the_model_loads(main, tmp_path, tiny_ckpt, capsys, monkeypatch):
+    """A bad --device, an output in a missing folder or a folder, an output that is the reference input: one bad_config
+    line, exit 2, nothing loaded or written (tracebacks after the synthesis before, or the input overwritten; a probe)."""
+    import higgs_stream.engine.models.registry as registry
+
+    monkeypatch.setattr(registry, "load_codec_for", lambda *a, **k: pytest.fail("the model was loaded"))
+    ref = tmp_path / "me.wav"
+    ref.write_bytes(b"RIFF")
+    base = ["synth", "--model", str(tiny_ckpt), "--text", TEXT]
+    cases = [
+        (["--device", "banana", "--out", str(tmp_path / "a.wav")], "is not a device"),
+        (["--out", str(tmp_path / "missing" / "a.wav")], "does not exist or is not writable"),
+        (["--out", str(tmp_path)], "is a folder"),
+        (["--out", str(tmp_path / "a.wav"), "--codes-out", str(tmp_path / "missing" / "c.npy")], "--codes-out"),
+        (["--out", str(ref), "--ref-audio", str(ref), "--ref-text", "Hi."], "must be different files"),
+    ]
+    for args, detail in cases:
+        assert main([*base, *args]) == 2
+        err = capsys.readouterr().err
+        assert "error [bad_config]" in err and detail in err, err
+    assert not (tmp_path / "a.wav").exists() and ref.read_bytes() == b"RIFF"
+
+
 @pytest.mark.parametrize("fixture, kv", [("tiny_ckpt", "auto"), ("tiny_v3_ckpt", "auto"), ("tiny_v3_ckpt", "fp8")])
 def test_synth_quantize_int8(main, tmp_path, request, fixture, kv):
     """`synth --quantize int8 [--kv-cache-dtype fp8]` writes the codes of the library's engine so built

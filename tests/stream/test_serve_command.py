@@ -14,7 +14,7 @@ from higgs_stream.stream import serve_command
 
 @pytest.mark.parametrize("name, says", [
     ("bogus", "is not a device"),
-    ("meta", "serve runs on cpu or cuda"),
+    ("meta", "runs on cpu or cuda"),
     ("cuda:99", "CUDA GPU"),
 ])
 def test_a_device_this_machine_lacks_is_a_config_error(name, says):
