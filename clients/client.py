@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, ConnectionClosedOK, InvalidHandshake, InvalidURI
 from websockets.sync.client import connect as connect_sync
 
 from higgs_stream.engine.errors import (
@@ -42,12 +42,22 @@ from higgs_stream.engine.errors import (
 SAMPLE_RATE = 24000
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/tts/stream"
 _OPTION_KEYS = ("voice", "reference", "mode", "seed", "temperature", "top_k", "top_p", "scene", "instructions")
+MAX_FRAME_BYTES = 16 << 20  # a server frame past it closes the connection (1009): the server sends <= ~64 KB
+READ_TIMEOUT_S = 60.0  # no message for this long: ClientConnectionError (the server is never silent ~2 s while it
+# generates, PROTOCOL.md rule 5; a stalled one held the client forever, a probe)
 
 
 class ClientConnectionError(HiggsStreamError):
     """The server could not be reached, refused the upgrade, or dropped the connection."""
 
     code = "connection"
+
+
+class ProtocolError(HiggsStreamError):
+    """The server sent something the protocol does not allow (not JSON, not an object, a chunk without data, an odd
+    PCM byte count): a client bug's or a wrong server's, raised typed (tracebacks before, found by a probe)."""
+
+    code = "protocol"
 
 
 class OutputError(HiggsStreamError):
@@ -112,10 +122,18 @@ class _ContextReader:
     def feed(self, message: str | bytes) -> bytes:
         if isinstance(message, bytes):
             return self._pcm(message)
-        msg = json.loads(message)
+        try:
+            msg = json.loads(message)
+        except (ValueError, RecursionError) as e:
+            raise ProtocolError(f"server sent a text message that is not JSON: {str(e)[:200]}") from None
+        if not isinstance(msg, dict):
+            raise ProtocolError(f"server sent a JSON {type(msg).__name__}, not an object")
         kind = msg.get("type")
         if kind == "chunk" and msg.get("context_id") == self.context_id:
-            return self._pcm(base64.b64decode(msg["data"]))
+            try:
+                return self._pcm(base64.b64decode(msg["data"], validate=True))
+            except (KeyError, TypeError, ValueError) as e:  # binascii.Error is a ValueError
+                raise ProtocolError(f"server sent a chunk without base64 audio data ({type(e).__name__})") from None
         if kind == "error" and msg.get("context_id") in (None, self.context_id):
             raise error_from_message(msg)
         if kind == "done" and msg.get("context_id") == self.context_id:
@@ -131,7 +149,8 @@ class _ContextReader:
         return b""  # ready, audio_start, and messages of other contexts carry no audio for us
 
     def _pcm(self, data: bytes) -> bytes:
-        assert len(data) % 2 == 0, f"odd PCM byte count {len(data)}"
+        if len(data) % 2:
+            raise ProtocolError(f"server sent an odd PCM byte count ({len(data)})")
         if self.stats.first_audio_s is None:
             self.stats.first_audio_s = time.perf_counter() - self.stats.started
         self.stats.samples += len(data) // 2
@@ -164,13 +183,15 @@ async def stream_tts(
     token: str | None = None,
     stats: StreamStats | None = None,
     open_timeout: float = 10.0,
+    read_timeout: float = READ_TIMEOUT_S,
     **options: Any,
 ) -> AsyncIterator[bytes]:
     """Stream one utterance: yields s16le mono 24 kHz PCM chunks as the server sends them.
 
     `options` are the per-context options of the protocol: voice, reference (see
     `reference_from_file`), mode, seed, temperature, top_k, top_p, scene, instructions. Server errors raise
-    typed `HiggsStreamError`s; a server-side cancel raises `CancelledStream`.
+    typed `HiggsStreamError`s; a server-side cancel raises `CancelledStream`; no message for `read_timeout` s a
+    `ClientConnectionError`.
     """
     context_id = uuid.uuid4().hex
     requests = _request(text, context_id, options)
@@ -178,7 +199,7 @@ async def stream_tts(
     reader = _ContextReader(context_id, stats)
     try:
         ws = await connect(url, additional_headers=_headers(token), compression=None,
-                           open_timeout=open_timeout, max_size=None)
+                           open_timeout=open_timeout, max_size=MAX_FRAME_BYTES)
     except _CONNECT_ERRORS as e:
         raise ClientConnectionError(f"cannot connect to {url}: {e}") from e
     async with ws:
@@ -189,7 +210,11 @@ async def stream_tts(
                     await ws.send(message)
             except ConnectionClosed:
                 pass  # closed at once (e.g. unauthorized): the reason is among the messages read next
-            async for message in ws:
+            while True:
+                try:
+                    message = await asyncio.wait_for(ws.recv(), read_timeout)
+                except ConnectionClosedOK:
+                    break
                 pcm = reader.feed(message)
                 if pcm:
                     yield pcm
@@ -197,11 +222,13 @@ async def stream_tts(
                     return
         except ConnectionClosedError as e:
             raise ClientConnectionError(f"connection to {url} dropped: {e}") from e
+        except TimeoutError:
+            raise ClientConnectionError(f"no message from {url} for {read_timeout:g} s") from None
     raise ClientConnectionError(f"server closed the connection before context {context_id!r} finished")
 
 
 def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStats | None = None,
-             open_timeout: float = 10.0, **options: Any) -> Iterator[bytes]:
+             open_timeout: float = 10.0, read_timeout: float = READ_TIMEOUT_S, **options: Any) -> Iterator[bytes]:
     """Blocking `stream_tts`: yields PCM chunks as they arrive."""
     context_id = uuid.uuid4().hex
     requests = _request(text, context_id, options)
@@ -209,7 +236,7 @@ def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStat
     reader = _ContextReader(context_id, stats)
     try:
         ws = connect_sync(url, additional_headers=_headers(token), compression=None,
-                          open_timeout=open_timeout, max_size=None)
+                          open_timeout=open_timeout, max_size=MAX_FRAME_BYTES)
     except _CONNECT_ERRORS as e:
         raise ClientConnectionError(f"cannot connect to {url}: {e}") from e
     with ws:
@@ -220,7 +247,11 @@ def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStat
                     ws.send(message)
             except ConnectionClosed:
                 pass  # closed at once (e.g. unauthorized): the reason is among the messages read next
-            for message in ws:
+            while True:
+                try:
+                    message = ws.recv(timeout=read_timeout)
+                except ConnectionClosedOK:
+                    break
                 pcm = reader.feed(message)
                 if pcm:
                     yield pcm
@@ -228,6 +259,8 @@ def iter_tts(url: str, text: str, *, token: str | None = None, stats: StreamStat
                     return
         except ConnectionClosedError as e:
             raise ClientConnectionError(f"connection to {url} dropped: {e}") from e
+        except TimeoutError:
+            raise ClientConnectionError(f"no message from {url} for {read_timeout:g} s") from None
     raise ClientConnectionError(f"server closed the connection before context {context_id!r} finished")
 
 

@@ -12,6 +12,7 @@ import pytest
 from higgs_stream import cli
 from higgs_stream.clients.client import (
     ClientConnectionError,
+    ProtocolError,
     ServerError,
     StreamStats,
     WavStreamWriter,
@@ -202,3 +203,56 @@ async def test_say_write_error_is_one_line_error(live_server, capsys):
                                               "--seed", str(SEED)])
     err = capsys.readouterr().err
     assert code == 2 and "cannot write /dev/full" in err and "Traceback" not in err, err
+
+
+async def _hostile_server(replies):
+    """A WebSocket server that answers the client's request with `replies` (then stays open, silent)."""
+    from websockets.asyncio.server import serve
+
+    async def handler(ws):
+        await ws.recv()
+        await ws.recv()  # the text and the end
+        for r in replies:
+            await ws.send(r)
+        await ws.wait_closed()
+
+    server = await serve(handler, "127.0.0.1", 0)
+    return server, f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/tts/stream"
+
+
+@pytest.mark.parametrize("replies, error, says", [
+    (["not json"], ProtocolError, "not JSON"),
+    (["[1, 2]"], ProtocolError, "JSON list"),
+    (["[" * 100_000 + "]" * 100_000], ProtocolError, "not JSON"),  # RecursionError in the parser
+    ([b"\x01\x02\x03"], ProtocolError, "odd PCM byte count"),
+    (['{"type": "chunk", "context_id": "CID", "data": "@@@"}'], ProtocolError, "base64"),
+    (['{"type": "chunk", "context_id": "CID"}'], ProtocolError, "base64"),
+    ([b"\0" * (17 << 20)], ClientConnectionError, "dropped"),  # a frame past MAX_FRAME_BYTES: closed 1009
+    ([], ClientConnectionError, "no message from .* for 0.5 s"),  # a server that never answers: the read timeout
+])
+async def test_a_hostile_server_raises_typed_errors(replies, error, says, monkeypatch):
+    """Found by a probe: bad server messages were JSONDecodeError / AttributeError / KeyError / binascii.Error /
+    RecursionError / AssertionError tracebacks, a 100 MB frame was taken whole and a silent server held the client
+    forever. Now each is a typed error (ProtocolError, ClientConnectionError)."""
+    import uuid
+
+    monkeypatch.setattr(uuid, "uuid4", lambda: type("U", (), {"hex": "CID"})())
+    server, url = await _hostile_server(replies)
+    try:
+        with pytest.raises(error, match=says):
+            async for _ in stream_tts(url, "Hi.", read_timeout=0.5 if not replies else 60.0):
+                pass
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("replies, error", [(["not json"], ProtocolError), ([], ClientConnectionError)])
+async def test_the_blocking_client_raises_the_same_typed_errors(replies, error):
+    server, url = await _hostile_server(replies)
+    try:
+        with pytest.raises(error):
+            await asyncio.to_thread(synthesize, url, "Hi.", read_timeout=0.5)
+    finally:
+        server.close()
+        await server.wait_closed()
