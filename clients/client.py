@@ -17,6 +17,7 @@ import errno
 import io
 import json
 import os
+import stat
 import sys
 import time
 import uuid
@@ -301,7 +302,8 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
     """Stream `text` into the WAV file `out`, writing each chunk as it arrives; `out="-"` writes
     the WAV to stdout once the utterance is complete (a pipe cannot have its header patched).
 
-    On any failure no WAV is left behind: the partly written file is removed, stdout gets nothing.
+    On any failure no WAV is left behind: the partly written file is removed, stdout gets nothing; a failure before
+    any audio (no server, a refused request) leaves a file that was at `out` as it was.
     """
     stats = StreamStats()
     if str(out) == "-":
@@ -312,22 +314,46 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
         except OSError as e:  # a closed pipe, a full disk
             raise OutputError(f"cannot write stdout: {e.strerror or e}") from e
         return stats
-    try:
-        wav = WavStreamWriter(out)
-    except OSError as e:
-        raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
+    check_output(out)
+    wav: WavStreamWriter | None = None  # opened at the first audio: a failure before it leaves `out` as it was
     try:
         try:
-            with wav:
+            try:
                 async for pcm in stream_tts(url, text, token=token, stats=stats, **options):
+                    if wav is None:
+                        wav = WavStreamWriter(out)
                     wav.write(pcm)
+                if wav is None:  # completed without audio: an empty WAV
+                    wav = WavStreamWriter(out)
+            finally:
+                if wav is not None:
+                    wav.close()
         except OSError as e:  # writing (a full disk, /dev/full); the network's errors are typed in stream_tts
             raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
     except BaseException:  # also a cancel or Ctrl-C: a truncated WAV would look like a good one
-        if Path(out).is_file():  # never a device such as /dev/null
+        if wav is not None and Path(out).is_file():  # what this call wrote; never a device such as /dev/null
             Path(out).unlink()
         raise
     return stats
+
+
+def check_output(out: str | Path) -> None:
+    """OutputError for an output `say` cannot write, checked before it connects and without touching the file: a
+    pipe or FIFO (its WAV header could not be patched), a folder, a folder that does not exist or is not writable."""
+    path = Path(out)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputError(f"cannot write {out}: {e.strerror or e}") from e
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        raise OutputError(f"cannot write {out}: not seekable (a pipe?); use -o - to write the WAV to stdout")
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"cannot write {out}: it is a folder")
+    folder = path.parent
+    if st is None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+        raise OutputError(f"cannot write {out}: the folder {folder} does not exist or is not writable")
 
 
 def _wav_bytes(pcm: bytes, sample_rate: int = SAMPLE_RATE) -> bytes:
@@ -364,6 +390,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if (args.reference_audio is None) != (args.reference_text is None):
         raise InvalidInputError("--reference-audio and --reference-text go together")
+    if args.reference_audio is not None and args.output != "-" and os.path.exists(args.output) and \
+            os.path.samefile(args.reference_audio, args.output):
+        raise InvalidInputError("--reference-audio and -o are the same file (the recording would be overwritten)")
     try:
         reference = (reference_from_file(args.reference_audio, args.reference_text)
                      if args.reference_audio is not None else None)

@@ -124,9 +124,14 @@ def test_say_leaves_no_wav_on_failure(tmp_path, capsys):
     out = tmp_path / "x.wav"
     assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(out)]) == 2
     assert not out.exists()
-    out.write_bytes(b"old")  # a file that was there is not left truncated to an empty WAV either
+    out.write_bytes(b"old")  # a file that was there is left as it was (it was deleted, found by a probe)
     assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(out)]) == 2
-    assert not out.exists()
+    assert out.read_bytes() == b"old"
+    ref = tmp_path / "me.wav"  # -o the reference recording itself: refused before anything is read or written
+    ref.write_bytes(b"RIFF me")
+    assert cli.main(["say", TEXT, "--url", _dead_url(), "-o", str(ref), "--reference-audio", str(ref),
+                     "--reference-text", "Hi."]) == 2
+    assert "same file" in capsys.readouterr().err and ref.read_bytes() == b"RIFF me"
 
 
 async def test_say_server_error_removes_the_partial_wav(live_server, tmp_path):
