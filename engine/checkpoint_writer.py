@@ -234,7 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from higgs_stream.engine.models.registry import family_named
 
-    out = write_checkpoint(args.out, arch=args.arch, preset=args.preset, layout=args.layout, seed=args.seed)
+    try:
+        out = write_checkpoint(args.out, arch=args.arch, preset=args.preset, layout=args.layout, seed=args.seed)
+    except OSError as e:  # a folder that cannot be made (/proc/x, under a file): a traceback before (a probe)
+        raise ConfigError(f"cannot write a checkpoint to {args.out}: {e.strerror or e}") from e
     family = family_named(args.arch)
     layout = f", {args.layout or family.layouts[0]} layout" if len(family.layouts) > 1 else ""
     print(f"wrote random-weight {args.preset} {args.arch} checkpoint (seed {args.seed}{layout}) to {out}")

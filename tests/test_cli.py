@@ -56,6 +56,14 @@ def test_make_checkpoint_refuses_a_v3_layout(main, tmp_path, capsys):
     assert "error [bad_config]" in err and "one layout" in err and not (tmp_path / "x").exists()
 
 
+def test_make_checkpoint_where_no_folder_can_be_made_is_one_line(main, tmp_path, capsys):
+    """Under a file (or /proc): NotADirectoryError / FileNotFoundError tracebacks before (a probe)."""
+    (tmp_path / "f").write_text("a file")
+    assert main(["make-checkpoint", str(tmp_path / "f" / "sub"), "--preset", "tiny", "--seed", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "error [bad_config]: cannot write a checkpoint to" in err and "Traceback" not in err, err
+
+
 # ------------------------------------------------------------------------------------ synth
 @pytest.mark.parametrize("fixture", ["tiny_ckpt", "tiny_ckpt_original", "tiny_v3_ckpt"])
 def test_synth_writes_wav_and_codes(main, tmp_path, request, capsys, fixture):
