@@ -197,17 +197,14 @@ class StreamHandle:
                 self.pipeline._encode(voice).add_done_callback(self._encoded)
             return
         cfg = self.pipeline.cfg
-        if self._index == 0 and len(self._texts) > 1:  # every text said so far checked before the first segment runs:
-            try:  # an HTTP request's whole input, before its headers (a control token in a late sentence streamed 33 s
-                # of audio, then a truncated body: a probe); the reference, if any, is the real one
-                self.pipeline.engine.check(generation_request(self.options, " ".join(self._texts), 0, cfg.max_frames,
-                                                              self._reference))
-            except HiggsStreamError as e:
-                self._fail(e)
-                return
+        whole = " ".join(self._texts) if self._index == 0 and len(self._texts) > 1 else None
         text = self._texts.popleft()
         history = self._reference is None and self.pipeline.takes_history  # earlier segments' audio as context
         try:
+            if whole is not None:  # every text said so far checked before the first segment runs: an HTTP request's
+                # whole input, before its headers (a control token in a late sentence streamed 33 s of audio, then a
+                # truncated body: a probe); the reference, if any, is the real one
+                self.pipeline.engine.check(generation_request(self.options, whole, 0, cfg.max_frames, self._reference))
             request = generation_request(self.options, text, self._index, cfg.max_frames, self._reference,
                                          tuple(self._history) if history else ())
             seg = _Segment(
