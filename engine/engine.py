@@ -181,6 +181,14 @@ class Engine:
         self.runner.check(request)
         self.policy.build_prompt(request)
 
+    def check_transcript(self, transcript: str) -> None:
+        """InvalidInputError when `transcript`, as a reference's transcript, holds a control token: the family's
+        check that `check` and `add` run on a request's reference (a server runs it on its voice presets at
+        start-up, before any request carries one)."""
+        if not isinstance(transcript, str):
+            raise InvalidInputError(f"a transcript must be a string, got {type(transcript).__name__}")
+        self.policy.check_transcript(transcript)
+
     def add(self, request: GenerationRequest) -> int:
         """Queue a request; returns its stream id. InvalidInputError / CapacityError when refused."""
         if not isinstance(request, GenerationRequest):

@@ -135,6 +135,9 @@ class GenerationPolicy(Protocol):
 
     def build_prompt(self, request: GenerationRequest) -> Prompt: ...
 
+    def check_transcript(self, transcript: str) -> None: ...  # InvalidInputError: a control token that
+    # `build_prompt` refuses in a reference's transcript
+
     def process_logits(self, logits: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
         """The family's logits processors before sampling: head logits [S, head_codebooks, V] fp32 of
         the step's sampled rows and their streams' segments -> processed logits, same shape

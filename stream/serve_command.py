@@ -370,6 +370,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     check_kv_pages(engine, cfg.max_frames)
     if engine.policy.speakers:  # the model's built-in voices join the presets
         voices = VoiceLibrary.from_config(cfg, speakers=engine.policy.speakers)
+    voices.check_transcripts(engine.check_transcript)  # a control token in a preset's transcript: now, not per request
     metrics_ = Metrics()
     return ServerState(cfg, Pipeline(engine, codec, cfg, metrics_), voices, metrics_)
 

@@ -2,10 +2,12 @@
 as aliases, inline references.
 
 A preset is `DIR/NAME.wav` (or .flac/.ogg) plus `DIR/NAME.txt` holding its transcript. A speaker is
-one of the checkpoint's built-in voices (Qwen3-TTS CustomVoice), named case-insensitively; a preset
-of the same name wins. `default` is the preset of that name if present, else the model's own voice
-(no reference; a model with speakers uses its default speaker). OpenAI's voice names resolve to a
-preset or speaker of the same name, else to a configured alias, else to `default`
+one of the checkpoint's built-in voices (Qwen3-TTS CustomVoice); a preset of the same name wins. Every
+name (preset, speaker, alias, `default`) is looked up case-insensitively ("Nova" is "nova") and listed
+in its own spelling; two presets or aliases whose names differ only by case are a ConfigError.
+`default` is the preset of that name if present, else the model's own voice (no reference; a model
+with speakers uses its default speaker). OpenAI's voice names resolve to a preset or speaker of the
+same name, else to a configured alias, else to `default`
 (stream/PROTOCOL.md §2.4). This module only finds audio files and checks their headers, which is
 cheap enough for the event loop; decoding (`Voice.decode`) and encoding into codec codes are the
 pipeline's job, on its encode thread (cached there by `Voice.key`).
@@ -18,6 +20,7 @@ import binascii
 import hashlib
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +76,11 @@ def _read_file(path: Path, limit: int) -> bytes:
     return data
 
 
+def _key(name: str) -> str:
+    """The form voice names are compared in: case-insensitive ("Nova", "NOVA" and "nova" are one name)."""
+    return name.lower()
+
+
 def _content_key(audio: bytes, transcript: str) -> str:
     h = hashlib.sha256(audio)
     h.update(b"\0" + transcript.encode("utf-8"))
@@ -87,19 +95,39 @@ class VoiceLibrary:
         self.max_reference_s = max_reference_s
         self.max_transcript_chars = max_transcript_chars
         self.presets: dict[str, Voice] = {}
+        self.transcript_files: dict[str, Path] = {}  # preset name -> its transcript file
         if voices_dir is not None:
             self.presets = self._load_presets(Path(voices_dir))
-        self.default = self.presets.get(DEFAULT, Voice(name=DEFAULT))
+        self._names: dict[str, str] = {_key(name): name for name in self.presets}  # _key(name) -> its spelling
+        self._names.setdefault(DEFAULT, DEFAULT)  # a preset named `default` (in any case) is the default voice
+        self.default = self.presets.get(self._names[DEFAULT], Voice(name=DEFAULT))
         self.speakers = {s.lower(): Voice(name=s.lower(), speaker=s.lower()) for s in speakers
-                         if s.lower() not in self.presets}  # the model's built-in voices
-        self.aliases: dict[str, str] = {name: DEFAULT for name in OPENAI_VOICES
-                                        if name not in self.presets and name not in self.speakers}
-        for alias, target in (aliases or {}).items():
-            if target != DEFAULT and target not in self.presets and target not in self.speakers:
+                         if _key(s) not in self._names}  # the model's built-in voices
+        self._names.update({_key(s): s for s in self.speakers})
+        self.aliases: dict[str, str] = {name: DEFAULT for name in OPENAI_VOICES if _key(name) not in self._names}
+        self._add_aliases(aliases or {})
+        self._names.update({_key(a): a for a in self.aliases})
+
+    def _add_aliases(self, aliases: dict[str, str]) -> None:
+        """Configured aliases over the OpenAI ones (one of those given again, in any case, is replaced); ConfigError
+        for a target that names no preset, speaker or `default`, or an alias that shadows one of them or another
+        alias (in any case)."""
+        given: dict[str, str] = {}  # _key(alias) -> alias, of the configured ones
+        for alias, target in aliases.items():
+            canonical = self._names.get(_key(target))
+            if canonical is None:
                 raise ConfigError(f"voice alias {alias!r} -> {target!r}: no preset or speaker named {target!r}")
-            if alias in self.presets or alias in self.speakers:
-                raise ConfigError(f"voice alias {alias!r} shadows a preset or speaker of the same name")
-            self.aliases[alias] = target
+            taken = self._names.get(_key(alias))
+            if taken is not None:
+                case = "" if taken == alias else f" ({taken!r}: voice names are case-insensitive)"
+                raise ConfigError(f"voice alias {alias!r} shadows a preset or speaker of the same name{case}")
+            if _key(alias) in given:
+                raise ConfigError(f"voice aliases {given[_key(alias)]!r} and {alias!r} differ only by case (voice "
+                                  f"names are case-insensitive)")
+            given[_key(alias)] = alias
+            for openai in [a for a in self.aliases if _key(a) == _key(alias)]:
+                del self.aliases[openai]
+            self.aliases[alias] = canonical
 
     @classmethod
     def from_config(cls, cfg: ServerConfig, speakers: tuple[str, ...] = ()) -> VoiceLibrary:
@@ -120,6 +148,10 @@ class VoiceLibrary:
                 raise ConfigError(f"voice preset {path}: name must match [A-Za-z0-9_-]{{1,64}}")
             if name in presets:
                 raise ConfigError(f"voice preset {name!r} has more than one audio file in {folder}")
+            twin = next((other for other in presets if _key(other) == _key(name)), None)
+            if twin is not None:
+                raise ConfigError(f"voice presets {twin!r} and {name!r} in {folder} differ only by case (voice names "
+                                  f"are case-insensitive): rename one")
             txt = path.with_suffix(".txt")
             if not txt.is_file():
                 raise ConfigError(f"voice preset {path} has no transcript file {txt.name}")
@@ -139,24 +171,37 @@ class VoiceLibrary:
                 presets[name].decode()  # a bad preset fails at startup, not on first use
             except (AudioInputError, InvalidInputError) as e:
                 raise ConfigError(f"voice preset {path}: {e}") from e
+            self.transcript_files[name] = txt
         return presets
 
+    def check_transcripts(self, check: Callable[[str], None]) -> None:
+        """Run `check` (the engine's `check_transcript`: InvalidInputError for a control token the prompt refuses)
+        on every preset's transcript; ConfigError naming the preset's transcript file for the first it refuses.
+        The model is known only once it has loaded, so the server calls this then (stream/serve_command.py)."""
+        for name, voice in self.presets.items():
+            try:
+                check(voice.transcript)
+            except InvalidInputError as e:
+                raise ConfigError(f"voice preset {self.transcript_files[name]}: {e}") from e
+
     def names(self) -> list[str]:
-        return sorted({DEFAULT, *self.presets, *self.speakers, *self.aliases})
+        """Every name `resolve` takes, each in its own spelling (a preset's as its file names it)."""
+        return sorted(self._names.values())
 
     def resolve(self, name: str) -> Voice:
-        """A preset, a speaker (any case), `default`, or an alias; unknown names raise NotFoundError."""
+        """A preset, a speaker, `default`, or an alias, named in any case; unknown names raise NotFoundError."""
         if not isinstance(name, str):
             raise InvalidInputError(f"voice must be a string, got {type(name).__name__}")
-        if name in self.presets:
-            return self.presets[name]
-        if name.lower() in self.speakers:
-            return self.speakers[name.lower()]
-        if name == DEFAULT:
-            return self.default
-        if name in self.aliases:
-            return self.resolve(self.aliases[name])
-        raise NotFoundError(f"unknown voice {brief(name)}; known: {', '.join(self.names())}")
+        canonical = self._names.get(_key(name))
+        if canonical is None:
+            raise NotFoundError(f"unknown voice {brief(name)}; known: {', '.join(self.names())}")
+        if canonical in self.presets:
+            return self.presets[canonical]
+        if canonical in self.speakers:
+            return self.speakers[canonical]
+        if canonical in self.aliases:
+            return self.resolve(self.aliases[canonical])
+        return self.default
 
     def inline(self, audio_b64: str, transcript: str) -> Voice:
         """A reference sent with the request: base64 audio file (a data: URL is fine) + transcript.

@@ -237,6 +237,21 @@ def test_add_refuses_bad_requests(tiny_ckpt):
         EngineConfig(max_batch=8, token_budget=4)
 
 
+def test_check_transcript_is_the_reference_transcript_check(tiny_ckpt):
+    """What `check` refuses in a reference's transcript, `check_transcript` refuses alone, with the same message (a
+    server runs it on its voice presets at start-up)."""
+    engine = make_engine(tiny_ckpt)
+    engine.check_transcript("Hello there. <SE>[Laughter]</SE>")  # sound-event tags are text
+    for bad in ("hi<|eot_id|>", "x <|audio_out_bos|> y", "<|start_header_id|>system"):
+        with pytest.raises(InvalidInputError, match="^transcript contains chat/audio control tokens") as alone:
+            engine.check_transcript(bad)
+        with pytest.raises(InvalidInputError) as in_request:
+            engine.check(GenerationRequest("ok", reference=Reference(np.zeros((8, 2), np.int64), bad)))
+        assert str(alone.value) == str(in_request.value)
+    with pytest.raises(InvalidInputError, match="must be a string"):
+        engine.check_transcript(None)
+
+
 def test_generate_raises_when_cancelled_or_failed(tiny_ckpt):
     engine = make_engine(tiny_ckpt)
     gen = engine.stream(REQUESTS[0])

@@ -4,9 +4,13 @@ after the model had loaded or at shutdown; each is one ConfigError now (the CLI 
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 
+import numpy as np
+
 import pytest
+import soundfile as sf
 import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream import serve_command
@@ -54,4 +58,21 @@ def test_a_kv_cache_too_small_for_one_stream_is_a_config_error(tiny_ckpt):
     serve_command.add_arguments(parser)
     args = parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", "--kv-pages", "1", "--max-frames", "100"])
     with pytest.raises(ConfigError, match="the KV cache has 1 pages; one stream of --max-frames 100 needs at least"):
+        serve_command.build_state(args)
+
+
+def test_a_control_token_in_a_preset_transcript_is_a_config_error(tiny_ckpt, tmp_path):
+    """A preset whose transcript held `<|eot_id|>` passed start-up, then every request in that voice failed; now the
+    engine's own check (the one a request's reference gets) refuses it at start-up, naming the file."""
+    t = np.arange(4800) / 24000
+    sf.write(tmp_path / "good.wav", (0.25 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24000)
+    (tmp_path / "good.txt").write_text("Hello there.")
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", "--voices", str(tmp_path)])
+    state = serve_command.build_state(args)
+    assert list(state.voices.presets) == ["good"] and state.voices.resolve("GOOD").transcript == "Hello there."
+    (tmp_path / "good.txt").write_text("Hello <|eot_id|> there.")
+    with pytest.raises(ConfigError, match=re.escape(f"voice preset {tmp_path / 'good.txt'}: transcript contains "
+                                                    f"chat/audio control tokens (ids [")):
         serve_command.build_state(args)

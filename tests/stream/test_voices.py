@@ -168,3 +168,74 @@ def test_model_speakers_are_voices(tmp_path):
     assert VoiceLibrary(None, {"calm": "aiden"}, speakers=("aiden",)).resolve("calm").speaker == "aiden"
     with pytest.raises(ConfigError, match="shadows a preset or speaker"):
         VoiceLibrary(None, {"aiden": "default"}, speakers=("aiden",))
+
+
+def test_names_resolve_in_any_case_and_list_in_their_own(folder):
+    """Users type "Nova" or "ALLOY" (OpenAI's clients send lower case): every name matches in any case."""
+    (folder / "Kate.wav").write_bytes(tone(0.2, 24000))
+    (folder / "Kate.txt").write_text("Kate here.")
+    lib = VoiceLibrary(folder, {"House": "BELINDA", "Alloy": "nova"}, speakers=("Aiden", "kate"))
+    nova, kate = lib.resolve("nova"), lib.resolve("Kate")
+    assert lib.resolve("Nova") is nova and lib.resolve("NOVA") is nova and nova.name == "nova"
+    assert lib.resolve("kate") is kate and lib.resolve("KATE") is kate and kate.name == "Kate" and kate.has_reference
+    assert lib.resolve("AIDEN").speaker == "aiden" and "kate" not in lib.speakers  # the preset wins, in any case
+    assert lib.resolve("house") is lib.resolve("HOUSE") is lib.resolve("belinda")
+    assert lib.resolve("alloy") is nova and lib.resolve("ALLOY") is nova  # the configured alias replaced OpenAI's
+    assert lib.resolve("Echo") is lib.resolve("DEFAULT") is lib.default and not lib.default.has_reference
+    assert lib.aliases["House"] == "belinda" and lib.aliases["Alloy"] == "nova" and "alloy" not in lib.aliases
+    assert lib.names() == sorted({"Alloy", "House", "Kate", "aiden", "belinda", "default", "nova",
+                                  *(set(OPENAI_VOICES) - {"alloy", "nova"})})
+    d = lib.describe()
+    assert [v["name"] for v in d["voices"]] == ["Kate", "belinda", "nova"] and d["speakers"] == ["aiden"]
+    assert d["aliases"]["House"] == "belinda" and d["aliases"]["Alloy"] == "nova"
+    with pytest.raises(NotFoundError) as e:
+        lib.resolve("Nobody")
+    assert str(e.value) == "unknown voice 'Nobody'; known: " + ", ".join(lib.names())
+
+
+def test_a_preset_named_default_in_any_case_is_the_default(folder):
+    (folder / "Default.wav").write_bytes(tone(0.2, 24000))
+    (folder / "Default.txt").write_text("The default.")
+    lib = VoiceLibrary(folder)
+    assert lib.default is lib.presets["Default"] and lib.resolve("default") is lib.default
+    assert lib.resolve("DEFAULT") is lib.default and lib.resolve("onyx") is lib.default
+    assert "Default" in lib.names() and "default" not in lib.names()
+
+
+@pytest.mark.parametrize("setup, aliases, match", [
+    (lambda d: ((d / "Nova.wav").write_bytes(tone(0.2, 24000)), (d / "Nova.txt").write_text("t")), {},
+     "voice presets 'Nova' and 'nova' in .* differ only by case"),
+    (lambda d: ((d / "BELINDA.ogg").write_bytes(tone(0.2, 24000, fmt="OGG")), (d / "BELINDA.txt").write_text("t")),
+     {}, "voice presets 'BELINDA' and 'belinda' in .* differ only by case"),
+    (lambda d: None, {"House": "belinda", "house": "nova"}, "voice aliases 'House' and 'house' differ only by case"),
+    (lambda d: None, {"Belinda": "nova"}, "voice alias 'Belinda' shadows a preset or speaker of the same name "
+                                          r"\('belinda': voice names are case-insensitive\)"),
+    (lambda d: None, {"house": "Ghost"}, "no preset or speaker named 'Ghost'"),
+])
+def test_names_that_differ_only_by_case_fail_at_startup(folder, setup, aliases, match):
+    setup(folder)
+    with pytest.raises(ConfigError, match=match):
+        VoiceLibrary(folder, aliases)
+
+
+def test_transcripts_are_checked_with_the_given_check(folder):
+    """`check_transcripts` runs the engine's control-token check (stream/serve_command.py passes
+    `engine.check_transcript`) on every preset and names the file of the first it refuses."""
+    (folder / "nova.txt").write_text("Nova <|eot_id|> speaking.")
+    lib = VoiceLibrary(folder)
+    seen = []
+
+    def check(transcript: str) -> None:
+        seen.append(transcript)
+        if "<|" in transcript:
+            raise InvalidInputError("transcript contains chat/audio control tokens (ids [128009]); remove them")
+
+    with pytest.raises(ConfigError) as e:
+        lib.check_transcripts(check)
+    assert str(e.value) == (f"voice preset {folder / 'nova.txt'}: transcript contains chat/audio control tokens "
+                            f"(ids [128009]); remove them")
+    assert seen == ["Hello there.", "Nova <|eot_id|> speaking."]
+    (folder / "nova.txt").write_text("Nova speaking.")
+    seen.clear()
+    VoiceLibrary(folder).check_transcripts(check)  # every preset passes: nothing raised
+    assert seen == ["Hello there.", "Nova speaking."]

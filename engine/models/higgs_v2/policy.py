@@ -36,7 +36,7 @@ import torch
 from higgs_stream.engine.family import Prompt, TokenizerLike
 from higgs_stream.engine.models.delay_pattern import DelayWriter, stack_rows
 from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
-from higgs_stream.engine.models.higgs_v2.prompt import build_prompt
+from higgs_stream.engine.models.higgs_v2.prompt import build_prompt, check_transcript
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 Column = tuple[int, ...]  # one delay-pattern column: K ids in 0..codebook_size+1
@@ -187,6 +187,9 @@ class V2Policy:
 
     def build_prompt(self, request: GenerationRequest) -> Prompt:
         return build_prompt(self.tokenizer, request, self.cfg.num_codebooks, self.cfg.codebook_size)
+
+    def check_transcript(self, transcript: str) -> None:
+        check_transcript(self.tokenizer, transcript, self.cfg.num_codebooks)
 
     def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> V2Segment:
         return V2Segment(SegmentState(self.cfg.num_codebooks, self.cfg.codebook_size, max_frames=max_frames,

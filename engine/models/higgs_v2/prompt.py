@@ -110,6 +110,12 @@ def system_content(request: GenerationRequest) -> tuple[str, str | None]:
     return system, (scene if scene.strip() else None)
 
 
+def check_transcript(tok: TokenizerLike, transcript: str, num_codebooks: int = 8) -> None:
+    """InvalidInputError when `transcript` holds a chat/audio control token: the check `build_prompt` runs on the
+    transcript of every audio segment (a reference's, a history segment's)."""
+    _Builder(tok, num_codebooks).user_turn(transcript, "transcript")
+
+
 def build_prompt(
     tok: TokenizerLike, request: GenerationRequest, num_codebooks: int = 8, codebook_size: int = 1024
 ) -> Prompt:

@@ -32,7 +32,7 @@ from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.family import Prompt, TokenizerLike
 from higgs_stream.engine.models.delay_pattern import DelayWriter, stack_rows
 from higgs_stream.engine.models.higgs_v3.config import TalkerV3Config
-from higgs_stream.engine.models.higgs_v3.prompt import build_prompt_v3
+from higgs_stream.engine.models.higgs_v3.prompt import build_prompt_v3, check_transcript
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 
 # ----------------------------------------------------------------------------- state machine
@@ -150,6 +150,9 @@ class V3Policy:
 
     def build_prompt(self, request: GenerationRequest) -> Prompt:
         return build_prompt_v3(self.tokenizer, self.special, request, self.cfg.num_codebooks, self.cfg.codebook_size)
+
+    def check_transcript(self, transcript: str) -> None:
+        check_transcript(self.tokenizer, self.special, transcript)
 
     def new_segment(self, prompt: Prompt, params: SamplingParams, max_frames: int) -> V3Segment:
         """The stream's segment (v3 has no RAS and no prompt-audio window: `prompt`/`params` unused)."""

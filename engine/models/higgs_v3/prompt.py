@@ -36,6 +36,21 @@ def delayed_reference_rows(codes: np.ndarray, boc: int = 1024, eoc: int = 1025) 
     return np.ascontiguousarray(build_delay_pattern(codes.astype(np.int64), boc, eoc).T)
 
 
+def _user_text(tok: Encoder, special: V3SpecialTokens, text: str, what: str) -> list[int]:
+    """The ids of user text; InvalidInputError when it holds one of the v3 control tokens."""
+    ids = list(tok.encode(text))
+    bad = sorted(set(ids) & {v for v in special.as_dict().values() if v is not None})
+    if bad:
+        raise InvalidInputError(f"{what} contains v3 control tokens (ids {bad}); remove them")
+    return ids
+
+
+def check_transcript(tok: Encoder, special: V3SpecialTokens, transcript: str) -> None:
+    """InvalidInputError when `transcript` holds a v3 control token: the check `build_prompt_v3` runs on the
+    reference transcript."""
+    _user_text(tok, special, transcript, "reference transcript")
+
+
 def build_prompt_v3(
     tok: Encoder, special: V3SpecialTokens, request: GenerationRequest, num_codebooks: int = 8,
     codebook_size: int = 1024,
@@ -50,15 +65,6 @@ def build_prompt_v3(
     if request.scene or request.system or request.instructions:
         raise InvalidInputError("the v3 prompt has no scene, system text or instructions; send text (+ reference) only")
     refuse_fields(request, ("speaker", "language", "stream_text", "embedding"), "Higgs Audio v3")
-    control = {v for v in special.as_dict().values() if v is not None}
-
-    def user_text(text: str, what: str) -> list[int]:
-        ids = list(tok.encode(text))
-        bad = sorted(set(ids) & control)
-        if bad:
-            raise InvalidInputError(f"{what} contains v3 control tokens (ids {bad}); remove them")
-        return ids
-
     request.check_codes(num_codebooks, codebook_size)
     segments = request.audio_segments
 
@@ -70,11 +76,11 @@ def build_prompt_v3(
             raise InvalidInputError("this checkpoint's tokenizer has no <|ref_text|>: it cannot take a reference transcript")
         transcript = " ".join(seg.transcript for seg in segments)
         codes = np.concatenate([seg.codes for seg in segments], axis=1)  # [K, T]
-        ids += [special.ref_text] + user_text(transcript, "reference transcript") + [special.ref_audio]
+        ids += [special.ref_text] + _user_text(tok, special, transcript, "reference transcript") + [special.ref_audio]
         rows = delayed_reference_rows(codes, codebook_size, codebook_size + 1)  # [T + 7, K]
         ref_start = len(ids)
         ids += [special.tts] * rows.shape[0]  # filler text id at the audio positions
-    ids += [special.text] + user_text(request.text, "text") + [special.audio]
+    ids += [special.text] + _user_text(tok, special, request.text, "text") + [special.audio]
 
     n = len(ids)
     codes = np.zeros((n, num_codebooks), np.int64)

@@ -138,6 +138,11 @@ class QwenPolicy:
     def build_prompt(self, request: GenerationRequest) -> Prompt:
         return engine_prompt(self.cfg, self.qwen_prompt(request))
 
+    def check_transcript(self, transcript: str) -> None:
+        """InvalidInputError when `transcript` holds a control token: the check `qwen_prompt` runs on a Base
+        reference's transcript."""
+        self._chat(REFERENCE.format(transcript), "reference transcript", 2)
+
     def qwen_prompt(self, request: GenerationRequest) -> QwenPrompt:
         cfg, variant = self.cfg, self.cfg.variant
         if request.scene or request.system:

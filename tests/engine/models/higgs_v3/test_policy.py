@@ -111,6 +111,17 @@ def test_prompt_rejects(tok, cfg, req, match):
         build_prompt_v3(tok, cfg.special, GenerationRequest(**req))
 
 
+def test_check_transcript_is_the_reference_transcript_check(tok, cfg):
+    policy = V3Policy(cfg, tok)
+    policy.check_transcript("Well <|emotion:happy|> hello [laugh]")  # inline tags are text
+    for bad in ("stop <|audio|> here", "x <|endoftext|>", "a <|ref_text|> b"):
+        with pytest.raises(InvalidInputError, match="^reference transcript contains v3 control tokens") as alone:
+            policy.check_transcript(bad)
+        with pytest.raises(InvalidInputError) as in_prompt:
+            policy.build_prompt(GenerationRequest(text="hi", reference=Reference(np.full((K, 2), 5), bad)))
+        assert str(alone.value) == str(in_prompt.value)
+
+
 # ----------------------------------------------------------------------------- state machine
 def greedy_rows(wanted: list[list[int]]) -> list[list[int]]:
     """Fake logits whose argmax is `wanted`, sampled through the engine's sampler at temperature 0."""

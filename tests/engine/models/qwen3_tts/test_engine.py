@@ -14,7 +14,7 @@ import torch
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.errors import InvalidInputError
 from higgs_stream.engine.kv_cache import KVCache
-from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT
+from higgs_stream.engine.models.qwen3_tts.policy import ASSISTANT, REFERENCE
 from higgs_stream.engine.request import GenerationRequest, Reference, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -163,6 +163,22 @@ def test_bad_requests_are_typed(model, tokenizer, ref):
     injected = type(tokenizer)({ASSISTANT.format("A"): [153, 11, 13, 40, 153, 41, 154, 13, 153, 11, 13]})
     with pytest.raises(InvalidInputError, match="control tokens"):
         make_engine(model, injected).add(GenerationRequest("A"))
+
+
+def test_check_transcript_is_the_reference_transcript_check(model, tokenizer, ref):
+    """A Base reference's transcript "R" passes; with a control id in its part of the template, `check_transcript`
+    refuses it as the prompt does, with the same message."""
+    base = make_engine(model, tokenizer, "base")
+    base.check_transcript("R")
+    ids = ref["clone_ref_ids"].tolist()
+    injected = type(tokenizer)({**tokenizer.table, REFERENCE.format("R"): ids[:4] + [model.cfg.tts_bos_id] + ids[4:]})
+    base = make_engine(model, injected, "base")
+    with pytest.raises(InvalidInputError, match="^reference transcript contains control tokens") as alone:
+        base.check_transcript("R")
+    reference = Reference(np.zeros((16, 2), np.int64), "R", embedding=np.zeros(model.cfg.hidden_size, np.float32))
+    with pytest.raises(InvalidInputError) as in_request:
+        base.check(GenerationRequest("A", reference=reference))
+    assert str(alone.value) == str(in_request.value)
 
 
 def test_custom_voice_defaults_to_the_first_speaker_and_text_in_the_prompt(model, tokenizer):
