@@ -17,12 +17,14 @@ import errno
 import io
 import json
 import os
+import signal
 import stat
 import sys
+import threading
 import time
 import uuid
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,17 @@ class OutputError(HiggsStreamError):
     """`say` could not write its output file."""
 
     code = "output"
+
+
+class Interrupted(HiggsStreamError):
+    """`say` was stopped by a signal (SIGINT, SIGTERM, SIGHUP): its request was cancelled (the connection closed)
+    and the partial WAV it had written removed."""
+
+    code = "interrupted"
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 class ServerError(HiggsStreamError):
@@ -177,6 +190,24 @@ def _headers(token: str | None) -> dict[str, str] | None:
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
+async def _recv(ws: Any, timeout: float) -> str | bytes:
+    """The next message, TimeoutError after `timeout` s without one. A cancel is never lost: `asyncio.wait_for`
+    (before Python 3.12) returned a message that arrived in the cancel's loop iteration and dropped the cancel, so
+    a SIGINT to `say` was now and then unheard and the whole utterance streamed on (1 run of its test in 9)."""
+    recv = asyncio.ensure_future(ws.recv())
+    try:
+        done, _ = await asyncio.wait({recv}, timeout=timeout)
+    except asyncio.CancelledError:
+        recv.cancel()
+        if recv.done() and not recv.cancelled():  # it had ended too: its error (a close), if any, is read so that
+            recv.exception()  # asyncio logs no "exception was never retrieved"
+        raise
+    if not done:
+        recv.cancel()
+        raise TimeoutError
+    return recv.result()
+
+
 async def stream_tts(
     url: str,
     text: str,
@@ -213,7 +244,7 @@ async def stream_tts(
                 pass  # closed at once (e.g. unauthorized): the reason is among the messages read next
             while True:
                 try:
-                    message = await asyncio.wait_for(ws.recv(), read_timeout)
+                    message = await _recv(ws, read_timeout)
                 except ConnectionClosedOK:
                     break
                 pcm = reader.feed(message)
@@ -298,14 +329,16 @@ class WavStreamWriter:
         self.close()
 
 
-async def say(url: str, text: str, out: str | Path, *, token: str | None = None, **options: Any) -> StreamStats:
+async def say(url: str, text: str, out: str | Path, *, token: str | None = None, stats: StreamStats | None = None,
+              **options: Any) -> StreamStats:
     """Stream `text` into the WAV file `out`, writing each chunk as it arrives; `out="-"` writes
     the WAV to stdout once the utterance is complete (a pipe cannot have its header patched).
 
-    On any failure no WAV is left behind: the partly written file is removed, stdout gets nothing; a failure before
-    any audio (no server, a refused request) leaves a file that was at `out` as it was.
+    On any failure, a cancel included, no WAV is left behind: the partly written file is removed, stdout gets
+    nothing; a failure before any audio (no server, a refused request) leaves a file that was at `out` as it was
+    (`stats.samples == 0`: `out` was not opened).
     """
-    stats = StreamStats()
+    stats = stats if stats is not None else StreamStats()
     if str(out) == "-":
         pcm = b"".join([c async for c in stream_tts(url, text, token=token, stats=stats, **options)])
         try:
@@ -335,6 +368,42 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
             Path(out).unlink()
         raise
     return stats
+
+
+INTERRUPTS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+async def until_interrupted(main: Coroutine[Any, Any, Any]) -> Any:
+    """Await `main`; a SIGINT, SIGTERM or SIGHUP meanwhile cancels it (so its cleanup runs: `say` closes the
+    connection, which cancels the generation on the server, and removes its partial WAV) and raises Interrupted.
+    The handlers are the running loop's, installed for this call only and only on the main thread (elsewhere, e.g.
+    `cli.main` in a worker thread, Python cannot take signals: they keep their handlers)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(main)
+    caught: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not caught:  # the first signal decides the exit code; a second one changes nothing
+            caught.append(signum)
+            task.cancel()
+
+    installed = []
+    if threading.current_thread() is threading.main_thread():
+        for signum in INTERRUPTS:
+            try:
+                loop.add_signal_handler(signum, stop, signum)
+            except (NotImplementedError, RuntimeError):  # a loop without signal support (Windows)
+                continue
+            installed.append(signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if caught:
+            raise Interrupted(caught[0]) from None
+        raise
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
 
 
 def check_output(out: str | Path) -> None:
@@ -387,6 +456,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instructions", default=None, help="voice/style description (Qwen3-TTS VoiceDesign)")
 
 
+def _left_behind(out: str, stats: StreamStats) -> str:
+    """What an interrupted `say` left at `out`: nothing before the first audio (a file already there is as it was);
+    after it, `say` had opened `out` and removed it (unless it is a device such as /dev/null)."""
+    if out == "-" or stats.samples == 0:
+        return "no output written"
+    if not os.path.lexists(out):
+        return f"partial output {out} removed"
+    return f"{out} is not a regular file: left as it is"
+
+
 def run(args: argparse.Namespace) -> int:
     if (args.reference_audio is None) != (args.reference_text is None):
         raise InvalidInputError("--reference-audio and --reference-text go together")
@@ -398,10 +477,15 @@ def run(args: argparse.Namespace) -> int:
                      if args.reference_audio is not None else None)
     except OSError as e:
         raise InvalidInputError(f"cannot read {args.reference_audio}: {e.strerror or e}") from e
-    stats = asyncio.run(say(args.url, args.text, args.output, token=args.token, voice=args.voice,
-                            reference=reference, mode=args.mode, seed=args.seed,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            scene=args.scene, instructions=args.instructions))
+    stats = StreamStats()
+    try:
+        asyncio.run(until_interrupted(say(args.url, args.text, args.output, token=args.token, stats=stats,
+                                          voice=args.voice, reference=reference, mode=args.mode, seed=args.seed,
+                                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                          scene=args.scene, instructions=args.instructions)))
+    except Interrupted as e:  # one line and the shell's code for death by that signal (128 + its number)
+        print(f"higgs-stream say: {e}; {_left_behind(args.output, stats)}", file=sys.stderr)
+        return 128 + e.signum
     wall = time.perf_counter() - stats.started
     first = f"{stats.first_audio_s * 1000:.0f} ms" if stats.first_audio_s is not None else "never"
     where = "stdout" if args.output == "-" else args.output

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
+import sys
+import threading
 import wave
+from pathlib import Path
 
 import pytest
 
 from higgs_stream import cli
 from higgs_stream.clients.client import (
     ClientConnectionError,
+    Interrupted,
     ProtocolError,
     ServerError,
     StreamStats,
     WavStreamWriter,
     reference_from_file,
+    say,
     stream_tts,
     synthesize,
+    until_interrupted,
 )
 from higgs_stream.engine.errors import AudioInputError, InvalidInputError, NotFoundError
 from higgs_stream.testing import assert_pcm_close
@@ -208,6 +215,117 @@ async def test_say_write_error_is_one_line_error(live_server, capsys):
                                               "--seed", str(SEED)])
     err = capsys.readouterr().err
     assert code == 2 and "cannot write /dev/full" in err and "Traceback" not in err, err
+
+
+LONG_TEXT = " ".join([TEXT] * 40)  # many segments: still streaming long after its first audio
+
+
+async def _first_audio(proc: asyncio.subprocess.Process, out: Path) -> None:
+    """Until `say` (the subprocess) has written audio to `out`: a WAV header and at least one sample."""
+    async with asyncio.timeout(60):
+        while not (out.exists() and out.stat().st_size > 44):
+            assert proc.returncode is None, "say ended before its first audio"
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+async def test_a_signal_mid_stream_removes_the_partial_wav_and_cancels_the_request(live_server, tmp_path, signum):
+    """SIGTERM / SIGHUP left a truncated WAV with a valid header, SIGINT a KeyboardInterrupt traceback. Now each
+    closes the connection (the server cancels the generation), removes the WAV, says so in one line and exits
+    128 + the signal's number (130, 143, 129: the shell's code for death by it)."""
+    out = tmp_path / "x.wav"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-P", "-m", "higgs_stream.cli", "say", LONG_TEXT, "--url", live_server.ws, "-o", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await _first_audio(proc, out)
+        proc.send_signal(signum)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    name = signal.Signals(signum).name
+    assert (proc.returncode, err.decode()) == (128 + signum, f"higgs-stream say: interrupted by {name}; partial "
+                                                             f"output {out} removed\n")
+    assert not out.exists()
+    pipeline = live_server.state.pipeline
+    async with asyncio.timeout(10):  # the server saw the connection close and cancelled the engine stream
+        while pipeline.active or pipeline.engine.num_active:
+            await asyncio.sleep(0.02)
+    assert 'outcome="cancelled"' in live_server.state.metrics.render()
+
+
+async def test_a_cancel_that_meets_a_message_is_not_lost():
+    """The message and the cancel (a signal's) in one loop iteration: `asyncio.wait_for` (Python < 3.12) returned
+    the message and dropped the cancel, and `say` streamed the whole utterance on after a SIGINT."""
+    from higgs_stream.clients.client import _recv
+
+    class Socket:
+        def __init__(self) -> None:
+            self.asked, self.message = asyncio.Event(), asyncio.get_running_loop().create_future()
+
+        def recv(self) -> asyncio.Future:
+            self.asked.set()
+            return self.message
+
+    ws = Socket()
+    task = asyncio.ensure_future(_recv(ws, 60.0))
+    await ws.asked.wait()
+    ws.message.set_result("a chunk")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ws = Socket()
+    task = asyncio.ensure_future(_recv(ws, 60.0))
+    await ws.asked.wait()
+    ws.message.set_result("a chunk")
+    assert await task == "a chunk"
+    with pytest.raises(TimeoutError):
+        await _recv(Socket(), 0.01)
+
+
+def test_an_interrupted_say_keeps_a_file_it_did_not_write(tmp_path):
+    """`say` as a function, on the main thread: a SIGINT before the first audio is the loop's (no KeyboardInterrupt),
+    raises Interrupted, and leaves `out`, there before, as it was (say had not opened it); the handlers were the
+    call's only."""
+    out = tmp_path / "x.wav"
+    out.write_bytes(b"old")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    async def interrupted() -> Interrupted:
+        from websockets.asyncio.server import serve
+
+        asked = asyncio.Event()
+
+        async def handler(ws):  # takes the request, never answers
+            await ws.recv()
+            asked.set()
+            await ws.wait_closed()
+
+        async with serve(handler, "127.0.0.1", 0) as server:
+            url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/tts/stream"
+            task = asyncio.ensure_future(until_interrupted(say(url, TEXT, out)))
+            await asked.wait()
+            os.kill(os.getpid(), signal.SIGINT)
+            with pytest.raises(Interrupted) as e:
+                await task
+            return e.value
+
+    assert threading.current_thread() is threading.main_thread()
+    e = asyncio.run(interrupted())
+    assert (e.signum, str(e), e.code) == (signal.SIGINT, "interrupted by SIGINT", "interrupted")
+    assert out.read_bytes() == b"old"
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+async def test_until_interrupted_off_the_main_thread_installs_nothing():
+    """`cli.main` in a worker thread (as these tests call it) cannot take signals: the coroutine just runs."""
+    async def answer():
+        return 42
+
+    assert await asyncio.to_thread(lambda: asyncio.run(until_interrupted(answer()))) == 42
 
 
 async def _hostile_server(replies):
