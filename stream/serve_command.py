@@ -5,11 +5,11 @@ the pipeline and the voices; Ray Serve's replicas build theirs here too: stream/
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import os
 
-from aiohttp import web
 from higgs_stream.engine.engine import EngineConfig
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.startup_checks import check_device, check_output_path
@@ -18,7 +18,7 @@ from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.server import make_app, startup_line
+from higgs_stream.stream.server import serve_until_signalled
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
@@ -216,8 +216,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, metavar="S",
                         help="close a connection with no open context and no message for S seconds")
     parser.add_argument("--drain-timeout", type=float, default=d.drain_s, metavar="S",
-                        help="at shutdown (SIGTERM / SIGINT; a second one stops at once) new streams are refused "
-                             "(shutting_down, HTTP 503) while the open ones run to their end for up to S seconds; the "
+                        help="at shutdown (SIGTERM / SIGINT; a second one ends the drain at once) new streams are refused "
+                             "(shutting_down, HTTP 503) while the open ones (still read: their end, cancel) run to their end for up to S seconds; the "
                              "rest then end with error{shutting_down}. Under Ray Serve: graceful_shutdown_timeout_s. "
                              "Keep it below the platform's kill grace (Kubernetes: 30 s by default)")
     parser.add_argument("--context-idle-timeout", type=float, default=d.context_idle_s, metavar="S",
@@ -387,10 +387,5 @@ def run(args: argparse.Namespace) -> int:
     check_output_path("--trace-out", args.trace_out)
     check_output_path("--profile-out", args.profile_out)
     state = build_state(args)
-    app = make_app(state, args.trace_out, args.profile_out)
-    log.info("%s", startup_line(app, args.host, args.port))
-    try:
-        web.run_app(app, host=args.host, port=args.port, handler_cancellation=True, access_log=None)
-    except OSError as e:  # the port was taken while the model loaded
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    asyncio.run(serve_until_signalled(state, args.host, args.port, args.trace_out, args.profile_out))
     return 0

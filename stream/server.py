@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import socket
 import struct
 
 from aiohttp import WSMsgType, http_exceptions, web
+from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream import routes
 from higgs_stream.stream.driver import (
     CLOSE_NORMAL,
@@ -295,8 +297,9 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
 
-    async def drain_streams(app: web.Application) -> None:  # aiohttp has stopped listening (SIGTERM / SIGINT)
-        await drain(state, state.config.drain_s)
+    async def drain_streams(app: web.Application) -> None:  # the runner's cleanup: what `stop` has not drained
+        # (a second signal cut its drain short: what is open ends now), or all of it (a caller's own `cleanup()`)
+        await drain(state, 0.0 if state.pipeline.draining else state.config.drain_s)
 
     app.on_shutdown.append(drain_streams)  # first: WebRTC's peers (closed next) drain like the WebSockets
     _mount_webrtc(app, state)
@@ -355,6 +358,53 @@ async def serve(state: ServerState, host: str, port: int, trace_out: str | None 
 
 def bound_port(runner: web.AppRunner) -> int:
     return runner.addresses[0][1]
+
+
+async def stop(runner: web.AppRunner) -> None:
+    """Graceful shutdown: drain (`driver.drain`) while the server still listens and reads every connection (new
+    streams get `shutting_down`, `/healthz` 503 "draining", an open context's `end` or `cancel` is heard), then the
+    runner's cleanup. Not `cleanup()` alone: it stops listening and stops reading the open connections first (aiohttp's
+    `pre_shutdown`), so a context whose `end` came during the drain ran out its time and failed (a probe)."""
+    state = runner.app[STATE]
+    try:
+        await drain(state, state.config.drain_s)
+    finally:
+        await runner.cleanup()
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def serve_until_signalled(state: ServerState, host: str, port: int, trace_out: str | None = None,
+                                profile_out: str | None = None) -> None:
+    """`serve`: the app on host:port until SIGTERM / SIGINT, then `stop`; a second signal cuts the drain short (what
+    is open ends with `shutting_down` at once). ConfigError when it cannot listen there."""
+    try:
+        runner = await serve(state, host, port, trace_out, profile_out)
+    except OSError as e:  # the port was taken while the model loaded
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    log.info("%s", startup_line(runner.app, host, bound_port(runner)))
+    loop = asyncio.get_running_loop()
+    signalled = asyncio.Event()
+    for signum in SIGNALS:
+        loop.add_signal_handler(signum, signalled.set)
+    try:
+        await signalled.wait()
+        signalled.clear()
+        log.info("shutting down (a second signal stops at once)")
+        draining = asyncio.ensure_future(drain(state, state.config.drain_s))
+        second = asyncio.ensure_future(signalled.wait())
+        await asyncio.wait({draining, second}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (draining, second):
+            task.cancel()
+        if not draining.cancelled() and draining.done():
+            draining.result()  # a drain that failed says why
+        elif second.done():
+            log.warning("a second signal: the drain is cut short")
+    finally:
+        for signum in SIGNALS:
+            loop.remove_signal_handler(signum)
+        await runner.cleanup()
 
 
 def _record_trace(app: web.Application, pipeline: Pipeline, path: str) -> None:

@@ -126,6 +126,91 @@ def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
     assert "draining: 1 streams open" in (tmp_path / "server.log").read_text()  # the signal came mid-stream
 
 
+
+def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
+    """`higgs-stream serve` (stream/server.py: serve_until_signalled): after SIGTERM it still listens (/healthz answers
+    503 "draining") and still reads its connections: a new context gets `shutting_down`, an open context's `end` lets it
+    finish with all its audio and a `cancel` ends one. aiohttp's own cleanup stops reading every connection before its
+    shutdown hooks run: the `end` was lost, the context waited out the drain and failed (a probe)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"ws://127.0.0.1:{port}/v1/tts/stream"
+    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
+           f"--port {port} --max-frames 50 --drain-timeout 60 --no-warm-up")
+    with spawned_server(cmd, url, tmp_path / "server.log", timeout_s=120) as proc:
+        async def draining(http: aiohttp.ClientSession) -> dict:
+            async with asyncio.timeout(30):
+                while True:  # polled: the signal is handled on the server's own time
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
+                        if r.status == 503:
+                            return await r.json()
+                    await asyncio.sleep(0.02)
+
+        async def closed(lis: Peer) -> int:
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    lis.handle(await lis.ws.recv())
+            return closed.value.rcvd.code
+
+        async def scenario() -> tuple[Peer, Peer, dict, list[int]]:
+            async with connect(url) as ws_a, connect(url) as ws_b, aiohttp.ClientSession() as http:
+                a, b = protocol_peer(ws_a), protocol_peer(ws_b)
+                await a.say("a", "Hello there.", 3, end=False)
+                await b.say("b", "And you.", 4, end=False)
+                for lis, cid in ((a, "a"), (b, "b")):  # each context's text spoken, the context still open
+                    await lis.until(lambda: len(lis.pcm.get(cid, ())) == 2 * 50 * 960)
+                proc.send_signal(signal.SIGTERM)
+                health = await draining(http)
+                await a.say("late", "Hi.", 5, end=False)
+                await a.until(lambda: a.errors)
+                await ws_b.send(json.dumps({"type": "cancel", "context_id": "b"}))
+                await ws_a.send(json.dumps({"type": "end", "context_id": "a"}))
+                await a.until(lambda: "a" in a.done, 30)
+                await b.until(lambda: "b" in b.done, 30)
+                return a, b, health, [await closed(a), await closed(b)]
+
+        a, b, health, codes = asyncio.run(scenario())
+        assert proc.wait(timeout=60) == 0
+    assert health["status"] == "draining" and codes == [1001, 1001]
+    assert [(e["code"], e["context_id"]) for e in a.errors] == [("shutting_down", "late")] and not b.errors
+    assert a.done["a"]["reason"] == "completed" and a.done["a"]["samples"] == 50 * 960 == len(a.pcm["a"]) // 2
+    assert b.done["b"]["reason"] == "cancelled"
+
+
+def test_a_second_signal_ends_the_drain_at_once(tmp_path):
+    """SIGTERM, then SIGINT while a context is still open (its `end` never comes, the drain has 600 s): the open context
+    ends with `shutting_down` + `done{error}` at once, the socket closes with 1001 and the process exits 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"ws://127.0.0.1:{port}/v1/tts/stream"
+    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
+           f"--port {port} --max-frames 50 --drain-timeout 600 --no-warm-up")
+    log = tmp_path / "server.log"
+    with spawned_server(cmd, url, log, timeout_s=120) as proc:
+        async def scenario() -> tuple[Peer, int]:
+            async with connect(url) as ws:
+                lis = protocol_peer(ws)
+                await lis.say("a", "Hello there.", 3, end=False)
+                await lis.until(lambda: len(lis.pcm.get("a", ())) == 2 * 50 * 960)
+                proc.send_signal(signal.SIGTERM)
+                async with asyncio.timeout(30):  # polled: the first signal is handled on the server's own time
+                    while "draining: 1 streams open" not in log.read_text():
+                        await asyncio.sleep(0.02)
+                proc.send_signal(signal.SIGINT)
+                await lis.until(lambda: "a" in lis.done, 30)
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        lis.handle(await ws.recv())
+                return lis, closed.value.rcvd.code
+
+        lis, code = asyncio.run(scenario())
+        assert proc.wait(timeout=30) == 0
+    assert code == 1001 and [e["code"] for e in lis.errors] == ["shutting_down"]
+    assert lis.done["a"]["reason"] == "error"
+    assert "a second signal: the drain is cut short" in log.read_text()
+
 async def test_the_asgi_lifespans_end_drains_for_the_time_it_is_given(engine, codec):
     """Under Ray Serve the replica's requests had Serve's graceful_shutdown_timeout_s to end, so its app drains for 0 s
     at the lifespan's end (stream/ray_app.py): a stream still open ends at once with shutting_down."""
