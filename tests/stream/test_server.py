@@ -579,7 +579,10 @@ async def test_client_pings_are_answered(start_server):
 
 async def test_unparsable_requests_are_one_info_line(start_server, caplog):
     """A request line over aiohttp's 8190 bytes and a non-ASCII path: aiohttp's own 400, logged as one INFO line
-    (an ERROR with a traceback each before, found by a probe); the server goes on."""
+    (an ERROR with a traceback each before, found by a probe); the server goes on. (The ASGI transport: uvicorn's
+    parser answers and logs these itself, h11's and httptools' each their own way.)"""
+    if start_server.transport != "aiohttp":
+        pytest.skip("uvicorn's parser (the ASGI transport) answers and logs these itself")
     host, _ = await start_server()
     caplog.set_level(logging.DEBUG, logger="aiohttp.server")
     name, port = host.rsplit(":", 1)
@@ -588,8 +591,6 @@ async def test_unparsable_requests_are_one_info_line(start_server, caplog):
         writer.write(request)
         reply = await reader.read(300)
         writer.close()
-        if b"uvicorn" in reply.lower():
-            pytest.skip("uvicorn's parser (the ASGI transport) logs these itself")
         assert reply.split(b"\r\n")[0].endswith(b" 400 Bad Request"), reply
     records = [r for r in caplog.records if r.name == "aiohttp.server"]
     assert len(records) == 2 and all(r.levelno == logging.INFO and r.exc_info is None for r in records), records

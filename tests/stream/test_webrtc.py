@@ -496,16 +496,24 @@ async def test_a_real_time_peer_pauses_its_context_ahead_of_playout(live, monkey
     state, base = live
     monkeypatch.setattr(webrtc, "TRACK_BUFFER_S", 0.3)
     monkeypatch.setattr(state.pipeline, "cfg", dataclasses.replace(state.pipeline.cfg, stream_hold_s=0.3))
+    pipeline = state.pipeline
+    holds, pauses = [], []  # latched: (sid, on, samples generated) at each hold, sids the engine paused
+    hold, pause = pipeline._hold, pipeline.engine.pause
+    monkeypatch.setattr(pipeline, "_hold", lambda seg, on: (holds.append((seg.sid, on, seg.handle.samples)),
+                                                            hold(seg, on))[-1])
+    monkeypatch.setattr(pipeline.engine, "pause", lambda sid: (pauses.append(sid), pause(sid))[-1])
     client = Client()
     try:
         await client.connect(base, "t0k")
         client.send(type="text", context_id="a", text=LONG_TEXT, seed=LONG_SEED)  # 4 s (the 100-frame cap)
         client.send(type="end", context_id="a")
-        pipeline = state.pipeline
-        await wait_until(lambda: any(h.held and h._segment is not None and h._segment.sid in pipeline.pacer.paused
-                                     for h in pipeline._handles), 30)
+        await wait_until(lambda: pipeline._handles, 30)
         (handle,) = pipeline._handles
-        assert handle.samples <= 3 * 24000  # paused with at least a second of its audio still to generate
+        # held, and its engine stream paused (a flag polled here can be off again between two looks: a hold resumes
+        # once half of its audio has played)
+        await wait_until(lambda: any(on and sid in pauses for sid, on, _ in holds), 30)
+        held_at = next(samples for sid, on, samples in holds if on and sid in pauses)
+        assert held_at <= 3 * 24000  # paused with at least a second of its audio still to generate
         start_t, _ = await client.wait_for("audio_start")
         done_t, done = await client.wait_for("done")
         assert done["reason"] == "completed" and handle.finished and not handle.held
