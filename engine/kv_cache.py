@@ -8,12 +8,14 @@ forward, and frees a sequence's pages when its stream ends.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from higgs_stream.engine.errors import CapacityError, NotFoundError
+from higgs_stream.engine.errors import CapacityError, ConfigError, NotFoundError
 from higgs_stream.engine.talker_config import BackboneConfig
 from higgs_stream.kernels.attention import PagedLayout
 
@@ -85,6 +87,14 @@ class PageAllocator:
         return list(self._pages)
 
 
+def physical_memory_bytes() -> int:
+    """This machine's RAM (bytes; POSIX), or no bound where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 2**63
+
+
 class KVPool:
     """K and V page tensors for every layer: [L, P, page_size, Hkv, D] each."""
 
@@ -99,8 +109,16 @@ class KVPool:
         device: torch.device | str = "cpu",
     ) -> None:
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        nbytes = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        refusal = (f"the KV cache ({num_pages} pages: {nbytes / 2**30:.1f} GiB) does not fit on {device}; "
+                   "use fewer pages (--kv-pages)")
+        if torch.device(device).type == "cpu" and nbytes > physical_memory_bytes():  # Linux would overcommit it
+            raise ConfigError(refusal)
+        try:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
+        except RuntimeError as e:  # torch.OutOfMemoryError on CUDA; the CPU allocator's "can't allocate memory"
+            raise ConfigError(f"{refusal} ({str(e).splitlines()[0][:200]})") from None
 
     @property
     def page_size(self) -> int:

@@ -333,9 +333,14 @@ def build_state(args: argparse.Namespace) -> ServerState:
     voices = VoiceLibrary.from_config(cfg)  # a bad voices folder fails before the model loads
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if str(args.device).startswith("cuda")
                                                             else torch.float32)
+    if args.kv_pages is not None and args.kv_pages < 1:  # 0 once meant "the default"
+        raise ConfigError(f"--kv-pages must be at least 1, got {args.kv_pages}")
+    if cfg.max_streams > EngineConfig.token_budget:  # every stream's decode row is a token of one forward
+        raise ConfigError(f"--max-streams {cfg.max_streams}: at most {EngineConfig.token_budget} (the tokens one engine "
+                          "forward takes)")
     engine_cfg = EngineConfig(max_batch=max(64, cfg.max_streams), kv_cache_dtype=args.kv_cache_dtype,
                               late_prompts=args.late_prompts, late_prompts_in_bursts=args.late_prompts_in_bursts,
-                              **({"kv_pages": args.kv_pages} if args.kv_pages else {}))
+                              **({"kv_pages": args.kv_pages} if args.kv_pages is not None else {}))
     runner_options = {"prefill_pack": args.prefill_pack, "triton_decode_from": args.triton_decode_from,
                       "triton_ranged_decode": args.triton_ranged_decode, "bf16_gemv_rows": args.bf16_gemv_rows,
                       "fuse_rules": args.fuse_rules,

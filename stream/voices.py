@@ -138,7 +138,7 @@ class VoiceLibrary:
 
     def _load_presets(self, folder: Path) -> dict[str, Voice]:
         if not folder.is_dir():
-            raise ConfigError(f"voices folder {folder} does not exist")
+            raise ConfigError(f"voices folder {folder} " + ("is not a folder" if folder.exists() else "does not exist"))
         presets: dict[str, Voice] = {}
         for path in sorted(folder.iterdir()):
             if path.suffix.lower() not in AUDIO_SUFFIXES:

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from higgs_stream.engine.errors import CapacityError, NotFoundError
+from higgs_stream.engine.errors import CapacityError, ConfigError, NotFoundError
 from higgs_stream.engine.kv_cache import KVCache, KVPool, PageAllocator
 from higgs_stream.engine.models.higgs_v2.config import TalkerConfig
 from higgs_stream.kernels.attention import write_paged_kv_ref
@@ -91,6 +91,24 @@ def test_pool_shapes_and_bytes():
     assert KVCache.bytes_per_page(TalkerConfig.full(), 1, torch.bfloat16) == 114688
     with pytest.raises(AssertionError):
         KVCache(KVPool(1, 4, 4, 1, 8), PageAllocator(5, 4))
+
+
+def test_a_pool_larger_than_the_machine_is_a_config_error(monkeypatch):
+    """Checked against the RAM before allocating (Linux would overcommit zeros of that size and fail later); an
+    allocation that fails anyway (CUDA out of memory, the CPU allocator) is the same error."""
+    import higgs_stream.engine.kv_cache as kv_cache
+
+    monkeypatch.setattr(kv_cache, "physical_memory_bytes", lambda: 2 * 4 * 16 * 2 * 8 * 4 - 1)
+    with pytest.raises(ConfigError, match=r"the KV cache \(4 pages: 0.0 GiB\) does not fit on cpu"):
+        KVPool(num_layers=2, num_pages=4, page_size=16, num_kv_heads=2, head_dim=8)
+    monkeypatch.setattr(kv_cache, "physical_memory_bytes", lambda: 2**63)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4096 bytes")
+
+    monkeypatch.setattr(kv_cache.torch, "zeros", fail)
+    with pytest.raises(ConfigError, match="does not fit on cpu; use fewer pages .* can't allocate memory"):
+        KVPool(num_layers=2, num_pages=4, page_size=16, num_kv_heads=2, head_dim=8)
 
 
 def test_layout_slots_follow_page_tables():

@@ -61,6 +61,27 @@ def test_a_kv_cache_too_small_for_one_stream_is_a_config_error(tiny_ckpt):
         serve_command.build_state(args)
 
 
+
+@pytest.mark.parametrize("flags, says", [
+    (["--kv-pages", "0"], "--kv-pages must be at least 1, got 0"),  # 0 silently meant the default 4096
+    (["--kv-pages", "1000000000000"], r"the KV cache \(1000000000000 pages: .* GiB\) does not fit on cpu"),  # a traceback
+    (["--max-streams", "100000000"], "--max-streams 100000000: at most 2048"),  # said token_budget (2048) >= max_batch
+])
+def test_kv_pages_and_max_streams_out_of_range_are_config_errors(tiny_ckpt, flags, says):
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    with pytest.raises(ConfigError, match=says):
+        serve_command.build_state(parser.parse_args(["--model", str(tiny_ckpt), "--device", "cpu", *flags]))
+
+
+def test_a_voices_path_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "voices.txt").write_text("not a folder")
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--model", "/nonexistent", "--device", "cpu", "--voices", str(tmp_path / "voices.txt")])
+    with pytest.raises(ConfigError, match="voices folder .*voices.txt is not a folder"):
+        serve_command.build_state(args)
+
 def test_a_control_token_in_a_preset_transcript_is_a_config_error(tiny_ckpt, tmp_path):
     """A preset whose transcript held `<|eot_id|>` passed start-up, then every request in that voice failed; now the
     engine's own check (the one a request's reference gets) refuses it at start-up, naming the file."""

@@ -18,6 +18,7 @@ from higgs_stream.engine.checkpoint_files import check_keys, check_layer_count, 
 from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.codec.codec import QwenCodec
 from higgs_stream.engine.models.qwen3_tts.codec.config import QwenCodecConfig
+from higgs_stream.engine.models.qwen3_tts.config import MODEL_TYPE as TALKER_MODEL_TYPE
 
 SUBFOLDER = "speech_tokenizer"  # where a talker checkpoint keeps its codec
 DECODER_PREFIX = "decoder."
@@ -25,11 +26,22 @@ ENCODER_PREFIX = "encoder."
 ENCODE_ONLY = ("decoder.quantizer.rvq_first.input_proj.weight", "decoder.quantizer.rvq_rest.input_proj.weight")
 
 
+def is_talker_checkpoint(root: Path) -> bool:
+    """A Qwen3-TTS talker checkpoint's folder (its config.json names the talker's model_type), not a codec's."""
+    try:
+        return read_config_json(root).get("model_type") == TALKER_MODEL_TYPE
+    except CheckpointError:  # no config.json or not JSON: the codec's own reader says so
+        return False
+
+
 def load_qwen_codec(root: str | Path, device: str | torch.device = "cpu") -> QwenCodec:
     """The codec in `root` (a speech_tokenizer folder, or a talker checkpoint holding one), fp32 on `device`."""
     root = Path(root)
     if (root / SUBFOLDER).is_dir():
         root = root / SUBFOLDER
+    elif is_talker_checkpoint(root):  # its config.json is the talker's: "expected qwen3_tts_tokenizer_12hz" misled
+        raise CheckpointError(f"{root}: no {SUBFOLDER}/ folder (the 12 Hz codec the checkpoint needs): restore it, or "
+                              "name the tokenizer folder with --codec")
     cfg = QwenCodecConfig.from_json(read_config_json(root), source=str(root / "config.json"))
     files, _ = weight_files(root)
     stored: dict[str, torch.Tensor] = {}
