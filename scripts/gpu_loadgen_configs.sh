@@ -11,7 +11,8 @@
 # install removed (its finder wins over PYTHONPATH) and from /tmp (from the repo root this tree's own
 # higgs_stream/ folder would be imported first); each run prints the module path it imported.
 # Env (defaults): CONFIGS (required: label=flags, ';'-separated), BASELINE_DIR, BASELINE_FIRST=0 (1: the baseline's
-#   server runs before this tree's: the A/B's order reversed, so a machine's drift shows), ARCH=v2, OPEN_RATES="" (req/s),
+#   server runs before this tree's: the A/B's order reversed, so a machine's drift shows), ROUNDS=1 (with BASELINE_DIR:
+#   that many rounds of fresh servers, the trees' order alternating), ARCH=v2, OPEN_RATES="" (req/s),
 #   CLOSED=128, DURATION=10, RAMP=1 (s over which closed-loop workers start; issue #10's burst: 2), MAX_FRAMES=250, MAX_STREAMS=256, KV_PAGES=8192, BUDGET_S=570 (runs that would not
 #   fit are skipped), TRACE=1 (each server writes `--trace-out`: engine steps, codec calls, garbage collections),
 #   PROFILE="LABEL ..." or "all" (those servers write `--profile-out`: every thread's stack sampled every 2 ms;
@@ -54,16 +55,22 @@ run() {  # label flags: one fresh server, the scenarios against it (from $rundir
   port=$(( port + 1 ))
 }
 IFS=';' read -ra configs <<< "${CONFIGS:?set CONFIGS=label=flags;...}"
-rundir=$repo
-if [ -n "${BASELINE_DIR:-}" ] && [ "${BASELINE_FIRST:-0}" = 1 ]; then  # the baseline first, then this tree's configs:
-  # both through shims (the editable install removed), from /tmp; the order of an A/B reversed against the default's
+rundir=$repo rounds=${ROUNDS:-1}
+if [ -n "${BASELINE_DIR:-}" ] && { [ "${BASELINE_FIRST:-0}" = 1 ] || [ "$rounds" -gt 1 ]; }; then
+  # both trees through shims (the editable install removed), from /tmp; ROUNDS > 1 alternates their order round by
+  # round (labels _r1, _r2, ...; the first round's order BASELINE_FIRST's): whichever server runs first on a machine
+  # ran slower in session 34, so an A/B in one order measures the order too
   [ -d "$repo/$BASELINE_DIR/stream" ] || { echo "no baseline tree at $BASELINE_DIR"; exit 1; }
   python3 -m pip uninstall -y higgs-stream >/dev/null 2>&1
   shim_tree "$repo" /tmp/shim_now && shim_tree "$repo/$BASELINE_DIR" /tmp/shim_base  # device_env.sh
-  rundir=/tmp pp=${PYTHONPATH:-} first=${configs[0]}
-  PYTHONPATH=/tmp/shim_base:$pp run base "${first#*=}"
-  export PYTHONPATH=/tmp/shim_now:$pp
-  for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
+  rundir=/tmp pp=${PYTHONPATH:-} first=${configs[0]} base_first=${BASELINE_FIRST:-0}
+  run_base() { PYTHONPATH=/tmp/shim_base:$pp run "base$1" "${first#*=}"; }
+  run_now() { local item; for item in "${configs[@]}"; do PYTHONPATH=/tmp/shim_now:$pp run "${item%%=*}$1" "${item#*=}"; done; }
+  for ((r = 1; r <= rounds; r++)); do
+    sfx=""; [ "$rounds" -gt 1 ] && sfx="_r$r"
+    if [ "$base_first" = 1 ]; then run_base "$sfx"; run_now "$sfx"; else run_now "$sfx"; run_base "$sfx"; fi
+    base_first=$(( 1 - base_first ))
+  done
   BASELINE_DIR=""
 else
   for item in "${configs[@]}"; do run "${item%%=*}" "${item#*=}"; done
