@@ -152,11 +152,11 @@ class SessionRunner:
             for task in (reader, writer):
                 task.cancel()
             results = await asyncio.gather(reader, writer, return_exceptions=True)
-            for handle in self.handles.values():
-                handle.cancel()
-            self.handles.clear()
             failure = next((r for r in results if isinstance(r, BaseException)
                             and not isinstance(r, (ConnectionError, asyncio.CancelledError))), None)
+            for handle in self.handles.values():  # what is still open: its peer went (or the session failed)
+                handle.cancel("cancelled" if failure is not None else "disconnected")
+            self.handles.clear()
             if failure is not None:
                 self.session.fail_all(HiggsStreamError("internal error: the session failed"))
                 await self._flush_quietly()

@@ -41,7 +41,7 @@ class Audio:
 
 @dataclass(frozen=True)
 class End:
-    reason: str  # completed | cancelled | error
+    reason: str  # completed | cancelled | disconnected (its client went: no `done` is sent) | error
     error: HiggsStreamError | None = None
 
 
@@ -127,14 +127,17 @@ class StreamHandle:
         self._closed = True
         self._pump()
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop now, its queued audio dropped; `reason` "disconnected" when its client went away (closed, reset, dropped
+        by the keepalive) rather than asked (metrics' outcome and the access log tell the two apart)."""
+        assert reason in ("cancelled", "disconnected"), reason
         if self.finished:
             return
         self._stop_engine()
         self._queue.clear()
         self._buffered = 0
         self._unhold()
-        self._finish(End("cancelled"))
+        self._finish(End(reason))
 
     @property
     def busy(self) -> bool:

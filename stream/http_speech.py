@@ -54,14 +54,14 @@ async def speech(state: ServerState, request: Request) -> Reply | StreamReply:
             handle.cancel()
             return failure_reply(first.error, state)  # failed before any audio: a plain error
         encoder = make_encoder(req.response_format, req.sample_rate)  # before the headers: a failure is a JSON 500
-    except BaseException:
-        handle.cancel()  # frees the engine stream when the client left or the handler failed
+    except BaseException as e:  # frees the engine stream when the client left (the handler cancelled) or it failed
+        handle.cancel("disconnected" if isinstance(e, asyncio.CancelledError) else "cancelled")
         raise
     body_type = "text/event-stream" if req.stream_format == "sse" else content_type(req.response_format, req.sample_rate)
 
     def close() -> None:
         encoder.close()  # no-op after flush; frees the FFmpeg contexts when the stream failed
-        handle.cancel()  # no-op when it completed; frees the engine stream when the client left
+        handle.cancel("disconnected")  # no-op when it completed; frees the engine stream when the client left
 
     return StreamReply(200, body_type, _body(state, handle, req, events, encoder), {"Cache-Control": "no-cache"},
                        on_close=close)

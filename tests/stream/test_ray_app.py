@@ -421,10 +421,10 @@ async def test_streams_spread_and_cancel_or_disconnect_free_the_right_replica(ba
         await b.until(lambda: len(b.pcm.get("x", b"")) > 0)
         b.ws.transport.abort()
         await a.ws.close()
-        key = 'higgs_requests_total{transport="ws",outcome="cancelled"}'
-        for replica in (ra, rb):  # each replica freed its own stream: no engine stream, no KV page left
-            m = await replica_settles(http, base, replica, lambda m, r=replica: free(m)
-                                      and m.get(key, 0) == before[r].get(key, 0) + 1)
+        for replica, outcome in ((ra, "cancelled"), (rb, "disconnected")):  # each replica freed its own stream: no
+            key = f'higgs_requests_total{{transport="ws",outcome="{outcome}"}}'  # engine stream, no KV page left
+            m = await replica_settles(http, base, replica, lambda m, r=replica, k=key: free(m)
+                                      and m.get(k, 0) == before[r].get(k, 0) + 1)
             assert m["higgs_kv_pages_used"] == 0
     # each replica's metrics reach Ray's Prometheus endpoint, tagged with the replica
     async with asyncio.timeout(30):

@@ -177,6 +177,10 @@ async def test_cancel_and_disconnect_only_affect_their_context(start_server, ref
         r.close()
     await pages_freed(engine)
     assert state.pipeline.active == 0
+    requests = state.metrics.requests  # asked to stop vs went away: both transports tell them apart
+    assert requests.value(transport="ws", outcome="cancelled") == 1
+    assert requests.value(transport="ws", outcome="disconnected") == 1
+    assert requests.value(transport="http", outcome="disconnected") == 1
 
 
 async def test_bad_input_gets_typed_errors_and_connection_survives(start_server, reference):
