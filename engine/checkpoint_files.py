@@ -22,16 +22,18 @@ from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntry
 from safetensors import safe_open
 from torch import nn
 
-from higgs_stream.engine.errors import CheckpointError
+from higgs_stream.engine.config_fields import hf_token_ids
+from higgs_stream.engine.errors import CheckpointError, ConfigError
 
 CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 # What a talker checkpoint needs from a hub repo (fnmatch patterns; none reaches a subfolder).
 TALKER_ALLOW_PATTERNS = (
     CONFIG_FILE,
-    "generation_config.json",
+    GENERATION_FILE,
     "model*.safetensors",
     INDEX_FILE,
     "tokenizer.json",
@@ -40,6 +42,7 @@ TALKER_ALLOW_PATTERNS = (
 )
 
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# (config.json's `dtype` may name exactly these: config_fields.CONFIG_DTYPES; tests/engine/test_checkpoint_ranges.py)
 
 
 # --------------------------------------------------------------------------------------- keys
@@ -113,7 +116,7 @@ def os_error_message(e: OSError) -> str:
 
 def read_json_file(file: Path, missing: str | None = None) -> Any:
     """The JSON value in `file` (UTF-8); CheckpointError naming the file when it is missing (message
-    `missing`, if given), unreadable (permission denied says so), not UTF-8 or not JSON."""
+    `missing`, if given), unreadable (permission denied says so), not UTF-8 or not JSON (nested too deeply too)."""
     try:
         text = file.read_bytes().decode("utf-8")
     except (FileNotFoundError, IsADirectoryError) as e:
@@ -125,7 +128,9 @@ def read_json_file(file: Path, missing: str | None = None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"cannot read {file}: {e}") from e
+        raise CheckpointError(f"cannot read {file}: not JSON ({e})") from e
+    except RecursionError as e:  # the parser's stack, on arrays nested thousands deep
+        raise CheckpointError(f"cannot read {file}: not JSON (nested too deeply)") from e
 
 
 def read_config_json(root: Path) -> dict[str, Any]:
@@ -134,6 +139,26 @@ def read_config_json(root: Path) -> dict[str, Any]:
     raw = read_json_file(file, missing=f"missing {CONFIG_FILE} in {root}")
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def read_generation_config(root: Path, vocab_size: int | None = None,
+                           table: str = "config.json vocab_size") -> dict[str, Any] | None:
+    """A checkpoint directory's generation_config.json, None when it has none (the file only holds defaults).
+    When present it is read as strictly as config.json: CheckpointError naming the file when it is unreadable, not
+    JSON or not a JSON object, or (given the text `vocab_size`, `table` naming it) when its bos/eos/pad_token_id
+    is not an id of that vocabulary (engine/config_fields.py, `hf_token_ids`)."""
+    file = root / GENERATION_FILE
+    if not file.exists() and not file.is_symlink():
+        return None
+    raw = read_json_file(file)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    if vocab_size is not None:
+        try:
+            hf_token_ids(raw, "", vocab_size, table)
+        except ConfigError as e:
+            raise CheckpointError(f"{file}: {e}") from e
     return raw
 
 

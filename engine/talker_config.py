@@ -35,6 +35,9 @@ def backbone_dims(d: Mapping[str, Any], where: str) -> dict[str, int]:
     "text_config.") for a missing or wrongly typed one (engine/config_fields.py)."""
     hidden = int_field(d, "hidden_size", where)
     heads = int_field(d, "num_attention_heads", where)
+    if d.get("head_dim") is None and hidden % heads:  # the derived head_dim would drop hidden % heads channels
+        raise ConfigError(f"{where}num_attention_heads ({heads}) must divide {where}hidden_size ({hidden}) when "
+                          f"{where}head_dim is not given")
     return dict(
         vocab_size=int_field(d, "vocab_size", where),
         hidden_size=hidden,
@@ -44,6 +47,16 @@ def backbone_dims(d: Mapping[str, Any], where: str) -> dict[str, int]:
         num_kv_heads=int_field(d, "num_key_value_heads", where, heads),
         head_dim=int_field(d, "head_dim", where, hidden // heads),
     )
+
+
+def max_positions_field(d: Mapping[str, Any], where: str, default: int, num_codebooks: int) -> int:
+    """config.json's `max_position_embeddings`: recorded, not the serving context cap (EngineConfig.max_seq_len,
+    2048 in the transformers-native v2 file that serves 8192), but at least num_codebooks + 2: the fewest
+    positions in which one stream speaks one frame (one prompt token, the num_codebooks positions Engine.add
+    reserves past the prompt, one frame). Less is a broken file, not a small model."""
+    return int_field(d, "max_position_embeddings", where, default, lo=num_codebooks + 2,
+                     why=f"one prompt token, the {num_codebooks} positions the engine reserves for the "
+                         f"{num_codebooks} codebooks and one frame")
 
 
 BACKBONE_INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

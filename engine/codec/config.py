@@ -22,6 +22,7 @@ from typing import Any
 
 from higgs_stream.engine.config_fields import (
     dict_field,
+    dtype_fields,
     float_field,
     int_field,
     int_list_field,
@@ -223,6 +224,7 @@ class CodecConfig:
         ac_in = dict_field(d, "acoustic_model_config", "codec config: ", {})
         ac = {**_HF_ACOUSTIC_DEFAULTS, **{k: v for k, v in ac_in.items() if v is not None}}
         where, ac_where = "codec config: ", "codec config: acoustic_model_config."
+        dtype_fields(d, where)
         down = int_list_field(ac, "downsampling_ratios", ac_where)
         # DacConfig semantics: upsampling = reversed downsampling and hidden = enc * 2**n unless given.
         if "upsampling_ratios" not in ac_in and "downsampling_ratios" in ac_in:

@@ -32,6 +32,7 @@ from higgs_stream.engine.checkpoint_files import (
     check_layer_count,
     parameters_on_meta,
     read_config_json,
+    read_generation_config,
     read_headers,
     read_tensors,
     resolve_model_dir,
@@ -208,6 +209,8 @@ def open_checkpoint(model: str | Path) -> TalkerCheckpoint:
     """Resolve, read config + tokenizer and validate every tensor header (no weight data read)."""
     root = resolve_model_dir(model)
     layout, raw, cfg = read_config(root)
+    vocab_field = "vocab_size" if layout == "hf" else "text_config.vocab_size"
+    read_generation_config(root, cfg.vocab_size, f"{CONFIG_FILE} {vocab_field}")  # its ids, when it has the file
     tokenizer = TextTokenizer.from_dir(root, SpecialTokens)
     _check_special_ids(raw, layout, cfg, tokenizer)
     try:

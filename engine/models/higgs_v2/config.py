@@ -19,10 +19,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from higgs_stream.engine.config_fields import dict_field, float_field, int_field
+from higgs_stream.engine.config_fields import (
+    dict_field,
+    dtype_fields,
+    float_field,
+    hf_token_ids,
+    int_field,
+    token_id_field,
+)
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.special_tokens import SpecialTokenIds
-from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, max_positions_field
+
+# Text token ids each layout's config.json names beside transformers' bos/eos/pad (each checked against the
+# tokenizer too, where it names a token of ours: checkpoint.py). All index the text embedding (vocab_size rows).
+HF_TEXT_ID_KEYS = ("audio_token_id", "audio_bos_token_id", "audio_delay_token_id")
+ORIGINAL_TEXT_ID_KEYS = ("pad_token_id", "audio_in_token_idx", "audio_out_token_idx", "audio_out_bos_token_id",
+                         "audio_eos_token_id")
 
 # The token string of every `SpecialTokens` field, as spelled in the Higgs tokenizer.
 SPECIAL_TOKEN_STRINGS: dict[str, str] = {
@@ -182,17 +195,23 @@ class TalkerConfig(BackboneConfig):
                 f"with audio_stream_bos_id={bos}, audio_stream_eos_id={eos}"
             )
         dims = backbone_dims(d, "")
+        vocab = dims["vocab_size"]
+        hf_token_ids(d, "", vocab)
+        for key in HF_TEXT_ID_KEYS:
+            token_id_field(d, key, vocab=vocab)
+        dtype_fields(d)
         theta, scaling = _rope_from_dict(d, cls.rope_theta)
+        num_codebooks = int_field(d, "num_codebooks", default=8)
         return cls(
             **dims,
             rms_norm_eps=float_field(d, "rms_norm_eps", default=1e-5),
             rope_theta=theta,
             rope_scaling=scaling,
-            num_codebooks=int_field(d, "num_codebooks", default=8),
+            num_codebooks=num_codebooks,
             codebook_size=rows - 2,
             audio_stream_bos_id=bos,
             audio_stream_eos_id=eos,
-            max_position_embeddings=int_field(d, "max_position_embeddings", default=2048),
+            max_position_embeddings=max_positions_field(d, "", 2048, num_codebooks),
         )
 
     @classmethod
@@ -226,17 +245,24 @@ class TalkerConfig(BackboneConfig):
         if text.get("hidden_act", "silu") != "silu" or text.get("attention_bias") or text.get("mlp_bias"):
             raise ConfigError("only silu activations without attention/mlp biases are supported")
         dims = backbone_dims(text, "text_config.")
+        vocab = dims["vocab_size"]
+        hf_token_ids(text, "text_config.", vocab, "text_config.vocab_size")
+        for key in ORIGINAL_TEXT_ID_KEYS:
+            token_id_field(d, key, vocab=vocab, table="text_config.vocab_size")
+        dtype_fields(d)
+        dtype_fields(text, "text_config.")
         theta, scaling = _rope_from_dict(text, cls.rope_theta, "text_config.")
+        num_codebooks = int_field(d, "audio_num_codebooks", default=12)
         return cls(
             **dims,
             rms_norm_eps=float_field(text, "rms_norm_eps", "text_config.", 1e-5),
             rope_theta=theta,
             rope_scaling=scaling,
-            num_codebooks=int_field(d, "audio_num_codebooks", default=12),
+            num_codebooks=num_codebooks,
             codebook_size=int_field(d, "audio_codebook_size", default=1024),
             audio_stream_bos_id=int_field(d, "audio_stream_bos_id", default=1024, lo=0),
             audio_stream_eos_id=int_field(d, "audio_stream_eos_id", default=1025, lo=0),
-            max_position_embeddings=int_field(text, "max_position_embeddings", "text_config.", 131072),
+            max_position_embeddings=max_positions_field(text, "text_config.", 131072, num_codebooks),
         )
 
     @classmethod

@@ -31,6 +31,7 @@ from higgs_stream.engine.checkpoint_files import (
     check_layer_count,
     parameters_on_meta,
     read_config_json,
+    read_generation_config,
     read_headers,
     read_tensors,
     resolve_model_dir,
@@ -161,6 +162,7 @@ def is_v3_checkpoint(model: str | Path) -> bool:
 def _open(model: str | Path) -> tuple[Path, dict[str, Any], TalkerV3Config, TextTokenizer, dict[str, TensorEntry]]:
     root = resolve_model_dir(model)
     raw, cfg = read_config_v3(root)
+    read_generation_config(root, cfg.vocab_size, f"{CONFIG_FILE} text_config.vocab_size")  # its ids, when present
     tokenizer = TextTokenizer.from_dir(root, V3SpecialTokens)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the v3 text vocab_size is {cfg.vocab_size}")

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from higgs_stream.engine.config_fields import dict_field, float_field, int_field
+from higgs_stream.engine.config_fields import dict_field, dtype_fields, float_field, hf_token_ids, int_field
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.engine.special_tokens import SpecialTokenIds
-from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims
+from higgs_stream.engine.talker_config import BackboneConfig, backbone_dims, max_positions_field
 
 MODEL_TYPE_V3 = "higgs_multimodal_qwen3"
 
@@ -124,7 +124,10 @@ class TalkerV3Config(BackboneConfig):
         if audio.get("tie_word_embeddings") is not True or audio.get("use_delay_pattern") is not True:
             raise ConfigError("v3 audio_encoder_config must have tie_word_embeddings=true and use_delay_pattern=true")
         dims = backbone_dims(text, "text_config.")
-        hidden = dims["hidden_size"]
+        hidden, vocab = dims["hidden_size"], dims["vocab_size"]
+        hf_token_ids(text, "text_config.", vocab, "text_config.vocab_size")
+        dtype_fields(d)
+        dtype_fields(text, "text_config.")
         out_dim = int_field(audio, "out_dim", "audio_encoder_config.", hidden)
         if out_dim != hidden:
             raise ConfigError(f"v3 audio_encoder_config.out_dim {out_dim} != text hidden_size {hidden}")
@@ -140,16 +143,19 @@ class TalkerV3Config(BackboneConfig):
         else:
             raise ConfigError("v3 text_config lacks rope_parameters.rope_theta (and rope_theta)")
         rows = int_field(audio, "vocab_size", "audio_encoder_config.", lo=3)  # ids per codebook (1026)
+        num_codebooks = int_field(audio, "num_codebooks", "audio_encoder_config.")
         return cls(
             **dims,
             rms_norm_eps=float_field(text, "rms_norm_eps", "text_config."),
             rope_theta=float(theta),
-            max_position_embeddings=int_field(text, "max_position_embeddings", "text_config.", 32768),
-            num_codebooks=int_field(audio, "num_codebooks", "audio_encoder_config."),
+            max_position_embeddings=max_positions_field(text, "text_config.", 32768, num_codebooks),
+            num_codebooks=num_codebooks,
             codebook_size=rows - 2,
             audio_stream_bos_id=int_field(d, "audio_stream_bos_id", default=rows - 2, lo=0),
             audio_stream_eos_id=int_field(d, "audio_stream_eos_id", default=rows - 1, lo=0),
-            audio_token_id=int_field(d, "audio_token_id", default=-100, lo=None),
+            # a placeholder (-100, transformers' ignore index, in the released file) or a text id
+            audio_token_id=int_field(d, "audio_token_id", default=-100, lo=None, hi=vocab - 1,
+                                     why=f"negative: none; else an id of the text_config.vocab_size={vocab} table"),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:

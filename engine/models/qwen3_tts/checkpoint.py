@@ -20,32 +20,27 @@ from pathlib import Path
 import torch
 
 from higgs_stream.engine.checkpoint_files import (
+    GENERATION_FILE,
     check_keys,
     check_layer_count,
     read_config_json,
+    read_generation_config,
     read_headers,
-    read_json_file,
     weight_files,
 )
-from higgs_stream.engine.errors import CheckpointError
 from higgs_stream.engine.models.qwen3_tts.config import QwenTTSConfig
 from higgs_stream.engine.models.qwen3_tts.talker import QwenTTSModel
 from safetensors import safe_open
 
 from higgs_stream.kernels.rope import llama3_inv_freq
 
-GENERATION_FILE = "generation_config.json"
 UNUSED_PREFIXES = ("speaker_encoder.",)  # read by speaker.py, not by the talker (see the module docstring)
 
 
 def load_config(root: Path) -> QwenTTSConfig:
-    gen_file = root / GENERATION_FILE
-    generation = None
-    if gen_file.is_file():
-        generation = read_json_file(gen_file)
-        if not isinstance(generation, dict):
-            raise CheckpointError(f"{gen_file} must hold a JSON object, got {type(generation).__name__}")
-    return QwenTTSConfig.from_json(read_config_json(root), generation, source=str(root / "config.json"))
+    """config.json and (when present) generation_config.json; CheckpointError naming the file and the field."""
+    return QwenTTSConfig.from_json(read_config_json(root), read_generation_config(root),
+                                   source=str(root / "config.json"), generation_source=str(root / GENERATION_FILE))
 
 
 def load_model(root: str | Path, device: str | torch.device = "cpu",

@@ -10,12 +10,20 @@ config.json always wins over a preset: speakers, languages and special ids come 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from higgs_stream.engine.config_fields import dict_field, float_field, int_field
+from higgs_stream.engine.config_fields import (
+    REQUIRED,
+    bool_field,
+    dict_field,
+    dtype_fields,
+    float_field,
+    int_field,
+    token_id_field,
+)
 from higgs_stream.engine.errors import CheckpointError, ConfigError
+from higgs_stream.engine.talker_config import backbone_dims, max_positions_field
 
 MODEL_TYPE = "qwen3_tts"
 VARIANTS = ("base", "custom_voice", "voice_design")
@@ -32,6 +40,15 @@ class CodePredictorConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"qwen3_tts code predictor {name} must be a positive int, got {v!r}")
+        if self.num_heads % self.num_kv_heads or self.head_dim % 2:
+            raise ConfigError(f"qwen3_tts code predictor heads ({self.num_heads}) must be a multiple of kv heads "
+                              f"({self.num_kv_heads}) and head_dim ({self.head_dim}) even")
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,10 @@ class QwenTTSConfig:
     # ---- the on-disk form ----
     @classmethod
     def from_json(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None,
-                  source: str = "config.json") -> QwenTTSConfig:
+                  source: str = "config.json", generation_source: str = "generation_config.json") -> QwenTTSConfig:
+        """From the hub config.json (`raw`) and generation_config.json (`generation`, None: absent); CheckpointError
+        naming the file (`source`, `generation_source`) and the field of a missing, wrongly typed or out-of-range
+        value."""
         if raw.get("model_type") != MODEL_TYPE:
             raise CheckpointError(f"{source}: model_type {raw.get('model_type')!r}, expected {MODEL_TYPE!r}")
         t = raw.get("talker_config")
@@ -157,35 +177,39 @@ class QwenTTSConfig:
             return int_field(d, key, f"{where}.", lo=0)
 
         try:
-            heads = need(t, "num_attention_heads", "talker_config")
-            cp_heads = need(c, "num_attention_heads", "code_predictor_config")
-            cp_hidden = need(c, "hidden_size", "code_predictor_config")
+            dims = backbone_dims(t, tw)  # the Qwen3 talker: field-named type, range and head checks
+            cp_dims = backbone_dims(c, cw)
             cp = CodePredictorConfig(
-                hidden_size=cp_hidden,
-                intermediate_size=need(c, "intermediate_size", "code_predictor_config"),
-                num_layers=need(c, "num_hidden_layers", "code_predictor_config"), num_heads=cp_heads,
-                num_kv_heads=int_field(c, "num_key_value_heads", cw, cp_heads),
-                head_dim=int_field(c, "head_dim", cw, cp_hidden // max(cp_heads, 1)),
+                hidden_size=cp_dims["hidden_size"], intermediate_size=cp_dims["intermediate_size"],
+                num_layers=cp_dims["num_layers"], num_heads=cp_dims["num_heads"],
+                num_kv_heads=cp_dims["num_kv_heads"], head_dim=cp_dims["head_dim"],
                 rms_norm_eps=float_field(c, "rms_norm_eps", cw, 1e-6),
                 rope_theta=float_field(c, "rope_theta", cw, 10000.0))
             groups = need(t, "num_code_groups", "talker_config")
-            hidden = need(t, "hidden_size", "talker_config")
             speakers, languages = dict_field(t, "spk_id", tw, {}), dict_field(t, "codec_language_id", tw, {})
             if c.get("num_code_groups", groups) != groups:
                 raise ConfigError(f"talker and code predictor disagree on num_code_groups ({groups}, "
                                   f"{c.get('num_code_groups')})")
+            text_vocab = int_field(t, "text_vocab_size", tw)
+            dtype_fields(raw)
+            dtype_fields(t, tw)
+
+            def text_id(key: str, default: Any = REQUIRED) -> int:
+                """An id of the text track (the text embedding: talker_config.text_vocab_size rows)."""
+                return token_id_field(raw, key, "", default, vocab=text_vocab, table=f"{tw}text_vocab_size")
+
+            try:  # generation_config.json's fields: its errors name that file
+                generation_defaults = _generation(generation or {})
+            except ConfigError as e:
+                raise CheckpointError(f"{generation_source}: {e}") from e
+
             return cls(
-                vocab_size=need(t, "vocab_size", "talker_config"), hidden_size=hidden,
-                intermediate_size=need(t, "intermediate_size", "talker_config"),
-                num_layers=need(t, "num_hidden_layers", "talker_config"), num_heads=heads,
-                num_kv_heads=int_field(t, "num_key_value_heads", tw, heads),
-                head_dim=int_field(t, "head_dim", tw, hidden // max(heads, 1)),
-                text_vocab_size=need(t, "text_vocab_size", "talker_config"),
+                **dims, text_vocab_size=text_vocab,
                 text_hidden_size=need(t, "text_hidden_size", "talker_config"), code_predictor=cp,
-                codebook_size=need(c, "vocab_size", "code_predictor_config"), num_codebooks=groups,
+                codebook_size=cp_dims["vocab_size"], num_codebooks=groups,
                 rms_norm_eps=float_field(t, "rms_norm_eps", tw, 1e-6),
                 rope_theta=float_field(t, "rope_theta", tw, 10000.0),
-                max_position_embeddings=int_field(t, "max_position_embeddings", tw, 32768),
+                max_position_embeddings=max_positions_field(t, tw, 32768, groups),
                 codec_pad_id=need(t, "codec_pad_id", "talker_config"), codec_bos_id=need(t, "codec_bos_id", "talker_config"),
                 codec_eos_id=need(t, "codec_eos_token_id", "talker_config"),
                 codec_think_id=need(t, "codec_think_id", "talker_config"),
@@ -195,12 +219,11 @@ class QwenTTSConfig:
                 speakers={k.lower(): int_field(speakers, k, f"{tw}spk_id.", lo=0) for k in speakers},
                 speaker_dialects={k.lower(): v for k, v in dict_field(t, "spk_is_dialect", tw, {}).items()},
                 languages={k.lower(): int_field(languages, k, f"{tw}codec_language_id.", lo=0) for k in languages},
-                tts_pad_id=need(raw, "tts_pad_token_id", "config"), tts_bos_id=need(raw, "tts_bos_token_id", "config"),
-                tts_eos_id=need(raw, "tts_eos_token_id", "config"),
-                im_start_id=int_field(raw, "im_start_token_id", "", 151644, lo=0),
-                im_end_id=int_field(raw, "im_end_token_id", "", 151645, lo=0),
+                tts_pad_id=text_id("tts_pad_token_id"), tts_bos_id=text_id("tts_bos_token_id"),
+                tts_eos_id=text_id("tts_eos_token_id"),
+                im_start_id=text_id("im_start_token_id", 151644), im_end_id=text_id("im_end_token_id", 151645),
                 variant=raw.get("tts_model_type") or "custom_voice", size=raw.get("tts_model_size") or "",
-                generation=_generation(generation or {}),
+                generation=generation_defaults,
             )
         except (ConfigError, TypeError, ValueError) as e:
             raise CheckpointError(f"{source}: {e}") from e
@@ -241,9 +264,22 @@ class QwenTTSConfig:
 
 
 def _generation(raw: dict[str, Any]) -> GenerationDefaults:
-    names = {f.name for f in dataclasses.fields(GenerationDefaults)}
-    alias = {"subtalker_dosample": "subtalker_do_sample"}
-    return GenerationDefaults(**{alias.get(k, k): v for k, v in raw.items() if alias.get(k, k) in names})
+    """generation_config.json's sampling defaults, each typed and in range (ConfigError naming the field as the
+    file spells it); absent fields keep GenerationDefaults'."""
+    g = GenerationDefaults()
+    sub_sample = "subtalker_dosample" if "subtalker_dosample" in raw else "subtalker_do_sample"  # the hub's spelling
+    return GenerationDefaults(
+        do_sample=bool_field(raw, "do_sample", "", g.do_sample),
+        temperature=float_field(raw, "temperature", "", g.temperature),
+        top_k=int_field(raw, "top_k", "", g.top_k, lo=0),  # 0: off, as in transformers
+        top_p=float_field(raw, "top_p", "", g.top_p, hi=1.0),
+        repetition_penalty=float_field(raw, "repetition_penalty", "", g.repetition_penalty),
+        subtalker_do_sample=bool_field(raw, sub_sample, "", g.subtalker_do_sample),
+        subtalker_temperature=float_field(raw, "subtalker_temperature", "", g.subtalker_temperature),
+        subtalker_top_k=int_field(raw, "subtalker_top_k", "", g.subtalker_top_k, lo=0),
+        subtalker_top_p=float_field(raw, "subtalker_top_p", "", g.subtalker_top_p, hi=1.0),
+        max_new_tokens=int_field(raw, "max_new_tokens", "", g.max_new_tokens),
+    )
 
 
 def _mrope_section(head_dim: int) -> list[int]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from higgs_stream.engine.config_fields import (
     dict_field,
+    dtype_fields,
     float_field,
     int_field,
     int_list_field,
@@ -78,6 +79,7 @@ class QwenCodecConfig:
         kwargs: dict[str, Any] = {k: dec[k] for k in names if k in dec}
         try:  # typed reads; the ints' ranges are checked when the dataclass is built
             where = "decoder_config."
+            dtype_fields(raw)
             if "head_dim" not in dec and "hidden_size" in dec and "num_attention_heads" in dec:
                 kwargs["head_dim"] = int_field(dec, "hidden_size", where) // int_field(dec, "num_attention_heads", where)
             for k in ("upsampling_ratios", "upsample_rates"):
