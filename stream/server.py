@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- aiohttp <-> routes
 
-CLOSE_AFTER = "higgs_close_after"  # request key: the body could not be read, the answer closes the connection
+# request key: the body could not be read, the answer closes the connection (a typed key where aiohttp has them: a
+# plain string key warns NotAppKeyWarning in aiohttp 3.14, what CI installs)
+CLOSE_AFTER = web.RequestKey("higgs_close_after", bool) if hasattr(web, "RequestKey") else "higgs_close_after"
 
 
 def request_view(request: web.Request) -> Request:
