@@ -97,15 +97,33 @@ async def test_an_http_stream_still_open_when_the_drain_runs_out_ends_with_its_e
     assert events[-1]["error"]["code"] == "shutting_down"
 
 
-def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
-    """The real signal path (`higgs-stream serve`, aiohttp's run_app): SIGTERM while a stream plays; the stream runs
-    to its `done` with all its audio, the socket closes with 1001 and the process exits 0."""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def tiny_serve(port: int, max_frames: int, drain_s: float) -> str:
+    """The `higgs-stream serve` command line of a random tiny v2 model on the CPU (EOS suppressed: every segment is
+    `max_frames` frames), listening on `port`."""
+    return (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
+            f"--port {port} --max-frames {max_frames} --drain-timeout {drain_s:g} --no-warm-up")
+
+
+async def close_code(lis: Peer) -> int:
+    """Read the rest of a connection the server closes; its close code."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            lis.handle(await lis.ws.recv())
+    return closed.value.rcvd.code
+
+
+def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
+    """The real signal path (`higgs-stream serve`: serve_until_signalled): SIGTERM while a stream plays; the stream runs
+    to its `done` with all its audio, the socket closes with 1001 and the process exits 0."""
+    port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/tts/stream"
-    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
-           f"--port {port} --max-frames 400 --drain-timeout 60 --no-warm-up")
+    cmd = tiny_serve(port, max_frames=400, drain_s=60)
     with spawned_server(cmd, url, tmp_path / "server.log", timeout_s=120) as proc:
         async def listen() -> tuple[Peer, int]:
             async with connect(url) as ws:
@@ -113,10 +131,7 @@ def test_sigterm_drains_a_served_stream_then_the_process_exits(tmp_path):
                 await speak(ws, "a", "Hello there.", 3)
                 await lis.until(lambda: lis.pcm.get("a"))
                 proc.send_signal(signal.SIGTERM)
-                with pytest.raises(ConnectionClosed) as closed:
-                    while True:
-                        lis.handle(await ws.recv())
-                return lis, closed.value.rcvd.code
+                return lis, await close_code(lis)
 
         lis, code = asyncio.run(listen())
         assert proc.wait(timeout=60) == 0
@@ -132,12 +147,9 @@ def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
     503 "draining") and still reads its connections: a new context gets `shutting_down`, an open context's `end` lets it
     finish with all its audio and a `cancel` ends one. aiohttp's own cleanup stops reading every connection before its
     shutdown hooks run: the `end` was lost, the context waited out the drain and failed (a probe)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/tts/stream"
-    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
-           f"--port {port} --max-frames 50 --drain-timeout 60 --no-warm-up")
+    cmd = tiny_serve(port, max_frames=50, drain_s=60)
     with spawned_server(cmd, url, tmp_path / "server.log", timeout_s=120) as proc:
         async def draining(http: aiohttp.ClientSession) -> dict:
             async with asyncio.timeout(30):
@@ -146,12 +158,6 @@ def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
                         if r.status == 503:
                             return await r.json()
                     await asyncio.sleep(0.02)
-
-        async def closed(lis: Peer) -> int:
-            with pytest.raises(ConnectionClosed) as closed:
-                while True:
-                    lis.handle(await lis.ws.recv())
-            return closed.value.rcvd.code
 
         async def scenario() -> tuple[Peer, Peer, dict, list[int]]:
             async with connect(url) as ws_a, connect(url) as ws_b, aiohttp.ClientSession() as http:
@@ -168,7 +174,7 @@ def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
                 await ws_a.send(json.dumps({"type": "end", "context_id": "a"}))
                 await a.until(lambda: "a" in a.done, 30)
                 await b.until(lambda: "b" in b.done, 30)
-                return a, b, health, [await closed(a), await closed(b)]
+                return a, b, health, [await close_code(a), await close_code(b)]
 
         a, b, health, codes = asyncio.run(scenario())
         assert proc.wait(timeout=60) == 0
@@ -181,12 +187,9 @@ def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
 def test_a_second_signal_ends_the_drain_at_once(tmp_path):
     """SIGTERM, then SIGINT while a context is still open (its `end` never comes, the drain has 600 s): the open context
     ends with `shutting_down` + `done{error}` at once, the socket closes with 1001 and the process exits 0."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/tts/stream"
-    cmd = (f"{sys.executable} -m higgs_stream.cli serve --model random:tiny --device cpu --host 127.0.0.1 "
-           f"--port {port} --max-frames 50 --drain-timeout 600 --no-warm-up")
+    cmd = tiny_serve(port, max_frames=50, drain_s=600)
     log = tmp_path / "server.log"
     with spawned_server(cmd, url, log, timeout_s=120) as proc:
         async def scenario() -> tuple[Peer, int]:
@@ -200,10 +203,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
                         await asyncio.sleep(0.02)
                 proc.send_signal(signal.SIGINT)
                 await lis.until(lambda: "a" in lis.done, 30)
-                with pytest.raises(ConnectionClosed) as closed:
-                    while True:
-                        lis.handle(await ws.recv())
-                return lis, closed.value.rcvd.code
+                return lis, await close_code(lis)
 
         lis, code = asyncio.run(scenario())
         assert proc.wait(timeout=30) == 0
