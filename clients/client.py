@@ -373,11 +373,12 @@ async def say(url: str, text: str, out: str | Path, *, token: str | None = None,
 INTERRUPTS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-async def until_interrupted(main: Coroutine[Any, Any, Any]) -> Any:
+async def until_interrupted(main: Coroutine[Any, Any, Any], *, exiting: bool = False) -> Any:
     """Await `main`; a SIGINT, SIGTERM or SIGHUP meanwhile cancels it (so its cleanup runs: `say` closes the
     connection, which cancels the generation on the server, and removes its partial WAV) and raises Interrupted.
     The handlers are the running loop's, installed for this call only and only on the main thread (elsewhere, e.g.
-    `cli.main` in a worker thread, Python cannot take signals: they keep their handlers)."""
+    `cli.main` in a worker thread, Python cannot take signals: they keep their handlers). `exiting` (the CLI, which
+    exits once interrupted): after an interruption those signals stay ignored, so the first one decides the exit code."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(main)
     caught: list[int] = []
@@ -404,6 +405,8 @@ async def until_interrupted(main: Coroutine[Any, Any, Any]) -> Any:
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+            if caught and exiting:  # the caller exits with the first signal's code next: a second one's default
+                signal.signal(signum, signal.SIG_IGN)  # action must not replace it (a probe: 143 for 130)
 
 
 def check_output(out: str | Path) -> None:
@@ -482,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(until_interrupted(say(args.url, args.text, args.output, token=args.token, stats=stats,
                                           voice=args.voice, reference=reference, mode=args.mode, seed=args.seed,
                                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                          scene=args.scene, instructions=args.instructions)))
+                                          scene=args.scene, instructions=args.instructions), exiting=True))
     except Interrupted as e:  # one line and the shell's code for death by that signal (128 + its number)
         print(f"higgs-stream say: {e}; {_left_behind(args.output, stats)}", file=sys.stderr)
         return 128 + e.signum

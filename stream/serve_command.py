@@ -18,7 +18,7 @@ from higgs_stream.stream.config import ServerConfig, gb_or_none, rows_or_none
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
-from higgs_stream.stream.server import serve_until_signalled
+from higgs_stream.stream.server import exit_on_signals, serve_until_signalled
 from higgs_stream.stream.server_state import ServerState
 from higgs_stream.stream.voices import VoiceLibrary
 
@@ -267,6 +267,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         alias, sep, target = item.partition("=")
         if not sep:
             raise ConfigError(f"--voice-alias {item!r}: expected ALIAS=PRESET")
+        if alias in aliases:  # the last one silently won (a probe); names differing by case: VoiceLibrary refuses
+            raise ConfigError(f"--voice-alias {alias!r} given twice ({aliases[alias]!r}, {target!r})")
         aliases[alias] = target
     return ServerConfig(host=args.host, port=args.port, token=args.token, max_streams=args.max_streams,
                         max_frames=args.max_frames, default_mode=args.mode, voices_dir=args.voices,
@@ -391,6 +393,7 @@ def run(args: argparse.Namespace) -> int:
     check_listen(args.host, args.port)
     check_output_path("--trace-out", args.trace_out)
     check_output_path("--profile-out", args.profile_out)
+    exit_on_signals()  # Ctrl-C while the model loads: one line and out, not a traceback
     state = build_state(args)
     asyncio.run(serve_until_signalled(state, args.host, args.port, args.trace_out, args.profile_out))
     return 0

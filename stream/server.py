@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import struct
+import sys
+import threading
 
 from aiohttp import WSMsgType, http_exceptions, web
 from higgs_stream.engine.errors import ConfigError
@@ -377,25 +380,43 @@ async def stop(runner: web.AppRunner) -> None:
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def exit_at_once(signum: int, frame=None) -> None:
+    """A signal's handler while nothing can be drained (the model loading, the warm-up) or once a drain is over (the
+    clean-up): one line, then the process ends now with 128 + the signal. Python's own default, a KeyboardInterrupt
+    in the middle of the warm-up, aborted the process with a C++ "terminate called" (exit 134, a probe)."""
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"higgs-stream serve: {name}: stopping now (nothing is being served)\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def exit_on_signals() -> None:
+    """`exit_at_once` for SIGINT and SIGTERM (main thread only: signal handlers live there)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, exit_at_once)
+
+
 async def serve_until_signalled(state: ServerState, host: str, port: int, trace_out: str | None = None,
                                 profile_out: str | None = None) -> None:
     """`serve`: the app on host:port until SIGTERM / SIGINT, then `stop`; a second signal cuts the drain short (what
-    is open ends with `shutting_down` at once). ConfigError when it cannot listen there."""
+    is open ends with `shutting_down` at once); during the start-up before it and the clean-up after it a signal ends
+    the process at once (`exit_at_once`). ConfigError when it cannot listen there."""
+    exit_on_signals()
     try:
         runner = await serve(state, host, port, trace_out, profile_out)
     except OSError as e:  # the port was taken while the model loaded
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
     log.info("%s", startup_line(runner.app, host, bound_port(runner)))
     loop = asyncio.get_running_loop()
-    signalled = asyncio.Event()
+    signals: asyncio.Queue[int] = asyncio.Queue()  # each one counts: two sent back to back are two
     for signum in SIGNALS:
-        loop.add_signal_handler(signum, signalled.set)
+        loop.add_signal_handler(signum, signals.put_nowait, signum)
     try:
-        await signalled.wait()
-        signalled.clear()
+        await signals.get()
         log.info("shutting down (a second signal stops at once)")
         draining = asyncio.ensure_future(drain(state, state.config.drain_s))
-        second = asyncio.ensure_future(signalled.wait())
+        second = asyncio.ensure_future(signals.get())
         await asyncio.wait({draining, second}, return_when=asyncio.FIRST_COMPLETED)
         for task in (draining, second):
             task.cancel()
@@ -406,6 +427,7 @@ async def serve_until_signalled(state: ServerState, host: str, port: int, trace_
     finally:
         for signum in SIGNALS:
             loop.remove_signal_handler(signum)
+        exit_on_signals()  # a third signal: whatever the clean-up waits for, the process ends
         await runner.cleanup()
 
 

@@ -20,6 +20,7 @@ import binascii
 import hashlib
 import re
 import stat
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +78,10 @@ def _read_file(path: Path, limit: int) -> bytes:
 
 
 def _key(name: str) -> str:
-    """The form voice names are compared in: case-insensitive ("Nova", "NOVA" and "nova" are one name)."""
-    return name.lower()
+    """The form voice names are compared in: case-insensitive ("Nova", "NOVA" and "nova" are one name), by Unicode's
+    case folding after NFKC ("STRASSE" is "straße", the Kelvin sign a K; "İzmir" stays apart from "Izmir", as Unicode
+    has it). `str.lower()` before: "STRASSE" was not found (a probe)."""
+    return unicodedata.normalize("NFKC", name).casefold()
 
 
 def _content_key(audio: bytes, transcript: str) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import wave
@@ -256,6 +257,24 @@ async def test_a_signal_mid_stream_removes_the_partial_wav_and_cancels_the_reque
             await asyncio.sleep(0.02)
     assert 'outcome="disconnected"' in live_server.state.metrics.render()  # it went away; it did not cancel
 
+
+
+def test_a_second_signal_after_an_interruption_changes_nothing():
+    """The first signal decides (`exiting`, as `say`'s CLI runs it): a SIGTERM 5-20 ms after the SIGINT had killed
+    `say` with 143 by its default action once the handlers were gone (a probe). The second comes right after the
+    interruption here, in a subprocess."""
+    script = ("import asyncio, os, signal\n"
+              "from higgs_stream.clients.client import Interrupted, until_interrupted\n"
+              "async def main():\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    await asyncio.Event().wait()\n"
+              "try:\n"
+              "    asyncio.run(until_interrupted(main(), exiting=True))\n"
+              "except Interrupted as e:\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    print(e.signum, signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)\n")
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"{int(signal.SIGINT)} True\n"), done.stderr
 
 async def test_a_cancel_that_meets_a_message_is_not_lost():
     """The message and the cancel (a signal's) in one loop iteration: `asyncio.wait_for` (Python < 3.12) returned

@@ -239,3 +239,14 @@ def test_gpu_headroom_is_parsed_checked_and_reaches_the_codec_worker():
         config_from_args(parser.parse_args(["--model", "m", "--gpu-headroom-gb", "0"]))
     with pytest.raises(ConfigError, match="gpu_headroom_gb must be > 0 or None"):
         CodecWorker(object(), lambda sid: None, lambda items: None, memory_headroom_gb=-1.0)
+
+
+def test_a_voice_alias_given_twice_is_refused():
+    """`--voice-alias Nova=bob --voice-alias Nova=Alice`: the last one silently won (a probe)."""
+    from higgs_stream.engine.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--voice-alias", "Nova=bob", "--voice-alias", "Nova=Alice"])
+    with pytest.raises(ConfigError, match="--voice-alias 'Nova' given twice \\('bob', 'Alice'\\)"):
+        config_from_args(args)

@@ -193,6 +193,19 @@ def test_names_resolve_in_any_case_and_list_in_their_own(folder):
     assert str(e.value) == "unknown voice 'Nobody'; known: " + ", ".join(lib.names())
 
 
+def test_names_compare_by_unicode_case_folding(folder):
+    """str.lower() left "STRASSE" unknown beside an alias "straße" (a probe); case folding after NFKC matches it and
+    the Kelvin sign is a K (Unicode's default folding: not Turkish-aware, so dotted İ stays apart from I)."""
+    lib = VoiceLibrary(folder, {"straße": "nova", "kate": "belinda", "İzmir": "nova"})
+    nova, belinda = lib.resolve("nova"), lib.resolve("belinda")
+    assert lib.resolve("STRASSE") is lib.resolve("Strasse") is lib.resolve("STRAßE") is nova
+    assert lib.resolve("\u212aATE") is belinda  # KELVIN SIGN + ATE
+    assert lib.resolve("İzmir") is nova
+    with pytest.raises(NotFoundError):
+        lib.resolve("Izmir")
+    with pytest.raises(ConfigError, match="differ only by case"):
+        VoiceLibrary(folder, {"strasse": "nova", "STRAßE": "belinda"})
+
 def test_a_preset_named_default_in_any_case_is_the_default(folder):
     (folder / "Default.wav").write_bytes(tone(0.2, 24000))
     (folder / "Default.txt").write_text("The default.")

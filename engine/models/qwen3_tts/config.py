@@ -30,6 +30,17 @@ VARIANTS = ("base", "custom_voice", "voice_design")
 NUM_GROUPS = 16  # code groups per frame: group 0 from the talker, 1..15 from the code predictor
 
 
+def unique_lower(names: dict[str, Any], where: str) -> dict[str, Any]:
+    """`names` (speakers, languages: looked up in lower case), ConfigError when two differ only by case ("Ryan" and
+    "ryan" became one, the last id winning: a probe)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        if name.lower() in seen:
+            raise ConfigError(f"{where} has {seen[name.lower()]!r} and {name!r}: names must differ by more than case")
+        seen[name.lower()] = name
+    return names
+
+
 @dataclass(frozen=True)
 class CodePredictorConfig:
     hidden_size: int
@@ -216,9 +227,11 @@ class QwenTTSConfig:
                 codec_nothink_id=need(t, "codec_nothink_id", "talker_config"),
                 codec_think_bos_id=need(t, "codec_think_bos_id", "talker_config"),
                 codec_think_eos_id=need(t, "codec_think_eos_id", "talker_config"),
-                speakers={k.lower(): int_field(speakers, k, f"{tw}spk_id.", lo=0) for k in speakers},
+                speakers={k.lower(): int_field(speakers, k, f"{tw}spk_id.", lo=0) for k in unique_lower(speakers,
+                                                                                                       f"{tw}spk_id")},
                 speaker_dialects={k.lower(): v for k, v in dict_field(t, "spk_is_dialect", tw, {}).items()},
-                languages={k.lower(): int_field(languages, k, f"{tw}codec_language_id.", lo=0) for k in languages},
+                languages={k.lower(): int_field(languages, k, f"{tw}codec_language_id.", lo=0)
+                           for k in unique_lower(languages, f"{tw}codec_language_id")},
                 tts_pad_id=text_id("tts_pad_token_id"), tts_bos_id=text_id("tts_bos_token_id"),
                 tts_eos_id=text_id("tts_eos_token_id"),
                 im_start_id=text_id("im_start_token_id", 151644), im_end_id=text_id("im_end_token_id", 151645),

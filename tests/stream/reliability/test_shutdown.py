@@ -9,7 +9,9 @@ import asyncio
 import json
 import signal
 import socket
+import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -184,9 +186,11 @@ def test_sigterm_keeps_listening_and_reading_while_it_drains(tmp_path):
     assert b.done["b"]["reason"] == "cancelled"
 
 
-def test_a_second_signal_ends_the_drain_at_once(tmp_path):
+@pytest.mark.parametrize("back_to_back", [False, True])
+def test_a_second_signal_ends_the_drain_at_once(tmp_path, back_to_back):
     """SIGTERM, then SIGINT while a context is still open (its `end` never comes, the drain has 600 s): the open context
-    ends with `shutting_down` + `done{error}` at once, the socket closes with 1001 and the process exits 0."""
+    ends with `shutting_down` + `done{error}` at once, the socket closes with 1001 and the process exits 0. Two sent
+    back to back count as two (an Event set twice before its waiter woke had counted once: a probe)."""
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/tts/stream"
     cmd = tiny_serve(port, max_frames=50, drain_s=600)
@@ -198,9 +202,10 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
                 await lis.say("a", "Hello there.", 3, end=False)
                 await lis.until(lambda: len(lis.pcm.get("a", ())) == 2 * 50 * 960)
                 proc.send_signal(signal.SIGTERM)
-                async with asyncio.timeout(30):  # polled: the first signal is handled on the server's own time
-                    while "draining: 1 streams open" not in log.read_text():
-                        await asyncio.sleep(0.02)
+                if not back_to_back:
+                    async with asyncio.timeout(30):  # polled: the first signal is handled on the server's own time
+                        while "draining: 1 streams open" not in log.read_text():
+                            await asyncio.sleep(0.02)
                 proc.send_signal(signal.SIGINT)
                 await lis.until(lambda: "a" in lis.done, 30)
                 return lis, await close_code(lis)
@@ -210,6 +215,28 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
     assert code == 1001 and [e["code"] for e in lis.errors] == ["shutting_down"]
     assert lis.done["a"]["reason"] == "error"
     assert "a second signal: the drain is cut short" in log.read_text()
+
+
+def test_a_signal_during_the_warm_up_stops_the_process_at_once(tmp_path):
+    """SIGINT while the warm-up utterance runs (1,500 frames: seconds on a CPU): one line and exit 130, no traceback;
+    Python's KeyboardInterrupt there had aborted the process ("terminate called", exit 134: a probe)."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(tiny_serve(port, max_frames=1500, drain_s=60).replace(" --no-warm-up", "").split(),
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "pipeline: serving v2 with" not in log.read_text():  # the engine is built: the warm-up starts
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 128 + signal.SIGINT
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert "higgs-stream serve: SIGINT: stopping now" in text and "warmed up" not in text
+    assert "Traceback" not in text and "terminate called" not in text
 
 async def test_the_asgi_lifespans_end_drains_for_the_time_it_is_given(engine, codec):
     """Under Ray Serve the replica's requests had Serve's graceful_shutdown_timeout_s to end, so its app drains for 0 s

@@ -25,6 +25,9 @@ from higgs_stream.engine.models.qwen3_tts.codec.load import SUBFOLDER, load_qwen
     ("config.json", lambda c: c["talker_config"].update(rms_norm_eps="x"),
      "talker_config.rms_norm_eps must be a number, got 'x'"),
     ("config.json", lambda c: c["talker_config"].update(spk_id=[1, 2]), "talker_config.spk_id must be a JSON object"),
+    # looked up in lower case: two that differ only by case were one, the last id winning
+    ("config.json", lambda c: c["talker_config"]["spk_id"].update(Ryan=1, ryan=2),
+     "talker_config.spk_id has 'Ryan' and 'ryan': names must differ by more than case"),
     ("config.json", lambda c: c.update(im_start_token_id=1.5), "im_start_token_id must be an int, got 1.5"),
     (f"{SUBFOLDER}/config.json", lambda c: c["decoder_config"].update(rope_theta="x"),
      "decoder_config.rope_theta must be a number, got 'x'"),
