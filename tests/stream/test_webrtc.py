@@ -17,6 +17,7 @@ import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from higgs_stream.stream import serve_command, server, webrtc
+from higgs_stream.stream.handle import StreamHandle
 from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
 from higgs_stream.testing_server import LONG_SEED, LONG_TEXT, wait_until
 
@@ -490,18 +491,19 @@ async def test_an_offer_that_would_not_receive_audio_is_refused(live, edit):
 
 async def test_a_real_time_peer_pauses_its_context_ahead_of_playout(live, monkeypatch):
     """Back-pressure over WebRTC: the track queues TRACK_BUFFER_S ahead of playout, then the context's own queue fills
-    and its generation pauses (held, its engine stream paused), resumed as playout drains it. It still plays in real
-    time to a completed done with every sample generated (with a 600 s track a long text's whole audio was generated
-    at once, and back-pressure never engaged). 0.3 s each here; 5 s and 10 s served."""
+    and the context is held (`StreamHandle._hold`), resumed as playout drains it. It still plays in real time to a
+    completed done with every sample generated (with a 600 s track a long text's whole audio was generated at once,
+    and back-pressure never engaged). 0.3 s each here; 5 s and 10 s served. Whether its engine stream is paused too
+    depends on the race between the hold and the end of its 100 frames on this CPU (CI's engine thread once finished
+    first): tests/stream/test_pipeline.py pauses a held stream's engine stream where the hold lasts."""
     state, base = live
     monkeypatch.setattr(webrtc, "TRACK_BUFFER_S", 0.3)
     monkeypatch.setattr(state.pipeline, "cfg", dataclasses.replace(state.pipeline.cfg, stream_hold_s=0.3))
     pipeline = state.pipeline
-    holds, pauses = [], []  # latched: (sid, on, samples generated) at each hold, sids the engine paused
-    hold, pause = pipeline._hold, pipeline.engine.pause
-    monkeypatch.setattr(pipeline, "_hold", lambda seg, on: (holds.append((seg.sid, on, seg.handle.samples)),
-                                                            hold(seg, on))[-1])
-    monkeypatch.setattr(pipeline.engine, "pause", lambda sid: (pauses.append(sid), pause(sid))[-1])
+    holds = []  # latched: (on, samples generated) at each hold (a hold resumes once half of it has played)
+    hold = StreamHandle._hold
+    monkeypatch.setattr(StreamHandle, "_hold", lambda handle, on: (holds.append((on, handle.samples)),
+                                                                    hold(handle, on))[-1])
     client = Client()
     try:
         await client.connect(base, "t0k")
@@ -509,11 +511,8 @@ async def test_a_real_time_peer_pauses_its_context_ahead_of_playout(live, monkey
         client.send(type="end", context_id="a")
         await wait_until(lambda: pipeline._handles, 30)
         (handle,) = pipeline._handles
-        # held, and its engine stream paused (a flag polled here can be off again between two looks: a hold resumes
-        # once half of its audio has played)
-        await wait_until(lambda: any(on and sid in pauses for sid, on, _ in holds), 30)
-        held_at = next(samples for sid, on, samples in holds if on and sid in pauses)
-        assert held_at <= 3 * 24000  # paused with at least a second of its audio still to generate
+        await wait_until(lambda: any(on for on, _ in holds), 30)
+        assert next(n for on, n in holds if on) <= 3 * 24000  # held with at least a second of its audio to come
         start_t, _ = await client.wait_for("audio_start")
         done_t, done = await client.wait_for("done")
         assert done["reason"] == "completed" and handle.finished and not handle.held
