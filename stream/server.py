@@ -302,8 +302,9 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
 
-    async def drain_streams(app: web.Application) -> None:  # the runner's cleanup: what `stop` has not drained
-        # (a second signal cut its drain short: what is open ends now), or all of it (a caller's own `cleanup()`)
+    async def drain_streams(app: web.Application) -> None:  # the runner's cleanup: what `serve_until_signalled` has
+        # not drained (a second signal cut its drain short: what is open ends now), or all of it (a caller's own
+        # `cleanup()`)
         await drain(state, 0.0 if state.pipeline.draining else state.config.drain_s)
 
     app.on_shutdown.append(drain_streams)  # first: WebRTC's peers (closed next) drain like the WebSockets
@@ -365,18 +366,6 @@ def bound_port(runner: web.AppRunner) -> int:
     return runner.addresses[0][1]
 
 
-async def stop(runner: web.AppRunner) -> None:
-    """Graceful shutdown: drain (`driver.drain`) while the server still listens and reads every connection (new
-    streams get `shutting_down`, `/healthz` 503 "draining", an open context's `end` or `cancel` is heard), then the
-    runner's cleanup. Not `cleanup()` alone: it stops listening and stops reading the open connections first (aiohttp's
-    `pre_shutdown`), so a context whose `end` came during the drain ran out its time and failed (a probe)."""
-    state = runner.app[STATE]
-    try:
-        await drain(state, state.config.drain_s)
-    finally:
-        await runner.cleanup()
-
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -399,10 +388,13 @@ def exit_on_signals() -> None:
 
 async def serve_until_signalled(state: ServerState, host: str, port: int, trace_out: str | None = None,
                                 profile_out: str | None = None) -> None:
-    """`serve`: the app on host:port until SIGTERM / SIGINT, then `stop`; a second signal cuts the drain short (what
-    is open ends with `shutting_down` at once); during the start-up before it and the clean-up after it a signal ends
-    the process at once (`exit_at_once`). ConfigError when it cannot listen there."""
-    exit_on_signals()
+    """`serve`: the app on host:port until SIGTERM / SIGINT, then a drain (`driver.drain`) while it still listens and
+    reads every connection (new streams get `shutting_down`, `/healthz` 503 "draining", an open context's `end` or
+    `cancel` is heard), then the runner's cleanup. Not the cleanup alone: it stops listening and stops reading the open
+    connections first (aiohttp's `pre_shutdown`), so a context whose `end` came during the drain ran out its time and
+    failed (a probe). A second signal cuts the drain short (what is open ends with `shutting_down` at once). The
+    caller has `exit_on_signals` in force from before the model loads (serve_command.run): a signal during the
+    start-up ends the process at once, as one during the clean-up does. ConfigError when it cannot listen there."""
     try:
         runner = await serve(state, host, port, trace_out, profile_out)
     except OSError as e:  # the port was taken while the model loaded

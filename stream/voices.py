@@ -98,9 +98,9 @@ class VoiceLibrary:
         self.max_reference_s = max_reference_s
         self.max_transcript_chars = max_transcript_chars
         self.presets: dict[str, Voice] = {}
-        self.transcript_files: dict[str, Path] = {}  # preset name -> its transcript file
-        if voices_dir is not None:
-            self.presets = self._load_presets(Path(voices_dir))
+        self.voices_dir = None if voices_dir is None else Path(voices_dir)
+        if self.voices_dir is not None:
+            self.presets = self._load_presets(self.voices_dir)
         self._names: dict[str, str] = {_key(name): name for name in self.presets}  # _key(name) -> its spelling
         self._names.setdefault(DEFAULT, DEFAULT)  # a preset named `default` (in any case) is the default voice
         self.default = self.presets.get(self._names[DEFAULT], Voice(name=DEFAULT))
@@ -174,7 +174,6 @@ class VoiceLibrary:
                 presets[name].decode()  # a bad preset fails at startup, not on first use
             except (AudioInputError, InvalidInputError) as e:
                 raise ConfigError(f"voice preset {path}: {e}") from e
-            self.transcript_files[name] = txt
         return presets
 
     def check_transcripts(self, check: Callable[[str], None]) -> None:
@@ -185,7 +184,7 @@ class VoiceLibrary:
             try:
                 check(voice.transcript)
             except InvalidInputError as e:
-                raise ConfigError(f"voice preset {self.transcript_files[name]}: {e}") from e
+                raise ConfigError(f"voice preset {self.voices_dir / name}.txt: {e}") from e
 
     def names(self) -> list[str]:
         """Every name `resolve` takes, each in its own spelling (a preset's as its file names it)."""
