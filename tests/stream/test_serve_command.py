@@ -1,5 +1,6 @@
 """`serve`'s start-up checks (stream/serve_command.py): each mistake a probe found ended in a traceback, some only
-after the model had loaded or at shutdown; each is one ConfigError now (the CLI prints it, exit code 2)."""
+after the model had loaded or at shutdown; each is one ConfigError now (the CLI prints it, exit code 2). And its
+arguments: `serve --help`'s defaults, the flags that reach the ServerConfig."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import soundfile as sf
 import torch
 from higgs_stream.engine.errors import ConfigError
 from higgs_stream.stream import serve_command
+from higgs_stream.stream.config import ServerConfig
 
 
 @pytest.mark.parametrize("name, says", [
@@ -97,3 +99,23 @@ def test_a_control_token_in_a_preset_transcript_is_a_config_error(tiny_ckpt, tmp
     with pytest.raises(ConfigError, match=re.escape(f"voice preset {tmp_path / 'good.txt'}: transcript contains "
                                                     f"chat/audio control tokens (ids [")):
         serve_command.build_state(args)
+
+
+def test_serve_help_shows_the_default_address():
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    d = ServerConfig()
+    assert f"(default {d.host})" in text and f"(default {d.port})" in text
+
+
+def test_serve_flags_reach_the_codec_schedule_and_green_context():
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x"]))
+    assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
+    assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
+    assert cfg.codec_queue_rounds == 4  # the default, every family's
+    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-queue-rounds", "64"]))
+    assert cfg.codec_queue_rounds == 64

@@ -20,7 +20,7 @@ import soundfile as sf
 from higgs_stream.engine.engine import Engine, EngineConfig
 from higgs_stream.engine.request import GenerationRequest, SamplingParams
 from higgs_stream.engine.synth import synthesize
-from higgs_stream.stream import routes, serve_command, server as server_mod
+from higgs_stream.stream import routes, server as server_mod
 from higgs_stream.stream.adapter import to_s16le
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.encoders import Resampler, wav_header
@@ -441,16 +441,6 @@ async def test_http_speech_at_another_sample_rate_is_the_resampled_stream(start_
             assert "use one of 8000, 16000, 24000, 48000" in err["message"], err
 
 
-def test_serve_help_shows_the_default_address():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    serve_command.add_arguments(parser)
-    text = " ".join(parser.format_help().split())
-    d = ServerConfig()
-    assert f"(default {d.host})" in text and f"(default {d.port})" in text
-
-
 def test_startup_line_names_webrtc_when_mounted():
     from aiohttp import web
 
@@ -463,113 +453,6 @@ def test_startup_line_names_webrtc_when_mounted():
     line = server_mod.startup_line(app, "0.0.0.0", 8000)
     assert line == ("serving on http://0.0.0.0:8000 (WebSocket /v1/tts/stream, POST /v1/audio/speech, "
                     "WebRTC POST /v1/webrtc/offer)")
-
-
-def test_serve_flags_reach_the_codec_schedule_and_green_context():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    serve_command.add_arguments(parser)
-    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x"]))
-    assert cfg.codec_schedule == "eager" and cfg.codec_sms is None
-    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-schedule", "just_in_time", "--codec-sms", "48"]))
-    assert cfg.codec_schedule == "just_in_time" and cfg.codec_sms == 48
-    assert cfg.codec_queue_rounds == 4  # the default, every family's
-    cfg = serve_command.config_from_args(parser.parse_args(["--model", "x", "--codec-queue-rounds", "64"]))
-    assert cfg.codec_queue_rounds == 64
-
-
-async def test_trace_out_records_where_each_first_audio_went(engine, codec, tmp_path):
-    """`serve --trace-out`: steps, codec calls and each stream's first audio are written at shutdown,
-    and scripts/ttfa_breakdown.py accounts for the stream's time to first audio with them."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "ttfa_breakdown", Path(__file__).parents[2] / "scripts" / "ttfa_breakdown.py")
-    ttfa_breakdown = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ttfa_breakdown)
-    config, metrics = ServerConfig(port=0, max_frames=MAX_FRAMES, warm_up=False), Metrics()
-    state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-    path = tmp_path / "trace.json"
-    runner = await serve(state, "127.0.0.1", 0, trace_out=str(path))
-    try:
-        async with connect(f"ws://127.0.0.1:{bound_port(runner)}/v1/tts/stream") as ws:
-            lis = Peer(ws)
-            await speak(ws, "t", "Hello there.", 5)
-            await lis.until(lambda: "t" in lis.done)
-    finally:
-        await runner.cleanup()
-    events = json.loads(path.read_text())["events"]
-    kinds = {e[0] for e in events}
-    assert {"step", "codec", "stream"} <= kinds
-    (row,) = ttfa_breakdown.breakdown(events)
-    assert row["alone"]
-    assert row["ttfa_ms"] > 0 and row["steps"] >= 1 and row["prefill_steps"] == 1 and row["codec_calls"] >= 1
-    parts = row["idle_ms"] + row["step_ms"] + row["codec_ms"]  # steps and codec calls may overlap
-    assert row["ttfa_ms"] - 1e-6 <= parts and row["idle_ms"] >= 0
-    # the segment's first frame (frame0 events): first text -> first frame -> its codec call -> first audio
-    assert "frame0" in kinds and 0 < row["to_first_frame_ms"] < row["ttfa_ms"] and row["frame_to_call_ms"] >= 0
-    steps = [e for e in events if e[0] == "step"]
-    # + late prompt launches (none on the CPU runner), sync, the wait for room in the codec's queue
-    assert all(len(e) == 10 and e[7] == 0 and 0 <= e[9] <= e[3] - e[1] for e in steps)
-
-
-def test_ttfa_breakdown_takes_a_context_s_first_segment_frame():
-    """Later segments of a context share its first text: their frame0 events must not replace the first's."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "ttfa_breakdown", Path(__file__).parents[2] / "scripts" / "ttfa_breakdown.py")
-    ttfa_breakdown = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ttfa_breakdown)
-    events = [["step", 1.000, 1.008, 1.009, 1, 0.0, 1], ["frame0", 1.010, 1.0], ["codec", 1.012, 1.018, 1, 1, 1],
-              ["frame0", 2.500, 1.0], ["stream", 1.0, 1.019, 3.0, 48000]]
-    (row,) = ttfa_breakdown.breakdown(events)
-    assert row["to_first_frame_ms"] == pytest.approx(10.0) and row["frame_to_call_ms"] == pytest.approx(2.0)
-
-
-
-async def test_profile_out_samples_the_loop_engine_and_codec_threads(engine, codec, tmp_path):
-    """serve --profile-out FILE: the server samples every thread's stack from start-up to clean-up and writes
-    the profile there; the event loop, the engine thread and the codec thread are in it, each at its own work."""
-    config = ServerConfig(port=0, max_frames=MAX_FRAMES, admit_step_ratio=None)
-    metrics = Metrics()
-    state = ServerState(config, Pipeline(engine, codec, config, metrics), VoiceLibrary.from_config(config), metrics)
-    path = tmp_path / "profile.json"
-    runner = await serve(state, "127.0.0.1", 0, profile_out=str(path))
-    try:
-        async with aiohttp.ClientSession() as http:
-            for seed in (3, 4):
-                async with http.post(f"http://127.0.0.1:{bound_port(runner)}/v1/audio/speech",
-                                     json={"input": "Hello there, this is a longer sentence.", "seed": seed}) as r:
-                    assert r.status == 200 and len(await r.read()) > 0
-    finally:
-        await runner.cleanup()
-    prof = json.loads(path.read_text())
-    threads = prof["threads"]
-    assert prof["samples"] > 0 and {"MainThread", "higgs-engine", "higgs-codec"} <= set(threads)
-    assert "higgs-stack-sampler" not in threads
-    engine_fns = {k.split(" ")[0] for k, _ in threads["higgs-engine"]["cum"]}
-    assert "_engine_loop" in engine_fns
-    assert any(k.startswith("_run ") for k, _ in threads["higgs-codec"]["cum"])
-
-
-def test_healthz_says_which_linears_run_on_the_gemv():
-    """`/healthz`'s `linears`: per FastTalker the rows the CUDA-core GEMV serves and the weight shapes it took
-    (engine/gemv_choice.py; what a GPU server's ModelRunner reports), {} for an engine without a fast path."""
-    from types import SimpleNamespace
-
-    from higgs_stream.engine.gemv_choice import NONE, GemvChoice
-    from higgs_stream.stream.routes import linear_choices
-
-    chosen = GemvChoice(frozenset({(1024, 2048), (512, 256)}), 4)
-    runner = SimpleNamespace(gemv_choices=lambda: {"talker": NONE, "code_predictor": chosen})
-    assert linear_choices(SimpleNamespace(runner=runner)) == {
-        "talker": {"bf16_gemv_rows": 0, "gemv_shapes": []},
-        "code_predictor": {"bf16_gemv_rows": 4, "gemv_shapes": [[512, 256], [1024, 2048]]}}
-    assert linear_choices(SimpleNamespace()) == {}  # a stand-in engine without a runner
 
 
 async def test_client_pings_are_answered(start_server):
