@@ -5,7 +5,7 @@
 set -uo pipefail
 . "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/*_gpu.py tests/engine/*gpu*.py tests/engine/models/*/*gpu*.py tests/engine/models/*/*/*gpu*.py tests/engine/test_device_copy.py tests/stream/test_codec_graphs.py tests/stream/test_codec_worker_gpu.py \
+timeout 420 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/*_gpu.py tests/engine/*gpu*.py tests/engine/models/*/*gpu*.py tests/engine/models/*/*/*gpu*.py tests/engine/test_device_copy.py tests/stream/test_codec_graphs.py tests/stream/test_codec_worker_gpu.py tests/stream/test_kernel_builds_gpu.py \
   2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 rc=$?
 for arch in v2 v3; do

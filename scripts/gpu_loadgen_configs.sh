@@ -99,7 +99,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/trace_*.json")):
     times = [e[1] for e in ev if e[0] in ("step", "codec")]
     s = trace.trace_summary(ev, wall_s=max(times) - min(times)) if times else {}
     print(f.split("/")[-1], {k: round(v, 2) if isinstance(v, float) else v for k, v in s.items()
-                            if k.startswith(("gc_", "step_ms", "codec_ms", "codec_busy", "codec_held", "steps", "codec_calls", "late_", "sync_"))})
+                            if k.startswith(("gc_", "build", "step_ms", "codec_ms", "codec_busy", "codec_held", "steps", "codec_calls", "late_", "sync_"))})
 PY
 for p in "$OUT"/prof_*.json; do [ -e "$p" ] && python3 "$repo/scripts/top_samples.py" "$p" --top 12 | cut -c1-150; done
 (cd "$OUT" && shopt -s nullglob && f=(lg_*.json server_*.log trace_*.json prof_*.json) && tar czf configs.tgz "${f[@]}" && rm -f "${f[@]}")

@@ -169,6 +169,11 @@ class Metrics:
                                          "GPU memory torch's allocator holds for the process (after the last step).")
         self.gc_pause = Histogram("higgs_gc_pause_seconds",
                                   "Python garbage collections: every thread of the server stops for each.", GC_BUCKETS)
+        self.kernel_builds = Counter("higgs_kernel_builds_total",
+                                     "Kernels built while serving (a Triton specialization or a torch.compile graph the "
+                                     "warm-up did not build): each stalled its thread once.", ("kind",))
+        self.kernel_build_seconds = Counter("higgs_kernel_build_seconds_total",
+                                            "Seconds spent building kernels while serving.", ("kind",))
         self.codec_call_time = Histogram("higgs_codec_call_seconds",
                                          "Codec decode calls (one batched call serves many streams' due frames).",
                                          STEP_BUCKETS)
@@ -183,7 +188,8 @@ class Metrics:
                 self.requests, self.errors,
                 self.ttfa, self.step_time, self.underruns, self.slow_clients, self.audio_seconds, self.steps,
                 self.paused_streams, self.refused, self.gpu_memory_cap, self.gpu_memory_reserved, self.gc_pause,
-                self.codec_call_time, self.codec_backlog, self.codec_overdue_wait]
+                self.kernel_builds, self.kernel_build_seconds, self.codec_call_time, self.codec_backlog,
+                self.codec_overdue_wait]
 
     def render(self) -> str:
         lines: list[str] = []

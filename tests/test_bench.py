@@ -62,6 +62,14 @@ def test_start_up_collections_are_kept_apart_from_serving_pauses():
     assert s["gc_ms_max"] == pytest.approx(10.0) and s["gc_startup_ms_max"] == pytest.approx(300.0)
 
 
+def test_kernels_built_while_serving_are_counted_with_their_time():
+    trace = [("serving", 0.5), ("step", 0.6, 0.604, 0.605, 8, 0.0), ("build", 0.7, 0.74, "triton", "k[BLOCK=64]"),
+             ["build", 0.8, 0.81, "dynamo", "0/1"]]
+    s = trace_summary(trace, wall_s=1.0)
+    assert s["builds"] == 2 and s["build_ms_sum"] == pytest.approx(50.0) and s["build_ms_max"] == pytest.approx(40.0)
+    assert trace_summary(trace[:2], 1.0)["builds"] == 0
+
+
 def test_ab_variants_change_one_setting_each():
     from types import SimpleNamespace
 

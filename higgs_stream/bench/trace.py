@@ -41,7 +41,8 @@ def trace_summary(trace: list[tuple], wall_s: float) -> dict:
             **_backlog_summary(calls),
             **_overdue_summary(calls),
             **_replay_summary(replays, calls),
-            **_gc_summary([t for t in trace if t[0] == "gc"], next((t[1] for t in trace if t[0] == "serving"), None))}
+            **_gc_summary([t for t in trace if t[0] == "gc"], next((t[1] for t in trace if t[0] == "serving"), None)),
+            **_build_summary([t for t in trace if t[0] == "build"])}
 
 
 def calls_beside(steps: list[tuple], calls: list[tuple]) -> list[list[tuple]]:
@@ -92,6 +93,13 @@ def _overdue_summary(calls: list[tuple]) -> dict:
                 "codec_overdue_late_ms_p95": float(np.percentile(late, 95)),
                 "codec_overdue_late_ms_max": float(late.max())}
     return out
+
+
+def _build_summary(builds: list) -> dict:
+    """("build", t0, t1, kind, name) events (stream/kernel_builds.py; the pipeline traces those after start-up): how
+    many kernels serving built, their seconds in all and the longest."""
+    seconds = [b[2] - b[1] for b in builds]
+    return {"builds": len(builds), "build_ms_sum": sum(seconds) * 1e3, "build_ms_max": max(seconds, default=0.0) * 1e3}
 
 
 def _gc_summary(gcs: list, serving: float | None = None) -> dict:
