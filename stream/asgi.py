@@ -34,7 +34,7 @@ from higgs_stream.stream.errors import BadJsonError, TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import ServerState, start_pipeline
+from higgs_stream.stream.server_state import ServerState, limit_send_buffer, start_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +340,7 @@ class AsgiServer:
         # Nagle holds a small frame written right after another for the client's delayed ACK (40 ms)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        limit_send_buffer(sock, cfg.send_buffer_bytes)  # what every accepted connection starts with (Linux)
         sock.bind((host, port))
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(config)

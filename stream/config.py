@@ -156,6 +156,12 @@ class ServerConfig:
     slow_client_s: float = 60.0
     stream_buffer_s: float = 60.0
     max_send_ms: int = 1000  # largest merged audio frame after the first
+    # each client connection's kernel send buffer (SO_SNDBUF, KiB; Linux doubles it): what a client that stopped
+    # reading can have waiting in the server's kernel before its context's hold (stream_hold_s) engages, and the
+    # kernel memory a connection may hold; a connection carries at most twice this per round trip. None: the
+    # kernel's autotuning (up to tcp_wmem's maximum, 4 MiB by default: ~85 s of 24 kHz audio generated for a loopback
+    # client that read nothing before its hold engaged, measured; 128 KiB: 11.7 s with a 2 s hold, README Limits)
+    send_buffer_kib: int | None = 128
     heartbeat_s: float = 20.0  # WebSocket ping interval
     # messages a WebSocket (or WebRTC data channel) session reads per second, bursts of as many: past it the
     # session reads no further until its budget refills, so a flood slows its own sender (TCP) and not the others
@@ -251,6 +257,7 @@ class ServerConfig:
         need(self.slow_client_s > 0, "slow_client_s must be > 0")
         need(self.max_send_ms >= 40, "max_send_ms must be >= 40 (one codec frame)")
         need(self.heartbeat_s > 0, "heartbeat_s must be > 0")
+        need(_int_or_none(self.send_buffer_kib, 4, 65536), "send_buffer_kib must be an int in 4..65536 or None")
         need(self.max_messages_per_s > 0, "max_messages_per_s must be > 0")
         need(self.idle_timeout_s > 0, "idle_timeout_s must be > 0")
         need(self.drain_s >= 0, "drain_s must be >= 0")
@@ -309,6 +316,10 @@ class ServerConfig:
     @property
     def stream_buffer_samples(self) -> int:
         return int(self.stream_buffer_s * SAMPLE_RATE)
+
+    @property
+    def send_buffer_bytes(self) -> int | None:
+        return None if self.send_buffer_kib is None else self.send_buffer_kib * 1024
 
     @property
     def stream_hold_samples(self) -> int:

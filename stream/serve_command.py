@@ -226,6 +226,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer 408 when an HTTP request body has not arrived within S seconds")
     parser.add_argument("--max-reference-s", type=float, default=d.max_reference_s, metavar="S",
                         help="longest reference audio, checked from the file header before decoding")
+    parser.add_argument("--send-buffer-kib", type=int, default=d.send_buffer_kib, metavar="KIB",
+                        help="each client connection's kernel send buffer (SO_SNDBUF; Linux doubles it): what a "
+                             "client that stopped reading can have queued before its context pauses; 0: the "
+                             "kernel's autotuning (up to 4 MiB, ~85 s of audio)")
     parser.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, metavar="N",
                         help="largest WebSocket message / HTTP body (too_large); twice this closes the socket (1009)")
     add_ray_arguments(parser)
@@ -278,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         drain_s=args.drain_timeout,
                         context_idle_s=args.context_idle_timeout, http_body_timeout_s=args.http_body_timeout,
                         max_reference_s=args.max_reference_s, max_message_bytes=args.max_message_bytes,
+                        send_buffer_kib=args.send_buffer_kib or None,
                         pause_ahead_s=args.pause_ahead, resume_ahead_s=args.resume_ahead,
                         admit_step_ratio=args.admit_step_ratio or None,
                         codec_schedule=args.codec_schedule, codec_sms=args.codec_sms, warm_up=not args.no_warm_up,

@@ -37,7 +37,7 @@ from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import STATE, ServerState, start_pipeline
+from higgs_stream.stream.server_state import STATE, ServerState, limit_send_buffer, start_pipeline
 from higgs_stream.stream.thread_profile import StackSampler, write_profile
 
 __all__ = ["SessionRunner", "make_app", "serve", "bound_port", "startup_line"]
@@ -213,7 +213,11 @@ async def ws_stream(request: web.Request) -> web.StreamResponse:
     if refusal is not None:
         return await respond(request, refusal)
     cfg = state.config
-    ws = web.WebSocketResponse(heartbeat=None, autoping=False, max_msg_size=cfg.hard_message_bytes, compress=False)
+    # writer_limit: how much it writes between looks at the transport's flow control (aiohttp's 256 KiB: 5 s of
+    # audio waited in the process for a client that stopped reading, beside the kernel's send buffer)
+    limit = {} if cfg.send_buffer_bytes is None else {"writer_limit": cfg.send_buffer_bytes}
+    ws = web.WebSocketResponse(heartbeat=None, autoping=False, max_msg_size=cfg.hard_message_bytes, compress=False,
+                               **limit)
     await ws.prepare(request)
     await run_websocket(state, view, AiohttpSocket(ws, cfg.heartbeat_s, request.transport))
     return ws
@@ -237,6 +241,14 @@ async def voices(request: web.Request) -> web.Response:
 
 async def cors_preflight(request: web.Request) -> web.Response:
     return await respond(request, routes.preflight(request.app[STATE], request_view(request)))
+
+
+async def limit_connection_buffer(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: the connection's kernel send buffer (`ServerConfig.send_buffer_kib`), before its first
+    byte: a client that stops reading then holds its context after ~0.5 MiB instead of the kernel's 4 MiB."""
+    transport = request.transport
+    limit_send_buffer(transport.get_extra_info("socket") if transport is not None else None,
+                      request.app[STATE].config.send_buffer_bytes)
 
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -301,6 +313,7 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
     for path in CORS_ROUTES:
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
+    app.on_response_prepare.append(limit_connection_buffer)
 
     async def drain_streams(app: web.Application) -> None:  # the runner's cleanup: what `serve_until_signalled` has
         # not drained (a second signal cut its drain short: what is open ends now), or all of it (a caller's own

@@ -4,6 +4,7 @@ config, pipeline, voices, metrics and the open sockets, under one app key."""
 from __future__ import annotations
 
 import logging
+import socket
 import weakref
 from dataclasses import dataclass, field
 
@@ -28,6 +29,17 @@ class ServerState:
 
 
 STATE = web.AppKey("higgs_state", ServerState)
+
+
+def limit_send_buffer(sock, nbytes: int | None) -> None:
+    """SO_SNDBUF on a socket (`ServerConfig.send_buffer_kib`; None: left to the kernel): on a client connection, or
+    on a listening socket, whose accepted connections inherit it (Linux). A socket already closed is left alone."""
+    if sock is None or nbytes is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+    except OSError as e:  # the peer went away meanwhile
+        log.debug("SO_SNDBUF not set: %r", e)
 
 
 async def start_pipeline(state: ServerState) -> None:

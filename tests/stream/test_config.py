@@ -35,6 +35,9 @@ def test_defaults_are_production_safe():
     ("ice_servers", ("stun:stun.example?transport=tcp",), "only TURN"),
     ("codec_queue_rounds", 0, "codec_queue_rounds"),
     ("codec_queue_rounds", None, "codec_queue_rounds"),
+    ("send_buffer_kib", 2, "send_buffer_kib"),
+    ("send_buffer_kib", 1 << 20, "send_buffer_kib"),
+    ("send_buffer_kib", 64.0, "send_buffer_kib"),
 ])
 def test_invalid_limits_are_refused(field, value, match):
     with pytest.raises(ConfigError, match=match):
@@ -55,6 +58,10 @@ def test_serve_flags_set_the_limits():
     assert cfg.cors_origins == ("https://web.example", "http://localhost:5173")
     assert cfg.ice_servers == ("stun:stun.example:3478", "turns:u:p@turn.example:5349?transport=tcp")
     assert (cfg.idle_timeout_s, cfg.context_idle_s, cfg.http_body_timeout_s, cfg.max_reference_s) == (100, 20, 5, 12)
+    assert cfg.send_buffer_bytes == 128 * 1024  # the default
+    for flag, kib in (("64", 64), ("0", None)):  # 0: the kernel's autotuning
+        cfg = config_from_args(parser.parse_args(["--model", "m", "--send-buffer-kib", flag]))
+        assert cfg.send_buffer_kib == kib
     with pytest.raises(ConfigError, match="origin"):
         config_from_args(parser.parse_args(["--model", "m", "--allow-origin", "evil"]))
     # serve's defaults are the library's, but for the warm-up utterance (serve only: embedded servers and
