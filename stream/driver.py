@@ -130,7 +130,10 @@ class SessionRunner:
         self.state = state
         self.transport = transport  # metrics label
         self._send_text, self._send_bytes = send_text, send_bytes
-        self.session = Session(state.config, state.voices, query, on_error=self._count_error)
+        # a plain function of the metrics, not a method of this runner: a bound method made runner -> session ->
+        # runner a cycle, so every closed connection's objects waited for a garbage collection (a probe)
+        errors = state.metrics.errors
+        self.session = Session(state.config, state.voices, query, on_error=lambda code: errors.inc(code=code))
         self.handles: dict[str, StreamHandle] = {}  # contexts whose `done` is not sent yet
         state.sessions.add(self)
         self._wake = asyncio.Event()
@@ -219,7 +222,7 @@ class SessionRunner:
                 handle.close()
             elif isinstance(cmd, Cancel):
                 del self.handles[cmd.context_id]
-                handle.cancel()
+                handle.cancel() if cmd.error is None else handle.fail(cmd.error)
                 self._quiet_since = max(self._quiet_since, self._loop.time())
 
     async def _write(self) -> None:

@@ -131,13 +131,21 @@ class StreamHandle:
         """Stop now, its queued audio dropped; `reason` "disconnected" when its client went away (closed, reset, dropped
         by the keepalive) rather than asked (metrics' outcome and the access log tell the two apart)."""
         assert reason in ("cancelled", "disconnected"), reason
+        self._stop(End(reason))
+
+    def fail(self, error: HiggsStreamError) -> None:
+        """Stop now as `cancel` does, ended by `error` (the session ended it: an idle context): counted and logged as
+        an error with its code, not as the client's cancel."""
+        self._stop(End("error", error))
+
+    def _stop(self, end: End) -> None:
         if self.finished:
             return
         self._stop_engine()
         self._queue.clear()
         self._buffered = 0
         self._unhold()
-        self._finish(End(reason))
+        self._finish(end)
 
     @property
     def busy(self) -> bool:

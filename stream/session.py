@@ -75,7 +75,11 @@ class Close:
 
 @dataclass(frozen=True)
 class Cancel:
+    """Stop the context now. `error`: the session ended it with this error (its `error` + `done{reason:"error"}`
+    already sent: an idle context), counted as an error, not as the client's cancel."""
+
     context_id: str
+    error: HiggsStreamError | None = None
 
 
 Command = Open | Speak | Close | Cancel
@@ -194,11 +198,11 @@ class Session:
     def time_out(self, context_id: str) -> list[Command]:
         """End an idle context: `error{idle_timeout}` + `done{reason:"error"}`; cancel it."""
         ctx = self._contexts[context_id]
-        self._error(IdleTimeoutError(f"context {context_id!r} had no message and no audio for "
-                                     f"{self.cfg.context_idle_s:g} s; send `end` when a context is complete"),
-                    context_id)
+        error = IdleTimeoutError(f"context {context_id!r} had no message and no audio for "
+                                 f"{self.cfg.context_idle_s:g} s; send `end` when a context is complete")
+        self._error(error, context_id)
         self._done(ctx.id, "error")
-        return [Cancel(context_id)]
+        return [Cancel(context_id, error)]
 
     def fail_all(self, error: HiggsStreamError) -> None:
         """The connection is going down on a server failure: every live context ends with `error`."""

@@ -358,7 +358,8 @@ def test_open_contexts_time_out_when_idle(voices):
     assert s.deadline() == pytest.approx(10.0)
     s.touch("a", 5.0)  # the pipeline worked on a
     assert s.idle(11.0) == ["b"] and s.deadline() == pytest.approx(11.0)
-    assert s.time_out("b") == [Cancel("b")]
+    [cancel] = s.time_out("b")
+    assert cancel.context_id == "b" and cancel.error.code == "idle_timeout"  # ended as an error, not a cancel
     out = msgs(s)
     assert out[0]["code"] == "idle_timeout" and out[0]["context_id"] == "b"
     assert out[1] == {"type": "done", "context_id": "b", "reason": "error", "samples": 0}
