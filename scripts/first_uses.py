@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from higgs_stream.clients.client import StreamStats, stream_tts
+import aiohttp
 from higgs_stream.loadgen.spawn import http_base, spawned_server
 
 TEXT = "The quick brown fox jumps over the lazy dog before the morning train."
@@ -54,11 +54,25 @@ def builds(base: str) -> dict[str, float]:
 
 
 async def ws_request(url: str, **options) -> dict:
-    stats = StreamStats()
-    async for _ in stream_tts(url, TEXT, stats=stats, seed=1, **options):
-        pass
-    return {"first_audio_ms": 1e3 * stats.first_audio_s if stats.first_audio_s is not None else None,
-            "audio_s": stats.audio_s}
+    """One context over the WebSocket (aiohttp: the GPU machine has no `websockets`): time to its first audio."""
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, max_msg_size=0) as ws:
+        t0 = time.perf_counter()
+        await ws.send_str(json.dumps({"type": "text", "context_id": "c", "text": TEXT, "seed": 1, **options}))
+        await ws.send_str(json.dumps({"type": "end", "context_id": "c"}))
+        first, samples = None, 0
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                first = time.perf_counter() if first is None else first
+                samples += len(msg.data) // 2
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(msg.data)
+                if event["type"] == "error":
+                    raise RuntimeError(f"{event.get('code')}: {event.get('message')}")
+                if event["type"] == "done":
+                    break
+            else:
+                break
+    return {"first_audio_ms": None if first is None else 1e3 * (first - t0), "audio_s": samples / 24000}
 
 
 def http_request(base: str, body: dict) -> dict:
