@@ -92,6 +92,7 @@ class StreamHandle:
         self.said_at: float | None = None  # first text (event loop clock)
         self.first_audio_at: float | None = None  # first audio queued
         self.finished = False  # End queued
+        self._accounted = False  # its outcome counted (`_account`)
         self.samples = 0  # samples queued so far
         self._queue: deque[Event] = deque()
         self._buffered = 0  # samples in the queue
@@ -129,23 +130,18 @@ class StreamHandle:
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop now, its queued audio dropped; `reason` "disconnected" when its client went away (closed, reset, dropped
-        by the keepalive) rather than asked (metrics' outcome and the access log tell the two apart)."""
+        by the keepalive) rather than asked (metrics' outcome and the access log tell the two apart). After its
+        last segment, while its End still waits behind audio the client has not taken, it is counted with `reason`
+        instead of `completed` (the audio never left)."""
         assert reason in ("cancelled", "disconnected"), reason
-        self._stop(End(reason))
-
-    def fail(self, error: HiggsStreamError) -> None:
-        """Stop now as `cancel` does, ended by `error` (the session ended it: an idle context): counted and logged as
-        an error with its code, not as the client's cancel."""
-        self._stop(End("error", error))
-
-    def _stop(self, end: End) -> None:
         if self.finished:
+            if not self._accounted:
+                self._queue.clear()
+                self._buffered = 0
+                self._unhold()
+                self._account(End(reason))
             return
-        self._stop_engine()
-        self._queue.clear()
-        self._buffered = 0
-        self._unhold()
-        self._finish(end)
+        self._stop(End(reason))
 
     @property
     def busy(self) -> bool:
@@ -179,6 +175,7 @@ class StreamHandle:
                     self._arm_stall()
         if self._queue and isinstance(self._queue[0], End) and not (out and first_alone):
             out.append(self._queue.popleft())
+            self._account(out[-1])
         if not self._queue:
             self._ready.clear()
         return out
@@ -226,11 +223,11 @@ class StreamHandle:
             )
             self.pipeline._submit(seg)
         except HiggsStreamError as e:
-            self._fail(e)
+            self.fail(e)
             return
         except Exception as e:  # a bug: this context ends with `internal`, the others go on
             log.exception("submitting segment %d failed", self._index)
-            self._fail(HiggsStreamError(f"internal error: {type(e).__name__}"))
+            self.fail(HiggsStreamError(f"internal error: {type(e).__name__}"))
             return
         self._segment = seg
         self._index += 1
@@ -240,11 +237,11 @@ class StreamHandle:
         if self.finished:
             return
         if fut.cancelled():
-            self._fail(HiggsStreamError("reference encoding was cancelled"))
+            self.fail(HiggsStreamError("reference encoding was cancelled"))
             return
         exc = fut.exception()
         if exc is not None:
-            self._fail(exc if isinstance(exc, HiggsStreamError) else HiggsStreamError(f"encoding failed: {exc!r}"))
+            self.fail(exc if isinstance(exc, HiggsStreamError) else HiggsStreamError(f"encoding failed: {exc!r}"))
             return
         self._reference = fut.result()
         self._pump()
@@ -298,7 +295,7 @@ class StreamHandle:
 
     def _slow(self, message: str) -> None:
         self.pipeline.metrics.slow_clients.inc()
-        self._fail(SlowClientError(message))
+        self.fail(SlowClientError(message))
 
     def _segment_end(self, seg: _Segment, reason: str, error: str | None, frames: np.ndarray | None) -> None:
         self._segment = None
@@ -309,9 +306,9 @@ class StreamHandle:
                 self._remember(Reference(codes=frames, transcript=seg.text))
             self._pump()
         elif reason == "cancelled":  # not by us (we drop stale segments): the engine gave up on it
-            self._fail(CancelledStream(f"segment {seg.index} was cancelled by the engine"))
+            self.fail(CancelledStream(f"segment {seg.index} was cancelled by the engine"))
         else:
-            self._fail(HiggsStreamError(f"generation failed: {error}"))
+            self.fail(HiggsStreamError(f"generation failed: {error}"))
 
     def _remember(self, segment: Reference) -> None:
         cfg = self.pipeline.cfg
@@ -324,19 +321,21 @@ class StreamHandle:
     # ---- endings ----
 
     def fail(self, error: HiggsStreamError) -> None:
-        """End the stream with `error` now (its audio not yet taken is dropped)."""
-        self._fail(error)
-
-    def _fail(self, error: HiggsStreamError) -> None:
+        """End the stream with `error` now (its audio not yet taken is dropped); nothing once it has ended."""
         if self.finished:
             return
         if type(error) is HiggsStreamError:
             log.error("stream failed: %s", error)
+        self._stop(End("error", error))
+
+    def _stop(self, end: End) -> None:
+        """End now (not yet ended): the engine stream cancelled, the queue dropped; counted at once."""
         self._stop_engine()
         self._queue.clear()
         self._buffered = 0
         self._unhold()
-        self._finish(End("error", error))
+        self._finish(end)
+        self._account(end)
 
     def _unhold(self) -> None:
         """Not held, no slow_client timer left (resumed, or ended: its engine stream is gone)."""
@@ -353,10 +352,18 @@ class StreamHandle:
             self.pipeline._cancel(seg)
 
     def _finish(self, end: End) -> None:
+        """End queued: its engine work is over (`Pipeline._release`). A stream that ran to its end is counted when
+        its client takes the End (`take`), after the last of its audio; one stopped is counted at once (`_stop`)."""
         self.finished = True
         self._queue.append(end)
-        self.pipeline._release(self, end.reason, None if end.error is None else end.error.code)
+        self.pipeline._release(self)
         self._notify()
+
+    def _account(self, end: End) -> None:
+        """Count the stream's outcome once (metrics, the access log, the trace)."""
+        if not self._accounted:
+            self._accounted = True
+            self.pipeline._account(self, end.reason, None if end.error is None else end.error.code)
 
     def _notify(self) -> None:
         self._ready.set()

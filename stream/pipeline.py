@@ -347,10 +347,14 @@ class Pipeline:
             handle.fail(error)
         return len(handles)
 
-    def _release(self, handle: StreamHandle, reason: str, code: str | None = None) -> None:
-        """A stream ended (`reason`; `code`: its error's, logged as `reason=error code=...`)."""
+    def _release(self, handle: StreamHandle) -> None:
+        """A stream's engine work is over (its End queued): it no longer counts as in flight."""
         self._handles.discard(handle)
         self.metrics.active_streams.set(len(self._handles))
+
+    def _account(self, handle: StreamHandle, reason: str, code: str | None = None) -> None:
+        """A stream's outcome (`reason`; `code`: its error's, logged as `reason=error code=...`): when its client took
+        its End, or when it was stopped (StreamHandle._account)."""
         self.metrics.requests.inc(transport=handle.transport, outcome=reason)
         ttfa = handle.first_audio_at - handle.said_at if None not in (handle.first_audio_at, handle.said_at) else None
         access_log.info("%s id=%s reason=%s%s samples=%d ttfa_ms=%s", handle.transport, handle.stream_id, reason,

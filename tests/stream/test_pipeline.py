@@ -182,6 +182,30 @@ async def test_every_finished_stream_writes_one_access_log_line(make_pipeline, e
     assert re.fullmatch(r"[0-9a-f]{16}", cancelled.stream_id)
 
 
+async def test_a_stream_is_counted_when_its_client_takes_its_end(make_pipeline, caplog):
+    """A stream that ran to its end is `completed` once its client has taken its End (after all its audio), not when
+    its last segment ended: one whose client went away before that is `disconnected` (a probe: a context whose
+    generation finished before its client dropped was logged completed, its audio never sent)."""
+    caplog.set_level(logging.INFO, logger="higgs_stream.access")
+    p = await make_pipeline()
+    left, read = (p.open(ContextOptions(voice=default_voice(), seed=seed)) for seed in (11, 12))
+    for h in (left, read):
+        h.say("Hello world.")
+        h.close()
+    await wait_until(lambda: left.finished and read.finished, 60)  # both Ends queued, nothing taken
+    assert p.active == 0 and p.metrics.requests.value(transport="ws", outcome="completed") == 0
+    left.cancel("disconnected")  # its client went: the audio it never took is dropped
+    assert left.take(1 << 20) == []
+    pcm, end = await collect(read)
+    assert end == End("completed") and len(pcm) > 0
+    assert p.metrics.requests.value(transport="ws", outcome="completed") == 1
+    assert p.metrics.requests.value(transport="ws", outcome="disconnected") == 1
+    read.cancel("disconnected")  # taken already: counted once
+    assert p.metrics.requests.value(transport="ws", outcome="disconnected") == 1
+    reasons = [re.search(r"reason=(\w+)", r.getMessage())[1] for r in caplog.records if r.name == "higgs_stream.access"]
+    assert reasons == ["disconnected", "completed"]
+
+
 async def test_a_context_its_client_has_not_read_is_held_then_resumes_unchanged(make_pipeline, ref_engine, codec):
     """Back-pressure (StreamHandle._hold): context b, queued behind a on its connection, is not read while a plays.
     Its generation pauses once 0.2 s of its audio waits (the engine stream paused, no slow_client timer: its client
