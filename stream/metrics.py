@@ -174,6 +174,9 @@ class Metrics:
                                      "warm-up did not build): each stalled its thread once.", ("kind",))
         self.kernel_build_seconds = Counter("higgs_kernel_build_seconds_total",
                                             "Seconds spent building kernels while serving.", ("kind",))
+        for kind in ("triton", "dynamo"):  # a sample at 0 from the start: a rate sees the first build
+            self.kernel_builds.inc(0, kind=kind)
+            self.kernel_build_seconds.inc(0, kind=kind)
         self.codec_call_time = Histogram("higgs_codec_call_seconds",
                                          "Codec decode calls (one batched call serves many streams' due frames).",
                                          STEP_BUCKETS)

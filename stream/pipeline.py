@@ -181,9 +181,13 @@ class Pipeline:
         # Three threads share the GIL (event loop, engine, codec): process-wide, this is the serving process
         sys.setswitchinterval(self.cfg.gil_switch_s)
         self._build_watch = BuildWatch(self._kernel_built)  # the codec's warm-up builds kernels too
-        if self.engine_device is not None:
-            self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
-        await self.codec_worker.start(self._engine_stream)
+        try:
+            if self.engine_device is not None:
+                self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
+            await self.codec_worker.start(self._engine_stream)
+        except BaseException:  # a start that failed leaves no hook behind
+            self._close_watches()
+            raise
         self.metrics.gpu_memory_cap.set(self.codec_worker.memory_cap or 0)
         self._count_pages()
         self._gc_watch = GcWatch(self._gc_paused)
@@ -260,14 +264,19 @@ class Pipeline:
         self._stop_by = time.monotonic() + STOP_GRACE_S
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
-        await self.codec_worker.stop(STOP_GRACE_S)
-        if self._gc_watch is not None:
-            self._gc_watch.close()
-        if self._build_watch is not None:
-            self._build_watch.close()
-        self._encoder.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join)
+            await self.codec_worker.stop(STOP_GRACE_S)
+        finally:
+            self._close_watches()
+            self._encoder.shutdown(wait=False, cancel_futures=True)
+
+    def _close_watches(self) -> None:
+        for watch in (self._gc_watch, self._build_watch):
+            if watch is not None:
+                watch.close()
+        self._gc_watch = self._build_watch = None
 
     @property
     def healthy(self) -> bool:

@@ -227,9 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-reference-s", type=float, default=d.max_reference_s, metavar="S",
                         help="longest reference audio, checked from the file header before decoding")
     parser.add_argument("--send-buffer-kib", type=int, default=d.send_buffer_kib, metavar="KIB",
-                        help="each client connection's kernel send buffer (SO_SNDBUF; Linux doubles it): what a "
-                             "client that stopped reading can have queued before its context pauses; 0: the "
-                             "kernel's autotuning (up to 4 MiB, ~85 s of audio)")
+                        help="each client connection's kernel send buffer, 4..65536 (SO_SNDBUF; Linux doubles it and "
+                             "caps it at net.core.wmem_max): what a client that stopped reading can have queued "
+                             "before its context pauses; 0: the kernel's autotuning (up to 4 MiB, ~85 s of audio)")
     parser.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, metavar="N",
                         help="largest WebSocket message / HTTP body (too_large); twice this closes the socket (1009)")
     add_ray_arguments(parser)
@@ -266,6 +266,9 @@ def _cuda() -> bool:
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The ServerConfig of `higgs-stream serve`'s flags (ConfigError when one is invalid)."""
+    if args.send_buffer_kib != 0 and not 4 <= args.send_buffer_kib <= 65536:
+        raise ConfigError(f"--send-buffer-kib {args.send_buffer_kib}: expected 4..65536 (KiB), or 0 for the kernel's "
+                          "autotuning")
     aliases = {}
     for item in args.voice_alias:
         alias, sep, target = item.partition("=")

@@ -34,12 +34,22 @@ STATE = web.AppKey("higgs_state", ServerState)
 def limit_send_buffer(sock, nbytes: int | None) -> None:
     """SO_SNDBUF on a socket (`ServerConfig.send_buffer_kib`; None: left to the kernel): on a client connection, or
     on a listening socket, whose accepted connections inherit it (Linux). A socket already closed is left alone."""
+    global _capped_warned
     if sock is None or nbytes is None:
         return
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, nbytes)
+        got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     except OSError as e:  # the peer went away meanwhile
         log.debug("SO_SNDBUF not set: %r", e)
+        return
+    if got < nbytes and not _capped_warned:  # Linux caps it at net.core.wmem_max (and reports twice what it keeps)
+        _capped_warned = True
+        log.warning("--send-buffer-kib %d: the kernel keeps %d KiB (net.core.wmem_max caps it)", nbytes // 1024,
+                    got // 1024)
+
+
+_capped_warned = False  # `limit_send_buffer` warns once a process
 
 
 async def start_pipeline(state: ServerState) -> None:

@@ -62,6 +62,9 @@ def test_serve_flags_set_the_limits():
     for flag, kib in (("64", 64), ("0", None)):  # 0: the kernel's autotuning
         cfg = config_from_args(parser.parse_args(["--model", "m", "--send-buffer-kib", flag]))
         assert cfg.send_buffer_kib == kib
+    for flag in ("-1", "3", "65537"):  # named as the flag, not as the config's field
+        with pytest.raises(ConfigError, match=r"--send-buffer-kib .*4\.\.65536.*0 for the kernel"):
+            config_from_args(parser.parse_args(["--model", "m", "--send-buffer-kib", flag]))
     with pytest.raises(ConfigError, match="origin"):
         config_from_args(parser.parse_args(["--model", "m", "--allow-origin", "evil"]))
     # serve's defaults are the library's, but for the warm-up utterance (serve only: embedded servers and

@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+from higgs_stream.stream import kernel_builds
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.kernel_builds import BuildWatch
 from higgs_stream.stream.pipeline import Pipeline
@@ -21,6 +22,16 @@ knobs = triton.knobs
 @triton.jit
 def _noop_kernel(x_ptr, BLOCK: tl.constexpr):
     pass
+
+
+@pytest.fixture
+def hooks(monkeypatch):
+    """A process-wide hook set of the test's own, so no watch left open elsewhere in the process is in it; Triton's
+    hook slots as they were afterwards."""
+    before = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+    monkeypatch.setattr(kernel_builds, "_HOOKS", kernel_builds._Hooks())
+    yield kernel_builds._HOOKS
+    knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = before
 
 
 def _options():
@@ -37,7 +48,7 @@ def _triton_build(hook_slot: str, constants: dict) -> object:
                                    False)
 
 
-def test_a_triton_build_is_reported_with_its_constexprs_and_chains_the_hooks_before_it():
+def test_a_triton_build_is_reported_with_its_constexprs_and_chains_the_hooks_before_it(hooks):
     earlier: list[str] = []
     knobs.runtime.jit_cache_hook = lambda **kw: earlier.append("cache") or None
     knobs.runtime.jit_post_compile_hook = lambda **kw: earlier.append("post")
@@ -57,7 +68,7 @@ def test_a_triton_build_is_reported_with_its_constexprs_and_chains_the_hooks_bef
     assert len(builds) == 1
 
 
-def test_an_earlier_hook_that_skips_the_build_is_obeyed():
+def test_an_earlier_hook_that_skips_the_build_is_obeyed(hooks):
     knobs.runtime.jit_cache_hook = lambda **kw: True  # True: Triton skips the build
     watch = BuildWatch(lambda *a: None)
     try:
@@ -67,7 +78,27 @@ def test_an_earlier_hook_that_skips_the_build_is_obeyed():
         knobs.runtime.jit_cache_hook = None
 
 
-def test_each_dynamo_compile_is_reported_once_while_installed():
+def test_watches_share_one_set_of_hooks_whatever_order_they_close_in(hooks):
+    """Two pipelines' watches (the tests run many in one process): closed in the order they opened, the hooks go with
+    the last one and the slots hold what they held before; a closed watch hears nothing (it chained a dead
+    pipeline's hook before: a probe)."""
+    knobs.runtime.jit_cache_hook = knobs.runtime.jit_post_compile_hook = None
+    a, b = [], []
+    watch_a = BuildWatch(lambda *x: a.append(x))
+    watch_b = BuildWatch(lambda *x: b.append(x))
+    _triton_build("jit_cache_hook", {(1,): 32})
+    _triton_build("jit_post_compile_hook", {(1,): 32})
+    assert len(a) == len(b) == 1
+    watch_a.close()
+    watch_a.close()  # twice: nothing more
+    _triton_build("jit_cache_hook", {(1,): 32})
+    _triton_build("jit_post_compile_hook", {(1,): 32})
+    assert (len(a), len(b)) == (1, 2)
+    watch_b.close()
+    assert knobs.runtime.jit_cache_hook is None and knobs.runtime.jit_post_compile_hook is None
+
+
+def test_each_dynamo_compile_is_reported_once_while_installed(hooks):
     builds: list[tuple] = []
     watch = BuildWatch(lambda kind, name, start, seconds: builds.append((kind, name, seconds)))
     fn = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
@@ -87,6 +118,7 @@ async def test_the_pipeline_counts_builds_while_serving_apart_from_start_up(capl
     from higgs_stream.bench_pipeline import FakeCodec, FakeEngine
 
     p = Pipeline(FakeEngine(step_s=0.001), FakeCodec(), ServerConfig())
+    assert 'higgs_kernel_builds_total{kind="triton"} 0' in p.metrics.render()  # at 0 before the first build
     p.trace = []
     await p.start()
     fn = torch.compile(lambda x: x - 3, backend="eager", dynamic=False)
