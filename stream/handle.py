@@ -136,9 +136,8 @@ class StreamHandle:
         assert reason in ("cancelled", "disconnected"), reason
         if self.finished:
             if not self._accounted:
-                self._queue.clear()
-                self._buffered = 0
-                self._unhold()
+                self._drop_queue()
+                self._ready.clear()  # nothing left to take
                 self._account(End(reason))
             return
         self._stop(End(reason))
@@ -331,11 +330,14 @@ class StreamHandle:
     def _stop(self, end: End) -> None:
         """End now (not yet ended): the engine stream cancelled, the queue dropped; counted at once."""
         self._stop_engine()
+        self._drop_queue()
+        self._finish(end)
+        self._account(end)
+
+    def _drop_queue(self) -> None:
         self._queue.clear()
         self._buffered = 0
         self._unhold()
-        self._finish(end)
-        self._account(end)
 
     def _unhold(self) -> None:
         """Not held, no slow_client timer left (resumed, or ended: its engine stream is gone)."""
