@@ -114,12 +114,19 @@ async def send_stream(reply: StreamReply, receive: Receive, send: Send) -> None:
     """Write a StreamReply as it is produced, beside a watcher of the client: when the client
     leaves, production stops (the chunks are cancelled where they wait) and the reply is closed."""
 
+    left = asyncio.Event()
+
     async def produce() -> None:
         await send({"type": "http.response.start", "status": reply.status,
                     "headers": _raw_headers(reply.headers, reply.content_type)})
         try:
             async for chunk in reply.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                # uvicorn's send returns at once once the client has gone, and with the audio all queued nothing
+                # here waits: without a turn for the watcher the stream would run to its end, counted completed
+                await asyncio.sleep(0)
+                if left.is_set():
+                    return
         except StreamAborted:
             return  # no final chunk: the server closes the connection, the client sees a truncated body
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -127,6 +134,7 @@ async def send_stream(reply: StreamReply, receive: Receive, send: Send) -> None:
     async def client_left() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        left.set()
 
     producer = asyncio.create_task(produce(), name="http-stream")
     watcher = asyncio.create_task(client_left(), name="http-watch")

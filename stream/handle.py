@@ -155,7 +155,9 @@ class StreamHandle:
 
     def take(self, max_bytes: int, first_alone: bool = False) -> list[Event]:
         """Queued events without waiting: consecutive Audio merged up to `max_bytes` (at least one
-        chunk; only one when `first_alone`), then End if it is next."""
+        chunk; only one when `first_alone`), or the End when it is next: never with audio, so a stream is counted
+        when its transport, having sent all its audio, comes back for its End (a probe: one counted `completed`
+        with its last second still in the process when its client left)."""
         out: list[Event] = []
         if self._queue and isinstance(self._queue[0], Audio):
             parts = [self._queue.popleft().pcm]
@@ -172,7 +174,7 @@ class StreamHandle:
                     self._hold(False)
                 elif self._stall is None:
                     self._arm_stall()
-        if self._queue and isinstance(self._queue[0], End) and not (out and first_alone):
+        if self._queue and isinstance(self._queue[0], End) and not out:  # alone: after the transport sent the audio
             out.append(self._queue.popleft())
             self._account(out[-1])
         if not self._queue:

@@ -5,8 +5,10 @@ the server's send queue: measured while building this); when it reads again it g
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import struct
 
 import pytest
 from higgs_stream.testing_server import Peer, wait_until
@@ -45,3 +47,26 @@ async def test_a_client_that_stops_reading_is_held_after_a_few_seconds_of_audio(
     assert peer.done["c"]["reason"] == "completed"
     got_s = len(peer.pcm["c"]) / 2 / 24000
     assert got_s == pytest.approx(state.metrics.audio_seconds.value(), abs=1e-3) and got_s > made_s + 1.0
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="kernel buffer sizes as Linux keeps them")
+async def test_a_download_left_after_its_generation_ended_is_disconnected(start_server):
+    """An HTTP client that takes a little, stops reading until the stream's generation has ended, then resets the
+    connection: counted `disconnected` (its audio never left), on both transports (uvicorn's send returns at once
+    once its client has gone: the ASGI producer ran the stream to its end, counted completed; a probe)."""
+    addr, state = await start_server(send_buffer_kib=4, max_frames=120)  # up to 5 x 4.8 s: far more than the buffers
+    sock = _small_client_socket(int(addr.rsplit(":", 1)[1]))
+    text = " ".join(f"Sentence {i} of a download that is left." for i in range(5))
+    body = json.dumps({"input": text, "response_format": "pcm", "seed": 2})
+    sock.sendall(f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    sock.setblocking(False)
+    got, loop = b"", asyncio.get_running_loop()
+    while len(got) < 2000:  # the headers and the first audio
+        got += await loop.sock_recv(sock, 4096)
+    await wait_until(lambda: state.pipeline.active == 0 and state.metrics.engine_streams.value() == 0, timeout=60)
+    assert state.metrics.requests.value(transport="http", outcome="completed") == 0  # its End not taken yet
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    sock.close()
+    await wait_until(lambda: state.metrics.requests.value(transport="http", outcome="disconnected") == 1, timeout=30)
+    assert state.metrics.requests.value(transport="http", outcome="completed") == 0
