@@ -133,15 +133,13 @@ class SessionRunner:
         # a plain function of the metrics, not a method of this runner: a bound method made runner -> session ->
         # runner a cycle, so every closed connection's objects waited for a garbage collection (a probe)
         errors = state.metrics.errors
-        self.session = Session(state.config, state.voices, query, on_error=lambda code: errors.inc(code=code))
+        self._count_error = lambda code: errors.inc(code=code)
+        self.session = Session(state.config, state.voices, query, on_error=self._count_error)
         self.handles: dict[str, StreamHandle] = {}  # contexts whose `done` is not sent yet
         state.sessions.add(self)
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._quiet_since = self._loop.time()  # the last message, or the last context's end (the idle clock)
-
-    def _count_error(self, code: str) -> None:
-        self.state.metrics.errors.inc(code=code)
 
     async def run(self, receive: Callable[[], Awaitable[str | bytes | None]]) -> None:
         """Until the peer goes or the session fails. A failure (a server bug) ends every live context
