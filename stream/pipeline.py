@@ -62,11 +62,10 @@ from higgs_stream.stream.codec_worker import (
 )
 from higgs_stream.stream.config import FAMILY_FIELDS, SAMPLE_RATE, ServerConfig, for_family
 from higgs_stream.stream.errors import ShuttingDownError
-from higgs_stream.stream.gc_pauses import GcWatch
-from higgs_stream.stream.kernel_builds import BuildWatch
 from higgs_stream.stream.messages import ContextOptions
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import LoopModel, Pacer, PacingConfig, relaxed
+from higgs_stream.stream.serving_watch import ServingWatch
 from higgs_stream.stream.voices import Voice
 
 log = logging.getLogger(__name__)
@@ -141,10 +140,7 @@ class Pipeline:
         self._stopping = False
         self._stop_by = 0.0
         self._thread: threading.Thread | None = None
-        self._gc_watch: GcWatch | None = None
-        self._build_watch: BuildWatch | None = None
-        self._serving = False  # start-up is over (`mark_serving`): a kernel built from now on is a live request's cost
-        self.start_builds = [0, 0.0]  # kernels built after `start` and before serving, and their seconds
+        self.watch = ServingWatch(self)  # garbage collections and kernel builds (stream/serving_watch.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="higgs-encode")
         self._encodes: dict[str, asyncio.Future] = {}
@@ -180,51 +176,24 @@ class Pipeline:
         self._loop = asyncio.get_running_loop()
         # Three threads share the GIL (event loop, engine, codec): process-wide, this is the serving process
         sys.setswitchinterval(self.cfg.gil_switch_s)
-        self._build_watch = BuildWatch(self._kernel_built)  # the codec's warm-up builds kernels too
+        self.watch.watch_builds()  # the codec's warm-up builds kernels too
         try:
             if self.engine_device is not None:
                 self._engine_stream = torch.cuda.Stream(self.engine_device, priority=-1)  # talker kernels first
             await self.codec_worker.start(self._engine_stream)
         except BaseException:  # a start that failed leaves no hook behind
-            self._close_watches()
+            self.watch.close()
             raise
         self.metrics.gpu_memory_cap.set(self.codec_worker.memory_cap or 0)
         self._count_pages()
-        self._gc_watch = GcWatch(self._gc_paused)
+        self.watch.watch_collections()
         self._thread = threading.Thread(target=self._run, name="higgs-engine", daemon=True)
         self._thread.start()
 
     def mark_serving(self) -> None:
-        """Start-up is over (warm-up run, start-up's objects frozen, the port about to open): the trace
-        says so, and its summary keeps start-up's own collection apart from the pauses listeners feel; a kernel
-        built from now on is counted as serving's (`_kernel_built`)."""
-        self._serving = True
-        if self.start_builds[0]:
-            log.info("start-up built %d kernels in %.1f s after the model loaded (stream/kernel_builds.py)",
-                     self.start_builds[0], self.start_builds[1])
-        if self.trace is not None:
-            self.trace.append(("serving", time.monotonic()))
-
-    def _kernel_built(self, kind: str, name: str, start: float, seconds: float) -> None:
-        """A Triton specialization or a dynamo compilation was built (stream/kernel_builds.py). While serving it
-        stalled the thread that launched it and every stream behind that thread: counted, logged, traced; a
-        shape the warm-up should have covered."""
-        if not self._serving:
-            self.start_builds[0] += 1
-            self.start_builds[1] += seconds
-            return
-        self.metrics.kernel_builds.inc(kind=kind)
-        self.metrics.kernel_build_seconds.inc(seconds, kind=kind)
-        log.warning("a %s kernel was built while serving, in %.0f ms on thread %s (a first use the warm-up did not "
-                    "cover): %s", kind, 1e3 * seconds, threading.current_thread().name, name)
-        if self.trace is not None:
-            self.trace.append(("build", start, start + seconds, kind, name))
-
-    def _gc_paused(self, generation: int, start: float, seconds: float) -> None:
-        """Every garbage collection stops every thread: counted, and traced (`serve --trace-out`)."""
-        self.metrics.gc_pause.observe(seconds)
-        if self.trace is not None:
-            self.trace.append(("gc", start, start + seconds, generation))
+        """Start-up is over (warm-up run, start-up's objects frozen, the port about to open): the watches say so
+        (`ServingWatch.mark_serving`)."""
+        self.watch.mark_serving()
 
     async def warm_up(self, voice: Voice, timeout_s: float = WARM_UP_TIMEOUT_S) -> float | None:
         """One short utterance through every stage (prompt prefill, decode steps, codec, PCM) before a
@@ -269,14 +238,8 @@ class Pipeline:
                 await asyncio.to_thread(self._thread.join)
             await self.codec_worker.stop(STOP_GRACE_S)
         finally:
-            self._close_watches()
+            self.watch.close()
             self._encoder.shutdown(wait=False, cancel_futures=True)
-
-    def _close_watches(self) -> None:
-        for watch in (self._gc_watch, self._build_watch):
-            if watch is not None:
-                watch.close()
-        self._gc_watch = self._build_watch = None
 
     @property
     def healthy(self) -> bool:

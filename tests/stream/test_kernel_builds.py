@@ -124,9 +124,9 @@ async def test_the_pipeline_counts_builds_while_serving_apart_from_start_up(capl
     fn = torch.compile(lambda x: x - 3, backend="eager", dynamic=False)
     try:
         fn(torch.ones(2))  # start-up's (warm-up): counted apart, no warning
-        assert p.start_builds[0] == 1 and p.metrics.kernel_builds.value(kind="dynamo") == 0
+        assert p.watch.start_builds[0] == 1 and p.metrics.kernel_builds.value(kind="dynamo") == 0
         p.mark_serving()
-        with caplog.at_level(logging.WARNING, logger="higgs_stream.stream.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="higgs_stream.stream.serving_watch"):
             fn(torch.ones(4))
     finally:
         await p.stop()
