@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import parse_qsl
@@ -34,7 +33,7 @@ from higgs_stream.stream.errors import BadJsonError, TooLargeError
 from higgs_stream.stream.guards import CORS_ROUTES
 from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import ServerState, limit_send_buffer, start_pipeline
+from higgs_stream.stream.server_state import ServerState, listening_sockets, start_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -344,16 +343,11 @@ class AsgiServer:
                                 ws_max_size=cfg.hard_message_bytes, ws_per_message_deflate=False,
                                 ws_ping_interval=cfg.heartbeat_s, ws_ping_timeout=cfg.heartbeat_s,
                                 timeout_graceful_shutdown=5)
-        # IPPROTO_TCP (not 0): asyncio sets TCP_NODELAY only on sockets that say so, and without it
-        # Nagle holds a small frame written right after another for the client's delayed ACK (40 ms)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        limit_send_buffer(sock, cfg.send_buffer_bytes)  # what every accepted connection starts with (Linux)
-        sock.bind((host, port))
-        self.port = sock.getsockname()[1]
+        socks = listening_sockets(host, port, cfg.send_buffer_bytes)
+        self.port = socks[0].getsockname()[1]
         self._server = uvicorn.Server(config)
         self._server.capture_signals = contextlib.nullcontext  # the caller owns the signals
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="uvicorn")
+        self._task = asyncio.create_task(self._server.serve(sockets=socks), name="uvicorn")
         async with asyncio.timeout(timeout_s):
             while not self._server.started:
                 if self._task.done():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import os
 
@@ -19,7 +18,7 @@ from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pacing import PacingConfig
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.server import exit_on_signals, serve_until_signalled
-from higgs_stream.stream.server_state import ServerState
+from higgs_stream.stream.server_state import ServerState, listening_sockets
 from higgs_stream.stream.voices import VoiceLibrary
 
 __all__ = ["RAY_FLAGS", "add_arguments", "add_ray_arguments", "config_from_args", "build_state", "run"]
@@ -303,23 +302,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def check_listen(host: str, port: int) -> None:
     """ConfigError unless `host:port` can be listened on, checked before the model loads (a taken port or an
-    unknown host was a traceback once the model had loaded, a probe). A port taken between this and the server's
-    own bind still fails there (`run`)."""
+    unknown host was a traceback once the model had loaded, a probe): the server's own binds, closed again. A port
+    taken between this and the server's bind still fails there (`run`)."""
     import socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socks = listening_sockets(host, port, None)
     except (socket.gaierror, UnicodeError, OverflowError) as e:
         raise ConfigError(f"--host {host!r} --port {port}: cannot listen there ({e})") from e
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's own bind
-            try:
-                sock.bind(address)
-            except OSError as e:
-                if e.errno == errno.EADDRNOTAVAIL and len(infos) > 1:
-                    continue  # a family this machine lacks (IPv6): asyncio skips it too
-                raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    for sock in socks:
+        sock.close()
 
 
 def check_kv_pages(engine, max_frames: int) -> None:

@@ -37,7 +37,7 @@ from higgs_stream.stream.http_speech import speech
 from higgs_stream.stream.metrics import Metrics
 from higgs_stream.stream.pipeline import Pipeline
 from higgs_stream.stream.routes import Reply, Request, StreamAborted, StreamReply
-from higgs_stream.stream.server_state import STATE, ServerState, limit_send_buffer, start_pipeline
+from higgs_stream.stream.server_state import STATE, ServerState, listening_sockets, start_pipeline
 from higgs_stream.stream.thread_profile import StackSampler, write_profile
 
 __all__ = ["SessionRunner", "make_app", "serve", "bound_port", "startup_line"]
@@ -243,14 +243,6 @@ async def cors_preflight(request: web.Request) -> web.Response:
     return await respond(request, routes.preflight(request.app[STATE], request_view(request)))
 
 
-async def limit_connection_buffer(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: the connection's kernel send buffer (`ServerConfig.send_buffer_kib`), before its first
-    byte: a client that stops reading then holds its context after ~0.5 MiB instead of the kernel's 4 MiB."""
-    transport = request.transport
-    limit_send_buffer(transport.get_extra_info("socket") if transport is not None else None,
-                      request.app[STATE].config.send_buffer_bytes)
-
-
 async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
     """`on_response_prepare`: a listed origin may read the response (also a streamed body or an error)."""
     for name, value in routes.cors_headers(request.app[STATE], request_view(request)).items():
@@ -313,7 +305,6 @@ def make_app(state: ServerState, trace_out: str | None = None, profile_out: str 
     for path in CORS_ROUTES:
         app.router.add_route("OPTIONS", path, cors_preflight)
     app.on_response_prepare.append(add_cors_headers)
-    app.on_response_prepare.append(limit_connection_buffer)
 
     async def drain_streams(app: web.Application) -> None:  # the runner's cleanup: what `serve_until_signalled` has
         # not drained (a second signal cut its drain short: what is open ends now), or all of it (a caller's own
@@ -370,8 +361,12 @@ async def serve(state: ServerState, host: str, port: int, trace_out: str | None 
     """Start the app (returns the runner; `await runner.cleanup()` stops it). Port 0 = any free port."""
     runner = web.AppRunner(make_app(state, trace_out, profile_out), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        for sock in listening_sockets(host, port, state.config.send_buffer_bytes):
+            await web.SockSite(runner, sock).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
 
 

@@ -3,6 +3,7 @@ config, pipeline, voices, metrics and the open sockets, under one app key."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import weakref
@@ -50,6 +51,40 @@ def limit_send_buffer(sock, nbytes: int | None) -> None:
 
 
 _capped_warned = False  # `limit_send_buffer` warns once a process
+
+
+def listening_sockets(host: str, port: int, send_buffer_bytes: int | None) -> list[socket.socket]:
+    """Bound TCP sockets for every address `host` names (as asyncio's `create_server` binds them; port 0: any free
+    port), each with the connection send buffer (`limit_send_buffer`): every connection either transport accepts
+    inherits it from its listening socket, so no response sets it again. IPPROTO_TCP (not 0): asyncio sets
+    TCP_NODELAY only on sockets that say so, and without it Nagle holds a small frame written right after another for
+    the client's delayed ACK (40 ms). An address of a family this machine lacks (IPv6) is skipped while another
+    binds. OSError when none can be bound (a taken port); socket.gaierror for a host that resolves to nothing."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
+                               flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's own bind
+                if family == socket.AF_INET6:  # "::" beside "0.0.0.0": each family its own socket
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                limit_send_buffer(sock, send_buffer_bytes)
+                sock.bind(address)
+            except OSError as e:
+                sock.close()
+                if e.errno == errno.EADDRNOTAVAIL and len(infos) > 1:
+                    continue
+                raise
+            socks.append(sock)
+        if not socks:
+            raise OSError(errno.EADDRNOTAVAIL, f"no address of {host!r} can be bound")
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 async def start_pipeline(state: ServerState) -> None:
