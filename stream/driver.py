@@ -98,8 +98,8 @@ async def drain(state: ServerState, timeout_s: float) -> None:
             await asyncio.sleep(DRAIN_POLL_S)
         return True
 
-    def delivered() -> bool:  # every session has sent its contexts' `done`
-        return not any(r.handles for r in list(state.sessions))
+    def delivered() -> bool:  # every session has sent its contexts' `done` (over WebRTC: played it)
+        return not any(r.handles or r.playing_out for r in list(state.sessions))
 
     if pipeline.active or not delivered():
         log.info("draining: %d streams open; waiting up to %g s", pipeline.active, timeout_s)
@@ -126,7 +126,7 @@ class SessionRunner:
     """
 
     def __init__(self, state: ServerState, send_text: Callable[[str], Awaitable], send_bytes: Callable[[bytes], Awaitable],
-                 query: dict[str, str] | None = None, transport: str = "ws"):
+                 query: dict[str, str] | None = None, transport: str = "ws", plays_out: bool = False):
         self.state = state
         self.transport = transport  # metrics label
         self._send_text, self._send_bytes = send_text, send_bytes
@@ -136,6 +136,10 @@ class SessionRunner:
         self._count_error = lambda code: errors.inc(code=code)
         self.session = Session(state.config, state.voices, query, on_error=self._count_error)
         self.handles: dict[str, StreamHandle] = {}  # contexts whose `done` is not sent yet
+        # `plays_out` (WebRTC): the transport plays audio seconds after it takes it, so a completed context waits
+        # here, uncounted, until its `done` plays (`played`) or will not (`unplayed`, or the session ends)
+        self._plays_out = plays_out
+        self.playing_out: dict[str, StreamHandle] = {}
         state.sessions.add(self)
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -155,9 +159,10 @@ class SessionRunner:
             results = await asyncio.gather(reader, writer, return_exceptions=True)
             failure = next((r for r in results if isinstance(r, BaseException)
                             and not isinstance(r, (ConnectionError, asyncio.CancelledError))), None)
-            for handle in self.handles.values():  # what is still open: its peer went (or the session failed)
-                handle.cancel("cancelled" if failure is not None else "disconnected")
+            for handle in [*self.handles.values(), *self.playing_out.values()]:  # still open: its peer went (or
+                handle.cancel("cancelled" if failure is not None else "disconnected")  # the session failed)
             self.handles.clear()
+            self.playing_out.clear()
             if failure is not None:
                 self.session.fail_all(HiggsStreamError("internal error: the session failed"))
                 await self._flush_quietly()
@@ -234,7 +239,8 @@ class SessionRunner:
             head = self.session.head
             if head is not None:
                 handle = self.handles[head]
-                events = handle.take(max_bytes, first_alone=not self.session.audio_started(head))
+                events = handle.take(max_bytes, first_alone=not self.session.audio_started(head),
+                                     defer_completed=self._plays_out)
                 if events:
                     self.session.touch(head, self._loop.time())
                     for ev in events:
@@ -242,6 +248,8 @@ class SessionRunner:
                             self.session.audio(head, ev.pcm)
                         else:
                             del self.handles[head]
+                            if self._plays_out and ev.reason == "completed":
+                                self.playing_out[head] = handle
                             self._quiet_since = max(self._quiet_since, self._loop.time())
                             self.session.finished(head, ev.reason, ev.error)
                     continue
@@ -255,6 +263,18 @@ class SessionRunner:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
+
+    def played(self, context_id: str) -> None:
+        """`plays_out`: the context's `done` played after all its audio: counted `completed`."""
+        handle = self.playing_out.pop(context_id, None)
+        if handle is not None:
+            handle.delivered()
+
+    def unplayed(self, context_id: str, reason: str) -> None:
+        """`plays_out`: the context's rest will not play (a `cancel` during playout, the peer gone): counted `reason`."""
+        handle = self.playing_out.pop(context_id, None)
+        if handle is not None:
+            handle.cancel(reason)
 
     def _time_out_idle(self, now: float) -> None:
         """End the open contexts that neither the client nor the pipeline touched for `context_idle_s`."""

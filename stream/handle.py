@@ -153,11 +153,13 @@ class StreamHandle:
 
     # ---- reading (event loop) ----
 
-    def take(self, max_bytes: int, first_alone: bool = False) -> list[Event]:
+    def take(self, max_bytes: int, first_alone: bool = False, defer_completed: bool = False) -> list[Event]:
         """Queued events without waiting: consecutive Audio merged up to `max_bytes` (at least one
         chunk; only one when `first_alone`), or the End when it is next: never with audio, so a stream is counted
         when its transport, having sent all its audio, comes back for its End (a probe: one counted `completed`
-        with its last second still in the process when its client left)."""
+        with its last second still in the process when its client left). `defer_completed`: a transport that
+        plays audio out after taking it (WebRTC's track, seconds ahead) counts a `completed` End itself, with
+        `delivered()` once it has played, or `cancel(reason)` when it will not."""
         out: list[Event] = []
         if self._queue and isinstance(self._queue[0], Audio):
             parts = [self._queue.popleft().pcm]
@@ -176,10 +178,16 @@ class StreamHandle:
                     self._arm_stall()
         if self._queue and isinstance(self._queue[0], End) and not out:  # alone: after the transport sent the audio
             out.append(self._queue.popleft())
-            self._account(out[-1])
+            if not (defer_completed and out[-1].reason == "completed"):
+                self._account(out[-1])
         if not self._queue:
             self._ready.clear()
         return out
+
+    def delivered(self) -> None:
+        """The transport played a `completed` End it took with `defer_completed`: counted now."""
+        assert self.finished, "delivered() before the End was taken"
+        self._account(End("completed"))
 
     async def next(self, max_bytes: int, first_alone: bool = False) -> list[Event]:
         while not self._queue:

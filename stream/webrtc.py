@@ -230,6 +230,7 @@ class WebRTCPeer:
         self._playing: str | None = None  # the context whose audio the session is writing
         self._playing_cancelled = False  # the client cancelled it; its done has not come yet
         self._task: asyncio.Task | None = None
+        self._runner: SessionRunner | None = None  # its session: told when a completed context's done plays
         self.watcher: asyncio.Task | None = None
 
     def attach(self, channel: RTCDataChannel) -> None:
@@ -246,11 +247,13 @@ class WebRTCPeer:
 
     async def _run(self) -> None:
         try:
-            runner = SessionRunner(self.state, self._send_text, self._send_bytes, transport="webrtc")
-            await runner.run(self._receive)
+            self._runner = SessionRunner(self.state, self._send_text, self._send_bytes, transport="webrtc",
+                                         plays_out=True)
+            await self._runner.run(self._receive)
         except Exception:  # its contexts got error{internal} + done; the peer connection closes
             log.exception("webrtc session of peer %s failed", self.id)
         finally:
+            self._runner = None
             await self.close()
 
     async def _receive(self) -> str | bytes | None:
@@ -274,6 +277,8 @@ class WebRTCPeer:
             # Generation had finished but playout had not: the listener's context ends here, so
             # the queued done goes now, as a cancel. An unplayed audio_start is never sent.
             if json.loads(payload).get("type") == "done":
+                if self._runner is not None:
+                    self._runner.unplayed(cid, "cancelled")
                 self._send_now(self._played_done(cid, "cancelled"))
 
     def _played_done(self, cid: str, reason: str) -> str:
@@ -290,7 +295,8 @@ class WebRTCPeer:
         elif kind == "chunk":  # a session configured for base64 audio: audio still goes to the track
             await self._send_bytes(base64.b64decode(msg["data"]))
         elif kind == "done" and cid == self._playing:
-            if self._playing_cancelled:
+            if self._playing_cancelled or msg["reason"] == "error":  # an error (its message went at once) ends
+                self.track.drop(cid)  # the context now, as over a WebSocket: the audio still queued is dropped
                 self._send_now(self._played_done(cid, msg["reason"]))
             else:
                 self.track.mark(text, tag=cid)
@@ -315,11 +321,17 @@ class WebRTCPeer:
     def _send_marker(self, text: str) -> None:
         """Called from the track's `recv()`: must not raise into aiortc's sender loop."""
         msg = json.loads(text)
-        if msg["type"] == "done":
-            self.track.forget(msg["context_id"])
-        if self.channel is not None and self.channel.readyState == "open":
+        sent = self.channel is not None and self.channel.readyState == "open"
+        if sent:
             self.channel.send(text)
         # else: the peer is gone and its session is ending; there is no one to tell
+        if msg["type"] == "done":
+            self.track.forget(msg["context_id"])
+            if self._runner is not None:  # a completed context is counted when its done plays
+                if sent:
+                    self._runner.played(msg["context_id"])
+                else:
+                    self._runner.unplayed(msg["context_id"], "disconnected")
 
     def _send_now(self, text: str) -> None:
         channel = self.channel

@@ -17,6 +17,8 @@ import aiohttp
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from higgs_stream.stream import serve_command, server, webrtc
+from higgs_stream.engine.random_weights import suppress_eos
+from higgs_stream.stream.errors import ShuttingDownError
 from higgs_stream.stream.handle import StreamHandle
 from higgs_stream.stream.webrtc import PacedPCMTrack, ice_configuration
 from higgs_stream.testing_server import LONG_SEED, LONG_TEXT, wait_until
@@ -520,5 +522,89 @@ async def test_a_real_time_peer_pauses_its_context_ahead_of_playout(live, monkey
         seconds = done["samples"] / 24000
         assert abs((done_t - start_t) - seconds) < 0.25, (done_t - start_t, seconds)
         assert pipeline.metrics.slow_clients.value() == 0
+    finally:
+        await client.close()
+
+
+# ---------------------------------------------------------------- outcomes: counted when the track plays them
+
+def _count(state, outcome: str) -> float:
+    return state.metrics.requests.value(transport="webrtc", outcome=outcome)
+
+
+def _playing_out(state, cid: str) -> bool:
+    """The server's session took the context's completed End; its done waits in the track behind its audio."""
+    return any(cid in getattr(r, "playing_out", {}) for r in list(state.sessions))
+
+
+async def _completed_in_the_track(live, cid: str) -> Client:
+    """A peer whose context (4 s: end of speech suppressed, --max-frames 100) finished generating, its audio and done
+    still queued in the track (5 s ahead of playout): nothing counted yet (a probe: `completed` 5 s early)."""
+    state, base = live
+    suppress_eos(state.pipeline.engine)
+    client = Client()
+    await client.connect(base, "t0k")
+    client.send(type="text", context_id=cid, text=TEXT, seed=4)
+    client.send(type="end", context_id=cid)
+    await wait_until(lambda: _playing_out(state, cid), 30)
+    assert not [ev for _, ev in client.events if ev["type"] == "done"]
+    assert _count(state, "completed") == 0
+    return client
+
+
+async def test_a_completed_context_is_counted_when_its_done_plays(live):
+    state, _ = live
+    client = await _completed_in_the_track(live, "a")
+    try:
+        _, done = await client.wait_for("done")
+        assert done["reason"] == "completed" and done["samples"] == 100 * 960
+        await wait_until(lambda: _count(state, "completed") == 1)
+        assert not _playing_out(state, "a")
+    finally:
+        await client.close()
+
+
+async def test_a_peer_gone_before_its_done_played_is_disconnected(live):
+    state, _ = live
+    client = await _completed_in_the_track(live, "a")
+    await client.close()
+    await wait_until(lambda: _count(state, "disconnected") == 1)
+    assert _count(state, "completed") == 0 and state.pipeline.active == 0
+
+
+async def test_a_cancel_during_playout_is_counted_cancelled(live):
+    state, _ = live
+    client = await _completed_in_the_track(live, "a")
+    try:
+        client.send(type="cancel", context_id="a")
+        _, done = await client.wait_for("done")
+        assert done["reason"] == "cancelled" and done["samples"] < 100 * 960
+        await wait_until(lambda: _count(state, "cancelled") == 1)
+        assert _count(state, "completed") == 0
+    finally:
+        await client.close()
+
+
+async def test_an_error_during_playout_sends_its_done_at_once(live):
+    """The drain's end (`end_all`) while a peer's track holds seconds of a context's audio: error, then done at once
+    (a probe: done waited behind the audio and was dropped when the peers closed)."""
+    state, base = live
+    suppress_eos(state.pipeline.engine)
+    client = Client()
+    try:
+        await client.connect(base, "t0k")
+        for i in range(3):  # 3 x 4 s: more than the track holds, so the context is still open
+            client.send(type="text", context_id="a", text=TEXT, seed=4, flush=True)
+        client.send(type="end", context_id="a")
+        await client.wait_for("audio_start")
+        await wait_until(lambda: state.pipeline.active == 1 and any(
+            r.handles.get("a") is not None and r.handles["a"].samples > 6 * 24000 for r in list(state.sessions)), 30)
+        state.pipeline.end_all(ShuttingDownError("the server is shutting down"))
+        error_t, error = await client.wait_for("error", 10)
+        done_t, done = await client.wait_for("done", 10)
+        assert error["code"] == "shutting_down" and done["reason"] == "error"
+        assert done_t - error_t < 1.0 and done["samples"] < 6 * 24000
+        await wait_until(lambda: _count(state, "error") == 1)
+        assert _count(state, "completed") == 0
     finally:
         await client.close()
