@@ -297,12 +297,18 @@ class Session:
         return cmds
 
     def _on_flush(self, msg: dict, now: float) -> list[Command]:
-        ctx = self._live(parse_context_message(msg))
+        cid = parse_context_message(msg)
+        if self._finished_recently(cid):
+            return []
+        ctx = self._live(cid)
         ctx.active_at = now
         return [Speak(ctx.id, s) for s in ctx.text.flush()]
 
     def _on_end(self, msg: dict, now: float) -> list[Command]:
-        ctx = self._live(parse_context_message(msg))
+        cid = parse_context_message(msg)
+        if self._finished_recently(cid):  # it failed before the client's end arrived (a probe: `not_found`)
+            return []
+        ctx = self._live(cid)
         if ctx.ended:
             return []
         ctx.ended = True
@@ -310,13 +316,18 @@ class Session:
 
     def _on_cancel(self, msg: dict, now: float) -> list[Command]:
         cid = parse_context_message(msg)
-        if cid not in self._contexts and cid in self._recent:
+        if self._finished_recently(cid):
             return []
         self._live(cid)
         self._done(cid, "cancelled")
         return [Cancel(cid)]
 
     # ---- helpers ----
+
+    def _finished_recently(self, cid: str) -> bool:
+        """One of the connection's last RECENT_DONE finished contexts (its `done` sent): its `end`, `flush` or `cancel`
+        crossed that `done` (a context failed at once, its client's `end` already on the way) and is ignored."""
+        return cid not in self._contexts and cid in self._recent
 
     def _live(self, cid: str) -> _Context:
         ctx = self._contexts.get(cid)

@@ -9,7 +9,7 @@ import base64
 import json
 
 import pytest
-from higgs_stream.engine.errors import CapacityError, HiggsStreamError
+from higgs_stream.engine.errors import CapacityError, HiggsStreamError, InvalidInputError
 from higgs_stream.stream.config import ServerConfig
 from higgs_stream.stream.errors import SlowClientError
 from higgs_stream.stream.session import Cancel, Close, Open, Session, Speak
@@ -223,6 +223,20 @@ def test_finished_with_error_after_audio(voices):
     s.finished("a", "error", HiggsStreamError("engine broke"))
     assert msgs(s)[-2:] == [{"type": "error", "code": "internal", "message": "engine broke", "context_id": "a"},
                             {"type": "done", "context_id": "a", "reason": "error", "samples": 1}]
+
+
+def test_end_flush_and_cancel_after_a_failure_are_ignored(voices):
+    """A context that failed at once: its client's `end` (sent right behind the text) arrives after its `done` and gets
+    no reply (a probe: `not_found`), as `flush` and `cancel`; an id never opened is still `not_found`."""
+    s, _ = new_session(voices)
+    s.outgoing()
+    send(s, type="text", context_id="a", text="x", flush=True)
+    s.finished("a", "error", InvalidInputError("scene not supported"))
+    assert [m["type"] for m in msgs(s)] == ["error", "done"]
+    for kind in ("end", "flush", "cancel"):
+        assert send(s, type=kind, context_id="a") == [] and msgs(s) == []
+    send(s, type="end", context_id="never")
+    assert error_of(s)["code"] == "not_found"
 
 
 def test_config_sets_defaults_for_new_contexts(voices):
